@@ -1,0 +1,20 @@
+//! `qem-core`: the vocabulary every other crate of quantem.gpu speaks.
+//!
+//! It holds shapes and regions in `(row, col)` order, the dtype policy, acquisition metadata,
+//! provenance records and the single [`Error`] type. It depends on nothing of ours; every crate
+//! may depend on it. Nothing here touches files, HDF5, CUDA or the terminal.
+
+pub mod dtype;
+pub mod error;
+pub mod geometry;
+pub mod metadata;
+pub mod provenance;
+
+pub use dtype::{DType, DtypeRequest};
+pub use error::{Error, ErrorKind, Result};
+pub use geometry::{bin_extent, Region, Shape2};
+pub use metadata::{MaskPolicy, Metadata, ScanShapeOrigin};
+pub use provenance::{fnv1a64, FileIdentity, Provenance, StageTiming, FNV_OFFSET};
+
+/// The package version, recorded in every provenance.
+pub const PACKAGE_VERSION: &str = env!("CARGO_PKG_VERSION");

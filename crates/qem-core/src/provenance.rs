@@ -1,0 +1,114 @@
+//! Provenance: what a result was made from and how.
+
+use crate::dtype::DType;
+use crate::geometry::{Region, Shape2};
+use crate::metadata::MaskPolicy;
+use std::path::{Path, PathBuf};
+
+/// Identity of one source file at the time it was read.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FileIdentity {
+    /// Absolute path.
+    pub path: PathBuf,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time, nanoseconds since the Unix epoch.
+    pub mtime_ns: i128,
+}
+
+impl FileIdentity {
+    /// Stat `path`.
+    pub fn of(path: &Path) -> crate::Result<FileIdentity> {
+        let abs = std::fs::canonicalize(path).map_err(|e| crate::Error::io("stat", path, &e))?;
+        let md = std::fs::metadata(&abs).map_err(|e| crate::Error::io("stat", path, &e))?;
+        let mtime_ns = md
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_nanos() as i128)
+            .unwrap_or(0);
+        Ok(FileIdentity {
+            path: abs,
+            size: md.len(),
+            mtime_ns,
+        })
+    }
+}
+
+/// Wall time of one stage of an operation. Stages may overlap; they are never summed.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StageTiming {
+    /// Stage name (`"plan"`, `"read+decode"`, ...).
+    pub stage: String,
+    /// Seconds.
+    pub seconds: f64,
+}
+
+/// The record attached to every dataset and result.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Provenance {
+    /// What kind of source (`"dectris_master"`, `"hdf5_dataset"`, `"numpy"`, `"qem"`).
+    pub source_kind: String,
+    /// Identity of every file read.
+    pub files: Vec<FileIdentity>,
+    /// HDF5 dataset path, where applicable.
+    pub dataset_path: Option<String>,
+    /// FNV-1a 64 digest (hex) of the chunk index `(file, offset, size, filter_mask)` list.
+    pub chunk_index_digest: Option<String>,
+    /// Scan shape of the source.
+    pub source_scan_shape: Shape2,
+    /// Detector shape of the source.
+    pub source_detector_shape: Shape2,
+    /// Scan region loaded (half-open); `None` = all.
+    pub scan_region: Option<Region>,
+    /// Detector region loaded (half-open, in source pixels, before binning); `None` = all.
+    pub detector_region: Option<Region>,
+    /// Detector bin factor (1 = none).
+    pub det_bin: usize,
+    /// Source element type.
+    pub source_dtype: DType,
+    /// Working (decode) element type.
+    pub working_dtype: DType,
+    /// Accumulation type of integer sums (`"u64"`).
+    pub accumulation_dtype: String,
+    /// Result element type.
+    pub result_dtype: DType,
+    /// Number of values clipped by a saturating u8 request (0 otherwise).
+    pub saturated_values: u64,
+    /// Bad-pixel policy.
+    pub mask_policy: MaskPolicy,
+    /// Backend that produced the data (`"cpu"`, `"cuda"`).
+    pub backend: String,
+    /// Device description (CPU model and threads, or GPU model/driver/CUDA version).
+    pub device: String,
+    /// Package version.
+    pub package_version: String,
+    /// Git revision of the build (or `"unknown"`).
+    pub git_revision: String,
+    /// Stage timings of the operation that produced this.
+    pub timings: Vec<StageTiming>,
+}
+
+/// 64-bit FNV-1a over `bytes`, continuing from `state` (start with [`FNV_OFFSET`]).
+pub fn fnv1a64(state: u64, bytes: &[u8]) -> u64 {
+    let mut h = state;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Initial state of [`fnv1a64`].
+pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv_known_value() {
+        // FNV-1a 64 of "a" is 0xaf63dc4c8601ec8c (published test value).
+        assert_eq!(fnv1a64(FNV_OFFSET, b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}
