@@ -1,1 +1,20 @@
+//! `qem`: the façade of quantem.gpu.
+//!
+//! Users (the CLI, the Python module, Rust programs) call this crate only. It resolves a backend
+//! ([`backend`]), loads sources into a [`Dataset`] ([`load`]), and reports on sources without
+//! decoding them ([`inspect`], [`discover`]). Engines (`qem-cpu`, later `qem-cuda`) sit below it;
+//! composite operations are written once here over their primitives.
 
+pub mod backend;
+pub mod dataset;
+pub mod load;
+pub mod progress;
+
+pub use backend::{available_backends, resolve_backend, Backend, BackendInfo, BackendRequest};
+pub use dataset::{Dataset, DenseArray, Representation};
+pub use load::{discover, inspect, load, Inspection, LoadParams, SourceArg};
+pub use progress::{NoProgress, Progress};
+pub use qem_core::{
+    DType, DtypeRequest, Error, ErrorKind, MaskPolicy, Metadata, Provenance, Region, Result,
+    ScanShapeOrigin, Shape2, StageTiming,
+};

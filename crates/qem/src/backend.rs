@@ -1,0 +1,149 @@
+//! Backend selection: which engine runs an operation.
+//!
+//! `auto` picks CUDA when it is usable, else the CPU, and records which. An explicit `cuda` or
+//! `mps` that is not usable is an error, never a CPU run.
+
+use qem_core::{Error, Result};
+use std::fmt;
+use std::str::FromStr;
+
+/// What the caller asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum BackendRequest {
+    /// CUDA when usable, else CPU.
+    #[default]
+    Auto,
+    /// The multi-core CPU reference engine.
+    Cpu,
+    /// The NVIDIA CUDA engine.
+    Cuda,
+    /// Apple Metal (not supported by this build).
+    Mps,
+}
+
+impl FromStr for BackendRequest {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(BackendRequest::Auto),
+            "cpu" => Ok(BackendRequest::Cpu),
+            "cuda" | "gpu" => Ok(BackendRequest::Cuda),
+            "mps" | "metal" => Ok(BackendRequest::Mps),
+            other => Err(Error::invalid("resolve backend", format!("unknown backend \"{other}\""))
+                .with_expected("auto, cpu, cuda or mps")
+                .with_found(other.to_string())),
+        }
+    }
+}
+
+/// A backend that can actually run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// The CPU engine.
+    Cpu,
+}
+
+impl Backend {
+    /// Lower-case name (`"cpu"`, `"cuda"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What is known about one backend on this machine.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct BackendInfo {
+    /// `"cpu"`, `"cuda"` or `"mps"`.
+    pub name: String,
+    /// Whether it can run here.
+    pub available: bool,
+    /// Device description when available, else why not.
+    pub detail: String,
+}
+
+/// Why CUDA cannot run in this build.
+pub const CUDA_UNAVAILABLE_REASON: &str =
+    "this build of quantem.gpu has no CUDA engine yet (the CPU engine is available)";
+
+/// Why MPS cannot run here.
+pub fn mps_unavailable_reason() -> String {
+    format!(
+        "Apple Metal (MPS) is not supported by quantem.gpu's Rust engine, and this platform is {}-{}",
+        std::env::consts::OS,
+        std::env::consts::ARCH
+    )
+}
+
+/// One-line description of the CPU: model name and worker threads.
+pub fn cpu_description() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    format!("{model} ({} threads)", rayon::current_num_threads())
+}
+
+/// Every backend this build knows, in preference order, with its availability.
+pub fn available_backends() -> Vec<BackendInfo> {
+    vec![
+        BackendInfo {
+            name: "cuda".into(),
+            available: false,
+            detail: CUDA_UNAVAILABLE_REASON.into(),
+        },
+        BackendInfo {
+            name: "mps".into(),
+            available: false,
+            detail: mps_unavailable_reason(),
+        },
+        BackendInfo {
+            name: "cpu".into(),
+            available: true,
+            detail: cpu_description(),
+        },
+    ]
+}
+
+/// Resolve a request to a usable backend, or a `BackendUnavailable` error with the reason.
+pub fn resolve_backend(request: BackendRequest) -> Result<Backend> {
+    match request {
+        BackendRequest::Auto | BackendRequest::Cpu => Ok(Backend::Cpu),
+        BackendRequest::Cuda => Err(Error::backend_unavailable("cuda", CUDA_UNAVAILABLE_REASON)),
+        BackendRequest::Mps => Err(Error::backend_unavailable("mps", mps_unavailable_reason())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qem_core::ErrorKind;
+
+    #[test]
+    fn explicit_unusable_backends_are_errors_not_cpu_runs() {
+        let cuda = resolve_backend(BackendRequest::Cuda);
+        assert!(matches!(cuda, Err(ref e) if e.kind == ErrorKind::BackendUnavailable));
+        let mps = resolve_backend(BackendRequest::Mps);
+        assert!(matches!(mps, Err(ref e) if e.kind == ErrorKind::BackendUnavailable
+            && e.to_string().contains("Metal")));
+        assert_eq!(resolve_backend(BackendRequest::Auto).ok(), Some(Backend::Cpu));
+    }
+
+    #[test]
+    fn parse_backend_names() {
+        assert_eq!("CUDA".parse::<BackendRequest>().ok(), Some(BackendRequest::Cuda));
+        assert!("tpu".parse::<BackendRequest>().is_err());
+    }
+}
