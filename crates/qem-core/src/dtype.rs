@@ -10,7 +10,9 @@ use std::fmt;
 use std::str::FromStr;
 
 /// An unsigned integer element type of detector counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
     /// 8-bit unsigned.
@@ -68,7 +70,9 @@ impl fmt::Display for DType {
 }
 
 /// What result dtype the caller asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum DtypeRequest {
     /// The source dtype, widened to u32 only when detector binning can overflow it.
@@ -90,12 +94,11 @@ impl FromStr for DtypeRequest {
             "u16" | "uint16" => Ok(DtypeRequest::U16),
             "u32" | "uint32" => Ok(DtypeRequest::U32),
             "u8" | "uint8" | "u8_saturating" => Ok(DtypeRequest::U8Saturating),
-            other => Err(Error::invalid(
-                "parse dtype",
-                format!("unknown dtype \"{other}\""),
-            )
-            .with_expected("native, u16, u32 or u8")
-            .with_found(other.to_string())),
+            other => Err(
+                Error::invalid("parse dtype", format!("unknown dtype \"{other}\""))
+                    .with_expected("native, u16, u32 or u8")
+                    .with_found(other.to_string()),
+            ),
         }
     }
 }
@@ -139,10 +142,22 @@ mod tests {
 
     #[test]
     fn native_widens_only_when_bins_can_overflow() {
-        assert_eq!(DtypeRequest::Native.result_dtype(DType::U16, 65535), DType::U16);
-        assert_eq!(DtypeRequest::Native.result_dtype(DType::U16, 4 * 65535), DType::U32);
-        assert_eq!(DtypeRequest::Native.result_dtype(DType::U32, 4 * 65535), DType::U32);
-        assert_eq!(DtypeRequest::U8Saturating.result_dtype(DType::U16, 1), DType::U8);
+        assert_eq!(
+            DtypeRequest::Native.result_dtype(DType::U16, 65535),
+            DType::U16
+        );
+        assert_eq!(
+            DtypeRequest::Native.result_dtype(DType::U16, 4 * 65535),
+            DType::U32
+        );
+        assert_eq!(
+            DtypeRequest::Native.result_dtype(DType::U32, 4 * 65535),
+            DType::U32
+        );
+        assert_eq!(
+            DtypeRequest::U8Saturating.result_dtype(DType::U16, 1),
+            DType::U8
+        );
     }
 
     #[test]

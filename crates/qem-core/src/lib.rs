@@ -4,16 +4,20 @@
 //! provenance records and the single [`Error`] type. It depends on nothing of ours; every crate
 //! may depend on it. Nothing here touches files, HDF5, CUDA or the terminal.
 
+pub mod dense;
 pub mod dtype;
 pub mod error;
 pub mod geometry;
 pub mod metadata;
+pub mod progress;
 pub mod provenance;
 
+pub use dense::DenseArray;
 pub use dtype::{DType, DtypeRequest};
 pub use error::{Error, ErrorKind, Result};
 pub use geometry::{bin_extent, Region, Shape2};
 pub use metadata::{MaskPolicy, Metadata, ScanShapeOrigin};
+pub use progress::{NoProgress, Progress};
 pub use provenance::{fnv1a64, FileIdentity, Provenance, StageTiming, FNV_OFFSET};
 
 /// The package version, recorded in every provenance.

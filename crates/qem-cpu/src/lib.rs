@@ -1,1 +1,15 @@
+//! `qem-cpu`: the CPU reference engine of quantem.gpu.
+//!
+//! It is the specification every other engine is tested against, so it is written plainly:
+//! a [`FramePlan`] says how one source frame becomes one result frame (bad pixels zeroed, then
+//! the detector region cropped, then count-preserving binning in u64, then the result dtype), and
+//! [`load_dense`] runs that plan over the frames of a source in parallel with rayon, reading each
+//! chunk's bytes once with a positional read and decoding it in the worker thread.
+//!
+//! Depends on `qem-core`, `qem-codec` and `qem-io`; the façade `qem` depends on it.
 
+mod frame;
+mod load;
+
+pub use frame::{FramePlan, SrcFrame};
+pub use load::{load_array, load_dense, DenseLoad, LoadHooks};

@@ -29,9 +29,11 @@ impl FromStr for BackendRequest {
             "cpu" => Ok(BackendRequest::Cpu),
             "cuda" | "gpu" => Ok(BackendRequest::Cuda),
             "mps" | "metal" => Ok(BackendRequest::Mps),
-            other => Err(Error::invalid("resolve backend", format!("unknown backend \"{other}\""))
-                .with_expected("auto, cpu, cuda or mps")
-                .with_found(other.to_string())),
+            other => Err(
+                Error::invalid("resolve backend", format!("unknown backend \"{other}\""))
+                    .with_expected("auto, cpu, cuda or mps")
+                    .with_found(other.to_string()),
+            ),
         }
     }
 }
@@ -136,14 +138,22 @@ mod tests {
         let cuda = resolve_backend(BackendRequest::Cuda);
         assert!(matches!(cuda, Err(ref e) if e.kind == ErrorKind::BackendUnavailable));
         let mps = resolve_backend(BackendRequest::Mps);
-        assert!(matches!(mps, Err(ref e) if e.kind == ErrorKind::BackendUnavailable
-            && e.to_string().contains("Metal")));
-        assert_eq!(resolve_backend(BackendRequest::Auto).ok(), Some(Backend::Cpu));
+        assert!(
+            matches!(mps, Err(ref e) if e.kind == ErrorKind::BackendUnavailable
+            && e.to_string().contains("Metal"))
+        );
+        assert_eq!(
+            resolve_backend(BackendRequest::Auto).ok(),
+            Some(Backend::Cpu)
+        );
     }
 
     #[test]
     fn parse_backend_names() {
-        assert_eq!("CUDA".parse::<BackendRequest>().ok(), Some(BackendRequest::Cuda));
+        assert_eq!(
+            "CUDA".parse::<BackendRequest>().ok(),
+            Some(BackendRequest::Cuda)
+        );
         assert!("tpu".parse::<BackendRequest>().is_err());
     }
 }

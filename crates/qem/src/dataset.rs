@@ -1,7 +1,7 @@
 //! [`Dataset`]: a loaded acquisition `I[R_r, R_c, k_r, k_c]` with its metadata and provenance.
 
 use crate::backend::Backend;
-use qem_core::{DType, Error, Metadata, Provenance, Result, Shape2};
+use qem_core::{DType, DenseArray, Error, Metadata, Provenance, Result, Shape2};
 
 /// How the counts are held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -11,60 +11,6 @@ pub enum Representation {
     Dense,
     /// rANS-coded counts (a later issue).
     Encoded,
-}
-
-/// A dense array of counts in row-major order, of one of the supported dtypes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DenseArray {
-    /// 8-bit counts.
-    U8(Vec<u8>),
-    /// 16-bit counts.
-    U16(Vec<u16>),
-    /// 32-bit counts.
-    U32(Vec<u32>),
-}
-
-impl DenseArray {
-    /// Element type.
-    pub fn dtype(&self) -> DType {
-        match self {
-            DenseArray::U8(_) => DType::U8,
-            DenseArray::U16(_) => DType::U16,
-            DenseArray::U32(_) => DType::U32,
-        }
-    }
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        match self {
-            DenseArray::U8(v) => v.len(),
-            DenseArray::U16(v) => v.len(),
-            DenseArray::U32(v) => v.len(),
-        }
-    }
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// Size in bytes.
-    pub fn nbytes(&self) -> usize {
-        self.len() * self.dtype().size()
-    }
-    /// Element `i` widened to u64.
-    pub fn get(&self, i: usize) -> Option<u64> {
-        match self {
-            DenseArray::U8(v) => v.get(i).map(|&x| x as u64),
-            DenseArray::U16(v) => v.get(i).map(|&x| x as u64),
-            DenseArray::U32(v) => v.get(i).map(|&x| x as u64),
-        }
-    }
-    /// Copy of elements `[start, start + len)`.
-    pub fn slice(&self, start: usize, len: usize) -> DenseArray {
-        match self {
-            DenseArray::U8(v) => DenseArray::U8(v[start..start + len].to_vec()),
-            DenseArray::U16(v) => DenseArray::U16(v[start..start + len].to_vec()),
-            DenseArray::U32(v) => DenseArray::U32(v[start..start + len].to_vec()),
-        }
-    }
 }
 
 /// Where the data lives.
@@ -159,7 +105,10 @@ impl Dataset {
                 "frame",
                 format!("scan position ({row}, {col}) is outside the scan"),
             )
-            .with_expected(format!("row < {}, col < {}", self.scan_shape.rows, self.scan_shape.cols))
+            .with_expected(format!(
+                "row < {}, col < {}",
+                self.scan_shape.rows, self.scan_shape.cols
+            ))
             .with_found(format!("({row}, {col})")));
         }
         let frame_len = self.detector_shape.len();

@@ -8,13 +8,12 @@
 pub mod backend;
 pub mod dataset;
 pub mod load;
-pub mod progress;
 
 pub use backend::{available_backends, resolve_backend, Backend, BackendInfo, BackendRequest};
-pub use dataset::{Dataset, DenseArray, Representation};
+pub use dataset::{Dataset, Representation};
 pub use load::{discover, inspect, load, Inspection, LoadParams, SourceArg};
-pub use progress::{NoProgress, Progress};
+
 pub use qem_core::{
-    DType, DtypeRequest, Error, ErrorKind, MaskPolicy, Metadata, Provenance, Region, Result,
-    ScanShapeOrigin, Shape2, StageTiming,
+    DType, DenseArray, DtypeRequest, Error, ErrorKind, MaskPolicy, Metadata, NoProgress, Progress,
+    Provenance, Region, Result, ScanShapeOrigin, Shape2, StageTiming,
 };

@@ -1,8 +1,9 @@
 //! Loading sources into a [`Dataset`], and reporting on them.
 
 use crate::backend::BackendRequest;
-use crate::dataset::{Dataset, DenseArray, Representation};
-use crate::progress::Progress;
+use crate::dataset::{Dataset, Representation};
+use qem_core::Progress;
+use qem_core::DenseArray;
 use qem_core::{DtypeRequest, Error, Region, Result, Shape2};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -96,7 +97,10 @@ pub struct Inspection {
 
 /// Load `source` with `params`.
 pub fn load(_source: SourceArg, _params: &LoadParams) -> Result<Dataset> {
-    Err(Error::internal("load", "the CPU engine is not wired in yet"))
+    Err(Error::internal(
+        "load",
+        "the CPU engine is not wired in yet",
+    ))
 }
 
 /// Report on a source's readiness without decoding pixels.
