@@ -1,0 +1,248 @@
+//! The bitshuffle bit transpose of one block and its inverse (formats.md §1.4).
+//!
+//! A block of `n` elements (`n` a multiple of 8) of `s` bytes each becomes `8·s` bit-planes of
+//! `n/8` bytes, LSB plane first: plane `r` starts at byte `r·n/8`, and bit `m` of its byte `k`
+//! is bit `r` of element `8k + m` (bit `r = 8j + b` is bit `b` of the element's byte `j` in
+//! memory order, i.e. the value's bit `r` for little-endian integers).
+//!
+//! Both directions work on 8×8 bit matrices held in a `u64`: for byte-plane `j` and group `k`,
+//! the 8 plane bytes `(8j+b)·n/8 + k`, `b = 0..8`, form one word whose transpose holds byte `j`
+//! of the 8 elements `8k..8k+8`. The transpose is three delta swaps, not a bit loop. Element
+//! sizes 1, 2 and 4 have interleaving fast paths; any other size uses a byte-store path.
+
+use crate::CodecError;
+
+/// Transpose the 8×8 bit matrix in `x` (row `i` = byte `i`, column `j` = bit `j`): bit
+/// `8i + j` moves to bit `8j + i`. Its own inverse.
+#[inline(always)]
+pub const fn transpose_8x8(mut x: u64) -> u64 {
+    // Swap the off-diagonal 1×1 cells of each 2×2 block, then 2×2 cells of each 4×4 block,
+    // then the 4×4 quadrants.
+    let t = (x ^ (x >> 7)) & 0x00AA_00AA_00AA_00AA;
+    x ^= t ^ (t << 7);
+    let t = (x ^ (x >> 14)) & 0x0000_CCCC_0000_CCCC;
+    x ^= t ^ (t << 14);
+    let t = (x ^ (x >> 28)) & 0x0000_0000_F0F0_F0F0;
+    x ^ t ^ (t << 28)
+}
+
+fn check_block(src: &[u8], dst: &[u8], elem_size: usize) -> Result<(), CodecError> {
+    if elem_size == 0 {
+        return Err(CodecError::UnsupportedElemSize {
+            elem_size,
+            reason: "element size must be at least 1 byte",
+        });
+    }
+    if elem_size > crate::MAX_ELEM_SIZE {
+        return Err(CodecError::UnsupportedElemSize {
+            elem_size,
+            reason: "element size above qem_codec::MAX_ELEM_SIZE",
+        });
+    }
+    if src.len() != dst.len() {
+        return Err(CodecError::SizeMismatch {
+            what: "bit transpose output buffer",
+            expected: src.len() as u64,
+            found: dst.len() as u64,
+        });
+    }
+    if src.len() % (8 * elem_size) != 0 {
+        return Err(CodecError::BlockSize {
+            block_bytes: src.len() as u64,
+            elem_size,
+            reason: "a transposed block must hold a multiple of 8 elements",
+        });
+    }
+    Ok(())
+}
+
+/// The 8 bit-planes of byte-plane `j`, each re-sliced to exactly `nb` bytes.
+#[inline(always)]
+fn byte_plane(src: &[u8], j: usize, nb: usize) -> [&[u8]; 8] {
+    let base = 8 * j * nb;
+    std::array::from_fn(|b| &src[base + b * nb..base + (b + 1) * nb])
+}
+
+/// Gather byte `k` of each of the 8 planes into one word (plane `b` in byte `b`), transposed,
+/// so that byte `m` of the result is byte `j` of element `8k + m`.
+#[inline(always)]
+fn gather(p: &[&[u8]; 8], k: usize) -> u64 {
+    transpose_8x8(u64::from_le_bytes([
+        p[0][k], p[1][k], p[2][k], p[3][k], p[4][k], p[5][k], p[6][k], p[7][k],
+    ]))
+}
+
+/// Spread the 4 bytes of `x` into the low bytes of 4 u16 lanes.
+#[inline(always)]
+const fn spread_bytes(x: u32) -> u64 {
+    let x = x as u64;
+    let x = (x | (x << 16)) & 0x0000_FFFF_0000_FFFF;
+    (x | (x << 8)) & 0x00FF_00FF_00FF_00FF
+}
+
+/// Spread the 2 u16 of `x` into the low halves of 2 u32 lanes.
+#[inline(always)]
+const fn spread_u16(x: u32) -> u64 {
+    let x = x as u64;
+    (x | (x << 16)) & 0x0000_FFFF_0000_FFFF
+}
+
+/// Undo the bit transpose of one block: `src` holds the bit-planes, `dst` receives the
+/// elements (`src.len() == dst.len()`, a multiple of `8 * elem_size`).
+pub fn untranspose_block(src: &[u8], elem_size: usize, dst: &mut [u8]) -> Result<(), CodecError> {
+    check_block(src, dst, elem_size)?;
+    untranspose_unchecked(src, elem_size, dst);
+    Ok(())
+}
+
+/// [`untranspose_block`] after the caller checked the sizes (panics, never UB, if they are wrong).
+pub(crate) fn untranspose_unchecked(src: &[u8], elem_size: usize, dst: &mut [u8]) {
+    let nb = src.len() / (8 * elem_size);
+    match elem_size {
+        1 => {
+            let p = byte_plane(src, 0, nb);
+            for (k, out) in dst.chunks_exact_mut(8).enumerate().take(nb) {
+                out.copy_from_slice(&gather(&p, k).to_le_bytes());
+            }
+        }
+        2 => {
+            let p0 = byte_plane(src, 0, nb);
+            let p1 = byte_plane(src, 1, nb);
+            for (k, out) in dst.chunks_exact_mut(16).enumerate().take(nb) {
+                let y0 = gather(&p0, k);
+                let y1 = gather(&p1, k);
+                let lo = spread_bytes(y0 as u32) | (spread_bytes(y1 as u32) << 8);
+                let hi = spread_bytes((y0 >> 32) as u32) | (spread_bytes((y1 >> 32) as u32) << 8);
+                out[..8].copy_from_slice(&lo.to_le_bytes());
+                out[8..].copy_from_slice(&hi.to_le_bytes());
+            }
+        }
+        4 => {
+            let p: [[&[u8]; 8]; 4] = std::array::from_fn(|j| byte_plane(src, j, nb));
+            for (k, out) in dst.chunks_exact_mut(32).enumerate().take(nb) {
+                let y0 = gather(&p[0], k);
+                let y1 = gather(&p[1], k);
+                let y2 = gather(&p[2], k);
+                let y3 = gather(&p[3], k);
+                // u16 lanes: low halves (bytes 0,1) and high halves (bytes 2,3) of elements.
+                let lo_a = spread_bytes(y0 as u32) | (spread_bytes(y1 as u32) << 8);
+                let lo_b = spread_bytes((y0 >> 32) as u32) | (spread_bytes((y1 >> 32) as u32) << 8);
+                let hi_a = spread_bytes(y2 as u32) | (spread_bytes(y3 as u32) << 8);
+                let hi_b = spread_bytes((y2 >> 32) as u32) | (spread_bytes((y3 >> 32) as u32) << 8);
+                let words = [
+                    spread_u16(lo_a as u32) | (spread_u16(hi_a as u32) << 16),
+                    spread_u16((lo_a >> 32) as u32) | (spread_u16((hi_a >> 32) as u32) << 16),
+                    spread_u16(lo_b as u32) | (spread_u16(hi_b as u32) << 16),
+                    spread_u16((lo_b >> 32) as u32) | (spread_u16((hi_b >> 32) as u32) << 16),
+                ];
+                for (o, w) in out.chunks_exact_mut(8).zip(words) {
+                    o.copy_from_slice(&w.to_le_bytes());
+                }
+            }
+        }
+        s => {
+            for j in 0..s {
+                let p = byte_plane(src, j, nb);
+                for (k, group) in dst.chunks_exact_mut(8 * s).enumerate().take(nb) {
+                    let y = gather(&p, k).to_le_bytes();
+                    for (m, &byte) in y.iter().enumerate() {
+                        group[m * s + j] = byte;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Bit-transpose one block: `src` holds the elements, `dst` receives the bit-planes
+/// (`src.len() == dst.len()`, a multiple of `8 * elem_size`). Inverse of [`untranspose_block`].
+pub fn transpose_block(src: &[u8], elem_size: usize, dst: &mut [u8]) -> Result<(), CodecError> {
+    check_block(src, dst, elem_size)?;
+    let s = elem_size;
+    let nb = src.len() / (8 * s);
+    for j in 0..s {
+        let base = 8 * j * nb;
+        for (k, group) in src.chunks_exact(8 * s).enumerate() {
+            let x = u64::from_le_bytes(std::array::from_fn(|m| group[m * s + j]));
+            let y = transpose_8x8(x).to_le_bytes();
+            for (b, &byte) in y.iter().enumerate() {
+                dst[base + b * nb + k] = byte;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The definition of formats.md §1.4, bit by bit.
+    fn naive_transpose(src: &[u8], s: usize) -> Vec<u8> {
+        let n = src.len() / s;
+        let nb = n / 8;
+        let mut dst = vec![0u8; src.len()];
+        for r in 0..8 * s {
+            for e in 0..n {
+                let bit = (src[e * s + r / 8] >> (r % 8)) & 1;
+                dst[r * nb + e / 8] |= bit << (e % 8);
+            }
+        }
+        dst
+    }
+
+    fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn transpose_8x8_moves_each_bit() {
+        for i in 0..8 {
+            for j in 0..8 {
+                assert_eq!(transpose_8x8(1u64 << (8 * i + j)), 1u64 << (8 * j + i));
+            }
+        }
+    }
+
+    #[test]
+    fn matches_the_definition_for_many_sizes() {
+        for s in [1usize, 2, 3, 4, 8] {
+            for n in [8usize, 16, 24, 64, 136] {
+                let src = pseudo_random(n * s, (n * 31 + s) as u64);
+                let want = naive_transpose(&src, s);
+                let mut got = vec![0u8; src.len()];
+                transpose_block(&src, s, &mut got).unwrap();
+                assert_eq!(got, want, "transpose s={s} n={n}");
+                let mut back = vec![0u8; src.len()];
+                untranspose_block(&got, s, &mut back).unwrap();
+                assert_eq!(back, src, "untranspose s={s} n={n}");
+            }
+        }
+    }
+
+    #[test]
+    fn vector_a_planes() {
+        // u16 0..16 transposes to aa aa cc cc f0 f0 00 ff then 24 zeros (formats.md §1.6 A).
+        let src: Vec<u8> = (0u16..16).flat_map(|v| v.to_le_bytes()).collect();
+        let mut got = vec![0u8; 32];
+        transpose_block(&src, 2, &mut got).unwrap();
+        let mut want = vec![0xaa, 0xaa, 0xcc, 0xcc, 0xf0, 0xf0, 0x00, 0xff];
+        want.resize(32, 0);
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn rejects_bad_sizes() {
+        assert!(untranspose_block(&[0; 8], 0, &mut [0; 8]).is_err());
+        assert!(untranspose_block(&[0; 8], 2, &mut [0; 8]).is_err());
+        assert!(untranspose_block(&[0; 16], 2, &mut [0; 8]).is_err());
+    }
+}
