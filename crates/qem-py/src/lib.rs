@@ -1,1 +1,180 @@
+//! `qem-py`: the PyO3 module `quantem.gpu._native` behind the Python package `quantem.gpu`.
+//!
+//! This crate only converts: Python arguments into [`qem`] parameters, [`qem::Error`] into the
+//! Python exception hierarchy ([`errors`]), results into numpy arrays and dicts ([`convert`]).
+//! Long calls run with the GIL released and honour Ctrl-C ([`watch`]). The Python-facing names,
+//! signatures and doc strings users read live in `python/quantem/gpu/`; nothing depends on this
+//! crate.
 
+// `qem::Error` (owned by qem-core) is large; its results only pass through here once per call.
+#![allow(clippy::result_large_err)]
+
+mod convert;
+mod dataset;
+mod errors;
+mod watch;
+
+use crate::convert::{numpy_to_source, region, shape2, to_py};
+use crate::dataset::PyDataset;
+use crate::errors::{to_pyerr, IntoPyResult};
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use qem::{BackendRequest, DtypeRequest, Error, LoadParams, Representation, SourceArg};
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+fn parse_representation(name: Option<&str>) -> PyResult<Option<Representation>> {
+    match name.map(str::to_ascii_lowercase).as_deref() {
+        None => Ok(None),
+        Some("dense") => Ok(Some(Representation::Dense)),
+        Some("encoded") => Ok(Some(Representation::Encoded)),
+        Some(other) => Err(to_pyerr(
+            Error::invalid("load", format!("unknown representation \"{other}\""))
+                .with_expected("\"dense\", \"encoded\" or None")
+                .with_found(other.to_string()),
+        )),
+    }
+}
+
+/// Load a source; see `quantem.gpu.io.load` for the documented signature.
+#[pyfunction]
+#[pyo3(signature = (
+    source, *, backend = "auto", scan_shape = None, scan_region = None, detector_region = None,
+    det_bin = 1, dtype = "native", representation = None, apply_mask = true,
+    memory_budget = None, progress = None, dataset_path = None
+))]
+#[allow(clippy::too_many_arguments)]
+fn load(
+    py: Python<'_>,
+    source: &Bound<'_, PyAny>,
+    backend: &str,
+    scan_shape: Option<Vec<i64>>,
+    scan_region: Option<Vec<i64>>,
+    detector_region: Option<Vec<i64>>,
+    det_bin: i64,
+    dtype: &str,
+    representation: Option<&str>,
+    apply_mask: bool,
+    memory_budget: Option<u64>,
+    progress: Option<Py<PyAny>>,
+    dataset_path: Option<String>,
+) -> PyResult<PyDataset> {
+    let source = if let Ok(path) = source.extract::<PathBuf>() {
+        SourceArg::Path(path)
+    } else {
+        numpy_to_source(source)?
+    };
+    let det_bin = usize::try_from(det_bin).map_err(|_| {
+        to_pyerr(
+            Error::invalid("load", "det_bin must be a positive integer")
+                .with_expected(">= 1")
+                .with_found(det_bin.to_string()),
+        )
+    })?;
+    let requested = parse_representation(representation)?;
+    let mut params = LoadParams {
+        backend: backend.parse::<BackendRequest>().py()?,
+        scan_shape: shape2("scan_shape", scan_shape)?,
+        scan_region: region("scan_region", scan_region)?,
+        detector_region: region("detector_region", detector_region)?,
+        det_bin,
+        dtype: dtype.parse::<DtypeRequest>().py()?,
+        representation: requested,
+        apply_mask,
+        memory_budget,
+        dataset_path,
+        progress: None,
+    };
+    let ds = watch::run_watched(py, progress, move |w| {
+        params.progress = Some(w);
+        qem::load(source, &params)
+    })?;
+    if let Some(r) = requested {
+        if ds.representation() != r {
+            // Never hand back another representation than the one asked for.
+            return Err(to_pyerr(
+                Error::invalid(
+                    "load",
+                    format!("representation {r:?} is not available in this build yet"),
+                )
+                .with_expected(format!("{r:?}"))
+                .with_found(format!("{:?}", ds.representation())),
+            ));
+        }
+    }
+    Ok(PyDataset::new(ds))
+}
+
+/// Readiness report of a source as a dict, without decoding pixels.
+#[pyfunction]
+#[pyo3(signature = (source, scan_shape = None))]
+fn inspect<'py>(
+    py: Python<'py>,
+    source: PathBuf,
+    scan_shape: Option<Vec<i64>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let scan_shape = shape2("scan_shape", scan_shape)?;
+    let report = watch::run_watched(py, None, move |_| qem::inspect(&source, scan_shape))?;
+    to_py(py, &report)
+}
+
+/// Every Dectris master file under `folder`, recursively, sorted.
+#[pyfunction]
+fn discover(py: Python<'_>, folder: PathBuf) -> PyResult<Vec<String>> {
+    let found = py.detach(|| qem::discover(&folder)).py()?;
+    Ok(found
+        .into_iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect())
+}
+
+/// Every backend this build knows, in preference order: dicts with name, available, detail.
+#[pyfunction]
+fn backends<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    for info in qem::available_backends() {
+        list.append(to_py(py, &info)?)?;
+    }
+    Ok(list)
+}
+
+/// The backend `name` resolves to, or `BackendUnavailableError` with the reason.
+#[pyfunction]
+#[pyo3(signature = (name = "auto"))]
+fn resolve_backend(name: &str) -> PyResult<String> {
+    let request = name.parse::<BackendRequest>().py()?;
+    Ok(qem::resolve_backend(request).py()?.name().to_string())
+}
+
+/// Run the `quantem-gpu` command line with `argv` (program name first); returns the exit code.
+#[cfg(feature = "cli")]
+#[pyfunction]
+fn cli_main(py: Python<'_>, argv: Vec<OsString>) -> PyResult<i32> {
+    Ok(py.detach(|| qem_cli::run(argv)))
+}
+
+/// Run the `quantem-gpu` command line (not in this build: made without the `cli` feature).
+#[cfg(not(feature = "cli"))]
+#[pyfunction]
+fn cli_main(argv: Vec<OsString>) -> PyResult<i32> {
+    let _ = argv;
+    Err(to_pyerr(Error::internal(
+        "cli",
+        "this build of quantem.gpu has no command line (built without the `cli` feature)",
+    )))
+}
+
+/// The module `quantem.gpu._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::register(m)?;
+    m.add_class::<PyDataset>()?;
+    m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(inspect, m)?)?;
+    m.add_function(wrap_pyfunction!(discover, m)?)?;
+    m.add_function(wrap_pyfunction!(backends, m)?)?;
+    m.add_function(wrap_pyfunction!(resolve_backend, m)?)?;
+    m.add_function(wrap_pyfunction!(cli_main, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,216 @@
+//! The Python `Dataset` class: a thin handle on a [`qem::Dataset`].
+
+use crate::convert::{dense_to_numpy, to_py};
+use crate::errors::{to_pyerr, IntoPyResult};
+use numpy::PyArrayDescr;
+use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use qem::{DType, Error, ErrorKind};
+
+/// Above this many bytes `to_numpy()` / `np.asarray()` refuse unless `force=True`.
+const TO_NUMPY_LIMIT: u64 = 4 << 30;
+
+/// A loaded 4D-STEM acquisition ``I[R_r, R_c, k_r, k_c]``.
+///
+/// Made by ``io.load``. ``ds[r, c]`` is one detector frame as numpy; ``ds.to_numpy()`` the
+/// dense 4-D array. Use as a context manager (or call ``close()``) to release its memory.
+#[pyclass(name = "Dataset", module = "quantem.gpu.io")]
+#[derive(Debug)]
+pub struct PyDataset {
+    inner: qem::Dataset,
+}
+
+impl PyDataset {
+    pub fn new(inner: qem::Dataset) -> Self {
+        PyDataset { inner }
+    }
+}
+
+fn numpy_dtype(py: Python<'_>, dtype: DType) -> Bound<'_, PyArrayDescr> {
+    match dtype {
+        DType::U8 => numpy::dtype::<u8>(py),
+        DType::U16 => numpy::dtype::<u16>(py),
+        DType::U32 => numpy::dtype::<u32>(py),
+    }
+}
+
+fn representation<'py>(py: Python<'py>, r: qem::Representation) -> PyResult<Bound<'py, PyAny>> {
+    let value = match r {
+        qem::Representation::Dense => "dense",
+        qem::Representation::Encoded => "encoded",
+    };
+    py.import("quantem.gpu._enums")?
+        .getattr("DataRepresentation")?
+        .call1((value,))
+}
+
+/// Python-style index `i` into `0..n` (negative counts from the end).
+fn wrap_index(axis: &str, i: isize, n: usize) -> PyResult<usize> {
+    let n_signed = isize::try_from(n).unwrap_or(isize::MAX);
+    let j = if i < 0 { i + n_signed } else { i };
+    if (0..n_signed).contains(&j) {
+        Ok(j as usize)
+    } else {
+        Err(PyIndexError::new_err(format!(
+            "scan {axis} index {i} is out of range for {n} {axis}s"
+        )))
+    }
+}
+
+#[pymethods]
+impl PyDataset {
+    /// ``(R_r, R_c, k_r, k_c)`` of the loaded data (after regions and binning).
+    #[getter]
+    fn shape(&self) -> (usize, usize, usize, usize) {
+        let [a, b, c, d] = self.inner.shape();
+        (a, b, c, d)
+    }
+
+    /// numpy dtype of the counts.
+    #[getter]
+    fn dtype<'py>(&self, py: Python<'py>) -> Bound<'py, PyArrayDescr> {
+        numpy_dtype(py, self.inner.dtype())
+    }
+
+    /// Backend holding the data (``"cpu"`` or ``"cuda"``).
+    #[getter]
+    fn backend(&self) -> String {
+        self.inner.backend().name().to_string()
+    }
+
+    /// Device description (CPU model and threads, or GPU model).
+    #[getter]
+    fn device(&self) -> String {
+        self.inner.device().to_string()
+    }
+
+    /// Source metadata as a dict (``None`` where the source does not say).
+    #[getter]
+    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        to_py(py, self.inner.metadata())
+    }
+
+    /// How the dataset was made: files, regions, bins, dtypes, mask policy, backend, version.
+    #[getter]
+    fn provenance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        to_py(py, self.inner.provenance())
+    }
+
+    /// Bytes the data occupies where it lives (0 once closed).
+    #[getter]
+    fn nbytes_resident(&self) -> u64 {
+        self.inner.nbytes_resident()
+    }
+
+    /// ``io.DataRepresentation.DENSE`` or ``.ENCODED``.
+    #[getter]
+    fn representation<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        representation(py, self.inner.representation())
+    }
+
+    /// True after ``close()``.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    /// One detector frame ``(k_r, k_c)`` at scan position ``[row, col]`` (negative counts from the end).
+    fn __getitem__(&self, py: Python<'_>, index: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        let (row, col): (isize, isize) = index.extract().map_err(|_| {
+            PyTypeError::new_err(
+                "index a Dataset with two integers, ds[row, col]; use ds.to_numpy() for slices",
+            )
+        })?;
+        let [rows, cols, k_r, k_c] = self.inner.shape();
+        let r = wrap_index("row", row, rows)?;
+        let c = wrap_index("column", col, cols)?;
+        let frame = py.detach(|| self.inner.frame(r, c)).py()?;
+        dense_to_numpy(py, frame, &[k_r, k_c])
+    }
+
+    /// Dense 4-D copy ``(R_r, R_c, k_r, k_c)`` as numpy.
+    ///
+    /// Parameters
+    /// ----------
+    /// force : bool
+    ///     Make the copy even above 4 GiB (otherwise a ``MemoryBudgetError``).
+    #[pyo3(signature = (force = false))]
+    fn to_numpy(&self, py: Python<'_>, force: bool) -> PyResult<Py<PyAny>> {
+        let shape = self.inner.shape();
+        let nbytes =
+            shape.iter().map(|&n| n as u64).product::<u64>() * self.inner.dtype().size() as u64;
+        if nbytes > TO_NUMPY_LIMIT && !force {
+            return Err(to_pyerr(
+                Error::new(
+                    ErrorKind::MemoryBudget,
+                    "to_numpy",
+                    format!(
+                        "a dense copy of {:?} {} needs {:.2} GiB; pass force=True to make it anyway",
+                        shape,
+                        self.inner.dtype().numpy_name(),
+                        nbytes as f64 / f64::from(1u32 << 30)
+                    ),
+                )
+                .with_expected(format!("<= {TO_NUMPY_LIMIT} bytes"))
+                .with_found(format!("{nbytes} bytes")),
+            ));
+        }
+        let inner = &self.inner;
+        let dense = py.detach(|| inner.dense().cloned()).py()?;
+        dense_to_numpy(py, dense, &shape)
+    }
+
+    /// ``np.asarray(ds)``: the dense copy (same size guard as ``to_numpy``).
+    #[pyo3(signature = (dtype = None, copy = None))]
+    fn __array__(
+        &self,
+        py: Python<'_>,
+        dtype: Option<Bound<'_, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Py<PyAny>> {
+        if copy == Some(false) {
+            return Err(PyValueError::new_err(
+                "a Dataset cannot be viewed without a copy; use np.array(ds) or ds.to_numpy()",
+            ));
+        }
+        let arr = self.to_numpy(py, false)?;
+        match dtype {
+            Some(dt) if !dt.is_none() => Ok(arr.call_method1(py, "astype", (dt,))?),
+            _ => Ok(arr),
+        }
+    }
+
+    /// Release the data; later frame or array access raises ``InvalidArgumentError``.
+    fn close(&mut self) {
+        self.inner.close();
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&mut self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.inner.close();
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        let r = match self.inner.representation() {
+            qem::Representation::Dense => "dense",
+            qem::Representation::Encoded => "encoded",
+        };
+        format!(
+            "Dataset(shape={:?}, dtype={}, backend='{}', representation='{}'{})",
+            self.shape(),
+            self.inner.dtype().numpy_name(),
+            self.inner.backend().name(),
+            r,
+            if self.inner.is_closed() {
+                ", closed"
+            } else {
+                ""
+            }
+        )
+    }
+}

@@ -1,0 +1,43 @@
+"""quantem.gpu: a 4D-STEM engine (Rust core) for acquisitions ``I[R_r, R_c, k_r, k_c]``.
+
+>>> from quantem.gpu import io, device
+>>> device.available()
+['cpu']
+>>> with io.load("scan_master.h5", scan_shape=(256, 256)) as ds:
+...     frame = ds[10, 20]
+
+Every error raised by the engine is a :class:`QuantemError`; its subclasses name the category
+(:class:`SourceError`, :class:`DecodeError`, ...) and carry ``op``, ``file``, ``frame``,
+``expected`` and ``found`` attributes.
+"""
+
+from quantem.gpu import device, io
+from quantem.gpu._native import (
+    BackendUnavailableError,
+    DecodeError,
+    DtypeOverflowError,
+    InvalidArgumentError,
+    MemoryBudgetError,
+    QuantemError,
+    QuantemIOError,
+    SourceError,
+    __version__,
+)
+from quantem.gpu.io import Dataset, Dataset4dstemGPU, DataRepresentation
+
+__all__ = [
+    "BackendUnavailableError",
+    "DataRepresentation",
+    "Dataset",
+    "Dataset4dstemGPU",
+    "DecodeError",
+    "DtypeOverflowError",
+    "InvalidArgumentError",
+    "MemoryBudgetError",
+    "QuantemError",
+    "QuantemIOError",
+    "SourceError",
+    "__version__",
+    "device",
+    "io",
+]

@@ -1,0 +1,53 @@
+"""Which compute backends exist here and which one a request resolves to."""
+
+from typing import Dict, List, Union
+
+from quantem.gpu import _native
+
+__all__ = ["available", "info", "resolve"]
+
+
+def available() -> List[str]:
+    """Names of the backends usable here, most preferred first.
+
+    Returns
+    -------
+    list of str
+        For example ``["cpu"]`` or ``["cuda", "cpu"]``.
+    """
+    return [b["name"] for b in _native.backends() if b["available"]]
+
+
+def resolve(name: str = "auto") -> str:
+    """The backend a request resolves to.
+
+    Parameters
+    ----------
+    name : {"auto", "cpu", "cuda", "mps"}
+        ``"auto"`` picks CUDA when usable, else the CPU.
+
+    Returns
+    -------
+    str
+        The backend that would run, e.g. ``"cpu"``.
+
+    Raises
+    ------
+    BackendUnavailableError
+        An explicit backend that cannot run here (the message says why); never a silent CPU run.
+    InvalidArgumentError
+        An unknown name.
+    """
+    return _native.resolve_backend(name)
+
+
+def info() -> List[Dict[str, Union[str, bool]]]:
+    """Every backend this build knows, with its availability.
+
+    Returns
+    -------
+    list of dict
+        ``{"name": str, "available": bool, "detail": str}``; ``detail`` describes the device,
+        or says why the backend is unavailable.
+    """
+    return list(_native.backends())

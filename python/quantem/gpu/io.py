@@ -1,0 +1,211 @@
+"""Loading 4D-STEM acquisitions: Dectris master + shards, plain HDF5, numpy arrays.
+
+Arrays are ``I[R_r, R_c, k_r, k_c]`` (scan row, scan column, detector row, detector column);
+regions are half-open ``(row_start, row_stop, col_start, col_stop)``.
+"""
+
+import os
+import sys
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+import numpy as np
+
+from quantem.gpu import _native
+from quantem.gpu._enums import DataRepresentation
+
+__all__ = [
+    "DataRepresentation",
+    "Dataset",
+    "Dataset4dstemGPU",
+    "discover",
+    "inspect",
+    "load",
+    "save",
+]
+
+#: A loaded acquisition (returned by :func:`load`).
+Dataset = _native.Dataset
+#: The name users of quantem know for a GPU-resident dataset; the same class.
+Dataset4dstemGPU = Dataset
+
+ProgressCallback = Callable[[str, int, int], Any]
+
+
+class _TextProgress:
+    """``progress=True``: one updating line per stage on stderr."""
+
+    def __init__(self, stream=None):
+        self._stream = stream if stream is not None else sys.stderr
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        pct = f" {100.0 * done / total:5.1f}%" if total else ""
+        end = "\n" if total and done >= total else ""
+        self._stream.write(f"\r{stage}: {done}/{total}{pct}{end}")
+        self._stream.flush()
+
+
+def _representation_name(representation) -> Optional[str]:
+    if representation is None:
+        return None
+    if isinstance(representation, DataRepresentation):
+        return representation.value
+    if isinstance(representation, str):
+        return representation
+    raise TypeError(
+        "representation must be 'dense', 'encoded', an io.DataRepresentation member or None, "
+        f"not {type(representation).__name__}"
+    )
+
+
+def _dtype_name(dtype) -> str:
+    if isinstance(dtype, str):
+        return dtype
+    return np.dtype(dtype).name
+
+
+def _progress_callback(progress) -> Optional[ProgressCallback]:
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        return _TextProgress()
+    if callable(progress):
+        return progress
+    raise TypeError("progress must be None, True, or a callable progress(stage, done, total)")
+
+
+def load(
+    source: Union[str, "os.PathLike[str]", np.ndarray],
+    backend: str = "auto",
+    scan_shape: Optional[Sequence[int]] = None,
+    scan_region: Optional[Sequence[int]] = None,
+    detector_region: Optional[Sequence[int]] = None,
+    det_bin: int = 1,
+    dtype: Union[str, np.dtype, type] = "native",
+    representation: Union[None, str, DataRepresentation] = None,
+    apply_mask: bool = True,
+    memory_budget: Optional[int] = None,
+    progress: Union[None, bool, ProgressCallback] = None,
+    dataset_path: Optional[str] = None,
+) -> Dataset:
+    """Load a 4D-STEM acquisition.
+
+    The GIL is released while loading; Ctrl-C stops the load.
+
+    Parameters
+    ----------
+    source : str, os.PathLike or numpy.ndarray
+        A Dectris ``*_master.h5``, a plain HDF5 file with a 3-D ``(N, k_r, k_c)`` or 4-D dataset,
+        or a uint8/uint16/uint32 array of shape ``(R_r, R_c, k_r, k_c)`` or ``(N, k_r, k_c)``
+        (copied).
+    backend : {"auto", "cpu", "cuda", "mps"}
+        ``"auto"`` picks CUDA when usable, else the CPU; an explicit backend that cannot run
+        raises :class:`~quantem.gpu.BackendUnavailableError`.
+    scan_shape : (int, int), optional
+        ``(R_r, R_c)``; required when the source does not record it and ``N`` is not a square.
+    scan_region, detector_region : (int, int, int, int), optional
+        Half-open ``(row_start, row_stop, col_start, col_stop)``; only these are loaded. The
+        detector region is in source pixels, applied before binning.
+    det_bin : int
+        Detector binning factor; edge blocks that do not fill a bin are summed over the pixels
+        that exist (output size is the ceiling).
+    dtype : {"native", "u16", "u32", "u8"} or numpy dtype
+        ``"native"`` keeps the source dtype (widened to uint32 when binned sums can overflow);
+        ``"u16"`` narrows only when every value fits (else
+        :class:`~quantem.gpu.DtypeOverflowError`); ``"u8"`` saturates at 255 and records how many
+        values were clipped in the provenance.
+    representation : {"dense", "encoded"}, DataRepresentation or None
+        ``None`` = the backend's default.
+    apply_mask : bool
+        Set the detector's bad pixels (``pixel_mask & 0xFFFF != 0``) to 0.
+    memory_budget : int, optional
+        Upper bound in bytes for the loaded data (else :class:`~quantem.gpu.MemoryBudgetError`).
+    progress : None, True or callable
+        ``True`` prints progress to stderr; a callable is called as
+        ``progress(stage, done, total)`` on the calling thread. An exception raised by it stops
+        the load and propagates.
+    dataset_path : str, optional
+        Dataset inside a plain HDF5 file (when the file holds more than one candidate).
+
+    Returns
+    -------
+    Dataset
+
+    Raises
+    ------
+    SourceError, DecodeError, InvalidArgumentError, DtypeOverflowError, MemoryBudgetError,
+    BackendUnavailableError, QuantemIOError
+        Each names the operation, the file and frame where they apply, what was expected and
+        what was found.
+    """
+    if isinstance(source, np.ndarray):
+        src: Any = source
+    elif isinstance(source, (str, bytes, os.PathLike)):
+        src = os.fspath(source)
+    else:
+        raise TypeError(
+            "source must be a path (str or os.PathLike) or a numpy array, "
+            f"not {type(source).__name__}"
+        )
+    return _native.load(
+        src,
+        backend=backend,
+        scan_shape=None if scan_shape is None else [int(v) for v in scan_shape],
+        scan_region=None if scan_region is None else [int(v) for v in scan_region],
+        detector_region=None if detector_region is None else [int(v) for v in detector_region],
+        det_bin=int(det_bin),
+        dtype=_dtype_name(dtype),
+        representation=_representation_name(representation),
+        apply_mask=bool(apply_mask),
+        memory_budget=None if memory_budget is None else int(memory_budget),
+        progress=_progress_callback(progress),
+        dataset_path=dataset_path,
+    )
+
+
+def inspect(
+    source: Union[str, "os.PathLike[str]"], scan_shape: Optional[Sequence[int]] = None
+) -> Dict[str, Any]:
+    """Report on a source without decoding pixels.
+
+    Parameters
+    ----------
+    source : str or os.PathLike
+        A Dectris master file or a plain HDF5 file.
+    scan_shape : (int, int), optional
+        The scan shape to check the frame count against.
+
+    Returns
+    -------
+    dict
+        Whether the source is ready to load (``ready``), and if not why (missing shards, unwritten
+        chunks, frame-count mismatch), with its shapes, dtype and metadata.
+    """
+    return _native.inspect(
+        os.fspath(source), None if scan_shape is None else [int(v) for v in scan_shape]
+    )
+
+
+def discover(folder: Union[str, "os.PathLike[str]"]) -> List[str]:
+    """Every Dectris master file (``*_master.h5``) under ``folder``, recursively, sorted."""
+    return list(_native.discover(os.fspath(folder)))
+
+
+def save(dataset: Dataset, path: Union[str, "os.PathLike[str]"]) -> None:
+    """Write a dataset as a ``.qem`` file (not available in this build).
+
+    Raises
+    ------
+    QuantemError
+        Always, for now: the ``.qem`` container arrives with its own issue.
+    """
+    err = _native.QuantemError(
+        "save: writing .qem files arrives with the .qem issue; not available in this build"
+    )
+    err.kind = "not_implemented"
+    err.op = "save"
+    err.file = os.fspath(path)
+    err.frame = None
+    err.expected = None
+    err.found = None
+    err.detail = "writing .qem files arrives with the .qem issue"
+    raise err
