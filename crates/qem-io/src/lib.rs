@@ -1,1 +1,269 @@
+//! `qem-io`: where acquisitions come from and where test acquisitions are written.
+//!
+//! * [`Source::open`] reads a Dectris ARINA/EIGER master file (external links to data shards) or a
+//!   plain HDF5 file with an inline 3-D `(N, k_r, k_c)` or 4-D `(R, C, k_r, k_c)` dataset. It
+//!   enumerates every chunk once with `H5Dchunk_iter`, resolves and validates the scan shape, reads
+//!   the metadata and the pixel mask, and then closes all HDF5 handles: chunk bytes are read later
+//!   with positional reads ([`Source::read_chunk`]) from many threads, outside HDF5's global lock.
+//! * [`inspect`] says whether a source is ready to load without decoding any pixel.
+//! * [`discover`] finds `*_master.h5` files under a folder.
+//! * [`writer`] writes Dectris-style acquisitions (master + shards, bitshuffle/LZ4 via direct
+//!   chunk writes) for tests, demos and benchmarks.
+//!
+//! Only this crate knows HDF5. It depends on `qem-core` (vocabulary, errors) and `qem-codec`
+//! (bitshuffle/LZ4). The engines (`qem-cpu`, `qem-cuda`) and the façade `qem` may depend on it;
+//! nothing below it does. Decoding pixels is not done here, except inside the HDF5 filter we
+//! register so that small compressed datasets (a `pixel_mask`) read through HDF5.
 
+mod h5;
+mod inspect;
+mod meta;
+mod open;
+pub mod writer;
+
+pub use inspect::{discover, inspect, Inspection, ShardReport};
+
+use qem_core::{fnv1a64, DType, Error, FileIdentity, Metadata, Result, Shape2, FNV_OFFSET};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// Options of [`Source::open`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// HDF5 path of the frame dataset in a self-contained file; `None` searches
+    /// `/entry/data/data_NNNNNN` links, then `/entry/data/data`, then the single 3-D/4-D integer
+    /// dataset of the file.
+    pub dataset_path: Option<String>,
+    /// Scan shape given by the caller; it wins over anything recorded in the file, and must
+    /// still match the number of frames present.
+    pub scan_shape: Option<Shape2>,
+}
+
+/// What kind of file a [`Source`] was opened from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceKind {
+    /// A Dectris master file whose `/entry/data/data_NNNNNN` members point at data shards.
+    DectrisMaster,
+    /// One self-contained HDF5 dataset (3-D or 4-D).
+    Hdf5Dataset,
+}
+
+impl SourceKind {
+    /// The snake_case name used in provenance (`"dectris_master"`, `"hdf5_dataset"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceKind::DectrisMaster => "dectris_master",
+            SourceKind::Hdf5Dataset => "hdf5_dataset",
+        }
+    }
+}
+
+/// How the chunks of a source are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChunkCodec {
+    /// HDF5 filter 32008, bitshuffle + LZ4 (decode with `qem_codec::bslz4::decode_chunk`).
+    /// A chunk whose `filter_mask` bit 0 is set was stored unfiltered and is raw.
+    Bslz4,
+    /// No filter: chunk bytes are the little-endian frames themselves.
+    Raw,
+}
+
+/// One stored chunk: where its bytes are and which frames it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct ChunkRecord {
+    /// Index into [`Source::files`] of the file holding the bytes.
+    pub file: u32,
+    /// Byte offset in that file.
+    pub offset: u64,
+    /// Stored (compressed) size in bytes.
+    pub size: u64,
+    /// HDF5 filter mask: bit `i` set means filter `i` of the pipeline was skipped for this chunk.
+    pub filter_mask: u32,
+    /// Global flat index of the chunk's first frame (`n = R_r·N_Rc + R_c`).
+    pub first_frame: u64,
+    /// Frames the chunk stores, as stored (edge chunks store a full chunk).
+    pub frames_in_chunk: u32,
+    /// Frames of the chunk that lie inside the dataset (the first `valid_frames` of it).
+    pub valid_frames: u32,
+}
+
+impl ChunkRecord {
+    /// True when the stored bytes are raw although the dataset's codec is [`ChunkCodec::Bslz4`]
+    /// (the optional filter was skipped when the chunk was written).
+    pub fn is_unfiltered(&self) -> bool {
+        self.filter_mask & 1 != 0
+    }
+}
+
+/// An opened acquisition: its files, shapes, metadata and complete chunk index.
+///
+/// `Source` holds no HDF5 handle, only plain file handles, so it is `Send + Sync` and
+/// [`Source::read_chunk`] may run on many threads at once.
+#[derive(Debug)]
+pub struct Source {
+    /// What kind of file this is.
+    pub kind: SourceKind,
+    /// The file the caller named (master or plain HDF5).
+    pub path: PathBuf,
+    /// Every file read: `files[0]` is the named file, then the shards in order.
+    pub files: Vec<FileIdentity>,
+    /// HDF5 path of the frame dataset (in the named file, or in each shard).
+    pub dataset_path: String,
+    /// Element type of the frames.
+    pub dtype: DType,
+    /// Detector frame shape `(k_r, k_c)`.
+    pub detector_shape: Shape2,
+    /// Number of frames present (the extent of the dataset(s), including unwritten chunks).
+    pub n_frames: u64,
+    /// The resolved scan shape; `rows·cols == n_frames`.
+    pub scan_shape: Shape2,
+    /// Metadata read from the file (units converted to those named in [`Metadata`]).
+    pub metadata: Metadata,
+    /// The raw `pixel_mask` (`k_r·k_c` values, row-major), if the file has one.
+    pub pixel_mask: Option<Vec<u32>>,
+    /// How the chunks are stored.
+    pub codec: ChunkCodec,
+    /// Every written chunk, sorted by `first_frame`.
+    pub chunks: Vec<ChunkRecord>,
+    /// Frames whose chunk was never written (they would read as the HDF5 fill value).
+    pub missing_frames: Vec<u64>,
+    /// Open handles of `files`, same order.
+    handles: Vec<std::fs::File>,
+}
+
+impl Source {
+    /// Open `path` (a Dectris master or a plain HDF5 file) and build the complete chunk index.
+    ///
+    /// Errors are [`qem_core::ErrorKind::Source`] errors naming the file (and the frame, where
+    /// one applies), e.g. a missing shard, inconsistent shards, an unsupported filter or chunk
+    /// shape, or a scan shape that does not match the frames present.
+    pub fn open(path: &Path, opts: &OpenOptions) -> Result<Source> {
+        open::open(path, opts)
+    }
+
+    /// Bytes of one frame: `k_r·k_c·elem_size`.
+    pub fn frame_bytes(&self) -> usize {
+        self.detector_shape.len() * self.dtype.size()
+    }
+
+    /// The chunk holding global frame `frame`.
+    ///
+    /// Errors name the frame and its file when the frame is out of range or its chunk was never
+    /// written.
+    pub fn chunk_of_frame(&self, frame: u64) -> Result<&ChunkRecord> {
+        if frame >= self.n_frames {
+            return Err(Error::invalid("locate chunk", "frame index out of range")
+                .with_file(&self.path)
+                .with_frame(frame)
+                .with_expected(format!("frame < {}", self.n_frames))
+                .with_found(frame.to_string()));
+        }
+        // chunks are sorted by first_frame and do not overlap.
+        let idx = self.chunks.partition_point(|c| c.first_frame <= frame);
+        if idx > 0 {
+            let c = &self.chunks[idx - 1];
+            if frame < c.first_frame + c.valid_frames as u64 {
+                return Ok(c);
+            }
+        }
+        Err(Error::source(
+            "locate chunk",
+            "the chunk holding this frame was never written (it would read as the fill value)",
+        )
+        .with_file(self.file_of_frame(frame))
+        .with_frame(frame)
+        .with_expected("a written chunk")
+        .with_found("no chunk"))
+    }
+
+    /// The file that holds (or would hold) `frame`: the shard whose frame range contains it.
+    fn file_of_frame(&self, frame: u64) -> &Path {
+        // chunks before/after give the file; fall back to the named file.
+        let idx = self.chunks.partition_point(|c| c.first_frame <= frame);
+        let rec = self
+            .chunks
+            .get(idx.saturating_sub(1))
+            .or(self.chunks.get(idx));
+        rec.and_then(|c| self.files.get(c.file as usize))
+            .map(|f| f.path.as_path())
+            .unwrap_or(&self.path)
+    }
+
+    /// Read the stored bytes of `rec` into `buf` (resized to `rec.size`) with a positional
+    /// read. Thread-safe; takes no lock. A short read (truncated file) is a source error naming
+    /// the file and the chunk's first frame.
+    pub fn read_chunk(&self, rec: &ChunkRecord, buf: &mut Vec<u8>) -> Result<()> {
+        let file_path = self
+            .files
+            .get(rec.file as usize)
+            .map(|f| f.path.as_path())
+            .unwrap_or(&self.path);
+        let handle = self.handles.get(rec.file as usize).ok_or_else(|| {
+            Error::invalid(
+                "read chunk",
+                "chunk record names a file this source does not have",
+            )
+            .with_file(&self.path)
+            .with_frame(rec.first_frame)
+            .with_expected(format!("file index < {}", self.handles.len()))
+            .with_found(rec.file.to_string())
+        })?;
+        let size = usize::try_from(rec.size).map_err(|_| {
+            Error::source("read chunk", "chunk size does not fit in memory")
+                .with_file(file_path)
+                .with_frame(rec.first_frame)
+        })?;
+        buf.clear();
+        buf.resize(size, 0);
+        let mut done = 0usize;
+        while done < size {
+            match handle.read_at(&mut buf[done..], rec.offset + done as u64) {
+                Ok(0) => {
+                    return Err(Error::source(
+                        "read chunk",
+                        format!(
+                            "short read at byte offset {} (file truncated?)",
+                            rec.offset + done as u64
+                        ),
+                    )
+                    .with_file(file_path)
+                    .with_frame(rec.first_frame)
+                    .with_expected(format!("{size} bytes"))
+                    .with_found(format!("{done} bytes")));
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(Error::io("read chunk", file_path, &e).with_frame(rec.first_frame))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The bad-pixel mask: `true` where `pixel_mask & 0xFFFF != 0` (the Dectris rule).
+    pub fn bad_pixel_mask(&self) -> Option<Vec<bool>> {
+        self.pixel_mask
+            .as_ref()
+            .map(|m| m.iter().map(|&v| v & 0xFFFF != 0).collect())
+    }
+
+    /// Hex FNV-1a 64 digest of the chunk index `(file, offset, size, filter_mask)`, in order.
+    pub fn chunk_index_digest(&self) -> String {
+        let mut h = FNV_OFFSET;
+        for c in &self.chunks {
+            h = fnv1a64(h, &c.file.to_le_bytes());
+            h = fnv1a64(h, &c.offset.to_le_bytes());
+            h = fnv1a64(h, &c.size.to_le_bytes());
+            h = fnv1a64(h, &c.filter_mask.to_le_bytes());
+        }
+        format!("{h:016x}")
+    }
+
+    /// Total stored bytes of all chunks.
+    pub fn compressed_bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.size).sum()
+    }
+}

@@ -1,0 +1,264 @@
+//! Readiness checks ([`inspect`]) and master-file discovery ([`discover`]).
+
+use crate::open::{self, Located};
+use crate::{h5, OpenOptions, Source, SourceKind};
+use qem_core::{DType, Error, ErrorKind, Metadata, Result, ScanShapeOrigin, Shape2};
+use std::path::{Path, PathBuf};
+
+/// One shard of a Dectris master as seen by [`inspect`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ShardReport {
+    /// The shard file (resolved against the master's directory).
+    pub file: PathBuf,
+    /// Whether the file exists.
+    pub exists: bool,
+    /// Frames in the shard's dataset, if it could be read.
+    pub frames: Option<u64>,
+    /// `image_nr_low` attribute (1-based, inclusive), if present.
+    pub image_nr_low: Option<u64>,
+    /// `image_nr_high` attribute (1-based, inclusive), if present.
+    pub image_nr_high: Option<u64>,
+    /// Stored bytes of the shard's chunks, if they could be enumerated.
+    pub compressed_bytes: Option<u64>,
+}
+
+/// What [`inspect`] found: whether the source can be loaded, and if not why and what to do.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Inspection {
+    /// True when [`Source::open`] succeeds and every frame has a written chunk.
+    pub ready: bool,
+    /// Why the source is not ready.
+    pub reason: Option<String>,
+    /// What the user can do about it.
+    pub action: Option<String>,
+    /// Kind of source, once recognised.
+    pub source_kind: Option<SourceKind>,
+    /// The path inspected.
+    pub path: PathBuf,
+    /// Element type of the frames.
+    pub dtype: Option<DType>,
+    /// Detector frame shape.
+    pub detector_shape: Option<Shape2>,
+    /// Frames the metadata announces (`nimages·ntrigger`), if it does.
+    pub expected_frames: Option<u64>,
+    /// Frames present in the data.
+    pub actual_frames: Option<u64>,
+    /// Resolved scan shape.
+    pub scan_shape: Option<Shape2>,
+    /// Where the scan shape came from.
+    pub scan_shape_origin: Option<ScanShapeOrigin>,
+    /// Every shard of a Dectris master.
+    pub shards: Vec<ShardReport>,
+    /// Shard files that do not exist.
+    pub missing_shards: Vec<PathBuf>,
+    /// The first 100 frames whose chunk was never written.
+    pub missing_frames: Vec<u64>,
+    /// Number of frames whose chunk was never written.
+    pub n_missing_frames: u64,
+    /// Metadata read from the master.
+    pub metadata: Option<Metadata>,
+    /// Pixels the pixel mask marks bad (low-16-bit rule).
+    pub bad_pixels: Option<usize>,
+    /// Stored bytes of all chunks.
+    pub compressed_bytes: Option<u64>,
+}
+
+impl Inspection {
+    fn empty(path: &Path) -> Inspection {
+        Inspection {
+            ready: false,
+            reason: None,
+            action: None,
+            source_kind: None,
+            path: path.to_path_buf(),
+            dtype: None,
+            detector_shape: None,
+            expected_frames: None,
+            actual_frames: None,
+            scan_shape: None,
+            scan_shape_origin: None,
+            shards: Vec::new(),
+            missing_shards: Vec::new(),
+            missing_frames: Vec::new(),
+            n_missing_frames: 0,
+            metadata: None,
+            bad_pixels: None,
+            compressed_bytes: None,
+        }
+    }
+}
+
+/// Suggest what to do about an open error.
+fn action_for(e: &Error) -> String {
+    let d = e.detail.to_ascii_lowercase();
+    if d.contains("scan shape") || d.contains("scan_shape") {
+        "pass scan_shape=(rows, cols) with rows*cols equal to the frames present".into()
+    } else if d.contains("missing shard") {
+        "copy the missing shard files next to the master file".into()
+    } else if d.contains("filter") || d.contains("zstd") || d.contains("compressor") {
+        "convert the data to bitshuffle/LZ4 (filter 32008) or uncompressed".into()
+    } else if d.contains("never written") {
+        "load a scan region that excludes the missing frames".into()
+    } else if d.contains("dataset") {
+        "pass dataset_path naming the 3-D/4-D frame dataset".into()
+    } else {
+        "check the file; it may be incomplete or still being written".into()
+    }
+}
+
+/// Inspect `path` without decoding any pixel: shards, frame counts, scan shape, metadata and
+/// whether a load would succeed.
+///
+/// Problems with the source are reported in the returned [`Inspection`] (`ready = false`,
+/// `reason`, `action`); only a path that does not exist is an error.
+pub fn inspect(path: &Path, scan_shape: Option<Shape2>) -> Result<Inspection> {
+    if !path.exists() {
+        return Err(Error::source("inspect", "file not found")
+            .with_file(path)
+            .with_expected("an existing master or HDF5 file")
+            .with_found("no such file"));
+    }
+    h5::init();
+    let mut ins = Inspection::empty(path);
+    let opts = OpenOptions {
+        dataset_path: None,
+        scan_shape,
+    };
+
+    // Shard census first, so missing shards are listed even though open fails on them.
+    if let Ok(file) = hdf5::File::open(path) {
+        if let Ok(info) = crate::meta::read_master(&file, path) {
+            ins.expected_frames = match (info.metadata.nimages, info.metadata.ntrigger) {
+                (Some(a), Some(b)) => Some(a.max(1) * b.max(1)),
+                (Some(a), None) => Some(a),
+                (None, Some(b)) => Some(b),
+                _ => None,
+            };
+            ins.metadata = Some(info.metadata);
+        }
+        if let Ok(Located::Shards(links)) = open::locate(&file, path, &opts) {
+            ins.source_kind = Some(SourceKind::DectrisMaster);
+            for link in links {
+                let exists = link.internal || link.file.exists();
+                let mut rep = ShardReport {
+                    file: link.file.clone(),
+                    exists,
+                    frames: None,
+                    image_nr_low: None,
+                    image_nr_high: None,
+                    compressed_bytes: None,
+                };
+                if !exists {
+                    ins.missing_shards.push(link.file.clone());
+                } else {
+                    let shard_file = if link.internal {
+                        None
+                    } else {
+                        hdf5::File::open(&link.file).ok()
+                    };
+                    let holder = shard_file.as_ref().unwrap_or(&file);
+                    if let Ok(ds) = holder.dataset(&link.obj_path) {
+                        rep.frames = ds.shape().first().map(|&n| n as u64);
+                        rep.image_nr_low =
+                            h5::attr_value(&ds, "image_nr_low").and_then(|v| v.u64());
+                        rep.image_nr_high =
+                            h5::attr_value(&ds, "image_nr_high").and_then(|v| v.u64());
+                        if let Ok(part) = open::describe(&ds, &link.file, &link.name) {
+                            rep.compressed_bytes = Some(part.chunks.iter().map(|c| c.size).sum());
+                        }
+                    }
+                }
+                ins.shards.push(rep);
+            }
+            if ins.shards.iter().all(|s| s.frames.is_some()) {
+                ins.actual_frames = Some(ins.shards.iter().filter_map(|s| s.frames).sum());
+            }
+        }
+    }
+
+    match Source::open(path, &opts) {
+        Ok(src) => {
+            ins.source_kind = Some(src.kind);
+            ins.dtype = Some(src.dtype);
+            ins.detector_shape = Some(src.detector_shape);
+            ins.actual_frames = Some(src.n_frames);
+            ins.scan_shape = Some(src.scan_shape);
+            ins.scan_shape_origin = src.metadata.scan_shape_origin;
+            ins.n_missing_frames = src.missing_frames.len() as u64;
+            ins.missing_frames = src.missing_frames.iter().take(100).copied().collect();
+            ins.bad_pixels = src
+                .bad_pixel_mask()
+                .map(|m| m.iter().filter(|&&b| b).count());
+            ins.compressed_bytes = Some(src.compressed_bytes());
+            ins.metadata = Some(src.metadata.clone());
+            if src.missing_frames.is_empty() {
+                ins.ready = true;
+            } else {
+                ins.reason = Some(format!(
+                    "{} frames were never written (first: {})",
+                    src.missing_frames.len(),
+                    src.missing_frames[0]
+                ));
+                ins.action = Some("load a scan region that excludes the missing frames".into());
+            }
+        }
+        Err(e) => {
+            ins.ready = false;
+            ins.action = Some(if ins.missing_shards.is_empty() {
+                action_for(&e)
+            } else {
+                "copy the missing shard files next to the master file".into()
+            });
+            ins.reason = Some(e.to_string());
+        }
+    }
+    Ok(ins)
+}
+
+/// All `*_master.h5` files under `folder` (recursively), as sorted absolute paths.
+///
+/// Symbolic links to directories are not followed (no cycles). A missing folder is a source
+/// error naming it.
+pub fn discover(folder: &Path) -> Result<Vec<PathBuf>> {
+    let root = std::fs::canonicalize(folder).map_err(|e| {
+        let mut err = Error::io("discover", folder, &e);
+        if e.kind() == std::io::ErrorKind::NotFound {
+            err.kind = ErrorKind::Source;
+            err.detail = "folder not found".into();
+            err = err
+                .with_expected("an existing folder")
+                .with_found("no such folder");
+        }
+        err
+    })?;
+    if !root.is_dir() {
+        return Err(Error::source("discover", "not a folder")
+            .with_file(folder)
+            .with_expected("a folder")
+            .with_found("a file"));
+    }
+    let mut out = Vec::new();
+    let mut stack = vec![root];
+    while let Some(dir) = stack.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|e| Error::io("discover", &dir, &e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io("discover", &dir, &e))?;
+            let p = entry.path();
+            let ft = entry
+                .file_type()
+                .map_err(|e| Error::io("discover", &p, &e))?;
+            if ft.is_dir() {
+                stack.push(p);
+            } else if p
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with("_master.h5"))
+                && p.is_file()
+            {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}

@@ -1,0 +1,853 @@
+//! Opening a source: locating the frame dataset(s), the one-pass chunk index, consistency checks
+//! and scan-shape resolution.
+
+use crate::h5::{self, h5err, RawChunk};
+use crate::meta::{self, MasterInfo};
+use crate::{ChunkCodec, ChunkRecord, OpenOptions, Source, SourceKind};
+use hdf5::types::{IntSize, TypeDescriptor};
+use qem_core::{DType, Error, FileIdentity, Result, ScanShapeOrigin, Shape2};
+use std::path::{Path, PathBuf};
+
+const OP: &str = "open";
+
+/// One `/entry/data/data_NNNNNN` member of a master file.
+#[derive(Debug, Clone)]
+pub(crate) struct ShardLink {
+    /// Link name (`data_000001`).
+    pub name: String,
+    /// The file holding the dataset: the shard (resolved against the master's directory) or the
+    /// master itself for an internal dataset.
+    pub file: PathBuf,
+    /// Object path inside `file`.
+    pub obj_path: String,
+    /// True when the member is an internal dataset of the master.
+    pub internal: bool,
+}
+
+/// Where the frames of a file live.
+#[derive(Debug, Clone)]
+pub(crate) enum Located {
+    /// Shards of a Dectris master, sorted.
+    Shards(Vec<ShardLink>),
+    /// One dataset inside the named file.
+    Inline(String),
+}
+
+/// Is `name` a Dectris shard member name (`data_` + digits)?
+fn shard_number(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("data_")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The directory the master lives in (never the process working directory).
+fn master_dir(path: &Path) -> PathBuf {
+    let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    abs.parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// Find the frame dataset(s) of `file`.
+pub(crate) fn locate(file: &hdf5::File, path: &Path, opts: &OpenOptions) -> Result<Located> {
+    if let Some(p) = &opts.dataset_path {
+        if !h5::path_exists(file, p) {
+            return Err(Error::source(OP, format!("no dataset at \"{p}\""))
+                .with_file(path)
+                .with_expected(format!("a 3-D or 4-D dataset at {p}"))
+                .with_found("nothing"));
+        }
+        return Ok(Located::Inline(p.clone()));
+    }
+    if h5::path_exists(file, "/entry/data") {
+        if let Ok(group) = file.group("/entry/data") {
+            let names = group
+                .member_names()
+                .map_err(|e| h5err(OP, path, "cannot list /entry/data", e))?;
+            let mut numbered: Vec<(u64, String)> = names
+                .into_iter()
+                .filter_map(|n| shard_number(&n).map(|k| (k, n)))
+                .collect();
+            numbered.sort();
+            if !numbered.is_empty() {
+                let dir = master_dir(path);
+                let mut links = Vec::with_capacity(numbered.len());
+                for (_, name) in numbered {
+                    match h5::external_link_target(&group, &name) {
+                        Some((fname, obj)) => links.push(ShardLink {
+                            file: dir.join(&fname),
+                            obj_path: obj,
+                            name,
+                            internal: false,
+                        }),
+                        None => links.push(ShardLink {
+                            file: path.to_path_buf(),
+                            obj_path: format!("/entry/data/{name}"),
+                            name,
+                            internal: true,
+                        }),
+                    }
+                }
+                return Ok(Located::Shards(links));
+            }
+            if group.link_exists("data") {
+                return Ok(Located::Inline("/entry/data/data".to_string()));
+            }
+        }
+    }
+    // The single 3-D/4-D integer dataset of the file.
+    let mut found = Vec::new();
+    find_frame_datasets(file, "", &mut found, 0);
+    match found.len() {
+        1 => Ok(Located::Inline(found.remove(0))),
+        0 => Err(Error::source(OP, "no frame dataset found")
+            .with_file(path)
+            .with_expected(
+                "/entry/data/data_NNNNNN links, /entry/data/data, or one 3-D/4-D integer dataset",
+            )
+            .with_found("none")),
+        _ => Err(Error::source(
+            OP,
+            format!(
+                "several 3-D/4-D integer datasets ({}); pass dataset_path to choose one",
+                found.join(", ")
+            ),
+        )
+        .with_file(path)
+        .with_expected("exactly one candidate dataset")
+        .with_found(format!("{} candidates", found.len()))),
+    }
+}
+
+/// Recursively collect 3-D/4-D integer datasets reachable through hard links.
+fn find_frame_datasets(g: &hdf5::Group, prefix: &str, out: &mut Vec<String>, depth: usize) {
+    if depth > 16 {
+        return;
+    }
+    let mut members: Vec<String> = Vec::new();
+    let _ = g.iter_visit_default(|name, info| {
+        if info.link_type == hdf5::LinkType::Hard {
+            members.push(name.to_string());
+        }
+        Ok(())
+    });
+    for name in members {
+        let full = format!("{prefix}/{name}");
+        if let Ok(ds) = g.dataset(&name) {
+            let nd = ds.ndim();
+            let int = matches!(
+                ds.dtype().and_then(|t| t.to_descriptor()),
+                Ok(TypeDescriptor::Unsigned(_)) | Ok(TypeDescriptor::Integer(_))
+            );
+            if int && (nd == 3 || nd == 4) {
+                out.push(full);
+            }
+        } else if let Ok(sub) = g.group(&name) {
+            find_frame_datasets(&sub, &full, out, depth + 1);
+        }
+    }
+}
+
+/// What one frame dataset (a shard or the inline dataset) holds.
+#[derive(Debug, Clone)]
+pub(crate) struct PartInfo {
+    pub dtype: DType,
+    pub detector_shape: Shape2,
+    pub frames: u64,
+    /// Leading dims of a 4-D dataset.
+    pub array_scan: Option<Shape2>,
+    pub codec: ChunkCodec,
+    /// Chunks with `first_frame` relative to this part and `file` unset (0).
+    pub chunks: Vec<ChunkRecord>,
+    pub image_nr: (Option<u64>, Option<u64>),
+    pub scan_attr: Option<Vec<i128>>,
+}
+
+/// Describe one frame dataset: type, shape, codec and its complete chunk index.
+pub(crate) fn describe(ds: &hdf5::Dataset, file: &Path, what: &str) -> Result<PartInfo> {
+    let shape = ds.shape();
+    let (frames, array_scan, det) = match shape.as_slice() {
+        [n, r, c] => (*n as u64, None, Shape2::new(*r, *c)),
+        [rr, cc, r, c] => (
+            (*rr as u64) * (*cc as u64),
+            Some(Shape2::new(*rr, *cc)),
+            Shape2::new(*r, *c),
+        ),
+        other => {
+            return Err(
+                Error::source(OP, format!("{what} has the wrong number of dimensions"))
+                    .with_file(file)
+                    .with_expected("(N, k_r, k_c) or (R, C, k_r, k_c)")
+                    .with_found(format!("{other:?}")),
+            )
+        }
+    };
+    if det.is_empty() {
+        return Err(
+            Error::source(OP, format!("{what} has an empty detector frame"))
+                .with_file(file)
+                .with_expected("k_r, k_c > 0")
+                .with_found(det.to_string()),
+        );
+    }
+    let dtype_h5 = ds
+        .dtype()
+        .map_err(|e| h5err(OP, file, &format!("cannot read the type of {what}"), e))?;
+    let desc = dtype_h5.to_descriptor().ok();
+    let dtype = match desc {
+        Some(TypeDescriptor::Unsigned(IntSize::U1)) => DType::U8,
+        Some(TypeDescriptor::Unsigned(IntSize::U2)) => DType::U16,
+        Some(TypeDescriptor::Unsigned(IntSize::U4)) => DType::U32,
+        other => {
+            return Err(
+                Error::source(OP, format!("{what} has an unsupported element type"))
+                    .with_file(file)
+                    .with_expected("uint8, uint16 or uint32")
+                    .with_found(
+                        other
+                            .map(|d| d.to_string())
+                            .unwrap_or_else(|| "an unknown type".into()),
+                    ),
+            )
+        }
+    };
+    if dtype.size() > 1 && dtype_h5.byte_order() == hdf5::datatype::ByteOrder::BigEndian {
+        return Err(Error::source(OP, format!("{what} is big-endian"))
+            .with_file(file)
+            .with_expected("little-endian integers")
+            .with_found("big-endian"));
+    }
+    let frame_bytes = (det.len() * dtype.size()) as u64;
+
+    // Filters.
+    let filters = h5::filter_pipeline(ds)
+        .map_err(|e| Error::source(OP, format!("{what}: {e}")).with_file(file))?;
+    let codec = match filters.as_slice() {
+        [] => ChunkCodec::Raw,
+        [f] if f.id == h5::BSHUF_ID => {
+            if let Some(&es) = f.cd_values.get(2) {
+                if es as usize != dtype.size() {
+                    return Err(Error::source(
+                        OP,
+                        format!("{what}: bitshuffle element size does not match the dtype"),
+                    )
+                    .with_file(file)
+                    .with_expected(format!("{} bytes ({dtype})", dtype.size()))
+                    .with_found(format!("{es} bytes")));
+                }
+            }
+            match f.cd_values.get(4) {
+                Some(2) => ChunkCodec::Bslz4,
+                Some(3) => return Err(Error::source(
+                    OP,
+                    format!(
+                        "{what}: bitshuffle with zstd (filter 32008, compressor 3) is unsupported"
+                    ),
+                )
+                .with_file(file)
+                .with_expected("bitshuffle/LZ4 (cd_values[4] = 2)")
+                .with_found("bitshuffle/zstd (cd_values[4] = 3)")),
+                other => {
+                    return Err(Error::source(
+                        OP,
+                        format!("{what}: bitshuffle filter 32008 with an unsupported compressor"),
+                    )
+                    .with_file(file)
+                    .with_expected("bitshuffle/LZ4 (cd_values[4] = 2)")
+                    .with_found(match other {
+                        Some(c) => format!("cd_values[4] = {c}"),
+                        None => format!("no compressor (cd_values {:?})", f.cd_values),
+                    }))
+                }
+            }
+        }
+        fs => {
+            let list: Vec<String> = fs
+                .iter()
+                .map(|f| format!("{} ({})", f.id, f.name))
+                .collect();
+            return Err(Error::source(
+                OP,
+                format!(
+                    "{what}: unsupported HDF5 filter pipeline [{}]",
+                    list.join(", ")
+                ),
+            )
+            .with_file(file)
+            .with_expected("no filter, or filter 32008 (bitshuffle/LZ4) alone")
+            .with_found(format!("filters {}", list.join(", "))));
+        }
+    };
+
+    let file_size = std::fs::metadata(file).map(|m| m.len()).unwrap_or(u64::MAX);
+    let mut chunks = Vec::new();
+    match ds.layout() {
+        hdf5::dataset::Layout::Contiguous => {
+            if codec != ChunkCodec::Raw {
+                return Err(
+                    Error::internal(OP, "a contiguous dataset cannot have filters").with_file(file),
+                );
+            }
+            if let Some(base) = h5::contiguous_offset(ds) {
+                for i in 0..frames {
+                    let offset = base + i * frame_bytes;
+                    if offset + frame_bytes > file_size {
+                        return Err(Error::source(
+                            OP,
+                            format!("{what}: frame extends past the end of the file"),
+                        )
+                        .with_file(file)
+                        .with_frame(i)
+                        .with_expected(format!("{} bytes", offset + frame_bytes))
+                        .with_found(format!("{file_size} bytes")));
+                    }
+                    chunks.push(ChunkRecord {
+                        file: 0,
+                        offset,
+                        size: frame_bytes,
+                        filter_mask: 0,
+                        first_frame: i,
+                        frames_in_chunk: 1,
+                        valid_frames: 1,
+                    });
+                }
+            }
+        }
+        hdf5::dataset::Layout::Chunked => {
+            let cdims = ds.chunk().unwrap_or_default();
+            let plan = chunk_plan(&shape, &cdims).map_err(|detail| {
+                Error::source(
+                    OP,
+                    format!("{what}: unsupported chunk shape {cdims:?}: {detail}"),
+                )
+                .with_file(file)
+                .with_expected(
+                    "whole frames per chunk: (n, k_r, k_c), (1, n, k_r, k_c) or (m, C, k_r, k_c)",
+                )
+                .with_found(format!("chunks {cdims:?} of a dataset {shape:?}"))
+            })?;
+            let raw = h5::visit_chunks(ds).map_err(|e| {
+                h5err(
+                    OP,
+                    file,
+                    &format!("cannot enumerate the chunks of {what}"),
+                    e,
+                )
+            })?;
+            chunks.reserve(raw.len());
+            for rc in raw {
+                let rec = plan.record(&rc).map_err(|detail| {
+                    Error::source(OP, format!("{what}: chunk at {:?}: {detail}", rc.offset))
+                        .with_file(file)
+                })?;
+                let stored_raw = codec == ChunkCodec::Raw || rec.filter_mask & 1 != 0;
+                let raw_size = rec.frames_in_chunk as u64 * frame_bytes;
+                if stored_raw && rec.size != raw_size {
+                    return Err(Error::source(
+                        OP,
+                        format!("{what}: unfiltered chunk has the wrong size"),
+                    )
+                    .with_file(file)
+                    .with_frame(rec.first_frame)
+                    .with_expected(format!("{raw_size} bytes"))
+                    .with_found(format!("{} bytes", rec.size)));
+                }
+                if rec.offset.saturating_add(rec.size) > file_size {
+                    return Err(Error::source(
+                        OP,
+                        format!("{what}: chunk extends past the end of the file (truncated?)"),
+                    )
+                    .with_file(file)
+                    .with_frame(rec.first_frame)
+                    .with_expected(format!("at least {} bytes", rec.offset + rec.size))
+                    .with_found(format!("{file_size} bytes")));
+                }
+                chunks.push(rec);
+            }
+        }
+        other => {
+            return Err(
+                Error::source(OP, format!("{what}: unsupported storage layout {other:?}"))
+                    .with_file(file)
+                    .with_expected("chunked or contiguous")
+                    .with_found(format!("{other:?}")),
+            )
+        }
+    }
+    chunks.sort_by_key(|c| c.first_frame);
+
+    let image_nr = (
+        h5::attr_value(ds, "image_nr_low").and_then(|v| v.u64()),
+        h5::attr_value(ds, "image_nr_high").and_then(|v| v.u64()),
+    );
+    let scan_attr = h5::attr_value(ds, "scan_shape").and_then(|v| v.ints());
+    Ok(PartInfo {
+        dtype,
+        detector_shape: det,
+        frames,
+        array_scan,
+        codec,
+        chunks,
+        image_nr,
+        scan_attr,
+    })
+}
+
+/// How chunk offsets map to flat frame ranges.
+struct ChunkPlan {
+    /// 3-D: frames per chunk along axis 0. 4-D: see `mode`.
+    mode: PlanMode,
+    /// Dataset extent.
+    shape: Vec<usize>,
+    cdims: Vec<usize>,
+}
+
+enum PlanMode {
+    /// (n, k_r, k_c) chunks of an (N, k_r, k_c) dataset.
+    Frames3,
+    /// (1, n, k_r, k_c) chunks of an (R, C, k_r, k_c) dataset: part of one scan row.
+    RowPart,
+    /// (m, C, k_r, k_c) chunks: whole scan rows.
+    Rows,
+}
+
+fn chunk_plan(shape: &[usize], cdims: &[usize]) -> std::result::Result<ChunkPlan, String> {
+    if cdims.len() != shape.len() || cdims.iter().any(|&c| c == 0) {
+        return Err("chunk rank differs from the dataset rank".into());
+    }
+    let nd = shape.len();
+    if cdims[nd - 2] != shape[nd - 2] || cdims[nd - 1] != shape[nd - 1] {
+        return Err("a chunk must hold whole detector frames".into());
+    }
+    let mode = if nd == 3 {
+        PlanMode::Frames3
+    } else if cdims[0] == 1 {
+        PlanMode::RowPart
+    } else if cdims[1] == shape[1] {
+        PlanMode::Rows
+    } else {
+        return Err("chunks spanning several scan rows must cover whole rows".into());
+    };
+    if cdims.iter().take(nd - 2).any(|&c| c > u32::MAX as usize)
+        || (nd == 4 && cdims[0].saturating_mul(cdims[1]) > u32::MAX as usize)
+    {
+        return Err("chunk frame extent too large".into());
+    }
+    Ok(ChunkPlan {
+        mode,
+        shape: shape.to_vec(),
+        cdims: cdims.to_vec(),
+    })
+}
+
+impl ChunkPlan {
+    fn record(&self, rc: &RawChunk) -> std::result::Result<ChunkRecord, String> {
+        let nd = self.shape.len();
+        if rc.offset.len() != nd {
+            return Err("chunk offset has the wrong rank".into());
+        }
+        if rc.offset[nd - 2] != 0 || rc.offset[nd - 1] != 0 {
+            return Err("chunk does not start at detector pixel (0, 0)".into());
+        }
+        if rc.addr == u64::MAX {
+            return Err("chunk has an undefined address".into());
+        }
+        let (first, in_chunk, valid) = match self.mode {
+            PlanMode::Frames3 => {
+                let (o, c, n) = (rc.offset[0], self.cdims[0] as u64, self.shape[0] as u64);
+                if o % c != 0 || o >= n {
+                    return Err("chunk offset not on the chunk grid".into());
+                }
+                (o, c, c.min(n - o))
+            }
+            PlanMode::RowPart => {
+                let (r, o) = (rc.offset[0], rc.offset[1]);
+                let (c, cols, rows) = (
+                    self.cdims[1] as u64,
+                    self.shape[1] as u64,
+                    self.shape[0] as u64,
+                );
+                if o % c != 0 || o >= cols || r >= rows {
+                    return Err("chunk offset not on the chunk grid".into());
+                }
+                (r * cols + o, c, c.min(cols - o))
+            }
+            PlanMode::Rows => {
+                let (r, m) = (rc.offset[0], self.cdims[0] as u64);
+                let (cols, rows) = (self.shape[1] as u64, self.shape[0] as u64);
+                if r % m != 0 || rc.offset[1] != 0 || r >= rows {
+                    return Err("chunk offset not on the chunk grid".into());
+                }
+                (r * cols, m * cols, m.min(rows - r) * cols)
+            }
+        };
+        Ok(ChunkRecord {
+            file: 0,
+            offset: rc.addr,
+            size: rc.size,
+            filter_mask: rc.filter_mask,
+            first_frame: first,
+            frames_in_chunk: in_chunk as u32,
+            valid_frames: valid as u32,
+        })
+    }
+}
+
+/// Open `path` with HDF5, as a typed error naming it.
+pub(crate) fn open_h5(path: &Path, what: &str) -> Result<hdf5::File> {
+    if !path.exists() {
+        return Err(Error::source(OP, format!("{what} not found"))
+            .with_file(path)
+            .with_expected("an existing file")
+            .with_found("no such file"));
+    }
+    hdf5::File::open(path).map_err(|e| h5err(OP, path, &format!("cannot open {what} as HDF5"), e))
+}
+
+/// Everything [`Source::open`] and `inspect` learn from the frame datasets.
+pub(crate) struct Scanned {
+    pub kind: SourceKind,
+    pub dataset_path: String,
+    pub files: Vec<PathBuf>,
+    pub parts: Vec<PartInfo>,
+    pub chunks: Vec<ChunkRecord>,
+    pub n_frames: u64,
+    pub missing_frames: Vec<u64>,
+}
+
+/// Describe every part and merge their chunk indices (first_frame global, file indices set).
+pub(crate) fn scan_parts(file: &hdf5::File, path: &Path, located: &Located) -> Result<Scanned> {
+    let mut files = vec![path.to_path_buf()];
+    let mut parts = Vec::new();
+    let (kind, dataset_path) = match located {
+        Located::Inline(p) => {
+            let ds = file
+                .dataset(p)
+                .map_err(|e| h5err(OP, path, &format!("cannot open dataset {p}"), e))?;
+            let mut part = describe(&ds, path, p)?;
+            if let (Some(lo), Some(hi)) = part.image_nr {
+                check_image_nr(lo, hi, 0, part.frames, path)?;
+            }
+            part.chunks.iter_mut().for_each(|c| c.file = 0);
+            parts.push(part);
+            (SourceKind::Hdf5Dataset, p.clone())
+        }
+        Located::Shards(links) => {
+            for link in links {
+                if !link.internal && !link.file.exists() {
+                    return Err(Error::source(
+                        OP,
+                        format!(
+                            "missing shard: {} points at a file that does not exist",
+                            link.name
+                        ),
+                    )
+                    .with_file(&link.file)
+                    .with_expected("an existing shard file next to the master")
+                    .with_found("no such file"));
+                }
+            }
+            let dsp = links
+                .first()
+                .map(|l| l.obj_path.clone())
+                .unwrap_or_default();
+            let mut cum = 0u64;
+            for link in links {
+                let (ds, fidx) = if link.internal {
+                    let ds = file.dataset(&link.obj_path).map_err(|e| {
+                        h5err(OP, path, &format!("cannot open {}", link.obj_path), e)
+                    })?;
+                    (ds, 0u32)
+                } else {
+                    let f = open_h5(&link.file, "shard")?;
+                    let ds = f.dataset(&link.obj_path).map_err(|e| {
+                        h5err(
+                            OP,
+                            &link.file,
+                            &format!("shard has no dataset {}", link.obj_path),
+                            e,
+                        )
+                    })?;
+                    files.push(link.file.clone());
+                    (ds, (files.len() - 1) as u32)
+                };
+                let fpath = if link.internal {
+                    path
+                } else {
+                    link.file.as_path()
+                };
+                let mut part = describe(&ds, fpath, &link.name)?;
+                if part.array_scan.is_some() {
+                    return Err(Error::source(OP, format!("shard {} is 4-D", link.name))
+                        .with_file(fpath)
+                        .with_expected("(n, k_r, k_c)")
+                        .with_found(format!("{} dims", 4)));
+                }
+                if let Some(first) = parts.first() {
+                    let first: &PartInfo = first;
+                    if part.dtype != first.dtype || part.detector_shape != first.detector_shape {
+                        return Err(Error::source(
+                            OP,
+                            format!("shard {} differs from the first shard", link.name),
+                        )
+                        .with_file(fpath)
+                        .with_expected(format!(
+                            "{} frames of {}",
+                            first.dtype, first.detector_shape
+                        ))
+                        .with_found(format!("{} frames of {}", part.dtype, part.detector_shape)));
+                    }
+                    if part.codec != first.codec {
+                        return Err(Error::source(
+                            OP,
+                            format!("shard {} uses a different codec", link.name),
+                        )
+                        .with_file(fpath)
+                        .with_expected(format!("{:?}", first.codec))
+                        .with_found(format!("{:?}", part.codec)));
+                    }
+                }
+                let (lo, hi) = part.image_nr;
+                if lo.is_some() || hi.is_some() {
+                    check_image_nr(lo.unwrap_or(0), hi.unwrap_or(0), cum, part.frames, fpath)?;
+                }
+                for c in &mut part.chunks {
+                    c.file = fidx;
+                    c.first_frame += cum;
+                }
+                cum += part.frames;
+                parts.push(part);
+            }
+            (SourceKind::DectrisMaster, dsp)
+        }
+    };
+    let n_frames: u64 = parts.iter().map(|p| p.frames).sum();
+    let mut chunks: Vec<ChunkRecord> = parts
+        .iter()
+        .flat_map(|p| p.chunks.iter().copied())
+        .collect();
+    chunks.sort_by_key(|c| c.first_frame);
+    let mut covered = vec![false; n_frames as usize];
+    for c in &chunks {
+        for f in c.first_frame..(c.first_frame + c.valid_frames as u64).min(n_frames) {
+            if covered[f as usize] {
+                return Err(Error::source(OP, "two chunks claim the same frame")
+                    .with_file(
+                        files
+                            .get(c.file as usize)
+                            .map(PathBuf::as_path)
+                            .unwrap_or(path),
+                    )
+                    .with_frame(f));
+            }
+            covered[f as usize] = true;
+        }
+    }
+    let missing_frames = covered
+        .iter()
+        .enumerate()
+        .filter(|(_, &c)| !c)
+        .map(|(i, _)| i as u64)
+        .collect();
+    Ok(Scanned {
+        kind,
+        dataset_path,
+        files,
+        parts,
+        chunks,
+        n_frames,
+        missing_frames,
+    })
+}
+
+fn check_image_nr(lo: u64, hi: u64, cum: u64, frames: u64, file: &Path) -> Result<()> {
+    let (elo, ehi) = (cum + 1, cum + frames);
+    if lo != elo || hi != ehi {
+        return Err(Error::source(
+            OP,
+            "image_nr_low/image_nr_high do not match the shard's position in the series",
+        )
+        .with_file(file)
+        .with_expected(format!("image_nr {elo}..={ehi}"))
+        .with_found(format!("image_nr {lo}..={hi}")));
+    }
+    Ok(())
+}
+
+/// Resolve the scan shape: argument > 4-D array shape > recorded `scan_shape` > trigger rules >
+/// perfect square; then check it against the frames present.
+pub(crate) fn resolve_scan_shape(
+    path: &Path,
+    n_frames: u64,
+    explicit: Option<Shape2>,
+    array_scan: Option<Shape2>,
+    recorded: Option<Shape2>,
+    info: &MasterInfo,
+) -> Result<(Shape2, ScanShapeOrigin)> {
+    let trigger = || {
+        let mode = info
+            .metadata
+            .trigger_mode
+            .as_deref()?
+            .trim()
+            .to_ascii_lowercase();
+        let (ni, nt) = (info.metadata.nimages?, info.metadata.ntrigger?);
+        ((mode == "exts" || mode == "ints") && ni > 1)
+            .then(|| Shape2::new(nt as usize, ni as usize))
+    };
+    let square = || {
+        let r = (n_frames as f64).sqrt().round() as u64;
+        (r > 0 && r * r == n_frames).then(|| Shape2::new(r as usize, r as usize))
+    };
+    let (shape, origin) = if let Some(s) = explicit {
+        (s, ScanShapeOrigin::Argument)
+    } else if let Some(s) = array_scan {
+        (s, ScanShapeOrigin::ArrayShape)
+    } else if let Some(s) = recorded {
+        (s, ScanShapeOrigin::Attribute)
+    } else if let Some(s) = trigger() {
+        (s, ScanShapeOrigin::TriggerRules)
+    } else if let Some(s) = square() {
+        (s, ScanShapeOrigin::PerfectSquare)
+    } else {
+        return Err(Error::source(
+            OP,
+            "the scan shape is not recorded and cannot be inferred; pass scan_shape=(rows, cols)",
+        )
+        .with_file(path)
+        .with_expected("scan_shape with rows*cols == frames present")
+        .with_found(format!("{n_frames} frames, not a perfect square")));
+    };
+    if shape.len() as u64 != n_frames || shape.is_empty() {
+        let origin_s = match origin {
+            ScanShapeOrigin::Argument => "given scan_shape",
+            ScanShapeOrigin::ArrayShape => "array shape",
+            ScanShapeOrigin::Attribute => "recorded scan_shape",
+            ScanShapeOrigin::TriggerRules => "(ntrigger, nimages)",
+            ScanShapeOrigin::PerfectSquare => "square",
+        };
+        return Err(Error::source(
+            OP,
+            format!("scan shape {shape} ({origin_s}) does not match the frames present"),
+        )
+        .with_file(path)
+        .with_expected(format!("{} frames ({shape})", shape.len()))
+        .with_found(format!("{n_frames} frames")));
+    }
+    Ok((shape, origin))
+}
+
+/// Shape2 from a recorded `[rows, cols]`.
+pub(crate) fn shape_from_ints(v: &[i128], path: &Path, what: &str) -> Result<Shape2> {
+    match v {
+        [r, c] if *r > 0 && *c > 0 && *r <= usize::MAX as i128 && *c <= usize::MAX as i128 => {
+            Ok(Shape2::new(*r as usize, *c as usize))
+        }
+        _ => Err(Error::source(OP, format!("{what} is malformed"))
+            .with_file(path)
+            .with_expected("two positive integers (rows, cols)")
+            .with_found(format!("{v:?}"))),
+    }
+}
+
+pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Source> {
+    h5::init();
+    let file = open_h5(path, "source file")?;
+    let located = locate(&file, path, opts)?;
+    let scanned = scan_parts(&file, path, &located)?;
+    let info = meta::read_master(&file, path)?;
+    let first = scanned.parts.first().ok_or_else(|| {
+        Error::source(OP, "no frame datasets")
+            .with_file(path)
+            .with_expected("at least one shard")
+    })?;
+    let (dtype, det, codec) = (first.dtype, first.detector_shape, first.codec);
+    if let Some(d) = info.detector_pixels {
+        if d != det {
+            return Err(
+                Error::source(OP, "x/y_pixels_in_detector disagree with the frame data")
+                    .with_file(path)
+                    .with_expected(format!("{det} (data)"))
+                    .with_found(format!("{d} (detectorSpecific)")),
+            );
+        }
+    }
+    if let Some(m) = &info.pixel_mask {
+        if m.len() != det.len() || info.pixel_mask_shape != Some(det) {
+            return Err(
+                Error::source(OP, "pixel_mask shape differs from the detector shape")
+                    .with_file(path)
+                    .with_expected(det.to_string())
+                    .with_found(
+                        info.pixel_mask_shape
+                            .map(|s| s.to_string())
+                            .unwrap_or_else(|| format!("{} values", m.len())),
+                    ),
+            );
+        }
+    }
+    let recorded = match (&first.scan_attr, &info.scan_shape_recorded) {
+        (_, Some(s)) => Some(*s),
+        (Some(v), None) if scanned.kind == SourceKind::Hdf5Dataset => {
+            Some(shape_from_ints(v, path, "scan_shape attribute")?)
+        }
+        _ => None,
+    };
+    let array_scan = if scanned.kind == SourceKind::Hdf5Dataset {
+        first.array_scan
+    } else {
+        None
+    };
+    if let (Some(s), Some(a)) = (opts.scan_shape, array_scan) {
+        if s.len() != a.len() {
+            return Err(
+                Error::source(OP, "scan_shape does not match the 4-D dataset")
+                    .with_file(path)
+                    .with_expected(format!("{} positions ({a})", a.len()))
+                    .with_found(format!("{} positions ({s})", s.len())),
+            );
+        }
+    }
+    let (scan_shape, origin) = resolve_scan_shape(
+        path,
+        scanned.n_frames,
+        opts.scan_shape,
+        array_scan,
+        recorded,
+        &info,
+    )?;
+
+    let mut identities = Vec::with_capacity(scanned.files.len());
+    let mut handles = Vec::with_capacity(scanned.files.len());
+    for f in &scanned.files {
+        identities.push(FileIdentity::of(f)?);
+        handles.push(std::fs::File::open(f).map_err(|e| Error::io(OP, f, &e))?);
+    }
+    drop(file);
+
+    let mut metadata = info.metadata;
+    metadata.detector_shape = Some(det);
+    metadata.dtype = Some(dtype);
+    metadata.n_frames = Some(scanned.n_frames);
+    metadata.scan_shape = Some(scan_shape);
+    metadata.scan_shape_origin = Some(origin);
+    if let Some(m) = &info.pixel_mask {
+        metadata.bad_pixel_count = Some(m.iter().filter(|&&v| v & 0xFFFF != 0).count());
+    }
+    Ok(Source {
+        kind: scanned.kind,
+        path: path.to_path_buf(),
+        files: identities,
+        dataset_path: scanned.dataset_path,
+        dtype,
+        detector_shape: det,
+        n_frames: scanned.n_frames,
+        scan_shape,
+        metadata,
+        pixel_mask: info.pixel_mask,
+        codec,
+        chunks: scanned.chunks,
+        missing_frames: scanned.missing_frames,
+        handles,
+    })
+}
