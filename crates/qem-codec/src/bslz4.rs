@@ -354,7 +354,7 @@ pub fn encode_chunk(
     } else {
         block_elems
     };
-    let block_bytes = block_elems.checked_mul(elem_size).unwrap_or(usize::MAX);
+    let block_bytes = block_elems.saturating_mul(elem_size);
     let bad = |reason| CodecError::BlockSize {
         block_bytes: block_bytes as u64,
         elem_size,
