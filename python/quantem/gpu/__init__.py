@@ -23,7 +23,7 @@ from quantem.gpu._native import (
     SourceError,
     __version__,
 )
-from quantem.gpu.io import Dataset, Dataset4dstemGPU, DataRepresentation
+from quantem.gpu.io import DataRepresentation, Dataset, Dataset4dstemGPU
 
 __all__ = [
     "BackendUnavailableError",

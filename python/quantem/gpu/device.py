@@ -1,13 +1,13 @@
 """Which compute backends exist here and which one a request resolves to."""
 
-from typing import Dict, List, Union
+from __future__ import annotations
 
 from quantem.gpu import _native
 
 __all__ = ["available", "info", "resolve"]
 
 
-def available() -> List[str]:
+def available() -> list[str]:
     """Names of the backends usable here, most preferred first.
 
     Returns
@@ -41,7 +41,7 @@ def resolve(name: str = "auto") -> str:
     return _native.resolve_backend(name)
 
 
-def info() -> List[Dict[str, Union[str, bool]]]:
+def info() -> list[dict[str, str | bool]]:
     """Every backend this build knows, with its availability.
 
     Returns

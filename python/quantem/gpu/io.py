@@ -4,9 +4,12 @@ Arrays are ``I[R_r, R_c, k_r, k_c]`` (scan row, scan column, detector row, detec
 regions are half-open ``(row_start, row_stop, col_start, col_stop)``.
 """
 
+from __future__ import annotations
+
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Any, Callable
 
 import numpy as np
 
@@ -44,7 +47,7 @@ class _TextProgress:
         self._stream.flush()
 
 
-def _representation_name(representation) -> Optional[str]:
+def _representation_name(representation) -> str | None:
     if representation is None:
         return None
     if isinstance(representation, DataRepresentation):
@@ -63,7 +66,7 @@ def _dtype_name(dtype) -> str:
     return np.dtype(dtype).name
 
 
-def _progress_callback(progress) -> Optional[ProgressCallback]:
+def _progress_callback(progress) -> ProgressCallback | None:
     if progress is None or progress is False:
         return None
     if progress is True:
@@ -74,18 +77,18 @@ def _progress_callback(progress) -> Optional[ProgressCallback]:
 
 
 def load(
-    source: Union[str, "os.PathLike[str]", np.ndarray],
+    source: str | os.PathLike[str] | np.ndarray,
     backend: str = "auto",
-    scan_shape: Optional[Sequence[int]] = None,
-    scan_region: Optional[Sequence[int]] = None,
-    detector_region: Optional[Sequence[int]] = None,
+    scan_shape: Sequence[int] | None = None,
+    scan_region: Sequence[int] | None = None,
+    detector_region: Sequence[int] | None = None,
     det_bin: int = 1,
-    dtype: Union[str, np.dtype, type] = "native",
-    representation: Union[None, str, DataRepresentation] = None,
+    dtype: str | np.dtype | type = "native",
+    representation: None | str | DataRepresentation = None,
     apply_mask: bool = True,
-    memory_budget: Optional[int] = None,
-    progress: Union[None, bool, ProgressCallback] = None,
-    dataset_path: Optional[str] = None,
+    memory_budget: int | None = None,
+    progress: None | bool | ProgressCallback = None,
+    dataset_path: str | None = None,
 ) -> Dataset:
     """Load a 4D-STEM acquisition.
 
@@ -163,8 +166,8 @@ def load(
 
 
 def inspect(
-    source: Union[str, "os.PathLike[str]"], scan_shape: Optional[Sequence[int]] = None
-) -> Dict[str, Any]:
+    source: str | os.PathLike[str], scan_shape: Sequence[int] | None = None
+) -> dict[str, Any]:
     """Report on a source without decoding pixels.
 
     Parameters
@@ -185,12 +188,12 @@ def inspect(
     )
 
 
-def discover(folder: Union[str, "os.PathLike[str]"]) -> List[str]:
+def discover(folder: str | os.PathLike[str]) -> list[str]:
     """Every Dectris master file (``*_master.h5``) under ``folder``, recursively, sorted."""
     return list(_native.discover(os.fspath(folder)))
 
 
-def save(dataset: Dataset, path: Union[str, "os.PathLike[str]"]) -> None:
+def save(dataset: Dataset, path: str | os.PathLike[str]) -> None:
     """Write a dataset as a ``.qem`` file (not available in this build).
 
     Raises
