@@ -3,7 +3,8 @@
 //! It makes acquisitions `I[R_r, R_c, k_r, k_c]` (u16 Poisson counts) with a known ground truth
 //! for the `demo` command, tests and benchmarks, and later for validating DPC and SSB. It depends
 //! only on `qem-core`; nothing here reads or writes files. Any crate may depend on it (normally as
-//! a dev-dependency or from the CLI).
+//! a dev-dependency or from the CLI). [`DiskPattern`] is a much cheaper generator (Poisson
+//! counts of a fixed disk, no specimen) for benchmark files too large to simulate quickly.
 //!
 //! # Physics (single-slice projection approximation)
 //! * Specimen: the projected potential `V_proj` (V·Å) of a [`Crystal`] ([`potential`] states the
@@ -36,9 +37,11 @@
 //! * Each frame's Poisson noise comes from its own RNG seeded by `(seed, frame index)`, so the
 //!   result does not depend on the number of threads.
 
+pub mod disk;
 pub mod optics;
 pub mod potential;
 
+pub use disk::DiskPattern;
 pub use optics::{interaction_constant_rad_per_v_a, wavelength_a, Aberrations};
 pub use potential::{atom_strength_v_a3, Crystal, SRTIO3_A};
 
@@ -308,7 +311,7 @@ fn fill_ramp(ramp: &mut [Complex32], freq: &[f64], shift_px: f64) {
 }
 
 /// SplitMix64 finaliser: decorrelates `(seed, frame)` into an RNG seed.
-fn mix(mut z: u64) -> u64 {
+pub(crate) fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
