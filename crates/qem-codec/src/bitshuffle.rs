@@ -72,6 +72,62 @@ fn gather(p: &[&[u8]; 8], k: usize) -> u64 {
     ]))
 }
 
+/// [`gather`] for the 8 groups `k0..k0 + 8` at once (`k0 + 8 <= nb`): 8 word loads, an 8×8
+/// byte transpose (so word `i` holds byte `k0 + i` of each plane), then 8 bit transposes.
+#[inline(always)]
+fn gather8(p: &[&[u8]; 8], k0: usize) -> [u64; 8] {
+    let mut w: [u64; 8] = std::array::from_fn(|b| {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(&p[b][k0..k0 + 8]);
+        u64::from_le_bytes(bytes)
+    });
+    // Byte transpose by swapping 4×4, then 2×2, then 1×1 byte blocks across the diagonal.
+    for b in 0..4 {
+        let t = ((w[b] >> 32) ^ w[b + 4]) & 0x0000_0000_FFFF_FFFF;
+        w[b] ^= t << 32;
+        w[b + 4] ^= t;
+    }
+    for b in [0, 1, 4, 5] {
+        let t = ((w[b] >> 16) ^ w[b + 2]) & 0x0000_FFFF_0000_FFFF;
+        w[b] ^= t << 16;
+        w[b + 2] ^= t;
+    }
+    for b in [0, 2, 4, 6] {
+        let t = ((w[b] >> 8) ^ w[b + 1]) & 0x00FF_00FF_00FF_00FF;
+        w[b] ^= t << 8;
+        w[b + 1] ^= t;
+    }
+    w.map(transpose_8x8)
+}
+
+/// Write 8 elements of 2 bytes from the transposed byte-plane words `y0` (low bytes) and `y1`.
+#[inline(always)]
+fn store_u16x8(out: &mut [u8], y0: u64, y1: u64) {
+    let lo = spread_bytes(y0 as u32) | (spread_bytes(y1 as u32) << 8);
+    let hi = spread_bytes((y0 >> 32) as u32) | (spread_bytes((y1 >> 32) as u32) << 8);
+    out[..8].copy_from_slice(&lo.to_le_bytes());
+    out[8..16].copy_from_slice(&hi.to_le_bytes());
+}
+
+/// Write 8 elements of 4 bytes from the transposed byte-plane words `y` (byte 0 first).
+#[inline(always)]
+fn store_u32x8(out: &mut [u8], y: [u64; 4]) {
+    // u16 lanes: low halves (bytes 0,1) and high halves (bytes 2,3) of the elements.
+    let lo_a = spread_bytes(y[0] as u32) | (spread_bytes(y[1] as u32) << 8);
+    let lo_b = spread_bytes((y[0] >> 32) as u32) | (spread_bytes((y[1] >> 32) as u32) << 8);
+    let hi_a = spread_bytes(y[2] as u32) | (spread_bytes(y[3] as u32) << 8);
+    let hi_b = spread_bytes((y[2] >> 32) as u32) | (spread_bytes((y[3] >> 32) as u32) << 8);
+    let words = [
+        spread_u16(lo_a as u32) | (spread_u16(hi_a as u32) << 16),
+        spread_u16((lo_a >> 32) as u32) | (spread_u16((hi_a >> 32) as u32) << 16),
+        spread_u16(lo_b as u32) | (spread_u16(hi_b as u32) << 16),
+        spread_u16((lo_b >> 32) as u32) | (spread_u16((hi_b >> 32) as u32) << 16),
+    ];
+    for (o, w) in out[..32].chunks_exact_mut(8).zip(words) {
+        o.copy_from_slice(&w.to_le_bytes());
+    }
+}
+
 /// Spread the 4 bytes of `x` into the low bytes of 4 u16 lanes.
 #[inline(always)]
 const fn spread_bytes(x: u32) -> u64 {
@@ -98,46 +154,48 @@ pub fn untranspose_block(src: &[u8], elem_size: usize, dst: &mut [u8]) -> Result
 /// [`untranspose_block`] after the caller checked the sizes (panics, never UB, if they are wrong).
 pub(crate) fn untranspose_unchecked(src: &[u8], elem_size: usize, dst: &mut [u8]) {
     let nb = src.len() / (8 * elem_size);
+    let batched = nb / 8 * 8; // groups handled 8 at a time; the rest one by one
     match elem_size {
         1 => {
             let p = byte_plane(src, 0, nb);
-            for (k, out) in dst.chunks_exact_mut(8).enumerate().take(nb) {
-                out.copy_from_slice(&gather(&p, k).to_le_bytes());
+            let (head, rest) = dst.split_at_mut(batched * 8);
+            for (i, out) in head.chunks_exact_mut(64).enumerate() {
+                let y = gather8(&p, 8 * i);
+                for (o, w) in out.chunks_exact_mut(8).zip(y) {
+                    o.copy_from_slice(&w.to_le_bytes());
+                }
+            }
+            for (i, out) in rest.chunks_exact_mut(8).enumerate() {
+                out.copy_from_slice(&gather(&p, batched + i).to_le_bytes());
             }
         }
         2 => {
             let p0 = byte_plane(src, 0, nb);
             let p1 = byte_plane(src, 1, nb);
-            for (k, out) in dst.chunks_exact_mut(16).enumerate().take(nb) {
-                let y0 = gather(&p0, k);
-                let y1 = gather(&p1, k);
-                let lo = spread_bytes(y0 as u32) | (spread_bytes(y1 as u32) << 8);
-                let hi = spread_bytes((y0 >> 32) as u32) | (spread_bytes((y1 >> 32) as u32) << 8);
-                out[..8].copy_from_slice(&lo.to_le_bytes());
-                out[8..].copy_from_slice(&hi.to_le_bytes());
+            let (head, rest) = dst.split_at_mut(batched * 16);
+            for (i, out) in head.chunks_exact_mut(128).enumerate() {
+                let y0 = gather8(&p0, 8 * i);
+                let y1 = gather8(&p1, 8 * i);
+                for (g, o) in out.chunks_exact_mut(16).enumerate() {
+                    store_u16x8(o, y0[g], y1[g]);
+                }
+            }
+            for (i, out) in rest.chunks_exact_mut(16).enumerate() {
+                store_u16x8(out, gather(&p0, batched + i), gather(&p1, batched + i));
             }
         }
         4 => {
             let p: [[&[u8]; 8]; 4] = std::array::from_fn(|j| byte_plane(src, j, nb));
-            for (k, out) in dst.chunks_exact_mut(32).enumerate().take(nb) {
-                let y0 = gather(&p[0], k);
-                let y1 = gather(&p[1], k);
-                let y2 = gather(&p[2], k);
-                let y3 = gather(&p[3], k);
-                // u16 lanes: low halves (bytes 0,1) and high halves (bytes 2,3) of elements.
-                let lo_a = spread_bytes(y0 as u32) | (spread_bytes(y1 as u32) << 8);
-                let lo_b = spread_bytes((y0 >> 32) as u32) | (spread_bytes((y1 >> 32) as u32) << 8);
-                let hi_a = spread_bytes(y2 as u32) | (spread_bytes(y3 as u32) << 8);
-                let hi_b = spread_bytes((y2 >> 32) as u32) | (spread_bytes((y3 >> 32) as u32) << 8);
-                let words = [
-                    spread_u16(lo_a as u32) | (spread_u16(hi_a as u32) << 16),
-                    spread_u16((lo_a >> 32) as u32) | (spread_u16((hi_a >> 32) as u32) << 16),
-                    spread_u16(lo_b as u32) | (spread_u16(hi_b as u32) << 16),
-                    spread_u16((lo_b >> 32) as u32) | (spread_u16((hi_b >> 32) as u32) << 16),
-                ];
-                for (o, w) in out.chunks_exact_mut(8).zip(words) {
-                    o.copy_from_slice(&w.to_le_bytes());
+            let (head, rest) = dst.split_at_mut(batched * 32);
+            for (i, out) in head.chunks_exact_mut(256).enumerate() {
+                let y: [[u64; 8]; 4] = std::array::from_fn(|j| gather8(&p[j], 8 * i));
+                for (g, o) in out.chunks_exact_mut(32).enumerate() {
+                    store_u32x8(o, [y[0][g], y[1][g], y[2][g], y[3][g]]);
                 }
+            }
+            for (i, out) in rest.chunks_exact_mut(32).enumerate() {
+                let k = batched + i;
+                store_u32x8(out, std::array::from_fn(|j| gather(&p[j], k)));
             }
         }
         s => {

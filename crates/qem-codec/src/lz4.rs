@@ -77,19 +77,28 @@ fn copy8_within(buf: &mut [u8], src: usize, dst: usize) {
 #[inline(always)]
 fn copy_match(out: &mut [u8], op: usize, offset: usize, len: usize) {
     let src = op - offset;
-    if offset >= 8 && op + len.next_multiple_of(8) <= out.len() {
-        // Each 8-byte step reads bytes strictly before the bytes it writes, all of them
-        // already final, so stepping forward reproduces the overlapping-copy semantics.
+    if offset >= 8 && len <= 32 && op + 32 <= out.len() {
+        // Short match: at most 4 fixed 8-byte copies. Each step reads bytes strictly before
+        // the bytes it writes, all already final, so this is also right when they overlap.
         let mut i = 0;
         while i < len {
             copy8_within(out, src + i, op + i);
             i += 8;
         }
-    } else if offset >= len {
-        out.copy_within(src..src + len, op);
     } else if offset == 1 {
         let b = out[src];
-        out[op..op + len].fill(b);
+        if len <= 16 && op + 16 <= out.len() {
+            out[op..op + 16].fill(b); // fixed size: two stores, no memset call
+        } else {
+            out[op..op + len].fill(b);
+        }
+    } else if offset >= len {
+        out.copy_within(src..src + len, op);
+    } else if len <= 32 {
+        // Short overlapping match with offset 2..7: a byte loop beats the copy calls.
+        for i in 0..len {
+            out[op + i] = out[src + i];
+        }
     } else {
         // Overlap: the output is periodic with period `offset` from `src` on. Copy the pattern
         // written so far; the distance doubles each step and stays a multiple of `offset`.
