@@ -60,7 +60,12 @@ impl ErrorKind {
 /// );
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Error {
+pub struct Error(Box<ErrorDetails>);
+
+/// The fields of an [`Error`] (reachable directly on the error through `Deref`: `err.kind`,
+/// `err.frame`, ...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorDetails {
     /// Category of the error.
     pub kind: ErrorKind,
     /// The operation that failed (`"load"`, `"decode"`, `"inspect"`, ...).
@@ -80,7 +85,7 @@ pub struct Error {
 impl Error {
     /// A new error of `kind` for operation `op`.
     pub fn new(kind: ErrorKind, op: impl Into<String>, detail: impl Into<String>) -> Self {
-        Error {
+        Error(Box::new(ErrorDetails {
             kind,
             op: op.into(),
             file: None,
@@ -88,7 +93,7 @@ impl Error {
             expected: None,
             found: None,
             detail: detail.into(),
-        }
+        }))
     }
     /// A [`ErrorKind::Source`] error.
     pub fn source(op: impl Into<String>, detail: impl Into<String>) -> Self {
@@ -134,28 +139,41 @@ impl Error {
     }
     /// Attach the file the error applies to.
     pub fn with_file(mut self, file: impl AsRef<Path>) -> Self {
-        self.file = Some(file.as_ref().to_path_buf());
+        self.0.file = Some(file.as_ref().to_path_buf());
         self
     }
     /// Attach the global frame index the error applies to.
     pub fn with_frame(mut self, frame: u64) -> Self {
-        self.frame = Some(frame);
+        self.0.frame = Some(frame);
         self
     }
     /// Attach what was expected.
     pub fn with_expected(mut self, expected: impl Into<String>) -> Self {
-        self.expected = Some(expected.into());
+        self.0.expected = Some(expected.into());
         self
     }
     /// Attach what was found.
     pub fn with_found(mut self, found: impl Into<String>) -> Self {
-        self.found = Some(found.into());
+        self.0.found = Some(found.into());
         self
     }
     /// Replace the operation name (used when a lower layer's error surfaces in a higher op).
     pub fn with_op(mut self, op: impl Into<String>) -> Self {
-        self.op = op.into();
+        self.0.op = op.into();
         self
+    }
+}
+
+impl std::ops::Deref for Error {
+    type Target = ErrorDetails;
+    fn deref(&self) -> &ErrorDetails {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Error {
+    fn deref_mut(&mut self) -> &mut ErrorDetails {
+        &mut self.0
     }
 }
 

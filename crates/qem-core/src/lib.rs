@@ -14,7 +14,7 @@ pub mod provenance;
 
 pub use dense::DenseArray;
 pub use dtype::{DType, DtypeRequest};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorDetails, ErrorKind, Result};
 pub use geometry::{bin_extent, Region, Shape2};
 pub use metadata::{MaskPolicy, Metadata, ScanShapeOrigin};
 pub use progress::{NoProgress, Progress};

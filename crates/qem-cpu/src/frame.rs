@@ -151,7 +151,11 @@ impl FramePlan {
                     .enumerate()
                     .filter_map(|(i, &b)| b.then_some(i))
                     .collect();
-                let lookup = if bad.is_empty() { Vec::new() } else { m.to_vec() };
+                let lookup = if bad.is_empty() {
+                    Vec::new()
+                } else {
+                    m.to_vec()
+                };
                 (bad, lookup)
             }
             None => (Vec::new(), Vec::new()),
@@ -191,7 +195,11 @@ impl FramePlan {
 
     /// Transform `src` into `out` (`out.len() == output_len()`); returns the number of values
     /// saturated (always 0 unless the plan saturates).
-    pub fn apply<T: OutElem>(&self, src: SrcFrame<'_>, out: &mut [T]) -> Result<u64, PixelOverflow> {
+    pub fn apply<T: OutElem>(
+        &self,
+        src: SrcFrame<'_>,
+        out: &mut [T],
+    ) -> Result<u64, PixelOverflow> {
         debug_assert_eq!(src.len(), self.source_len());
         debug_assert_eq!(out.len(), self.output_len());
         match src {
@@ -201,7 +209,12 @@ impl FramePlan {
         }
     }
 
-    fn store<T: OutElem>(&self, v: u64, pixel: (usize, usize), saturated: &mut u64) -> Result<T, PixelOverflow> {
+    fn store<T: OutElem>(
+        &self,
+        v: u64,
+        pixel: (usize, usize),
+        saturated: &mut u64,
+    ) -> Result<T, PixelOverflow> {
         if v <= T::MAX {
             Ok(T::from_u64(v))
         } else if self.saturate {
@@ -212,7 +225,11 @@ impl FramePlan {
         }
     }
 
-    fn apply_typed<S: SrcElem, T: OutElem>(&self, src: &[S], out: &mut [T]) -> Result<u64, PixelOverflow> {
+    fn apply_typed<S: SrcElem, T: OutElem>(
+        &self,
+        src: &[S],
+        out: &mut [T],
+    ) -> Result<u64, PixelOverflow> {
         let full = self.region.is_full(self.source_detector);
         let src_cols = self.source_detector.cols;
         let mut saturated = 0u64;
@@ -292,7 +309,8 @@ mod tests {
             for c in region.col_start..region.col_stop {
                 let i = r * det.cols + c;
                 if !bad[i] {
-                    let o = ((r - region.row_start) / bin) * out.cols + (c - region.col_start) / bin;
+                    let o =
+                        ((r - region.row_start) / bin) * out.cols + (c - region.col_start) / bin;
                     v[o] += src[i] as u64;
                 }
             }
@@ -335,7 +353,13 @@ mod tests {
         assert_eq!(out, [1, 0, 3, 4]);
         let plan = FramePlan::new(det, None, 1, DType::U16, false, None).expect("plan");
         let err = plan.apply(SrcFrame::U32(&src), &mut out).err();
-        assert_eq!(err, Some(PixelOverflow { pixel: (0, 1), value: u32::MAX as u64 }));
+        assert_eq!(
+            err,
+            Some(PixelOverflow {
+                pixel: (0, 1),
+                value: u32::MAX as u64
+            })
+        );
     }
 
     #[test]
@@ -352,7 +376,15 @@ mod tests {
     fn invalid_plans_are_rejected() {
         let det = Shape2::new(4, 4);
         assert!(FramePlan::new(det, None, 0, DType::U16, false, None).is_err());
-        assert!(FramePlan::new(det, Some(Region::new(0, 5, 0, 4)), 1, DType::U16, false, None).is_err());
+        assert!(FramePlan::new(
+            det,
+            Some(Region::new(0, 5, 0, 4)),
+            1,
+            DType::U16,
+            false,
+            None
+        )
+        .is_err());
         assert!(FramePlan::new(det, None, 5, DType::U16, false, None).is_err());
     }
 }

@@ -11,5 +11,5 @@
 mod frame;
 mod load;
 
-pub use frame::{FramePlan, SrcFrame};
+pub use frame::{FramePlan, OutElem, PixelOverflow, SrcFrame};
 pub use load::{load_array, load_dense, DenseLoad, LoadHooks};

@@ -11,7 +11,7 @@ pub mod load;
 
 pub use backend::{available_backends, resolve_backend, Backend, BackendInfo, BackendRequest};
 pub use dataset::{Dataset, Representation};
-pub use load::{discover, inspect, load, Inspection, LoadParams, SourceArg};
+pub use load::{discover, inspect, load, Inspection, LoadParams, SourceArg, GIT_REVISION};
 
 pub use qem_core::{
     DType, DenseArray, DtypeRequest, Error, ErrorKind, MaskPolicy, Metadata, NoProgress, Progress,

@@ -1,17 +1,25 @@
 //! Loading sources into a [`Dataset`], and reporting on them.
 
-use crate::backend::BackendRequest;
-use crate::dataset::{Dataset, Representation};
-use qem_core::Progress;
-use qem_core::DenseArray;
-use qem_core::{DtypeRequest, Error, Region, Result, Shape2};
+use crate::backend::{cpu_description, resolve_backend, Backend, BackendRequest};
+use crate::dataset::{Dataset, Representation, Storage};
+use qem_core::{
+    DType, DenseArray, DtypeRequest, Error, FileIdentity, MaskPolicy, Metadata, NoProgress,
+    Progress, Provenance, Region, Result, ScanShapeOrigin, Shape2, StageTiming, PACKAGE_VERSION,
+};
+use qem_cpu::{FramePlan, LoadHooks};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
+
+pub use qem_io::Inspection;
+
+/// The git revision this library was built from.
+pub const GIT_REVISION: &str = env!("QEM_GIT_REVISION");
 
 /// What to load.
 #[derive(Debug)]
 pub enum SourceArg {
-    /// A Dectris master file, a plain HDF5 file with a 3-D/4-D dataset, or (later) a `.qem` file.
+    /// A Dectris master file, or a plain HDF5 file with a 3-D/4-D dataset.
     Path(PathBuf),
     /// An in-memory array of shape `(R_r, R_c, k_r, k_c)` or `(N, k_r, k_c)` (then the scan
     /// shape comes from [`LoadParams::scan_shape`] or a perfect square).
@@ -85,30 +93,350 @@ impl Default for LoadParams {
     }
 }
 
-/// Readiness report of a source, made without decoding pixels (placeholder until `qem-io`'s
-/// inspection lands; serialises to the JSON the CLI prints and Python returns as a dict).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Inspection {
-    /// Whether the source can be loaded as it is.
-    pub ready: bool,
-    /// Why not, when not ready.
-    pub reason: Option<String>,
+/// Load `source` with `params`.
+///
+/// Nothing is cropped, binned, masked or narrowed unless asked; the result's provenance records
+/// every choice. Over budget is a typed `MemoryBudget` error, never a silent reduction.
+pub fn load(source: SourceArg, params: &LoadParams) -> Result<Dataset> {
+    let backend = resolve_backend(params.backend)?;
+    if params.representation == Some(Representation::Encoded) {
+        return Err(Error::invalid(
+            "load",
+            "the ENCODED representation is not available in this build yet; use representation=\"dense\"",
+        )
+        .with_expected("dense")
+        .with_found("encoded"));
+    }
+    let progress: &dyn Progress = match &params.progress {
+        Some(p) => p.as_ref(),
+        None => &NoProgress,
+    };
+    match source {
+        SourceArg::Path(path) => load_path(&path, params, backend, progress),
+        SourceArg::Array { data, shape } => load_in_memory(data, &shape, params, backend, progress),
+    }
 }
 
-/// Load `source` with `params`.
-pub fn load(_source: SourceArg, _params: &LoadParams) -> Result<Dataset> {
-    Err(Error::internal(
-        "load",
-        "the CPU engine is not wired in yet",
-    ))
+/// Bytes of memory the OS says are available (Linux `MemAvailable`), if known.
+fn host_memory_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Admit a result of `bytes` against the caller's budget and the host's available memory.
+fn admit(bytes: u64, budget: Option<u64>) -> Result<()> {
+    let host = host_memory_available();
+    let available = match (budget, host) {
+        (Some(b), Some(h)) => b.min(h),
+        (Some(b), None) => b,
+        (None, Some(h)) => h,
+        (None, None) => return Ok(()),
+    };
+    if bytes > available {
+        let why = match budget {
+            Some(b) if b <= host.unwrap_or(u64::MAX) => "the memory_budget",
+            _ => "the host's available memory",
+        };
+        return Err(
+            Error::memory_budget("load", bytes, available).with_op(format!(
+            "load (limit: {why}; crop with scan_region, bin with det_bin, or raise memory_budget)"
+        )),
+        );
+    }
+    Ok(())
+}
+
+struct Planned {
+    plan: FramePlan,
+    scan_region: Region,
+    result_dtype: DType,
+}
+
+fn plan_load(
+    source_dtype: DType,
+    scan: Shape2,
+    detector: Shape2,
+    bad: Option<&[bool]>,
+    params: &LoadParams,
+) -> Result<Planned> {
+    let scan_region = params.scan_region.unwrap_or(scan.full());
+    scan_region.validate(scan, "scan_region")?;
+    if params.det_bin == 0 {
+        return Err(Error::invalid("load", "det_bin must be at least 1")
+            .with_expected(">= 1")
+            .with_found("0"));
+    }
+    let bin2 = (params.det_bin * params.det_bin) as u64;
+    let result_dtype = params
+        .dtype
+        .result_dtype(source_dtype, source_dtype.max_value().saturating_mul(bin2));
+    let saturate = params.dtype == DtypeRequest::U8Saturating;
+    let plan = FramePlan::new(
+        detector,
+        params.detector_region,
+        params.det_bin,
+        result_dtype,
+        saturate,
+        bad,
+    )?;
+    let bytes = (scan_region.shape().len() * plan.output_len() * result_dtype.size()) as u64;
+    admit(bytes, params.memory_budget)?;
+    Ok(Planned {
+        plan,
+        scan_region,
+        result_dtype,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn provenance(
+    source_kind: &str,
+    files: Vec<FileIdentity>,
+    dataset_path: Option<String>,
+    chunk_index_digest: Option<String>,
+    scan: Shape2,
+    detector: Shape2,
+    source_dtype: DType,
+    planned: &Planned,
+    params: &LoadParams,
+    bad_pixels: usize,
+    saturated: u64,
+    backend: Backend,
+    timings: Vec<StageTiming>,
+) -> Provenance {
+    Provenance {
+        source_kind: source_kind.to_string(),
+        files,
+        dataset_path,
+        chunk_index_digest,
+        source_scan_shape: scan,
+        source_detector_shape: detector,
+        scan_region: (!planned.scan_region.is_full(scan)).then_some(planned.scan_region),
+        detector_region: params.detector_region.filter(|r| !r.is_full(detector)),
+        det_bin: params.det_bin,
+        source_dtype,
+        working_dtype: source_dtype,
+        accumulation_dtype: "u64".into(),
+        result_dtype: planned.result_dtype,
+        saturated_values: saturated,
+        mask_policy: MaskPolicy {
+            applied: params.apply_mask && bad_pixels > 0,
+            rule: if params.apply_mask {
+                MaskPolicy::DECTRIS_RULE.to_string()
+            } else {
+                "not applied (apply_mask=False)".to_string()
+            },
+            bad_pixels,
+        },
+        backend: backend.name().to_string(),
+        device: cpu_description(),
+        package_version: PACKAGE_VERSION.to_string(),
+        git_revision: GIT_REVISION.to_string(),
+        timings,
+    }
+}
+
+fn load_path(
+    path: &Path,
+    params: &LoadParams,
+    backend: Backend,
+    progress: &dyn Progress,
+) -> Result<Dataset> {
+    let t_total = Instant::now();
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("qem"))
+    {
+        return Err(Error::invalid(
+            "load",
+            ".qem files arrive with the encoded-dataset issue and cannot be read by this build",
+        )
+        .with_file(path));
+    }
+    let t = Instant::now();
+    let src = qem_io::Source::open(
+        path,
+        &qem_io::OpenOptions {
+            dataset_path: params.dataset_path.clone(),
+            scan_shape: params.scan_shape,
+        },
+    )?;
+    let t_open = t.elapsed().as_secs_f64();
+    let bad = if params.apply_mask {
+        src.bad_pixel_mask()
+    } else {
+        None
+    };
+    let bad_count = src
+        .bad_pixel_mask()
+        .map(|m| m.iter().filter(|&&b| b).count())
+        .unwrap_or(0);
+    let planned = plan_load(
+        src.dtype,
+        src.scan_shape,
+        src.detector_shape,
+        bad.as_deref(),
+        params,
+    )?;
+    let loaded = qem_cpu::load_dense(
+        &src,
+        planned.scan_region,
+        &planned.plan,
+        LoadHooks { progress },
+    )?;
+    let mut timings = vec![StageTiming {
+        stage: "open+plan (index, metadata)".into(),
+        seconds: t_open,
+    }];
+    timings.extend(loaded.timings);
+    timings.push(StageTiming {
+        stage: "total (wall)".into(),
+        seconds: t_total.elapsed().as_secs_f64(),
+    });
+    let source_kind = match src.kind {
+        qem_io::SourceKind::DectrisMaster => "dectris_master",
+        qem_io::SourceKind::Hdf5Dataset => "hdf5_dataset",
+    };
+    let prov = provenance(
+        source_kind,
+        src.files.clone(),
+        Some(src.dataset_path.clone()),
+        Some(src.chunk_index_digest()),
+        src.scan_shape,
+        src.detector_shape,
+        src.dtype,
+        &planned,
+        params,
+        bad_count,
+        loaded.saturated,
+        backend,
+        timings,
+    );
+    Ok(Dataset {
+        scan_shape: planned.scan_region.shape(),
+        detector_shape: planned.plan.output_shape(),
+        dtype: planned.result_dtype,
+        backend,
+        device: cpu_description(),
+        metadata: src.metadata.clone(),
+        provenance: prov,
+        storage: Storage::CpuDense(loaded.data),
+    })
+}
+
+fn isqrt_exact(n: usize) -> Option<usize> {
+    let r = (n as f64).sqrt().round() as usize;
+    (r.checked_mul(r) == Some(n)).then_some(r)
+}
+
+fn load_in_memory(
+    data: DenseArray,
+    shape: &[usize],
+    params: &LoadParams,
+    backend: Backend,
+    progress: &dyn Progress,
+) -> Result<Dataset> {
+    let t_total = Instant::now();
+    let (n_frames, detector, array_scan) = match *shape {
+        [r, c, kr, kc] => (r * c, Shape2::new(kr, kc), Some(Shape2::new(r, c))),
+        [n, kr, kc] => (n, Shape2::new(kr, kc), None),
+        _ => {
+            return Err(
+                Error::invalid("load", "an array source must have 3 or 4 dimensions")
+                    .with_expected("(N, k_r, k_c) or (R_r, R_c, k_r, k_c)")
+                    .with_found(format!("{shape:?}")),
+            )
+        }
+    };
+    let (scan, origin) = match (params.scan_shape, array_scan) {
+        (Some(s), Some(a)) if s != a => {
+            return Err(Error::invalid("load", "scan_shape does not match the array's scan axes")
+                .with_expected(a.to_string())
+                .with_found(s.to_string()))
+        }
+        (_, Some(a)) => (a, ScanShapeOrigin::ArrayShape),
+        (Some(s), None) => (s, ScanShapeOrigin::Argument),
+        (None, None) => match isqrt_exact(n_frames) {
+            Some(r) => (Shape2::new(r, r), ScanShapeOrigin::PerfectSquare),
+            None => {
+                return Err(Error::invalid(
+                    "load",
+                    format!("cannot infer the scan shape of {n_frames} frames: pass scan_shape=(rows, cols)"),
+                ))
+            }
+        },
+    };
+    if scan.len() != n_frames {
+        return Err(
+            Error::source("load", "scan shape does not match the number of frames")
+                .with_expected(format!("{n_frames} frames"))
+                .with_found(format!("{scan} = {} frames", scan.len())),
+        );
+    }
+    if data.len() != n_frames * detector.len() {
+        return Err(
+            Error::invalid("load", "array size does not match its shape")
+                .with_expected(format!("{} elements", n_frames * detector.len()))
+                .with_found(format!("{} elements", data.len())),
+        );
+    }
+    let source_dtype = data.dtype();
+    let planned = plan_load(source_dtype, scan, detector, None, params)?;
+    let loaded = qem_cpu::load_array(
+        &data,
+        scan,
+        planned.scan_region,
+        &planned.plan,
+        LoadHooks { progress },
+    )?;
+    let mut timings = loaded.timings;
+    timings.push(StageTiming {
+        stage: "total (wall)".into(),
+        seconds: t_total.elapsed().as_secs_f64(),
+    });
+    let metadata = Metadata {
+        detector_shape: Some(detector),
+        dtype: Some(source_dtype),
+        n_frames: Some(n_frames as u64),
+        scan_shape: Some(scan),
+        scan_shape_origin: Some(origin),
+        ..Metadata::default()
+    };
+    let prov = provenance(
+        "array",
+        Vec::new(),
+        None,
+        None,
+        scan,
+        detector,
+        source_dtype,
+        &planned,
+        params,
+        0,
+        loaded.saturated,
+        backend,
+        timings,
+    );
+    Ok(Dataset {
+        scan_shape: planned.scan_region.shape(),
+        detector_shape: planned.plan.output_shape(),
+        dtype: planned.result_dtype,
+        backend,
+        device: cpu_description(),
+        metadata,
+        provenance: prov,
+        storage: Storage::CpuDense(loaded.data),
+    })
 }
 
 /// Report on a source's readiness without decoding pixels.
-pub fn inspect(path: &Path, _scan_shape: Option<Shape2>) -> Result<Inspection> {
-    Err(Error::internal("inspect", "not wired in yet").with_file(path))
+pub fn inspect(path: &Path, scan_shape: Option<Shape2>) -> Result<Inspection> {
+    qem_io::inspect(path, scan_shape)
 }
 
 /// Every Dectris master file (`*_master.h5`) under `folder`, recursively, sorted.
 pub fn discover(folder: &Path) -> Result<Vec<PathBuf>> {
-    Err(Error::internal("discover", "not wired in yet").with_file(folder))
+    qem_io::discover(folder)
 }
