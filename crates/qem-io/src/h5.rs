@@ -24,7 +24,11 @@ pub(crate) fn init() {
             let class = hdf5_sys::h5z::H5Z_class2_t {
                 version: 1,
                 id: BSHUF_ID,
-                encoder_present: 0,
+                // HDF5 refuses to create a dataset with a registered filter whose encoder is
+                // absent (H5Z__prelude_callback), even an optional one; so we claim an encoder
+                // and refuse in the callback. A pipeline write then stores the chunk unfiltered
+                // with its filter-mask bit set (the filter is optional), which readers handle.
+                encoder_present: 1,
                 decoder_present: 1,
                 name: FILTER_NAME.as_ptr(),
                 can_apply: None,
@@ -44,8 +48,8 @@ pub(crate) fn init() {
 static FILTER_NAME: &CStr = c"bitshuffle/LZ4 decoder (quantem.gpu qem-io)";
 
 /// The filter callback HDF5 calls for each chunk of a 32008 dataset read through the pipeline.
-/// Decode only: an encode request fails (returns 0), so HDF5 stores chunks unfiltered only if
-/// someone writes through the pipeline, which our writer never does.
+/// Decode only: an encode request fails (returns 0); our writer never writes through the
+/// pipeline (it uses `H5Dwrite_chunk`).
 unsafe extern "C" fn bshuf_filter(
     flags: c_uint,
     cd_nelmts: usize,
@@ -111,6 +115,25 @@ fn decode_for_filter(cd: &[c_uint], input: &[u8]) -> Option<Vec<u8>> {
     let mut out = vec![0u8; total as usize];
     qem_codec::bslz4::decode_chunk(input, elem_size, &mut out).ok()?;
     Some(out)
+}
+
+/// Open `path` read-only without HDF5 file locking.
+///
+/// We never write to a source, and an `flock` held by someone else (a writer, or a child process
+/// that inherited a writer's descriptor across `fork`) would otherwise make the open fail with
+/// EAGAIN.
+pub(crate) fn open_read(path: &Path) -> hdf5::Result<hdf5::File> {
+    hdf5::File::with_options()
+        .with_fapl(|p| p.file_locking(false))
+        .open(path)
+}
+
+/// Create (truncate) `path` for writing, without HDF5 file locking (see [`open_read`]: a
+/// process spawned while we write would otherwise inherit our lock).
+pub(crate) fn create_write(path: &Path) -> hdf5::Result<hdf5::File> {
+    hdf5::File::with_options()
+        .with_fapl(|p| p.file_locking(false))
+        .create(path)
 }
 
 /// Map an hdf5-metno error to a typed source error for `op` on `file`.

@@ -126,7 +126,7 @@ pub fn inspect(path: &Path, scan_shape: Option<Shape2>) -> Result<Inspection> {
     };
 
     // Shard census first, so missing shards are listed even though open fails on them.
-    if let Ok(file) = hdf5::File::open(path) {
+    if let Ok(file) = h5::open_read(path) {
         if let Ok(info) = crate::meta::read_master(&file, path) {
             ins.expected_frames = match (info.metadata.nimages, info.metadata.ntrigger) {
                 (Some(a), Some(b)) => Some(a.max(1) * b.max(1)),
@@ -154,7 +154,7 @@ pub fn inspect(path: &Path, scan_shape: Option<Shape2>) -> Result<Inspection> {
                     let shard_file = if link.internal {
                         None
                     } else {
-                        hdf5::File::open(&link.file).ok()
+                        h5::open_read(&link.file).ok()
                     };
                     let holder = shard_file.as_ref().unwrap_or(&file);
                     if let Ok(ds) = holder.dataset(&link.obj_path) {

@@ -238,15 +238,17 @@ pub(crate) fn describe(ds: &hdf5::Dataset, file: &Path, what: &str) -> Result<Pa
             }
             match f.cd_values.get(4) {
                 Some(2) => ChunkCodec::Bslz4,
-                Some(3) => return Err(Error::source(
-                    OP,
-                    format!(
+                Some(3) => {
+                    return Err(Error::source(
+                        OP,
+                        format!(
                         "{what}: bitshuffle with zstd (filter 32008, compressor 3) is unsupported"
                     ),
-                )
-                .with_file(file)
-                .with_expected("bitshuffle/LZ4 (cd_values[4] = 2)")
-                .with_found("bitshuffle/zstd (cd_values[4] = 3)")),
+                    )
+                    .with_file(file)
+                    .with_expected("bitshuffle/LZ4 (cd_values[4] = 2)")
+                    .with_found("bitshuffle/zstd (cd_values[4] = 3)"))
+                }
                 other => {
                     return Err(Error::source(
                         OP,
@@ -412,7 +414,7 @@ enum PlanMode {
 }
 
 fn chunk_plan(shape: &[usize], cdims: &[usize]) -> std::result::Result<ChunkPlan, String> {
-    if cdims.len() != shape.len() || cdims.iter().any(|&c| c == 0) {
+    if cdims.len() != shape.len() || cdims.contains(&0) {
         return Err("chunk rank differs from the dataset rank".into());
     }
     let nd = shape.len();
@@ -501,7 +503,7 @@ pub(crate) fn open_h5(path: &Path, what: &str) -> Result<hdf5::File> {
             .with_expected("an existing file")
             .with_found("no such file"));
     }
-    hdf5::File::open(path).map_err(|e| h5err(OP, path, &format!("cannot open {what} as HDF5"), e))
+    h5::open_read(path).map_err(|e| h5err(OP, path, &format!("cannot open {what} as HDF5"), e))
 }
 
 /// Everything [`Source::open`] and `inspect` learn from the frame datasets.

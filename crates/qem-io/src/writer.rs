@@ -353,17 +353,26 @@ fn make_chunk(
     }
 }
 
+/// What every dataset write shares.
+struct Ctx<'a> {
+    p: &'a WriteParams,
+    skip: &'a std::collections::BTreeSet<u64>,
+    frame: &'a (dyn Fn(u64, &mut [u8]) + Sync),
+}
+
+/// Encoded chunks of one batch, in job order.
+type Encoded = Vec<Result<Vec<u8>>>;
+
 /// Write frames `lo..hi` (global) as dataset `name` of `group`; returns stored and raw bytes.
 fn write_frames(
     group: &hdf5::Group,
     name: &str,
     lo: u64,
     hi: u64,
-    p: &WriteParams,
-    skip: &std::collections::BTreeSet<u64>,
-    frame: &(dyn Fn(u64, &mut [u8]) + Sync),
+    ctx: &Ctx<'_>,
     file: &Path,
 ) -> Result<(u64, u64)> {
+    let (p, skip, frame) = (ctx.p, ctx.skip, ctx.frame);
     let n = hi - lo;
     let fpc = p.frames_per_chunk as u64;
     let fb = (p.detector_shape.len() * p.dtype.size()) as u64;
@@ -386,10 +395,9 @@ fn write_frames(
         .collect();
     let per_batch = (256 / fpc).max(1) as usize;
     let batches: Vec<&[Job]> = jobs.chunks(per_batch).collect();
-    let encode = |batch: &[Job]| -> Vec<Result<Vec<u8>>> {
-        batch.par_iter().map(|&j| make_chunk(p, j, frame)).collect()
-    };
-    let write = |batch: &[Job], encoded: Vec<Result<Vec<u8>>>| -> Result<(u64, u64)> {
+    let encode =
+        |batch: &[Job]| -> Encoded { batch.par_iter().map(|&j| make_chunk(p, j, frame)).collect() };
+    let write = |batch: &[Job], encoded: Encoded| -> Result<(u64, u64)> {
         let mut stored = 0u64;
         let mut raw = 0u64;
         for (job, bytes) in batch.iter().zip(encoded) {
@@ -423,7 +431,7 @@ fn write_frames(
         Ok((stored, raw))
     };
     let mut totals = (0u64, 0u64);
-    let mut pending: Option<(&[Job], Vec<Result<Vec<u8>>>)> = None;
+    let mut pending: Option<(&[Job], Encoded)> = None;
     for batch in batches {
         let (written, encoded) = match pending.take() {
             Some((prev, enc)) => {
@@ -673,6 +681,11 @@ pub fn write_acquisition(
     let n = p.scan_shape.len() as u64;
     let skip: std::collections::BTreeSet<u64> = p.skip_frames.iter().copied().collect();
     let frame: &(dyn Fn(u64, &mut [u8]) + Sync) = &frame;
+    let ctx = Ctx {
+        p,
+        skip: &skip,
+        frame,
+    };
 
     let mut data_files = Vec::new();
     let mut totals = (0u64, 0u64);
@@ -684,13 +697,13 @@ pub fn write_acquisition(
             let hi = (lo + p.frames_per_file).min(n);
             let name = format!("{base}_data_{:06}.h5", k + 1);
             let path = dir.join(&name);
-            let f = hdf5::File::create(&path).map_err(|e| werr(&path, "create shard", e))?;
+            let f = h5::create_write(&path).map_err(|e| werr(&path, "create shard", e))?;
             let data = (|| -> hdf5::Result<hdf5::Group> {
                 let entry = group_nx(&f, "entry", "NXentry")?;
                 group_nx(&entry, "data", "NXdata")
             })()
             .map_err(|e| werr(&path, "create groups", e))?;
-            let (s, r) = write_frames(&data, "data", lo, hi, p, &skip, frame, &path)?;
+            let (s, r) = write_frames(&data, "data", lo, hi, &ctx, &path)?;
             totals.0 += s;
             totals.1 += r;
             drop(data);
@@ -700,7 +713,7 @@ pub fn write_acquisition(
         }
     }
 
-    let f = hdf5::File::create(&master).map_err(|e| werr(&master, "create master", e))?;
+    let f = h5::create_write(&master).map_err(|e| werr(&master, "create master", e))?;
     let entry = group_nx(&f, "entry", "NXentry").map_err(|e| werr(&master, "create /entry", e))?;
     let data =
         group_nx(&entry, "data", "NXdata").map_err(|e| werr(&master, "create /entry/data", e))?;
@@ -709,7 +722,7 @@ pub fn write_acquisition(
             .map_err(|e| werr(&master, "create external link", e))?;
     }
     if p.layout == WriteLayout::Inline {
-        let (s, r) = write_frames(&data, "data", 0, n, p, &skip, frame, &master)?;
+        let (s, r) = write_frames(&data, "data", 0, n, &ctx, &master)?;
         totals.0 += s;
         totals.1 += r;
     }
