@@ -39,7 +39,7 @@ pub struct PixelOverflow {
 }
 
 /// An element type results can be stored in.
-pub trait OutElem: Copy + Send + Sync + Default + 'static {
+pub trait OutElem: bytemuck::Pod + Send + Sync + Default + 'static {
     /// Largest value.
     const MAX: u64;
     /// Convert a value known to be `<= MAX`.
@@ -191,6 +191,20 @@ impl FramePlan {
     /// Elements of one source frame.
     pub fn source_len(&self) -> usize {
         self.source_detector.len()
+    }
+
+    /// True when a frame of `source` dtype passes through unchanged except for bad pixels
+    /// (whole detector, no binning, same dtype): the engine can then decode straight into the
+    /// result and call [`FramePlan::zero_bad_pixels`].
+    pub fn is_passthrough(&self, source: DType) -> bool {
+        self.bin == 1 && self.region.is_full(self.source_detector) && self.result_dtype == source
+    }
+
+    /// Zero the bad pixels of a result frame of a pass-through plan.
+    pub fn zero_bad_pixels<T: OutElem>(&self, out: &mut [T]) {
+        for &i in &self.bad {
+            out[i] = T::default();
+        }
     }
 
     /// Transform `src` into `out` (`out.len() == output_len()`); returns the number of values
