@@ -1,5 +1,6 @@
 //! End-to-end loads through the façade: files written by our Dectris writer, compared against the
 //! generating data with an independent naive reference (u64 sums written here, not by the engine).
+#![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on setup failures
 
 use qem::{
     load, DType, DenseArray, DtypeRequest, ErrorKind, LoadParams, Region, Shape2, SourceArg,
