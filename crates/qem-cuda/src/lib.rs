@@ -1,0 +1,1 @@
+//! `qem-cuda`: the CUDA engine (work in progress).
