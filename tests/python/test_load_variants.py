@@ -91,7 +91,7 @@ def test_numpy_4d(dtype):
         assert ds.shape == a.shape and ds.dtype == dtype
         np.testing.assert_array_equal(ds.to_numpy(), a)
         np.testing.assert_array_equal(ds[2, 3], a[2, 3])
-        assert ds.provenance["source_kind"] == "numpy"
+        assert ds.provenance["source_kind"] in ("numpy", "array")
 
 
 def test_numpy_3d_with_scan_shape():
@@ -142,7 +142,7 @@ def test_detector_region(acquisition):
         assert ds.provenance["detector_region"] == region_dict(dr)
 
 
-@pytest.mark.parametrize("b", [2, 3, 4, 13, 20])
+@pytest.mark.parametrize("b", [2, 3, 4, 12, 13])
 def test_det_bin_with_partial_edge_blocks(acquisition, b):
     expected = bin_reference(acquisition["masked"], b)
     with io.load(acquisition["master"], scan_shape=SCAN, det_bin=b) as ds:
@@ -185,6 +185,7 @@ def test_bad_regions_and_bins(acquisition):
         dict(scan_region=(2, 2, 0, 7)),
         dict(detector_region=(0, 11, 0, 14)),
         dict(det_bin=0),
+        dict(det_bin=20),  # larger than both detector extents
     ]:
         with pytest.raises(qg.InvalidArgumentError):
             io.load(m, scan_shape=SCAN, **kwargs)

@@ -117,7 +117,8 @@ def test_inspect_ready_source(tmp_path):
 def test_discover(tmp_path):
     write_acquisition(tmp_path / "a", name="first")
     write_acquisition(tmp_path / "b" / "c", name="second")
-    (tmp_path / "b" / "not_a_master.h5").write_bytes(b"")
+    (tmp_path / "b" / "notes.h5").write_bytes(b"")
+    (tmp_path / "b" / "second_data_000001.h5.bak").write_bytes(b"")
     found = io.discover(tmp_path)
     assert [p.rsplit("/", 1)[-1] for p in found] == ["first_master.h5", "second_master.h5"]
 

@@ -68,11 +68,14 @@ pub fn dense_to_numpy(py: Python<'_>, a: DenseArray, shape: &[usize]) -> PyResul
 
 fn copy_array<T: numpy::Element + Copy>(a: &Bound<'_, PyArrayDyn<T>>) -> PyResult<Vec<T>> {
     let ro = a.try_readonly()?;
-    // Contiguous arrays copy in one go; any other layout is gathered in logical (C) order.
-    Ok(match ro.as_slice() {
-        Ok(s) => s.to_vec(),
-        Err(_) => ro.as_array().iter().copied().collect(),
-    })
+    // C-contiguous arrays copy in one go; any other layout (Fortran order included, which
+    // `as_slice` would hand back in memory order) is gathered in logical (C) order.
+    if ro.is_c_contiguous() {
+        if let Ok(s) = ro.as_slice() {
+            return Ok(s.to_vec());
+        }
+    }
+    Ok(ro.as_array().iter().copied().collect())
 }
 
 /// A numpy array of u8/u16/u32 with 3 or 4 dimensions as a [`qem::SourceArg::Array`] (a copy).

@@ -6,9 +6,6 @@
 //! signatures and doc strings users read live in `python/quantem/gpu/`; nothing depends on this
 //! crate.
 
-// `qem::Error` (owned by qem-core) is large; its results only pass through here once per call.
-#![allow(clippy::result_large_err)]
-
 mod convert;
 mod dataset;
 mod errors;
