@@ -154,7 +154,7 @@ impl Source {
     /// written.
     pub fn chunk_of_frame(&self, frame: u64) -> Result<&ChunkRecord> {
         if frame >= self.n_frames {
-            return Err(Error::invalid("locate chunk", "frame index out of range")
+            return Err(Error::source("locate chunk", "frame index out of range")
                 .with_file(&self.path)
                 .with_frame(frame)
                 .with_expected(format!("frame < {}", self.n_frames))

@@ -248,3 +248,19 @@ fn collect_extra(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unit_factors() {
+        assert_eq!(length_factor_m(None), Some(1.0));
+        assert_eq!(length_factor_m(Some("um")), Some(1e-6));
+        assert_eq!(length_factor_m(Some("angstrom")), Some(1e-10));
+        assert_eq!(length_factor_m(Some("furlong")), None);
+        assert_eq!(time_factor_s(Some("ms")), Some(1e-3));
+        assert_eq!(energy_factor_ev(Some("kev")), Some(1e3));
+        assert_eq!(angle_factor_mrad(Some("rad")), Some(1e3));
+    }
+}

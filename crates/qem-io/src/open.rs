@@ -853,3 +853,72 @@ pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Source> {
         handles,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(offset: &[u64]) -> RawChunk {
+        RawChunk {
+            offset: offset.to_vec(),
+            filter_mask: 0,
+            addr: 4096,
+            size: 100,
+        }
+    }
+
+    #[test]
+    fn shard_names() {
+        assert_eq!(shard_number("data_000012"), Some(12));
+        assert_eq!(shard_number("data_"), None);
+        assert_eq!(shard_number("data"), None);
+        assert_eq!(shard_number("data_01x"), None);
+    }
+
+    #[test]
+    fn chunk_plans_map_offsets_to_frame_ranges() {
+        // 3-D, 3 frames per chunk, 8 frames: last chunk holds 2
+        let p = chunk_plan(&[8, 4, 4], &[3, 4, 4]).unwrap_or_else(|e| panic!("{e}"));
+        let r = p.record(&raw(&[6, 0, 0])).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (r.first_frame, r.frames_in_chunk, r.valid_frames),
+            (6, 3, 2)
+        );
+        assert!(p.record(&raw(&[4, 0, 0])).is_err());
+        // 4-D whole rows, 2 rows per chunk of a 5 x 3 scan
+        let p = chunk_plan(&[5, 3, 4, 4], &[2, 3, 4, 4]).unwrap_or_else(|e| panic!("{e}"));
+        let r = p
+            .record(&raw(&[4, 0, 0, 0]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (r.first_frame, r.frames_in_chunk, r.valid_frames),
+            (12, 6, 3)
+        );
+        // unsupported: partial frames, or several partial rows
+        assert!(chunk_plan(&[8, 4, 4], &[1, 2, 4]).is_err());
+        assert!(chunk_plan(&[5, 3, 4, 4], &[2, 2, 4, 4]).is_err());
+    }
+
+    #[test]
+    fn scan_shape_rules() {
+        let mut info = MasterInfo::default();
+        info.metadata.trigger_mode = Some("exts".into());
+        info.metadata.nimages = Some(5);
+        info.metadata.ntrigger = Some(7);
+        let p = Path::new("x_master.h5");
+        let r = resolve_scan_shape(p, 35, None, None, None, &info).ok();
+        assert_eq!(r, Some((Shape2::new(7, 5), ScanShapeOrigin::TriggerRules)));
+        // trigger rules that do not match the frames present are an error, not a fallback
+        assert!(resolve_scan_shape(p, 36, None, None, None, &info).is_err());
+        info.metadata.nimages = Some(1);
+        let r = resolve_scan_shape(p, 36, None, None, None, &info).ok();
+        assert_eq!(r, Some((Shape2::new(6, 6), ScanShapeOrigin::PerfectSquare)));
+        let rec = Some(Shape2::new(4, 9));
+        let r = resolve_scan_shape(p, 36, None, None, rec, &info).ok();
+        assert_eq!(r, Some((Shape2::new(4, 9), ScanShapeOrigin::Attribute)));
+        let arg = Some(Shape2::new(2, 18));
+        let r = resolve_scan_shape(p, 36, arg, None, rec, &info).ok();
+        assert_eq!(r, Some((Shape2::new(2, 18), ScanShapeOrigin::Argument)));
+        assert!(resolve_scan_shape(p, 35, None, None, None, &MasterInfo::default()).is_err());
+    }
+}
