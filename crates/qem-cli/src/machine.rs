@@ -1,0 +1,113 @@
+//! What machine and revision a benchmark ran on.
+
+use std::process::Command;
+
+/// The machine a record was made on.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Machine {
+    /// Host name.
+    pub hostname: String,
+    /// CPU model name (`/proc/cpuinfo`).
+    pub cpu_model: String,
+    /// Logical CPUs this process may use.
+    pub logical_cpus: usize,
+    /// Worker threads of the rayon pool.
+    pub rayon_threads: usize,
+    /// Total memory in bytes (`/proc/meminfo`), if known.
+    pub memory_bytes: Option<u64>,
+    /// Operating system and architecture.
+    pub os: String,
+}
+
+fn first_line_value(text: &str, key: &str) -> Option<String> {
+    text.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|v| v.trim().to_string())
+}
+
+/// Describe this machine.
+pub fn machine() -> Machine {
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown-host".into());
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    Machine {
+        hostname,
+        cpu_model: first_line_value(&cpuinfo, "model name")
+            .unwrap_or_else(|| std::env::consts::ARCH.into()),
+        logical_cpus: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        rayon_threads: rayon::current_num_threads(),
+        memory_bytes: first_line_value(&meminfo, "MemTotal")
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .map(|kib| kib * 1024),
+        os: format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH),
+    }
+}
+
+/// `git rev-parse HEAD` in the current directory (plus `-dirty` when the tree has changes),
+/// else the revision the library was built from.
+pub fn git_revision() -> String {
+    let run = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match run(&["rev-parse", "HEAD"]) {
+        Some(rev) if !rev.is_empty() => {
+            let dirty = run(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            if dirty {
+                format!("{rev}-dirty")
+            } else {
+                rev
+            }
+        }
+        _ => qem::GIT_REVISION.to_string(),
+    }
+}
+
+/// Civil UTC date and time `(YYYY-MM-DD, HH:MM:SS)` of now.
+pub fn utc_now() -> (String, String) {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's days-to-civil algorithm.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (
+        format!("{y:04}-{m:02}-{d:02}"),
+        format!("{:02}:{:02}:{:02}", rem / 3600, (rem % 3600) / 60, rem % 60),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn date_is_plausible() {
+        let (d, t) = utc_now();
+        assert_eq!(d.len(), 10);
+        assert!(d.as_str() > "2024-01-01", "{d}");
+        assert_eq!(t.len(), 8);
+    }
+}
