@@ -25,12 +25,6 @@ pub enum CodecError {
         /// Bytes that were left at `offset`.
         available: usize,
     },
-    /// A header field is impossible (for a reason other than the block size).
-    #[error("bad header: {reason}")]
-    BadHeader {
-        /// What is wrong, with the value found.
-        reason: String,
-    },
     /// A size in the data does not match the size the caller expects.
     #[error("size mismatch: {what}: expected {expected} bytes, found {found}")]
     SizeMismatch {
