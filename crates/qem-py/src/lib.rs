@@ -144,21 +144,9 @@ fn resolve_backend(name: &str) -> PyResult<String> {
 }
 
 /// Run the `quantem-gpu` command line with `argv` (program name first); returns the exit code.
-#[cfg(feature = "cli")]
 #[pyfunction]
-fn cli_main(py: Python<'_>, argv: Vec<OsString>) -> PyResult<i32> {
-    Ok(py.detach(|| qem_cli::run(argv)))
-}
-
-/// Run the `quantem-gpu` command line (not in this build: made without the `cli` feature).
-#[cfg(not(feature = "cli"))]
-#[pyfunction]
-fn cli_main(argv: Vec<OsString>) -> PyResult<i32> {
-    let _ = argv;
-    Err(to_pyerr(Error::internal(
-        "cli",
-        "this build of quantem.gpu has no command line (built without the `cli` feature)",
-    )))
+fn cli_main(py: Python<'_>, argv: Vec<OsString>) -> i32 {
+    py.detach(|| qem_cli::run(argv))
 }
 
 /// The module `quantem.gpu._native`.
