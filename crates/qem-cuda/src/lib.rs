@@ -1,1 +1,25 @@
-//! `qem-cuda`: the CUDA engine (work in progress).
+//! `qem-cuda`: the CUDA engine of quantem.gpu.
+//!
+//! This is the **only crate that knows cudarc**: everything above it (the `qem` façade, the CLI,
+//! Python) sees plain Rust types and [`qem_core::Error`]s. It owns
+//!
+//! * [`device`]: finding the driver, NVRTC and a device without ever panicking
+//!   ([`device::probe`], [`device::Gpu`]), with provenance strings;
+//! * [`nvrtc`]: compiling the embedded `kernels/*.cu` sources to CUBIN for the present device,
+//!   cached in memory and on disk per (source, arch, defines, NVRTC version);
+//! * [`bslz4`]: the batched bitshuffle/LZ4 (HDF5 filter 32008) decoder: host-side planning
+//!   from the CPU parser's block table ([`bslz4::Bslz4Batch`]), upload, launch and typed
+//!   error reporting ([`bslz4::DeviceBatch`]).
+//!
+//! Kernel names, launch shapes and `unsafe` launches live only in the kernel wrapper modules
+//! (here [`bslz4`]). On a machine without CUDA everything builds (cudarc's dynamic loading) and
+//! every entry point returns [`qem_core::ErrorKind::BackendUnavailable`] instead of panicking.
+
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod bslz4;
+pub mod device;
+pub mod nvrtc;
+
+pub use bslz4::{Bslz4Batch, Bslz4Kernels, DeviceBatch, LaunchShape};
+pub use device::{describe, probe, DeviceInfo, Gpu};
