@@ -47,7 +47,7 @@ pub struct StageTiming {
 /// The record attached to every dataset and result.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Provenance {
-    /// What kind of source (`"dectris_master"`, `"hdf5_dataset"`, `"numpy"`, `"qem"`).
+    /// What kind of source (`"dectris_master"`, `"hdf5_dataset"`, `"array"` for in-memory arrays).
     pub source_kind: String,
     /// Identity of every file read.
     pub files: Vec<FileIdentity>,
