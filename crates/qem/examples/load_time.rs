@@ -16,7 +16,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!(
             "load {secs:.3} s  {:.2} GB/s  sum {sum}  {:?}",
             dense.nbytes() as f64 / secs / 1e9,
-            ds.provenance().timings.iter().map(|t| format!("{}={:.3}", t.stage, t.seconds)).collect::<Vec<_>>()
+            ds.provenance()
+                .timings
+                .iter()
+                .map(|t| format!("{}={:.3}", t.stage, t.seconds))
+                .collect::<Vec<_>>()
         );
     }
     Ok(())
