@@ -174,7 +174,15 @@ impl Bslz4Batch {
             .map_err(|_| Error::invalid(op, "more than u32::MAX chunks in one batch"))
     }
 
-    fn push_block(&mut self, payload_off: u64, payload_len: usize, out_off: u64, out_len: usize, chunk: u32, block: u32) {
+    fn push_block(
+        &mut self,
+        payload_off: u64,
+        payload_len: usize,
+        out_off: u64,
+        out_len: usize,
+        chunk: u32,
+        block: u32,
+    ) {
         let w = |v: u64| [v as u32, (v >> 32) as u32];
         let [p0, p1] = w(payload_off);
         let [o0, o1] = w(out_off);
@@ -197,7 +205,8 @@ impl Bslz4Batch {
         let w = |v: u64| [v as u32, (v >> 32) as u32];
         let [s0, s1] = w(src);
         let [d0, d1] = w(dst);
-        self.copies.extend_from_slice(&[s0, s1, d0, d1, len, chunk, 0, 0]);
+        self.copies
+            .extend_from_slice(&[s0, s1, d0, d1, len, chunk, 0, 0]);
         Ok(())
     }
 
@@ -205,7 +214,13 @@ impl Bslz4Batch {
     /// bytes, for global frame `frame`. Its output follows the previous chunk's. The framing is
     /// validated here by the CPU parser (a framing error is a `Decode` error naming the frame
     /// and the batch is left unchanged); the LZ4 payloads are validated by the kernel.
-    pub fn push_chunk(&mut self, chunk: &[u8], filter_mask: u32, frame: u64, out_len: usize) -> Result<()> {
+    pub fn push_chunk(
+        &mut self,
+        chunk: &[u8],
+        filter_mask: u32,
+        frame: u64,
+        out_len: usize,
+    ) -> Result<()> {
         let op = "plan GPU decode";
         if self.elem_size == 0 {
             return Err(Error::invalid(op, "push_chunk on a plain-LZ4 batch"));
@@ -233,7 +248,10 @@ impl Bslz4Batch {
             }
             if layout.block_bytes > u32::MAX as usize / 2 {
                 self.layout = layout;
-                return Err(Error::invalid(op, "block size too large for the GPU decoder").with_frame(frame));
+                return Err(
+                    Error::invalid(op, "block size too large for the GPU decoder")
+                        .with_frame(frame),
+                );
             }
             for (bi, b) in layout.blocks.iter().enumerate() {
                 self.push_block(
@@ -331,10 +349,17 @@ impl Bslz4Kernels {
     /// Compile (or fetch from the cache) and load the decode kernels for `gpu`'s device.
     pub fn load(gpu: &Gpu) -> Result<Bslz4Kernels> {
         let threads = MAX_THREADS.to_string();
-        let m = load_module(gpu, KERNEL_FILE, KERNEL_SOURCE, &[("QEM_MAX_THREADS", &threads)])?;
+        let m = load_module(
+            gpu,
+            KERNEL_FILE,
+            KERNEL_SOURCE,
+            &[("QEM_MAX_THREADS", &threads)],
+        )?;
         let mut funcs = Vec::new();
         for es in [0usize, 1, 2, 4] {
-            let Some(name) = kernel_name(es) else { continue };
+            let Some(name) = kernel_name(es) else {
+                continue;
+            };
             let f = m
                 .module
                 .load_function(name)
@@ -353,7 +378,12 @@ impl Bslz4Kernels {
             .iter()
             .find(|(e, _)| *e == elem_size)
             .map(|(_, f)| f)
-            .ok_or_else(|| Error::invalid("GPU decode", format!("no kernel for element size {elem_size}")))
+            .ok_or_else(|| {
+                Error::invalid(
+                    "GPU decode",
+                    format!("no kernel for element size {elem_size}"),
+                )
+            })
     }
 
     /// Register, shared- and local-memory usage of every kernel.
@@ -440,9 +470,15 @@ pub fn codec_error(code: u32, block: u32, position: u32, a: u32, b: u32) -> Opti
         5 => Lz4Fault::LiteralsPastInput { len: a, left: b },
         6 => Lz4Fault::LiteralsPastOutput { len: a, room: b },
         7 => Lz4Fault::MatchOffsetZero,
-        8 => Lz4Fault::OffsetBeforeStart { offset: a, decoded: b },
+        8 => Lz4Fault::OffsetBeforeStart {
+            offset: a,
+            decoded: b,
+        },
         9 => Lz4Fault::MatchPastOutput { len: a, room: b },
-        10 => Lz4Fault::ShortOutput { decoded: a, expected: b },
+        10 => Lz4Fault::ShortOutput {
+            decoded: a,
+            expected: b,
+        },
         _ => return None,
     };
     Some(CodecError::Lz4 {
@@ -483,7 +519,8 @@ impl DeviceBatch {
             .map_err(|e| driver_error(&format!("upload {what}"), e))
         };
         let n_items = batch.n_blocks() + batch.n_copies();
-        let too_many = || Error::invalid("upload GPU batch", "more than u32::MAX blocks in one batch");
+        let too_many =
+            || Error::invalid("upload GPU batch", "more than u32::MAX blocks in one batch");
         let out_len = usize::try_from(batch.out_len).map_err(|_| too_many())?;
         let out = s
             .alloc_zeros::<u8>(out_len.max(16))
@@ -731,7 +768,14 @@ mod tests {
             let got = batch.block(i).unwrap();
             assert_eq!(
                 got,
-                (s.payload_offset as u64, s.payload_len as u32, s.out_offset as u64, s.out_len as u32, 0, i as u32)
+                (
+                    s.payload_offset as u64,
+                    s.payload_len as u32,
+                    s.out_offset as u64,
+                    s.out_len as u32,
+                    0,
+                    i as u32
+                )
             );
         }
         let s = lb.blocks[0];
@@ -754,13 +798,23 @@ mod tests {
         let a = encode_chunk(&arange_u16(44), 2, 16).unwrap();
         let mut batch = Bslz4Batch::new(2).unwrap();
         batch.push_chunk(&a, 0, 0, 88).unwrap();
-        let before = (batch.input().len(), batch.n_blocks(), batch.n_copies(), batch.out_len());
+        let before = (
+            batch.input().len(),
+            batch.n_blocks(),
+            batch.n_copies(),
+            batch.out_len(),
+        );
         let e = batch.push_chunk(&a[..a.len() - 1], 0, 41, 88).unwrap_err();
         assert_eq!(e.kind, qem_core::ErrorKind::Decode);
         assert_eq!(e.frame, Some(41));
         let e = batch.push_chunk(&a, 0, 42, 90).unwrap_err();
         assert_eq!(e.frame, Some(42));
-        let after = (batch.input().len(), batch.n_blocks(), batch.n_copies(), batch.out_len());
+        let after = (
+            batch.input().len(),
+            batch.n_blocks(),
+            batch.n_copies(),
+            batch.out_len(),
+        );
         assert_eq!(before, after);
     }
 
@@ -794,7 +848,13 @@ mod tests {
         let e = codec_error(8, 0, 10, 10, 9).unwrap();
         assert!(matches!(
             e,
-            CodecError::Lz4 { reason: Lz4Fault::OffsetBeforeStart { offset: 10, decoded: 9 }, .. }
+            CodecError::Lz4 {
+                reason: Lz4Fault::OffsetBeforeStart {
+                    offset: 10,
+                    decoded: 9
+                },
+                ..
+            }
         ));
         assert!(codec_error(11, 0, 0, 0, 0).is_none());
     }
@@ -803,7 +863,10 @@ mod tests {
     fn kernel_source_has_the_names_the_wrapper_launches() {
         for es in [0, 1, 2, 4] {
             let name = kernel_name(es).unwrap();
-            assert!(KERNEL_SOURCE.contains(&format!("QEM_KERNEL({name},")), "{name}");
+            assert!(
+                KERNEL_SOURCE.contains(&format!("QEM_KERNEL({name},")),
+                "{name}"
+            );
         }
     }
 }

@@ -91,6 +91,20 @@ pub(crate) fn guard<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     }
 }
 
+/// Check that `libnvrtc` can be loaded (without panicking); compiling needs no driver.
+pub fn nvrtc_present() -> Result<()> {
+    // SAFETY: `is_culib_present` only tries to dlopen the library names and drops the handle.
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(Error::backend_unavailable(
+            "cuda",
+            "libnvrtc not found: install the CUDA runtime compiler (libnvrtc.so.13 / .12) or add \
+             its directory to LD_LIBRARY_PATH",
+        ))
+    }
+}
+
 /// Check that `libcuda` and `libnvrtc` can be loaded (without panicking).
 pub fn libraries_present() -> Result<()> {
     // SAFETY: `is_culib_present` only tries to dlopen the library names and drops the handle.
@@ -114,9 +128,9 @@ pub fn libraries_present() -> Result<()> {
     Ok(())
 }
 
-/// NVRTC's version `(major, minor)` (requires [`libraries_present`]).
+/// NVRTC's version `(major, minor)` (requires only NVRTC).
 pub fn nvrtc_version() -> Result<(i32, i32)> {
-    libraries_present()?;
+    nvrtc_present()?;
     guard("nvrtcVersion", || {
         let (mut major, mut minor) = (0i32, 0i32);
         // SAFETY: both pointers are valid for the call; NVRTC writes two ints.
@@ -176,7 +190,9 @@ impl Gpu {
                 max_shared_per_block_optin: attr(
                     A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
                 ),
-                max_shared_per_sm: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
+                max_shared_per_sm: attr(
+                    A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+                ),
                 l2_bytes: attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
                 driver_version,
                 nvrtc_version,

@@ -20,7 +20,7 @@ use cudarc::nvrtc::{result as nvrtc_result, sys as nvrtc_sys, Ptx};
 use qem_core::{Error, Result};
 use serde::Serialize;
 
-use crate::device::{driver_error, guard, libraries_present, nvrtc_version, Gpu};
+use crate::device::{driver_error, guard, nvrtc_present, nvrtc_version, Gpu};
 
 /// Where a loaded module's CUBIN came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -116,17 +116,32 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 }
 
 /// The cache key of a compile.
-pub fn cache_key(name: &str, src: &str, arch: &str, defines: &[(&str, &str)], nvrtc: (i32, i32)) -> String {
+pub fn cache_key(
+    name: &str,
+    src: &str,
+    arch: &str,
+    defines: &[(&str, &str)],
+    nvrtc: (i32, i32),
+) -> String {
     let opts = compile_options(arch, defines).join(" ");
     let ver = format!("{}.{}", nvrtc.0, nvrtc.1);
     format!(
         "{:016x}",
-        fnv1a(&[name.as_bytes(), src.as_bytes(), opts.as_bytes(), ver.as_bytes()])
+        fnv1a(&[
+            name.as_bytes(),
+            src.as_bytes(),
+            opts.as_bytes(),
+            ver.as_bytes()
+        ])
     )
 }
 
 fn c_chars_to_string(v: &[std::ffi::c_char]) -> String {
-    let bytes: Vec<u8> = v.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = v
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
@@ -138,7 +153,7 @@ pub fn compile_cubin(
     arch: &str,
     defines: &[(&str, &str)],
 ) -> Result<(Vec<u8>, String)> {
-    libraries_present()?;
+    nvrtc_present()?;
     let op = "compile kernel";
     let c_src = CString::new(src)
         .map_err(|_| Error::internal(op, format!("{name}: source contains a NUL byte")))?;
@@ -170,7 +185,10 @@ pub fn compile_cubin(
                 // SAFETY: `prog` compiled successfully; `size` is a valid out pointer.
                 let r = unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size) };
                 match r.result() {
-                    Err(e) => Err(Error::internal(op, format!("{name}: nvrtcGetCUBINSize: {e}"))),
+                    Err(e) => Err(Error::internal(
+                        op,
+                        format!("{name}: nvrtcGetCUBINSize: {e}"),
+                    )),
                     Ok(()) => {
                         let mut buf = vec![0u8; size];
                         // SAFETY: `buf` holds exactly the `size` bytes NVRTC reported.
@@ -208,7 +226,12 @@ fn looks_like_cubin(b: &[u8]) -> bool {
 
 /// Load kernel source `name`/`src` for `gpu`'s device, from the memory cache, the disk cache,
 /// or a fresh NVRTC compile (in that order).
-pub fn load_module(gpu: &Gpu, name: &str, src: &str, defines: &[(&str, &str)]) -> Result<LoadedModule> {
+pub fn load_module(
+    gpu: &Gpu,
+    name: &str,
+    src: &str,
+    defines: &[(&str, &str)],
+) -> Result<LoadedModule> {
     let t0 = Instant::now();
     let arch = gpu.info().arch.clone();
     let key = cache_key(name, src, &arch, defines, nvrtc_version()?);
@@ -218,7 +241,10 @@ pub fn load_module(gpu: &Gpu, name: &str, src: &str, defines: &[(&str, &str)]) -
     let mut compile_ms = 0.0;
     let mut compile_log = String::new();
 
-    let cached = memory_cache().lock().ok().and_then(|m| m.get(&key).cloned());
+    let cached = memory_cache()
+        .lock()
+        .ok()
+        .and_then(|m| m.get(&key).cloned());
     let (cubin, mut source) = match cached {
         Some(c) => (c, CacheSource::Memory),
         None => {
@@ -260,7 +286,10 @@ pub fn load_module(gpu: &Gpu, name: &str, src: &str, defines: &[(&str, &str)]) -
     if source == CacheSource::Compiled {
         if let Some(p) = &cache_path {
             if let Err(e) = write_atomically(p, &cubin) {
-                note = Some(format!("could not write the disk cache {}: {e}", p.display()));
+                note = Some(format!(
+                    "could not write the disk cache {}: {e}",
+                    p.display()
+                ));
             }
         }
     }
@@ -326,7 +355,10 @@ mod tests {
         match compile_cubin("bad.cu", "this is not C++;", "sm_90", &[]) {
             Ok(_) => panic!("compiled garbage"),
             Err(e) if e.kind == qem_core::ErrorKind::BackendUnavailable => {}
-            Err(e) => assert!(e.detail.contains("bad.cu") && e.detail.contains("log"), "{e}"),
+            Err(e) => assert!(
+                e.detail.contains("bad.cu") && e.detail.contains("log"),
+                "{e}"
+            ),
         }
     }
 }
