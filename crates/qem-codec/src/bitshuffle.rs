@@ -172,6 +172,19 @@ pub(crate) fn untranspose_unchecked(src: &[u8], elem_size: usize, dst: &mut [u8]
         2 => {
             let p0 = byte_plane(src, 0, nb);
             let p1 = byte_plane(src, 1, nb);
+            #[cfg(target_arch = "x86_64")]
+            {
+                let done = sse2::untranspose_u16(src, nb, dst);
+                for k in done..nb {
+                    store_u16x8(
+                        &mut dst[16 * k..16 * k + 16],
+                        gather(&p0, k),
+                        gather(&p1, k),
+                    );
+                }
+                return;
+            }
+            #[allow(unreachable_code)]
             let (head, rest) = dst.split_at_mut(batched * 16);
             for (i, out) in head.chunks_exact_mut(128).enumerate() {
                 let y0 = gather8(&p0, 8 * i);
@@ -186,6 +199,18 @@ pub(crate) fn untranspose_unchecked(src: &[u8], elem_size: usize, dst: &mut [u8]
         }
         4 => {
             let p: [[&[u8]; 8]; 4] = std::array::from_fn(|j| byte_plane(src, j, nb));
+            #[cfg(target_arch = "x86_64")]
+            {
+                let done = sse2::untranspose_u32(src, nb, dst);
+                for k in done..nb {
+                    store_u32x8(
+                        &mut dst[32 * k..32 * k + 32],
+                        std::array::from_fn(|j| gather(&p[j], k)),
+                    );
+                }
+                return;
+            }
+            #[allow(unreachable_code)]
             let (head, rest) = dst.split_at_mut(batched * 32);
             for (i, out) in head.chunks_exact_mut(256).enumerate() {
                 let y: [[u64; 8]; 4] = std::array::from_fn(|j| gather8(&p[j], 8 * i));
@@ -209,6 +234,102 @@ pub(crate) fn untranspose_unchecked(src: &[u8], elem_size: usize, dst: &mut [u8]
                 }
             }
         }
+    }
+}
+
+/// SSE2 un-transpose (SSE2 is part of every x86-64 CPU, so no run-time detection is needed).
+///
+/// For 16 consecutive plane bytes (128 elements) of 16 bit-planes: load the 16×16 byte matrix
+/// (row = plane, column = byte), transpose it with four rounds of the byte perfect shuffle
+/// (`unpack{lo,hi}_epi8` of rows `j` and `j + 8`: each round rotates the 8-bit (row, column)
+/// index left by one, so four rounds swap row and column), after which vector `c` holds byte
+/// `k0 + c` of every plane. Bit `m` of byte `r` of that vector is bit `r` of element
+/// `8(k0 + c) + m`, so `movemask_epi8` of the vector shifted left by `7 − m` *is* that element's
+/// 16 bits. Cost ≈ 3.5 instructions per element against ≈ 10 for the scalar 8×8 path.
+#[cfg(target_arch = "x86_64")]
+mod sse2 {
+    use std::arch::x86_64::{
+        __m128i, _mm_add_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_unpackhi_epi8,
+        _mm_unpacklo_epi8,
+    };
+
+    /// Load row `r` (plane `first_plane + r`) bytes `[k0, k0 + 16)` of 16 planes of `nb` bytes.
+    #[inline(always)]
+    fn load_rows(src: &[u8], nb: usize, first_plane: usize, k0: usize) -> [__m128i; 16] {
+        std::array::from_fn(|r| {
+            let start = (first_plane + r) * nb + k0;
+            let bytes: &[u8; 16] = match src[start..start + 16].try_into() {
+                Ok(b) => b,
+                Err(_) => unreachable!("slice of length 16"),
+            };
+            // SAFETY: `bytes` is a valid 16-byte region; `_mm_loadu_si128` has no alignment
+            // requirement, and SSE2 is always enabled on x86-64.
+            unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) }
+        })
+    }
+
+    /// Transpose a 16×16 byte matrix held as 16 rows.
+    #[inline(always)]
+    fn transpose16(mut a: [__m128i; 16]) -> [__m128i; 16] {
+        for _ in 0..4 {
+            let mut b = a;
+            for j in 0..8 {
+                // SAFETY: SSE2 register-only intrinsics; SSE2 is always enabled on x86-64.
+                unsafe {
+                    b[2 * j] = _mm_unpacklo_epi8(a[j], a[j + 8]);
+                    b[2 * j + 1] = _mm_unpackhi_epi8(a[j], a[j + 8]);
+                }
+            }
+            a = b;
+        }
+        a
+    }
+
+    /// The 8 elements (16 bits each) whose bits are the bytes of `v` (byte r = plane r).
+    #[inline(always)]
+    fn elements16(mut v: __m128i) -> [u16; 8] {
+        let mut e = [0u16; 8];
+        for m in (0..8).rev() {
+            // SAFETY: SSE2 register-only intrinsics; SSE2 is always enabled on x86-64.
+            unsafe {
+                e[m] = _mm_movemask_epi8(v) as u16;
+                v = _mm_add_epi8(v, v); // every byte shifted left by one, no carry across bytes
+            }
+        }
+        e
+    }
+
+    /// Un-transpose the first `nb / 16 * 16` bytes of each of the 16 planes (u16 elements);
+    /// returns how many plane bytes (groups of 8 elements) were done.
+    pub(super) fn untranspose_u16(src: &[u8], nb: usize, dst: &mut [u8]) -> usize {
+        let n16 = nb / 16 * 16;
+        for k0 in (0..n16).step_by(16) {
+            let t = transpose16(load_rows(src, nb, 0, k0));
+            for (c, &v) in t.iter().enumerate() {
+                let out = &mut dst[16 * (k0 + c)..16 * (k0 + c) + 16];
+                for (o, e) in out.chunks_exact_mut(2).zip(elements16(v)) {
+                    o.copy_from_slice(&e.to_le_bytes());
+                }
+            }
+        }
+        n16
+    }
+
+    /// As [`untranspose_u16`] for u32 elements (32 planes: low and high halves).
+    pub(super) fn untranspose_u32(src: &[u8], nb: usize, dst: &mut [u8]) -> usize {
+        let n16 = nb / 16 * 16;
+        for k0 in (0..n16).step_by(16) {
+            let lo = transpose16(load_rows(src, nb, 0, k0));
+            let hi = transpose16(load_rows(src, nb, 16, k0));
+            for c in 0..16 {
+                let out = &mut dst[32 * (k0 + c)..32 * (k0 + c) + 32];
+                let (l, h) = (elements16(lo[c]), elements16(hi[c]));
+                for (m, o) in out.chunks_exact_mut(4).enumerate() {
+                    o.copy_from_slice(&((l[m] as u32) | ((h[m] as u32) << 16)).to_le_bytes());
+                }
+            }
+        }
+        n16
     }
 }
 
@@ -273,7 +394,7 @@ mod tests {
     #[test]
     fn matches_the_definition_for_many_sizes() {
         for s in [1usize, 2, 3, 4, 8] {
-            for n in [8usize, 16, 24, 64, 136] {
+            for n in [8usize, 16, 24, 64, 128, 136, 256, 384, 4096, 4104] {
                 let src = pseudo_random(n * s, (n * 31 + s) as u64);
                 let want = naive_transpose(&src, s);
                 let mut got = vec![0u8; src.len()];
