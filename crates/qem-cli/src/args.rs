@@ -92,9 +92,13 @@ pub struct BenchLoadArgs {
     /// Folder for the JSON record.
     #[arg(long, default_value = "bench/results")]
     pub out: PathBuf,
-    /// Timed loads (at least 3 are recommended for a p50).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Timed loads (at least 5 are recommended for a p50).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub repeats: u32,
+    /// Untimed loads before the timed ones, on both sides (the first load of a process pays the
+    /// first touch of its result memory).
+    #[arg(long, default_value_t = 1)]
+    pub warmup: u32,
     /// Also time h5py + hdf5plugin reading the same file (runs `python3`).
     #[arg(long)]
     pub h5py: bool,

@@ -48,7 +48,7 @@ fn checksum(data: &DenseArray, frame_len: usize) -> (u64, u64) {
 const H5PY_SNIPPET: &str = r#"
 import json, sys, time
 import numpy as np, h5py, hdf5plugin
-master, n, kr, kc, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+master, n, kr, kc, warmup, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 def read():
     out = np.empty((n, kr, kc), dtype=np.uint16)
     lo = 0
@@ -61,11 +61,12 @@ def read():
             lo += m
     return out, lo
 times = []
-for i in range(repeats):
+for i in range(warmup + repeats):
     t = time.perf_counter()
     arr, frames = read()
-    times.append(time.perf_counter() - t)
-    if i + 1 < repeats:
+    if i >= warmup:
+        times.append(time.perf_counter() - t)
+    if i + 1 < warmup + repeats:
         del arr
 flat = arr.reshape(n, kr * kc)
 w = np.arange(1, kr * kc + 1, dtype=np.uint64)
@@ -102,6 +103,7 @@ fn run_h5py(
     master: &std::path::Path,
     frames: usize,
     det: qem::Shape2,
+    warmup: u32,
     repeats: u32,
 ) -> anyhow::Result<serde_json::Value> {
     let out = Command::new("python3")
@@ -112,6 +114,7 @@ fn run_h5py(
             frames.to_string(),
             det.rows.to_string(),
             det.cols.to_string(),
+            warmup.to_string(),
             repeats.to_string(),
         ])
         .output()
@@ -175,12 +178,20 @@ pub fn run_load(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
     let mut ours_checksum = (0, 0);
     let mut stage_timings = Vec::new();
     let mut device = String::new();
-    for i in 0..a.repeats {
-        eprintln!("bench load: quantem-gpu load {}/{} ...", i + 1, a.repeats);
+    for i in 0..a.warmup + a.repeats {
+        let timed = i >= a.warmup;
+        eprintln!(
+            "bench load: quantem-gpu load {}/{}{} ...",
+            i + 1,
+            a.warmup + a.repeats,
+            if timed { "" } else { " (warm-up)" }
+        );
         let t = Instant::now();
         let ds = qem::load(SourceArg::Path(written.master.clone()), &load_params)
             .context("loading the benchmark acquisition")?;
-        ours.push(t.elapsed().as_secs_f64());
+        if timed {
+            ours.push(t.elapsed().as_secs_f64());
+        }
         if i == 0 {
             ours_checksum = checksum(ds.dense()?, frame_len);
             stage_timings = ds.provenance().timings.clone();
@@ -191,7 +202,7 @@ pub fn run_load(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
     // h5py.
     let h5py = if a.h5py {
         eprintln!("bench load: h5py + hdf5plugin read x{} ...", a.repeats);
-        match run_h5py(&written.master, frames, det, a.repeats) {
+        match run_h5py(&written.master, frames, det, a.warmup, a.repeats) {
             Ok(v) => Some(Ok(v)),
             Err(e) => {
                 eprintln!("warning: {e:#}");
@@ -270,12 +281,13 @@ pub fn run_load(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
             "backend": "cpu",
             "device": device,
             "repeats": a.repeats,
+            "warmup_runs_excluded": a.warmup,
             "seconds": ours,
             "p50_s": o_p50,
             "min_s": o_min,
             "max_s": o_max,
             "throughput_raw_gb_s": raw / o_p50 / 1e9,
-            "stage_timings_first_run": stage_timings,
+            "stage_timings_first_load": stage_timings,
             "checksum": {"total": ours_checksum.0, "weighted": ours_checksum.1},
         },
         "h5py": h5py_json,
@@ -284,7 +296,8 @@ pub fn run_load(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
     });
     std::fs::create_dir_all(&a.out)
         .map_err(|e| qem::Error::io("create output folder", &a.out, &e))?;
-    let path = a.out.join(format!("cpu_load_{}_{}.json", m.hostname, date));
+    let stamp = format!("{date}T{}", time.replace(':', ""));
+    let path = a.out.join(format!("cpu_load_{}_{stamp}.json", m.hostname));
     std::fs::write(
         &path,
         format!("{}\n", serde_json::to_string_pretty(&record)?),
