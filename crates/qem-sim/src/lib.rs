@@ -4,7 +4,8 @@
 //! for the `demo` command, tests and benchmarks, and later for validating DPC and SSB. It depends
 //! only on `qem-core`; nothing here reads or writes files. Any crate may depend on it (normally as
 //! a dev-dependency or from the CLI). [`DiskPattern`] is a much cheaper generator (Poisson
-//! counts of a fixed disk, no specimen) for benchmark files too large to simulate quickly.
+//! counts of a fixed disk, no specimen) for benchmark files too large to simulate quickly;
+//! [`ReferencePattern`] makes the frames of the reference benchmark acquisition.
 //!
 //! # Physics (single-slice projection approximation)
 //! * Specimen: the projected potential `V_proj` (V·Å) of a [`Crystal`] ([`potential`] states the
@@ -40,10 +41,12 @@
 pub mod disk;
 pub mod optics;
 pub mod potential;
+pub mod reference;
 
 pub use disk::DiskPattern;
 pub use optics::{interaction_constant_rad_per_v_a, wavelength_a, Aberrations};
 pub use potential::{atom_strength_v_a3, Crystal, SRTIO3_A};
+pub use reference::{ReferenceParams, ReferencePattern, REFERENCE_BAD_PIXELS};
 
 use potential::ProjectedPotential;
 use qem_core::{Error, Result, Shape2};
