@@ -1,4 +1,5 @@
 //! `quantem-gpu bench load`: time `qem::load` on the CPU (and optionally h5py) on one file.
+//! With `--source` (or a backend other than cpu) the work is `crate::bench_source`'s.
 //!
 //! The acquisition comes from `qem_sim::DiskPattern` (Poisson counts of a fixed BF disk of
 //! radius `min(k)/4` with 5 % of the dose in a dark-field halo; no specimen) because a full
@@ -21,7 +22,7 @@ const HALO_FRACTION: f64 = 0.05;
 
 /// Order-sensitive checksum shared with the h5py snippet: the u64 total, and
 /// `Σ_n (n+1)·Σ_k (k+1)·v[n,k]` modulo 2⁶⁴.
-fn checksum_of<T: Copy + Into<u64>>(v: &[T], frame_len: usize) -> (u64, u64) {
+pub(crate) fn checksum_of<T: Copy + Into<u64>>(v: &[T], frame_len: usize) -> (u64, u64) {
     let (mut total, mut weighted) = (0u64, 0u64);
     for (n, frame) in v.chunks_exact(frame_len).enumerate() {
         let mut s = 0u64;
@@ -81,7 +82,7 @@ print(json.dumps({"seconds": times, "frames": frames, "total": total, "weighted"
                                "python": sys.version.split()[0]}}))
 "#;
 
-fn p50(v: &[f64]) -> f64 {
+pub(crate) fn p50(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     match s.len() {
@@ -91,7 +92,7 @@ fn p50(v: &[f64]) -> f64 {
     }
 }
 
-fn min_max(v: &[f64]) -> (f64, f64) {
+pub(crate) fn min_max(v: &[f64]) -> (f64, f64) {
     v.iter()
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
             (lo.min(x), hi.max(x))
@@ -128,6 +129,9 @@ fn run_h5py(
 }
 
 pub fn run_load(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
+    if a.source.is_some() || a.backend != BackendRequest::Cpu {
+        return crate::bench_source::run(a, command_line);
+    }
     let scan = shape2(&a.scan).ok_or_else(|| anyhow!("--scan takes two numbers"))?;
     let det = shape2(&a.detector).ok_or_else(|| anyhow!("--detector takes two numbers"))?;
     let frames = scan.len();

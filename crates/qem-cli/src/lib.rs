@@ -12,8 +12,11 @@
 
 mod args;
 mod bench;
+mod bench_source;
 mod demo;
 mod device;
+mod engine;
+mod generate;
 mod image;
 mod inspect;
 mod machine;
@@ -41,6 +44,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         args::Command::Device(a) => device::run(&a),
         args::Command::Inspect(a) => inspect::run(&a),
         args::Command::Demo(a) => demo::run(&a, &command_line),
+        args::Command::GenerateReference(a) => generate::run(&a, &command_line),
         args::Command::Bench(args::BenchCommand::Load(a)) => bench::run_load(&a, &command_line),
     };
     match result {

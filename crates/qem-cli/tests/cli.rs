@@ -221,3 +221,80 @@ fn tiny_bench_load_writes_a_record() {
         assert!(rec["ratio_h5py_over_ours_p50"].as_f64().unwrap() > 0.0);
     }
 }
+
+#[test]
+fn generate_reference_then_bench_the_source_against_the_cpu_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let acq = dir.path().join("ref");
+    let acq_s = acq.to_str().unwrap();
+    // Rectangular scan (recorded in the master), u32 frames, shards of 7 frames.
+    let o = qg(&[
+        "generate-reference",
+        acq_s,
+        "--scan",
+        "6",
+        "4",
+        "--dtype",
+        "u32",
+        "--frames-per-file",
+        "7",
+        "--dose",
+        "50000",
+        "--json",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json_stdout(&o);
+    assert_eq!(v["frames"], 24);
+    assert_eq!(v["shards"], 4);
+    assert_eq!(v["raw_bytes"], 24 * 192 * 192 * 4);
+    assert!(v["compression_ratio"].as_f64().unwrap() > 2.0, "{v}");
+    assert_eq!(v["bad_pixels"].as_array().unwrap().len(), 2);
+    assert!(acq.join("reference_acquisition.json").exists());
+    let master = acq.join("scan_master.h5");
+
+    let o = qg(&["inspect", master.to_str().unwrap(), "--json"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let i = json_stdout(&o);
+    assert_eq!(i["bad_pixels"], 2, "{i}");
+
+    let out = dir.path().join("results");
+    let o = qg(&[
+        "bench",
+        "load",
+        "--source",
+        master.to_str().unwrap(),
+        "--cpu-check",
+        "--scan-region",
+        "1",
+        "5",
+        "0",
+        "3",
+        "--det-bin",
+        "2",
+        "--repeats",
+        "2",
+        "--warmup",
+        "0",
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let rec = json_stdout(&o);
+    assert_eq!(rec["passed"], true, "{rec}");
+    assert_eq!(rec["cpu_check"]["byte_exact"], true, "{rec}");
+    assert_eq!(rec["cpu_check"]["sampled_frames"], 12);
+    assert_eq!(
+        rec["plan"]["result_shape"],
+        serde_json::json!([4, 3, 96, 96])
+    );
+    assert_eq!(rec["source"]["dtype"], "uint32");
+    assert_eq!(rec["ours"]["seconds"].as_array().unwrap().len(), 2);
+    let files: Vec<_> = std::fs::read_dir(&out).unwrap().collect();
+    assert_eq!(files.len(), 1);
+
+    // A backend other than cpu without --source is a usage error naming --source.
+    let o = qg(&["bench", "load", "--backend", "cuda"]);
+    assert_ne!(code(&o), 0);
+    assert!(stderr(&o).contains("--source"), "{}", stderr(&o));
+}
