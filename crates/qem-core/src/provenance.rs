@@ -87,6 +87,26 @@ pub struct Provenance {
     pub git_revision: String,
     /// Stage timings of the operation that produced this.
     pub timings: Vec<StageTiming>,
+    /// Device-memory accounting of a GPU load (`None` on the CPU).
+    #[serde(default)]
+    pub memory: Option<MemoryReport>,
+}
+
+/// Device-memory accounting of a GPU operation, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct MemoryReport {
+    /// Sum of every device buffer the operation planned (and admitted) before allocating.
+    pub planned_device_bytes: u64,
+    /// The limit it was admitted against: `min(memory_budget, free - reserve)`.
+    pub budget_bytes: u64,
+    /// Peak of the sum of this operation's own device allocations.
+    pub process_peak_device_bytes: u64,
+    /// Card memory in use (total - free) before the operation allocated anything.
+    pub card_used_before_bytes: u64,
+    /// Card memory in use sampled at the operation's allocation peak.
+    pub card_used_peak_bytes: u64,
+    /// Total card memory.
+    pub card_total_bytes: u64,
 }
 
 /// 64-bit FNV-1a over `bytes`, continuing from `state` (start with [`FNV_OFFSET`]).

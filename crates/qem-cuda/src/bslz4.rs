@@ -402,6 +402,220 @@ impl Bslz4Kernels {
     }
 }
 
+/// Descriptor tables for chunks whose bytes live in a buffer held elsewhere (the load
+/// pipeline's pinned slots), with explicit input offsets, output offsets and chunk indices:
+/// the output offset of a chunk can be its frame's position in the final result, and the chunk
+/// index can be global to a whole load (so one error record serves every batch).
+#[derive(Debug, Default, Clone)]
+pub struct BlockTable {
+    /// Block descriptors, 8 words each (layout of the `.cu` file).
+    pub blocks: Vec<u32>,
+    /// Copy descriptors, 8 words each.
+    pub copies: Vec<u32>,
+    /// Largest decoded block in bytes.
+    pub max_block_bytes: usize,
+    layout: ChunkLayout,
+}
+
+impl BlockTable {
+    /// Forget every descriptor (keeps the allocations).
+    pub fn clear(&mut self) {
+        self.blocks.clear();
+        self.copies.clear();
+        self.max_block_bytes = 0;
+    }
+
+    /// Number of block descriptors.
+    pub fn n_blocks(&self) -> usize {
+        self.blocks.len() / DESC_WORDS
+    }
+
+    /// Number of copy descriptors.
+    pub fn n_copies(&self) -> usize {
+        self.copies.len() / DESC_WORDS
+    }
+
+    /// Append another table's descriptors.
+    pub fn append(&mut self, other: &BlockTable) {
+        self.blocks.extend_from_slice(&other.blocks);
+        self.copies.extend_from_slice(&other.copies);
+        self.max_block_bytes = self.max_block_bytes.max(other.max_block_bytes);
+    }
+
+    /// Describe one stored chunk of `elem_size`-byte elements that sits at `in_offset` of the
+    /// batch input and decodes to `out_len` bytes at `out_offset` of the output. The framing is
+    /// validated by the CPU parser: an error is a `Decode` error naming `frame`, and the table
+    /// is left unchanged.
+    #[allow(clippy::too_many_arguments)]
+    pub fn push_chunk(
+        &mut self,
+        chunk: &[u8],
+        elem_size: usize,
+        filter_mask: u32,
+        frame: u64,
+        chunk_index: u32,
+        in_offset: u64,
+        out_offset: u64,
+        out_len: usize,
+    ) -> Result<()> {
+        let op = "plan GPU decode";
+        let w = |v: u64| [v as u32, (v >> 32) as u32];
+        if filter_mask & 1 != 0 {
+            if chunk.len() != out_len {
+                let e = CodecError::SizeMismatch {
+                    what: "unfiltered (raw) chunk length",
+                    expected: out_len as u64,
+                    found: chunk.len() as u64,
+                };
+                return Err(Error::decode(op, e.to_string()).with_frame(frame));
+            }
+            let len = u32::try_from(out_len)
+                .map_err(|_| Error::invalid(op, "raw chunk larger than 4 GiB").with_frame(frame))?;
+            let [s0, s1] = w(in_offset);
+            let [d0, d1] = w(out_offset);
+            self.copies
+                .extend_from_slice(&[s0, s1, d0, d1, len, chunk_index, 0, 0]);
+            return Ok(());
+        }
+        parse_chunk_into(chunk, elem_size, out_len, &mut self.layout)
+            .map_err(|e| Error::decode(op, e.to_string()).with_frame(frame))?;
+        if self.layout.block_bytes > u32::MAX as usize / 2 {
+            return Err(
+                Error::invalid(op, "block size too large for the GPU decoder").with_frame(frame),
+            );
+        }
+        for (bi, b) in self.layout.blocks.iter().enumerate() {
+            let [p0, p1] = w(in_offset + b.payload_offset as u64);
+            let [o0, o1] = w(out_offset + b.out_offset as u64);
+            self.blocks.extend_from_slice(&[
+                p0,
+                p1,
+                b.payload_len as u32,
+                b.out_len as u32,
+                o0,
+                o1,
+                chunk_index,
+                bi as u32,
+            ]);
+            self.max_block_bytes = self.max_block_bytes.max(b.out_len);
+        }
+        if self.layout.tail_len > 0 {
+            let [s0, s1] = w(in_offset + self.layout.tail_offset as u64);
+            let [d0, d1] = w(out_offset + self.layout.tail_out_offset() as u64);
+            self.copies.extend_from_slice(&[
+                s0,
+                s1,
+                d0,
+                d1,
+                self.layout.tail_len as u32,
+                chunk_index,
+                0,
+                0,
+            ]);
+        }
+        Ok(())
+    }
+}
+
+/// One decode launch over raw device addresses (the load pipeline's buffers).
+#[derive(Debug, Clone, Copy)]
+pub struct RawDecode {
+    /// Element size of the chunks (1, 2 or 4).
+    pub elem_size: usize,
+    /// Compressed input.
+    pub input: u64,
+    /// Bytes of input.
+    pub in_len: u64,
+    /// Block descriptors.
+    pub blocks: u64,
+    /// Number of block descriptors.
+    pub n_blocks: u32,
+    /// Copy descriptors.
+    pub copies: u64,
+    /// Number of copy descriptors.
+    pub n_copies: u32,
+    /// Output base.
+    pub out: u64,
+    /// Bytes of output (every descriptor is checked against it).
+    pub out_len: u64,
+    /// Error record (8 words).
+    pub errors: u64,
+    /// Status, 2 words per item.
+    pub status: u64,
+    /// Largest decoded block in bytes.
+    pub max_block_bytes: usize,
+}
+
+impl Bslz4Kernels {
+    /// Queue a decode over raw addresses on `stream` with `shape`.
+    ///
+    /// # Safety
+    /// Every address must be a live device allocation of the size [`RawDecode`] describes
+    /// (input `in_len` bytes, tables 8 words per item, output `out_len` bytes, status 2 words
+    /// per item, error record 8 words), alive until the stream has passed this launch.
+    pub unsafe fn launch_raw(
+        &self,
+        stream: &cudarc::driver::CudaStream,
+        d: &RawDecode,
+        shape: LaunchShape,
+    ) -> Result<()> {
+        let op = "launch GPU decode";
+        let n_items = d.n_blocks as u64 + d.n_copies as u64;
+        if n_items == 0 {
+            return Ok(());
+        }
+        let f = self.func(d.elem_size)?;
+        let smem_per_warp = u32::try_from((d.max_block_bytes.div_ceil(16) * 16).max(16))
+            .map_err(|_| Error::invalid(op, "block too large"))?;
+        let mut warps = shape.warps_per_cta.clamp(1, MAX_THREADS / 32);
+        let limit = self.max_smem_optin;
+        while warps > 1 && warps * smem_per_warp > limit {
+            warps /= 2;
+        }
+        let smem = warps * smem_per_warp;
+        if smem > limit {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "a block of {smem_per_warp} bytes does not fit the GPU's shared memory ({limit} bytes per CTA)"
+                ),
+            ));
+        }
+        f.set_attribute(
+            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(|e| driver_error("set kernel shared memory", e))?;
+        let mut ctas = n_items.div_ceil(warps as u64).min(i32::MAX as u64) as u32;
+        if shape.max_ctas > 0 {
+            ctas = ctas.min(shape.max_ctas);
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (ctas, 1, 1),
+            block_dim: (warps * 32, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        let mut b = stream.launch_builder(f);
+        b.arg(&d.input)
+            .arg(&d.in_len)
+            .arg(&d.blocks)
+            .arg(&d.n_blocks)
+            .arg(&d.copies)
+            .arg(&d.n_copies)
+            .arg(&d.out)
+            .arg(&d.out_len)
+            .arg(&d.errors)
+            .arg(&d.status)
+            .arg(&smem_per_warp);
+        // SAFETY: the argument list matches the kernel signature in bslz4_decode.cu (pointers
+        // passed as 64-bit addresses); the caller guarantees the buffers (see the contract);
+        // the kernel validates every descriptor against `in_len`, `out_len` and
+        // `smem_per_warp` before use.
+        unsafe { b.launch(cfg) }.map_err(|e| driver_error(op, e))?;
+        Ok(())
+    }
+}
+
 /// Launch shape of the decode kernel: warps per CTA (each warp owns one block at a time and
 /// `max_block_bytes` of shared memory) and an optional cap on the grid (0: one warp per item).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -485,6 +699,52 @@ pub fn codec_error(code: u32, block: u32, position: u32, a: u32, b: u32) -> Opti
         block: Some(block as usize),
         position: position as usize,
         reason,
+    })
+}
+
+/// The typed error for a kernel fault whose chunk holds `frame`.
+pub fn fault_to_error(f: &KernelFault, frame: Option<u64>) -> Error {
+    let op = "decode (GPU)";
+    let detail = match codec_error(f.code, f.block, f.position, f.a, f.b) {
+        Some(e) => e.to_string(),
+        None => match f.code {
+            11 => format!(
+                "internal: block descriptor {} out of range (out {} bytes, payload {} bytes)",
+                f.block, f.a, f.b
+            ),
+            12 => format!("internal: raw copy of {} bytes out of range", f.a),
+            c => format!("internal: unknown kernel error code {c}"),
+        },
+    };
+    let detail = if f.count > 1 {
+        format!("{detail} ({} blocks failed in this batch)", f.count)
+    } else {
+        detail
+    };
+    let e = if f.code >= 11 {
+        Error::internal(op, detail)
+    } else {
+        Error::decode(op, detail)
+    };
+    match frame {
+        Some(fr) => e.with_frame(fr),
+        None => e,
+    }
+}
+
+/// The error record words (`err[0..8]` as the kernel writes them) as a fault, `None` if clean.
+pub fn fault_from_record(v: &[u32]) -> Option<KernelFault> {
+    if v.len() < ERR_WORDS || v[0] == 0 {
+        return None;
+    }
+    Some(KernelFault {
+        code: v[1],
+        chunk: v[2],
+        block: v[3],
+        position: v[4],
+        a: v[5],
+        b: v[6],
+        count: v[7],
     })
 }
 
@@ -672,33 +932,7 @@ impl DeviceBatch {
 
     /// The typed error for a kernel fault.
     pub fn fault_error(&self, f: &KernelFault) -> Error {
-        let op = "decode (GPU)";
-        let frame = self.chunks.get(f.chunk as usize).map(|c| c.frame);
-        let detail = match codec_error(f.code, f.block, f.position, f.a, f.b) {
-            Some(e) => e.to_string(),
-            None => match f.code {
-                11 => format!(
-                    "internal: block descriptor {} out of range (out {} bytes, payload {} bytes)",
-                    f.block, f.a, f.b
-                ),
-                12 => format!("internal: raw copy of {} bytes out of range", f.a),
-                c => format!("internal: unknown kernel error code {c}"),
-            },
-        };
-        let detail = if f.count > 1 {
-            format!("{detail} ({} blocks failed in this batch)", f.count)
-        } else {
-            detail
-        };
-        let e = if f.code >= 11 {
-            Error::internal(op, detail)
-        } else {
-            Error::decode(op, detail)
-        };
-        match frame {
-            Some(fr) => e.with_frame(fr),
-            None => e,
-        }
+        fault_to_error(f, self.chunks.get(f.chunk as usize).map(|c| c.frame))
     }
 
     /// Wait for the stream, then read every item's status (blocks first, then copies), with

@@ -9,17 +9,29 @@
 //!   cached in memory and on disk per (source, arch, defines, NVRTC version);
 //! * [`bslz4`]: the batched bitshuffle/LZ4 (HDF5 filter 32008) decoder: host-side planning
 //!   from the CPU parser's block table ([`bslz4::Bslz4Batch`]), upload, launch and typed
-//!   error reporting ([`bslz4::DeviceBatch`]).
+//!   error reporting ([`bslz4::DeviceBatch`]);
+//! * [`load`]: the overlapped load pipeline (reader threads → pinned slots → H2D on a copy
+//!   stream → decode/region/bin on a compute stream) producing a [`DeviceArray`];
+//! * [`transform`]: region/bin/dtype and mask kernels; [`mem`]: raw device and pinned buffers;
+//!   [`engine`]: the process-wide context with its compiled kernels.
 //!
 //! Kernel names, launch shapes and `unsafe` launches live only in the kernel wrapper modules
-//! (here [`bslz4`]). On a machine without CUDA everything builds (cudarc's dynamic loading) and
+//! (here [`bslz4`] and [`transform`]). On a machine without CUDA everything builds (cudarc's dynamic loading) and
 //! every entry point returns [`qem_core::ErrorKind::BackendUnavailable`] instead of panicking.
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod bslz4;
 pub mod device;
+pub mod engine;
+pub mod load;
+pub mod mem;
 pub mod nvrtc;
+pub mod transform;
 
 pub use bslz4::{Bslz4Batch, Bslz4Kernels, DeviceBatch, LaunchShape};
 pub use device::{describe, probe, DeviceInfo, Gpu};
+pub use engine::{engine, engine_info, Engine};
+pub use load::{
+    load_array, load_source, DeviceArray, GpuLoad, GpuLoadParams, LoadPlan, PipelineOptions,
+};

@@ -1,6 +1,7 @@
 //! Backend selection: which engine runs an operation.
 //!
-//! `auto` picks CUDA when it is usable, else the CPU, and records which. An explicit `cuda` or
+//! `auto` picks CUDA when it is usable (a context on device 0 and its kernels load), else the
+//! CPU, and records which. An explicit `cuda` or
 //! `mps` that is not usable is an error, never a CPU run.
 
 use qem_core::{Error, Result};
@@ -43,6 +44,8 @@ impl FromStr for BackendRequest {
 pub enum Backend {
     /// The CPU engine.
     Cpu,
+    /// The CUDA engine (device 0).
+    Cuda,
 }
 
 impl Backend {
@@ -50,6 +53,7 @@ impl Backend {
     pub fn name(self) -> &'static str {
         match self {
             Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
         }
     }
 }
@@ -71,9 +75,20 @@ pub struct BackendInfo {
     pub detail: String,
 }
 
-/// Why CUDA cannot run in this build.
-pub const CUDA_UNAVAILABLE_REASON: &str =
-    "this build of quantem.gpu has no CUDA engine yet (the CPU engine is available)";
+/// Why CUDA cannot run here (the probe's reason), or `None` when it can. The probe runs once
+/// per process (the CUDA engine keeps its context and compiled kernels).
+pub fn cuda_unavailable_reason() -> Option<String> {
+    qem_cuda::engine_info().err().map(|e| e.detail.clone())
+}
+
+/// One line describing the GPU (model, memory, driver/CUDA and NVRTC versions), or why CUDA is
+/// not usable.
+pub fn cuda_description() -> String {
+    match qem_cuda::engine_info() {
+        Ok(info) => info.summary(),
+        Err(e) => format!("cuda unavailable: {}", e.detail),
+    }
+}
 
 /// Why MPS cannot run here.
 pub fn mps_unavailable_reason() -> String {
@@ -100,11 +115,15 @@ pub fn cpu_description() -> String {
 
 /// Every backend this build knows, in preference order, with its availability.
 pub fn available_backends() -> Vec<BackendInfo> {
+    let cuda = qem_cuda::engine_info();
     vec![
         BackendInfo {
             name: "cuda".into(),
-            available: false,
-            detail: CUDA_UNAVAILABLE_REASON.into(),
+            available: cuda.is_ok(),
+            detail: match cuda {
+                Ok(info) => info.summary(),
+                Err(e) => e.detail.clone(),
+            },
         },
         BackendInfo {
             name: "mps".into(),
@@ -122,8 +141,17 @@ pub fn available_backends() -> Vec<BackendInfo> {
 /// Resolve a request to a usable backend, or a `BackendUnavailable` error with the reason.
 pub fn resolve_backend(request: BackendRequest) -> Result<Backend> {
     match request {
-        BackendRequest::Auto | BackendRequest::Cpu => Ok(Backend::Cpu),
-        BackendRequest::Cuda => Err(Error::backend_unavailable("cuda", CUDA_UNAVAILABLE_REASON)),
+        BackendRequest::Cpu => Ok(Backend::Cpu),
+        BackendRequest::Auto => Ok(if qem_cuda::engine().is_ok() {
+            Backend::Cuda
+        } else {
+            Backend::Cpu
+        }),
+        BackendRequest::Cuda => match qem_cuda::engine() {
+            Ok(_) => Ok(Backend::Cuda),
+            Err(e) if e.kind == qem_core::ErrorKind::BackendUnavailable => Err(e),
+            Err(e) => Err(Error::backend_unavailable("cuda", e.to_string())),
+        },
         BackendRequest::Mps => Err(Error::backend_unavailable("mps", mps_unavailable_reason())),
     }
 }
@@ -136,7 +164,12 @@ mod tests {
     #[test]
     fn explicit_unusable_backends_are_errors_not_cpu_runs() {
         let cuda = resolve_backend(BackendRequest::Cuda);
-        assert!(matches!(cuda, Err(ref e) if e.kind == ErrorKind::BackendUnavailable));
+        let cuda_usable = cuda_unavailable_reason().is_none();
+        if cuda_usable {
+            assert_eq!(cuda.ok(), Some(Backend::Cuda));
+        } else {
+            assert!(matches!(cuda, Err(ref e) if e.kind == ErrorKind::BackendUnavailable));
+        }
         let mps = resolve_backend(BackendRequest::Mps);
         assert!(
             matches!(mps, Err(ref e) if e.kind == ErrorKind::BackendUnavailable
@@ -144,8 +177,17 @@ mod tests {
         );
         assert_eq!(
             resolve_backend(BackendRequest::Auto).ok(),
-            Some(Backend::Cpu)
+            Some(if cuda_usable {
+                Backend::Cuda
+            } else {
+                Backend::Cpu
+            })
         );
+        let listed = available_backends();
+        let c = listed.iter().find(|b| b.name == "cuda").unwrap();
+        assert_eq!(c.available, cuda_usable);
+        assert!(!c.detail.is_empty());
+        assert_eq!(Backend::Cuda.name(), "cuda");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! Users (the CLI, the Python module, Rust programs) call this crate only. It resolves a backend
 //! ([`backend`]), loads sources into a [`Dataset`] ([`load`]), and reports on sources without
-//! decoding them ([`inspect`], [`discover`]). Engines (`qem-cpu`, later `qem-cuda`) sit below it;
+//! decoding them ([`inspect`], [`discover`]). Engines (`qem-cpu`, `qem-cuda`) sit below it;
 //! composite operations are written once here over their primitives.
 
 pub mod backend;
@@ -10,10 +10,10 @@ pub mod dataset;
 pub mod load;
 
 pub use backend::{available_backends, resolve_backend, Backend, BackendInfo, BackendRequest};
-pub use dataset::{Dataset, Representation};
+pub use dataset::{CudaArrayView, Dataset, Representation};
 pub use load::{discover, inspect, load, Inspection, LoadParams, SourceArg, GIT_REVISION};
 
 pub use qem_core::{
-    DType, DenseArray, DtypeRequest, Error, ErrorKind, MaskPolicy, Metadata, NoProgress, Progress,
-    Provenance, Region, Result, ScanShapeOrigin, Shape2, StageTiming,
+    DType, DenseArray, DtypeRequest, Error, ErrorKind, MaskPolicy, MemoryReport, Metadata,
+    NoProgress, Progress, Provenance, Region, Result, ScanShapeOrigin, Shape2, StageTiming,
 };

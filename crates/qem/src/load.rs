@@ -1,6 +1,6 @@
 //! Loading sources into a [`Dataset`], and reporting on them.
 
-use crate::backend::{cpu_description, resolve_backend, Backend, BackendRequest};
+use crate::backend::{cpu_description, cuda_description, resolve_backend, Backend, BackendRequest};
 use crate::dataset::{Dataset, Representation, Storage};
 use qem_core::{
     DType, DenseArray, DtypeRequest, Error, FileIdentity, MaskPolicy, Metadata, NoProgress,
@@ -160,6 +160,7 @@ fn plan_load(
     detector: Shape2,
     bad: Option<&[bool]>,
     params: &LoadParams,
+    backend: Backend,
 ) -> Result<Planned> {
     let scan_region = params.scan_region.unwrap_or(scan.full());
     scan_region.validate(scan, "scan_region")?;
@@ -182,7 +183,10 @@ fn plan_load(
         bad,
     )?;
     let bytes = (scan_region.shape().len() * plan.output_len() * result_dtype.size()) as u64;
-    admit(bytes, params.memory_budget)?;
+    // The CUDA engine admits every device buffer itself (against the GPU's free memory).
+    if backend == Backend::Cpu {
+        admit(bytes, params.memory_budget)?;
+    }
     Ok(Planned {
         plan,
         scan_region,
@@ -235,6 +239,26 @@ fn provenance(
         package_version: PACKAGE_VERSION.to_string(),
         git_revision: GIT_REVISION.to_string(),
         timings,
+        memory: None,
+    }
+}
+
+fn gpu_params<'a>(
+    planned: &Planned,
+    params: &LoadParams,
+    bad: Option<&'a [bool]>,
+    progress: &'a dyn Progress,
+) -> qem_cuda::GpuLoadParams<'a> {
+    qem_cuda::GpuLoadParams {
+        scan_region: planned.scan_region,
+        detector_region: params.detector_region,
+        det_bin: params.det_bin,
+        result_dtype: planned.result_dtype,
+        saturate: params.dtype == DtypeRequest::U8Saturating,
+        bad_mask: bad,
+        memory_budget: params.memory_budget,
+        options: qem_cuda::PipelineOptions::default(),
+        progress: Some(progress),
     }
 }
 
@@ -279,18 +303,32 @@ fn load_path(
         src.detector_shape,
         bad.as_deref(),
         params,
-    )?;
-    let loaded = qem_cpu::load_dense(
-        &src,
-        planned.scan_region,
-        &planned.plan,
-        LoadHooks { progress },
+        backend,
     )?;
     let mut timings = vec![StageTiming {
         stage: "open+plan (index, metadata)".into(),
         seconds: t_open,
     }];
-    timings.extend(loaded.timings);
+    let (storage, saturated, memory) = match backend {
+        Backend::Cpu => {
+            let loaded = qem_cpu::load_dense(
+                &src,
+                planned.scan_region,
+                &planned.plan,
+                LoadHooks { progress },
+            )?;
+            timings.extend(loaded.timings);
+            (Storage::CpuDense(loaded.data), loaded.saturated, None)
+        }
+        Backend::Cuda => {
+            let g = qem_cuda::load_source(
+                &src,
+                &gpu_params(&planned, params, bad.as_deref(), progress),
+            )?;
+            timings.extend(g.timings);
+            (Storage::CudaDense(g.array), g.saturated, Some(g.memory))
+        }
+    };
     timings.push(StageTiming {
         stage: "total (wall)".into(),
         seconds: t_total.elapsed().as_secs_f64(),
@@ -299,7 +337,7 @@ fn load_path(
         qem_io::SourceKind::DectrisMaster => "dectris_master",
         qem_io::SourceKind::Hdf5Dataset => "hdf5_dataset",
     };
-    let prov = provenance(
+    let mut prov = provenance(
         source_kind,
         src.files.clone(),
         Some(src.dataset_path.clone()),
@@ -310,20 +348,30 @@ fn load_path(
         &planned,
         params,
         bad_count,
-        loaded.saturated,
+        saturated,
         backend,
         timings,
     );
+    let device = device_of(backend);
+    prov.device = device.clone();
+    prov.memory = memory;
     Ok(Dataset {
         scan_shape: planned.scan_region.shape(),
         detector_shape: planned.plan.output_shape(),
         dtype: planned.result_dtype,
         backend,
-        device: cpu_description(),
+        device,
         metadata: src.metadata.clone(),
         provenance: prov,
-        storage: Storage::CpuDense(loaded.data),
+        storage,
     })
+}
+
+fn device_of(backend: Backend) -> String {
+    match backend {
+        Backend::Cpu => cpu_description(),
+        Backend::Cuda => cuda_description(),
+    }
 }
 
 fn isqrt_exact(n: usize) -> Option<usize> {
@@ -383,15 +431,38 @@ fn load_in_memory(
         );
     }
     let source_dtype = data.dtype();
-    let planned = plan_load(source_dtype, scan, detector, None, params)?;
-    let loaded = qem_cpu::load_array(
-        &data,
-        scan,
-        planned.scan_region,
-        &planned.plan,
-        LoadHooks { progress },
-    )?;
-    let mut timings = loaded.timings;
+    let planned = plan_load(source_dtype, scan, detector, None, params, backend)?;
+    let (storage, saturated, memory, mut timings) = match backend {
+        Backend::Cpu => {
+            let loaded = qem_cpu::load_array(
+                &data,
+                scan,
+                planned.scan_region,
+                &planned.plan,
+                LoadHooks { progress },
+            )?;
+            (
+                Storage::CpuDense(loaded.data),
+                loaded.saturated,
+                None,
+                loaded.timings,
+            )
+        }
+        Backend::Cuda => {
+            let g = qem_cuda::load_array(
+                &data,
+                scan,
+                detector,
+                &gpu_params(&planned, params, None, progress),
+            )?;
+            (
+                Storage::CudaDense(g.array),
+                g.saturated,
+                Some(g.memory),
+                g.timings,
+            )
+        }
+    };
     timings.push(StageTiming {
         stage: "total (wall)".into(),
         seconds: t_total.elapsed().as_secs_f64(),
@@ -404,7 +475,7 @@ fn load_in_memory(
         scan_shape_origin: Some(origin),
         ..Metadata::default()
     };
-    let prov = provenance(
+    let mut prov = provenance(
         "array",
         Vec::new(),
         None,
@@ -415,19 +486,22 @@ fn load_in_memory(
         &planned,
         params,
         0,
-        loaded.saturated,
+        saturated,
         backend,
         timings,
     );
+    let device = device_of(backend);
+    prov.device = device.clone();
+    prov.memory = memory;
     Ok(Dataset {
         scan_shape: planned.scan_region.shape(),
         detector_shape: planned.plan.output_shape(),
         dtype: planned.result_dtype,
         backend,
-        device: cpu_description(),
+        device,
         metadata,
         provenance: prov,
-        storage: Storage::CpuDense(loaded.data),
+        storage,
     })
 }
 

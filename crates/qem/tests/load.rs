@@ -137,11 +137,12 @@ fn full_load_matches_source_with_mask_rectangular_uneven_shards() {
     assert_eq!(ds.shape(), [5, 7, 13, 11]);
     assert_eq!(ds.dtype(), DType::U16);
     let want = reference(&w, w.scan.full(), w.det.full(), 1);
-    assert_eq!(as_u64(ds.dense().expect("dense")), want);
+    assert_eq!(as_u64(&ds.to_host().expect("host")), want);
     let p = ds.provenance();
     assert_eq!(p.mask_policy.bad_pixels, 2, "only low-16-bit flags are bad");
     assert!(p.mask_policy.applied);
-    assert_eq!(p.backend, "cpu");
+    assert_eq!(p.backend, ds.backend().name());
+    assert_eq!(p.memory.is_some(), ds.backend() == qem::Backend::Cuda);
     assert_eq!(p.files.len(), 1 + 5); // master + ceil(35 / 8) shards
                                       // A single frame equals the slice of the reference.
     let f = ds.frame(4, 6).expect("frame");
@@ -168,7 +169,7 @@ fn apply_mask_false_keeps_raw_values() {
     };
     let ds = load(SourceArg::Path(w.master.clone()), &params).expect("load");
     let want: Vec<u64> = w.data.iter().map(|&v| v as u64).collect();
-    assert_eq!(as_u64(ds.dense().expect("dense")), want);
+    assert_eq!(as_u64(&ds.to_host().expect("host")), want);
     assert!(!ds.provenance().mask_policy.applied);
 }
 
@@ -208,7 +209,7 @@ fn regions_and_binning_match_naive_reference() {
         // u16 data binned can exceed u16: native widens to u32 when bin > 1.
         assert_eq!(ds.dtype(), if bin > 1 { DType::U32 } else { DType::U16 });
         assert_eq!(
-            as_u64(ds.dense().expect("dense")),
+            as_u64(&ds.to_host().expect("host")),
             reference(&w, sr, dr, bin),
             "{sr} {dr} {bin}"
         );
@@ -236,14 +237,14 @@ fn u32_source_dtype_policy() {
     .expect("load");
     assert_eq!(ds.dtype(), DType::U32);
     let want = reference(&small, small.scan.full(), small.det.full(), 1);
-    assert_eq!(as_u64(ds.dense().expect("dense")), want);
+    assert_eq!(as_u64(&ds.to_host().expect("host")), want);
     let params = LoadParams {
         dtype: DtypeRequest::U16,
         ..LoadParams::default()
     };
     let ds16 = load(SourceArg::Path(small.master.clone()), &params).expect("narrow");
     assert_eq!(ds16.dtype(), DType::U16);
-    assert_eq!(as_u64(ds16.dense().expect("dense")), want);
+    assert_eq!(as_u64(&ds16.to_host().expect("host")), want);
 
     let dir2 = tempfile::tempdir().expect("tempdir");
     let big = write(
@@ -267,7 +268,7 @@ fn u32_source_dtype_policy() {
     let clipped = want.iter().filter(|&&v| v > 255).count() as u64;
     assert!(clipped > 0);
     assert_eq!(ds8.provenance().saturated_values, clipped);
-    let got = as_u64(ds8.dense().expect("dense"));
+    let got = as_u64(&ds8.to_host().expect("host"));
     assert_eq!(got, want.iter().map(|&v| v.min(255)).collect::<Vec<_>>());
 }
 
@@ -381,7 +382,7 @@ fn array_sources() {
     )
     .expect("4-D array");
     assert_eq!(ds.shape(), [2, 3, 5, 4]);
-    assert_eq!(ds.dense().expect("dense"), &DenseArray::U16(data.clone()));
+    assert_eq!(&ds.to_host().expect("host"), &DenseArray::U16(data.clone()));
     let err = load(
         SourceArg::Array {
             data: DenseArray::U16(data.clone()),
@@ -408,6 +409,84 @@ fn array_sources() {
     // Frame 0, output pixel (2, 1) = source rows 4..5, cols 2..4 (a partial edge block).
     let f0: Vec<u64> = data[..20].iter().map(|&v| v as u64).collect();
     let want = f0[4 * 4 + 2] + f0[4 * 4 + 3];
-    assert_eq!(ds.dense().expect("dense").get(2 * 2 + 1), Some(want));
+    assert_eq!(ds.to_host().expect("host").get(2 * 2 + 1), Some(want));
     let _ = det;
+}
+
+/// Without a GPU: an explicit CUDA request is `BackendUnavailable` (never a CPU run), `auto`
+/// runs on the CPU. With a GPU: CUDA loads equal CPU loads, element for element.
+#[test]
+fn cuda_requests_and_host_copies() {
+    use qem::{resolve_backend, Backend, BackendRequest};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let w = write(
+        dir.path(),
+        Shape2::new(3, 4),
+        Shape2::new(9, 7),
+        DType::U16,
+        false,
+    );
+    let cpu = load(
+        SourceArg::Path(w.master.clone()),
+        &LoadParams {
+            backend: BackendRequest::Cpu,
+            ..LoadParams::default()
+        },
+    )
+    .expect("cpu load");
+    assert_eq!(cpu.backend(), Backend::Cpu);
+    assert!(cpu.cuda_array().is_none());
+    assert_eq!(&cpu.to_host().expect("host"), cpu.dense().expect("dense"));
+    assert!(cpu.provenance().memory.is_none());
+    let cuda_params = |region: Option<Region>, bin: usize| LoadParams {
+        backend: BackendRequest::Cuda,
+        scan_region: region,
+        det_bin: bin,
+        ..LoadParams::default()
+    };
+    match resolve_backend(BackendRequest::Cuda) {
+        Err(e) => {
+            assert_eq!(e.kind, ErrorKind::BackendUnavailable);
+            assert_eq!(
+                resolve_backend(BackendRequest::Auto).ok(),
+                Some(Backend::Cpu)
+            );
+            let err = load(SourceArg::Path(w.master.clone()), &cuda_params(None, 1))
+                .expect_err("no GPU here");
+            assert_eq!(err.kind, ErrorKind::BackendUnavailable);
+        }
+        Ok(_) => {
+            for (region, bin) in [
+                (None, 1),
+                (Some(Region::new(1, 3, 1, 4)), 1),
+                (Some(Region::new(0, 2, 1, 3)), 2),
+            ] {
+                let gpu = load(SourceArg::Path(w.master.clone()), &cuda_params(region, bin))
+                    .expect("cuda load");
+                let host = load(
+                    SourceArg::Path(w.master.clone()),
+                    &LoadParams {
+                        backend: BackendRequest::Cpu,
+                        ..cuda_params(region, bin)
+                    },
+                )
+                .expect("cpu load");
+                assert_eq!(gpu.backend(), Backend::Cuda);
+                assert!(gpu.dense().is_err());
+                let view = gpu.cuda_array().expect("device array");
+                assert_eq!(view.shape, host.shape());
+                assert_eq!(view.dtype, host.dtype());
+                assert_eq!(
+                    &gpu.to_host().expect("download"),
+                    host.dense().expect("dense")
+                );
+                assert_eq!(
+                    gpu.frame(1, 1).expect("frame"),
+                    host.frame(1, 1).expect("frame")
+                );
+                let m = gpu.provenance().memory.expect("memory report");
+                assert!(m.process_peak_device_bytes >= gpu.nbytes_resident());
+            }
+        }
+    }
 }

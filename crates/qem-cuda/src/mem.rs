@@ -1,0 +1,235 @@
+//! Raw device and pinned host buffers with explicit ownership, for the load pipeline.
+//!
+//! The pipeline orders its work with its own streams and events, so these buffers bypass
+//! cudarc's per-slice event tracking: they are plain `cuMemAlloc`/`cuMemHostAlloc` allocations
+//! freed on drop (after the owner has synchronized). Every allocation is counted in a
+//! [`MemCounter`] so the process-allocated peak can be reported.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use qem_core::{Error, Result};
+
+use crate::device::driver_error;
+
+/// Current and peak bytes of device memory one operation has allocated.
+#[derive(Debug, Default)]
+pub struct MemCounter {
+    current: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl MemCounter {
+    fn add(&self, n: u64) {
+        let now = self.current.fetch_add(n, Ordering::Relaxed) + n;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+    fn sub(&self, n: u64) {
+        self.current.fetch_sub(n, Ordering::Relaxed);
+    }
+    /// Bytes allocated now.
+    pub fn current(&self) -> u64 {
+        self.current.load(Ordering::Relaxed)
+    }
+    /// Largest number of bytes allocated at once.
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+/// One device allocation (freed on drop).
+#[derive(Debug)]
+pub struct DevBuf {
+    ctx: Arc<CudaContext>,
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+    counter: Option<Arc<MemCounter>>,
+}
+
+impl DevBuf {
+    /// Allocate `bytes` (at least 256) of device memory in `ctx`, counted in `counter`.
+    pub fn alloc(
+        ctx: &Arc<CudaContext>,
+        bytes: usize,
+        counter: Option<&Arc<MemCounter>>,
+        what: &str,
+    ) -> Result<DevBuf> {
+        let bytes = bytes.max(256);
+        ctx.bind_to_thread()
+            .map_err(|e| driver_error("bind CUDA context", e))?;
+        // SAFETY: the context is current on this thread; the result is an owned allocation of
+        // `bytes` bytes released exactly once in `Drop`.
+        let ptr = unsafe { result::malloc_sync(bytes) }
+            .map_err(|e| driver_error(&format!("allocate {what} ({bytes} bytes)"), e))?;
+        if let Some(c) = counter {
+            c.add(bytes as u64);
+        }
+        Ok(DevBuf {
+            ctx: ctx.clone(),
+            ptr,
+            bytes,
+            counter: counter.cloned(),
+        })
+    }
+
+    /// Device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Copy `dst.len()` bytes starting at byte `offset` to the host (synchronous).
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        if offset
+            .checked_add(dst.len())
+            .is_none_or(|end| end > self.bytes)
+        {
+            return Err(Error::internal(
+                "download",
+                "read past the end of a device buffer",
+            ));
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_error("bind CUDA context", e))?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the source range lies inside this allocation (checked above) and `dst` is a
+        // valid host slice of the same length; the copy is synchronous.
+        unsafe { result::memcpy_dtoh_sync(dst, self.ptr + offset as u64) }
+            .map_err(|e| driver_error("download from the GPU", e))
+    }
+
+    /// Copy `src` to byte `offset` (synchronous).
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        if offset
+            .checked_add(src.len())
+            .is_none_or(|end| end > self.bytes)
+        {
+            return Err(Error::internal(
+                "upload",
+                "write past the end of a device buffer",
+            ));
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_error("bind CUDA context", e))?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the destination range lies inside this allocation (checked above).
+        unsafe { result::memcpy_htod_sync(self.ptr + offset as u64, src) }
+            .map_err(|e| driver_error("upload to the GPU", e))
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: `ptr` is our allocation, freed once; owners synchronize their streams before
+        // dropping buffers that queued work may still use.
+        let _ = unsafe { result::free_sync(self.ptr) };
+        if let Some(c) = &self.counter {
+            c.sub(self.bytes as u64);
+        }
+    }
+}
+
+/// One page-locked host buffer (normal cached memory, not write-combined: the reader threads
+/// write it and the host may read it back).
+#[derive(Debug)]
+pub struct PinnedBuf {
+    ctx: Arc<CudaContext>,
+    ptr: *mut u8,
+    bytes: usize,
+}
+
+// SAFETY: the buffer is plain host memory owned by this value; access goes through `&mut self`
+// (or disjoint sub-slices handed out from it), so moving it between threads is sound.
+unsafe impl Send for PinnedBuf {}
+// SAFETY: shared references only hand out `&[u8]` views.
+unsafe impl Sync for PinnedBuf {}
+
+impl PinnedBuf {
+    /// Allocate `bytes` (at least 256) of pinned host memory with flags 0.
+    pub fn alloc(ctx: &Arc<CudaContext>, bytes: usize, what: &str) -> Result<PinnedBuf> {
+        let bytes = bytes.max(256);
+        ctx.bind_to_thread()
+            .map_err(|e| driver_error("bind CUDA context", e))?;
+        // SAFETY: flags 0 = portable-less, cached page-locked memory; freed once in Drop.
+        let ptr = unsafe { result::malloc_host(bytes, 0) }
+            .map_err(|e| driver_error(&format!("allocate pinned {what} ({bytes} bytes)"), e))?;
+        if ptr.is_null() {
+            return Err(Error::internal("allocate pinned memory", "null pointer"));
+        }
+        Ok(PinnedBuf {
+            ctx: ctx.clone(),
+            ptr: ptr as *mut u8,
+            bytes,
+        })
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The whole buffer, mutable. The caller must have waited for every queued copy that reads
+    /// it (the pipeline waits on the slot's H2D event first).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is a live allocation of `bytes` bytes owned by `self`, and `&mut self`
+        // guarantees no other host reference exists.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) }
+    }
+
+    /// The whole buffer.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: as above, shared.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
+    }
+
+    /// Queue a copy of the first `bytes` bytes to device address `dst` on `stream`.
+    ///
+    /// The buffer must stay untouched until an event recorded after this call has completed.
+    pub fn copy_to_device_async(
+        &self,
+        dst: &DevBuf,
+        dst_offset: usize,
+        bytes: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        if bytes > self.bytes || dst_offset.checked_add(bytes).is_none_or(|e| e > dst.bytes) {
+            return Err(Error::internal("H2D copy", "copy out of bounds"));
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: both ranges are inside their allocations (checked above); the source is
+        // page-locked so the copy is truly asynchronous, and the pipeline does not write the
+        // slot again before the event recorded after this copy has completed.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                dst.ptr + dst_offset as u64,
+                self.ptr as *const std::ffi::c_void,
+                bytes,
+                stream.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(|e| driver_error("H2D copy", e))
+    }
+}
+
+impl Drop for PinnedBuf {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: our allocation, freed once; owners synchronize before dropping.
+        let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
+    }
+}

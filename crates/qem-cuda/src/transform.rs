@@ -1,0 +1,335 @@
+//! Frame transforms of the load pipeline: the wrapper of `kernels/region_bin.cu` (the only
+//! place that knows its kernel names and launch shapes).
+//!
+//! [`RegionPlan`] is the host-side geometry, shared by the planner, the kernel arguments and
+//! the tests: mask first, then the half-open detector region (source pixels), then
+//! count-preserving binning with partial edge blocks kept (`ceil`), then the result dtype — the
+//! CPU engine's `FramePlan` order.
+
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use qem_core::{bin_extent, DType, Error, Region, Result, Shape2};
+
+use crate::device::{driver_error, Gpu};
+use crate::nvrtc::{load_module, ModuleInfo};
+
+/// The kernel source, embedded.
+pub const KERNEL_SOURCE: &str = include_str!("kernels/region_bin.cu");
+const KERNEL_FILE: &str = "region_bin.cu";
+const THREADS: u32 = 256;
+/// Words of the overflow record.
+pub const ERR_WORDS: usize = 8;
+
+fn dtype_tag(d: DType) -> &'static str {
+    match d {
+        DType::U8 => "u8",
+        DType::U16 => "u16",
+        DType::U32 => "u32",
+    }
+}
+
+/// Geometry of one frame through the load: source detector, region, bin, output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionPlan {
+    /// Source detector shape.
+    pub source: Shape2,
+    /// Half-open detector region in source pixels.
+    pub region: Region,
+    /// Bin factor (>= 1).
+    pub bin: usize,
+    /// Result frame shape: `ceil(region / bin)` per axis.
+    pub output: Shape2,
+}
+
+impl RegionPlan {
+    /// Validate and plan (same rules and messages as the CPU engine).
+    pub fn new(source: Shape2, detector_region: Option<Region>, bin: usize) -> Result<RegionPlan> {
+        let region = detector_region.unwrap_or(source.full());
+        region.validate(source, "detector_region")?;
+        if bin == 0 {
+            return Err(Error::invalid("load", "det_bin must be at least 1")
+                .with_expected(">= 1")
+                .with_found("0"));
+        }
+        let rs = region.shape();
+        if bin > rs.rows.max(rs.cols) {
+            return Err(Error::invalid(
+                "load",
+                format!("det_bin {bin} is larger than the detector extent {rs}"),
+            )
+            .with_expected(format!("<= {}", rs.rows.max(rs.cols)))
+            .with_found(bin.to_string()));
+        }
+        if source.len() > u32::MAX as usize {
+            return Err(Error::invalid(
+                "load",
+                "detector too large for the GPU kernels",
+            ));
+        }
+        Ok(RegionPlan {
+            source,
+            region,
+            bin,
+            output: Shape2::new(bin_extent(rs.rows, bin), bin_extent(rs.cols, bin)),
+        })
+    }
+
+    /// True when frames pass through unchanged (whole detector, no binning, same dtype).
+    pub fn is_identity(&self, source: DType, result: DType) -> bool {
+        self.bin == 1 && self.region.is_full(self.source) && source == result
+    }
+
+    /// Source pixels `[(row_start, row_stop), (col_start, col_stop)]` summed into result pixel
+    /// `(orow, ocol)` (the kernel's arithmetic).
+    pub fn source_block(&self, orow: usize, ocol: usize) -> ((usize, usize), (usize, usize)) {
+        let rs = self.region.row_start + orow * self.bin;
+        let cs = self.region.col_start + ocol * self.bin;
+        (
+            (rs, (rs + self.bin).min(self.region.row_stop)),
+            (cs, (cs + self.bin).min(self.region.col_stop)),
+        )
+    }
+}
+
+/// The transform kernels loaded into one context.
+#[derive(Debug, Clone)]
+pub struct TransformKernels {
+    region_bin: Vec<((DType, DType), CudaFunction)>,
+    zero: Vec<(DType, CudaFunction)>,
+    /// How the module was obtained.
+    pub module: ModuleInfo,
+    sms: u32,
+}
+
+const DTYPES: [DType; 3] = [DType::U8, DType::U16, DType::U32];
+
+impl TransformKernels {
+    /// Compile (or fetch from the cache) and load the transform kernels.
+    pub fn load(gpu: &Gpu) -> Result<TransformKernels> {
+        let m = load_module(gpu, KERNEL_FILE, KERNEL_SOURCE, &[])?;
+        let mut region_bin = Vec::new();
+        let mut zero = Vec::new();
+        for s in DTYPES {
+            for t in DTYPES {
+                let name = format!("qem_region_bin_{}_{}", dtype_tag(s), dtype_tag(t));
+                let f = m
+                    .module
+                    .load_function(&name)
+                    .map_err(|e| driver_error(&format!("load kernel {name}"), e))?;
+                region_bin.push(((s, t), f));
+            }
+            let name = format!("qem_zero_pixels_{}", dtype_tag(s));
+            let f = m
+                .module
+                .load_function(&name)
+                .map_err(|e| driver_error(&format!("load kernel {name}"), e))?;
+            zero.push((s, f));
+        }
+        Ok(TransformKernels {
+            region_bin,
+            zero,
+            module: m.info,
+            sms: gpu.info().multiprocessors.max(1) as u32,
+        })
+    }
+
+    fn grid(&self, total: u64) -> u32 {
+        total
+            .div_ceil(THREADS as u64)
+            .clamp(1, self.sms as u64 * 32) as u32
+    }
+}
+
+/// Arguments of one region/bin launch (device addresses are raw `u64`).
+#[derive(Debug, Clone, Copy)]
+pub struct RegionBinArgs {
+    /// Decoded source frames, frame-contiguous, `source.len()` elements each.
+    pub src: u64,
+    /// Source dtype.
+    pub src_dtype: DType,
+    /// Number of source frames at `src`.
+    pub n_frames: u32,
+    /// Per source frame: result frame index, or `u32::MAX` to skip (`n_frames` words).
+    pub dst_frame: u64,
+    /// Result array base.
+    pub dst: u64,
+    /// Result dtype.
+    pub dst_dtype: DType,
+    /// Source-sized `u8` bad-pixel lookup (1 = bad), or 0 for none.
+    pub bad: u64,
+    /// Clip to the result dtype instead of recording an overflow.
+    pub saturate: bool,
+    /// Overflow record ([`ERR_WORDS`] words).
+    pub err: u64,
+    /// Saturated-value counter (one u64).
+    pub saturated: u64,
+}
+
+/// Queue one region/bin launch on `stream`.
+///
+/// # Safety
+/// Every address must be a live device allocation of the size described in [`RegionBinArgs`]
+/// (the result must hold every result frame index named in `dst_frame` × `plan.output.len()`
+/// elements), and must stay allocated until the stream has passed this launch.
+pub unsafe fn launch_region_bin(
+    k: &TransformKernels,
+    stream: &cudarc::driver::CudaStream,
+    plan: &RegionPlan,
+    a: &RegionBinArgs,
+) -> Result<()> {
+    let total = plan.output.len() as u64 * a.n_frames as u64;
+    if total == 0 {
+        return Ok(());
+    }
+    let f = k
+        .region_bin
+        .iter()
+        .find(|(d, _)| *d == (a.src_dtype, a.dst_dtype))
+        .map(|(_, f)| f)
+        .ok_or_else(|| Error::internal("region/bin", "no kernel for this dtype pair"))?;
+    let cfg = LaunchConfig {
+        grid_dim: (k.grid(total), 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let src_frame_elems = plan.source.len() as u64;
+    let src_cols = plan.source.cols as u32;
+    let (r0, r1) = (plan.region.row_start as u32, plan.region.row_stop as u32);
+    let (c0, c1) = (plan.region.col_start as u32, plan.region.col_stop as u32);
+    let bin = plan.bin as u32;
+    let (orows, ocols) = (plan.output.rows as u32, plan.output.cols as u32);
+    let has_bad = u32::from(a.bad != 0);
+    let t_max = a.dst_dtype.max_value();
+    let saturate = u32::from(a.saturate);
+    let mut b = stream.launch_builder(f);
+    b.arg(&a.src)
+        .arg(&src_frame_elems)
+        .arg(&src_cols)
+        .arg(&r0)
+        .arg(&r1)
+        .arg(&c0)
+        .arg(&c1)
+        .arg(&bin)
+        .arg(&orows)
+        .arg(&ocols)
+        .arg(&a.bad)
+        .arg(&has_bad)
+        .arg(&a.dst_frame)
+        .arg(&a.n_frames)
+        .arg(&a.dst)
+        .arg(&t_max)
+        .arg(&saturate)
+        .arg(&a.err)
+        .arg(&a.saturated);
+    // SAFETY: the argument list matches `qem_region_bin_<S>_<T>` in region_bin.cu (pointers as
+    // 64-bit addresses, u64, 9 × u32, ptr, u32, ptr, u32, ptr, u64, u32, ptr, ptr); the
+    // caller guarantees the buffers (see the function's contract); the region lies inside the
+    // source frame (validated by `RegionPlan::new`).
+    unsafe { b.launch(cfg) }.map_err(|e| driver_error("launch region/bin", e))?;
+    Ok(())
+}
+
+/// Queue a launch that zeroes pixels `idx` (`n_idx` u32 frame offsets) of `n_frames` result
+/// frames of `frame_elems` elements at `dst`.
+///
+/// # Safety
+/// `dst` must hold `n_frames × frame_elems` elements of `dtype`, `idx` `n_idx` words each
+/// `< frame_elems`, both alive until the stream has passed this launch.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch_zero_pixels(
+    k: &TransformKernels,
+    stream: &cudarc::driver::CudaStream,
+    dtype: DType,
+    dst: u64,
+    n_frames: u64,
+    frame_elems: u64,
+    idx: u64,
+    n_idx: u32,
+) -> Result<()> {
+    let total = n_frames * n_idx as u64;
+    if total == 0 {
+        return Ok(());
+    }
+    let f = k
+        .zero
+        .iter()
+        .find(|(d, _)| *d == dtype)
+        .map(|(_, f)| f)
+        .ok_or_else(|| Error::internal("mask", "no kernel for this dtype"))?;
+    let cfg = LaunchConfig {
+        grid_dim: (k.grid(total), 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = stream.launch_builder(f);
+    b.arg(&dst)
+        .arg(&n_frames)
+        .arg(&frame_elems)
+        .arg(&idx)
+        .arg(&n_idx);
+    // SAFETY: matches `qem_zero_pixels_<T>(T*, u64, u64, const u32*, u32)`; buffers per the
+    // function's contract.
+    unsafe { b.launch(cfg) }.map_err(|e| driver_error("launch mask", e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn region_plan_matches_the_cpu_frame_plan() {
+        let det = Shape2::new(7, 5);
+        for &(region, bin) in &[
+            (Region::new(0, 7, 0, 5), 1),
+            (Region::new(0, 7, 0, 5), 2),
+            (Region::new(1, 6, 1, 5), 3),
+            (Region::new(2, 3, 0, 5), 4),
+        ] {
+            let g = RegionPlan::new(det, Some(region), bin).unwrap();
+            let c =
+                qem_cpu::FramePlan::new(det, Some(region), bin, DType::U32, false, None).unwrap();
+            assert_eq!(g.output, c.output_shape());
+            // Every source pixel of the region is summed into exactly one result pixel.
+            let mut hits = vec![0u32; det.len()];
+            for orow in 0..g.output.rows {
+                for ocol in 0..g.output.cols {
+                    let ((r0, r1), (c0, c1)) = g.source_block(orow, ocol);
+                    for r in r0..r1 {
+                        for c in c0..c1 {
+                            hits[r * det.cols + c] += 1;
+                        }
+                    }
+                }
+            }
+            for r in 0..det.rows {
+                for c in 0..det.cols {
+                    let inside = r >= region.row_start
+                        && r < region.row_stop
+                        && c >= region.col_start
+                        && c < region.col_stop;
+                    assert_eq!(hits[r * det.cols + c], u32::from(inside));
+                }
+            }
+        }
+        assert!(RegionPlan::new(det, None, 0).is_err());
+        assert!(RegionPlan::new(det, None, 8).is_err());
+        assert!(RegionPlan::new(det, Some(Region::new(0, 8, 0, 5)), 1).is_err());
+        let id = RegionPlan::new(det, None, 1).unwrap();
+        assert!(id.is_identity(DType::U16, DType::U16));
+        assert!(!id.is_identity(DType::U16, DType::U32));
+    }
+
+    #[test]
+    fn kernel_source_has_every_name() {
+        for s in DTYPES {
+            for t in DTYPES {
+                let name = format!("qem_region_bin_{}_{}", dtype_tag(s), dtype_tag(t));
+                assert!(KERNEL_SOURCE.contains(&format!("QEM_REGION_BIN({name},")));
+            }
+            assert!(KERNEL_SOURCE.contains(&format!(
+                "QEM_ZERO_PIXELS(qem_zero_pixels_{},",
+                dtype_tag(s)
+            )));
+        }
+    }
+}
