@@ -1053,6 +1053,50 @@ mod tests {
     }
 
     #[test]
+    fn block_table_places_chunks_at_explicit_offsets() {
+        let a = encode_chunk(&arange_u16(44), 2, 16).unwrap();
+        let b = encode_chunk(&arange_u16(20), 2, 0).unwrap();
+        let mut batch = Bslz4Batch::new(2).unwrap();
+        batch.push_chunk(&a, 0, 7, 88).unwrap();
+        batch.push_chunk(&b, 0, 8, 40).unwrap();
+        // Same chunks, input at 1000/2000, output at frame slots 5 and 2 of 88-byte frames,
+        // global chunk indices 30 and 31.
+        let mut t = BlockTable::default();
+        t.push_chunk(&a, 2, 0, 7, 30, 1000, 5 * 88, 88).unwrap();
+        t.push_chunk(&b, 2, 0, 8, 31, 2000, 2 * 88, 40).unwrap();
+        assert_eq!(t.n_blocks(), batch.n_blocks());
+        assert_eq!(t.n_copies(), batch.n_copies());
+        assert_eq!(t.max_block_bytes, batch.max_block_bytes());
+        for i in 0..t.n_blocks() {
+            let want = batch.block(i).unwrap();
+            let d = &t.blocks[i * 8..i * 8 + 8];
+            let (in_base, out_base, ci) = if want.4 == 0 {
+                (1000, 5 * 88, 30)
+            } else {
+                (2000 - a.len() as u64, 2 * 88 - 88, 31)
+            };
+            assert_eq!(d[0] as u64 | (d[1] as u64) << 32, want.0 + in_base);
+            assert_eq!(d[2], want.1);
+            assert_eq!(d[3], want.3);
+            assert_eq!(d[4] as u64 | (d[5] as u64) << 32, want.2 + out_base);
+            assert_eq!((d[6], d[7]), (ci, want.5));
+        }
+        // Framing errors name the frame and leave the table unchanged.
+        let before = (t.n_blocks(), t.n_copies());
+        let e = t
+            .push_chunk(&a[..a.len() - 1], 2, 0, 41, 32, 0, 0, 88)
+            .unwrap_err();
+        assert_eq!(e.frame, Some(41));
+        assert_eq!((t.n_blocks(), t.n_copies()), before);
+        // Raw chunks: one copy with the explicit offsets.
+        let raw = arange_u16(10);
+        let mut r = BlockTable::default();
+        r.push_chunk(&raw, 2, 1, 3, 9, 64, 640, 20).unwrap();
+        assert_eq!(r.copies, vec![64, 0, 640, 0, 20, 9, 0, 0]);
+        assert!(r.push_chunk(&raw, 2, 1, 4, 9, 64, 640, 22).is_err());
+    }
+
+    #[test]
     fn raw_chunks_become_one_copy() {
         let raw = arange_u16(10);
         let mut batch = Bslz4Batch::new(2).unwrap();

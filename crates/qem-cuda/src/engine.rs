@@ -2,12 +2,13 @@
 //! first use and kept for the life of the process, so a second load pays no context creation
 //! and no NVRTC compile.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use qem_core::Result;
 
 use crate::bslz4::Bslz4Kernels;
 use crate::device::{DeviceInfo, Gpu};
+use crate::mem::PinnedBuf;
 use crate::transform::TransformKernels;
 
 /// Device 0 with every kernel the load pipeline launches.
@@ -19,6 +20,50 @@ pub struct Engine {
     pub decode: Bslz4Kernels,
     /// Region/bin and mask kernels.
     pub transform: TransformKernels,
+    /// Pinned host buffers kept between loads (page-locking hundreds of MB costs tens of
+    /// milliseconds, so a second load reuses the first one's slots).
+    pinned: Mutex<Vec<PinnedBuf>>,
+}
+
+/// Most pinned buffers kept for reuse.
+const PINNED_KEEP: usize = 16;
+
+impl Engine {
+    /// A pinned buffer of at least `bytes` bytes: a kept one when one is large enough, else a
+    /// new allocation.
+    pub fn take_pinned(&self, bytes: usize, what: &str) -> Result<PinnedBuf> {
+        if let Ok(mut pool) = self.pinned.lock() {
+            // The smallest kept buffer that is large enough.
+            let best = pool
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.bytes() >= bytes)
+                .min_by_key(|(_, b)| b.bytes())
+                .map(|(i, _)| i);
+            if let Some(i) = best {
+                return Ok(pool.swap_remove(i));
+            }
+        }
+        PinnedBuf::alloc(self.gpu.ctx(), bytes, what)
+    }
+
+    /// Keep `buf` for a later load (its queued copies must be over).
+    pub fn give_pinned(&self, buf: PinnedBuf) {
+        if let Ok(mut pool) = self.pinned.lock() {
+            pool.push(buf);
+            if pool.len() > PINNED_KEEP {
+                // Drop the smallest.
+                if let Some(i) = pool
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, b)| b.bytes())
+                    .map(|(i, _)| i)
+                {
+                    pool.swap_remove(i);
+                }
+            }
+        }
+    }
 }
 
 static ENGINE: OnceLock<Result<Engine>> = OnceLock::new();
@@ -35,6 +80,7 @@ pub fn engine() -> Result<&'static Engine> {
                 gpu,
                 decode,
                 transform,
+                pinned: Mutex::new(Vec::new()),
             })
         })
         .as_ref()

@@ -33,7 +33,7 @@ use rayon::prelude::*;
 use crate::bslz4::{fault_from_record, fault_to_error, BlockTable, LaunchShape, RawDecode};
 use crate::device::driver_error;
 use crate::engine::{engine, Engine};
-use crate::mem::{DevBuf, MemCounter, PinnedBuf};
+use crate::mem::{DevBuf, MemCounter};
 use crate::transform::{launch_region_bin, launch_zero_pixels, RegionBinArgs, RegionPlan};
 
 /// Tuning of the pipeline.
@@ -434,6 +434,16 @@ fn elapsed_s(a: &CudaEvent, b: &CudaEvent) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// Synchronizes its streams when dropped.
+struct Drain<'a>(&'a CudaStream, &'a CudaStream);
+
+impl Drop for Drain<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.synchronize();
+        let _ = self.1.synchronize();
+    }
+}
+
 struct BatchEvents {
     h2d_start: CudaEvent,
     h2d_end: CudaEvent,
@@ -573,12 +583,8 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
             "compressed batch",
         )?);
         d_tab.push(DevBuf::alloc(&ctx, table_cap_words * 4, c, "block table")?);
-        h_in.push(PinnedBuf::alloc(
-            &ctx,
-            plan.max_in_bytes as usize,
-            "batch slot",
-        )?);
-        h_tab.push(PinnedBuf::alloc(&ctx, table_cap_words * 4, "table slot")?);
+        h_in.push(e.take_pinned(plan.max_in_bytes as usize, "batch slot")?);
+        h_tab.push(e.take_pinned(table_cap_words * 4, "table slot")?);
     }
     let scratch = if direct {
         None
@@ -620,6 +626,9 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
     let compute = ctx
         .new_stream()
         .map_err(|err| driver_error("create compute stream", err))?;
+    // Declared after every buffer, so dropped before them: on an early error return, queued
+    // copies and kernels finish before their buffers are freed.
+    let _drain = Drain(&copy_stream, &compute);
     let files: Vec<File> = src
         .files
         .iter()
@@ -762,7 +771,7 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
                     .map_err(|err| driver_error("wait for a slot", err))?;
             }
             d_tab[s] = DevBuf::alloc(&ctx, words * 4, c, "block table")?;
-            h_tab[s] = PinnedBuf::alloc(&ctx, words * 4, "table slot")?;
+            h_tab[s] = e.take_pinned(words * 4, "table slot")?;
             tab_words_cap[s] = words;
         }
         if 2 * (n_blocks + n_copies) > status_words {
@@ -1017,8 +1026,11 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
         card_used_peak_bytes: card_total.saturating_sub(free_peak),
         card_total_bytes: card_total,
     };
-    // Release everything but the result (after the synchronize above).
-    drop((d_in, d_tab, h_in, h_tab, scratch, status, errs, bad_buf));
+    // Release everything but the result (after the synchronize above); keep the pinned slots.
+    drop((d_in, d_tab, scratch, status, errs, bad_buf));
+    for b in h_in.into_iter().chain(h_tab) {
+        e.give_pinned(b);
+    }
     let rs = params.scan_region.shape();
     Ok(GpuLoad {
         array: DeviceArray {
