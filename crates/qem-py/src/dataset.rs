@@ -3,8 +3,9 @@
 use crate::convert::{dense_to_numpy, to_py};
 use crate::errors::{to_pyerr, IntoPyResult};
 use numpy::PyArrayDescr;
-use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyAttributeError, PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use qem::{DType, Error, ErrorKind};
 
 /// Above this many bytes `to_numpy()` / `np.asarray()` refuse unless `force=True`.
@@ -156,8 +157,44 @@ impl PyDataset {
             ));
         }
         let inner = &self.inner;
-        let dense = py.detach(|| inner.dense().cloned()).py()?;
+        let dense = py.detach(|| crate::engine::to_host(inner)).py()?;
         dense_to_numpy(py, dense, &shape)
+    }
+
+    /// The CUDA Array Interface (version 3) of a dataset on the GPU (``backend == "cuda"``), so
+    /// that ``cupy.asarray(ds)`` (or Numba, PyTorch) views the device array without a copy.
+    ///
+    /// The data is complete and synchronized (``stream`` is ``None``); the view stays valid
+    /// while the dataset is open: do not ``close()`` it while arrays made from it are in use.
+    /// CPU datasets have no such attribute (``hasattr(ds, "__cuda_array_interface__")`` is
+    /// ``False``); use ``to_numpy()``.
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let backend = self.inner.backend().name();
+        if backend != "cuda" {
+            return Err(PyAttributeError::new_err(format!(
+                "__cuda_array_interface__: this dataset is on backend \"{backend}\", not on the GPU; use to_numpy()"
+            )));
+        }
+        let view = crate::engine::device_view(&self.inner).ok_or_else(|| {
+            PyAttributeError::new_err(
+                "__cuda_array_interface__: the dataset has been closed (its device memory is released)",
+            )
+        })?;
+        let typestr = match view.dtype {
+            DType::U8 => "|u1",
+            DType::U16 => "<u2",
+            DType::U32 => "<u4",
+        };
+        let [a, b, c, d] = view.shape;
+        let dict = PyDict::new(py);
+        dict.set_item("version", 3)?;
+        dict.set_item("shape", (a, b, c, d))?;
+        dict.set_item("typestr", typestr)?;
+        dict.set_item("data", (view.device_ptr, false))?;
+        dict.set_item("strides", py.None())?;
+        dict.set_item("stream", py.None())?;
+        Ok(dict)
     }
 
     /// ``np.asarray(ds)``: the dense copy (same size guard as ``to_numpy``).

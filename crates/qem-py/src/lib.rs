@@ -8,6 +8,7 @@
 
 mod convert;
 mod dataset;
+mod engine;
 mod errors;
 mod watch;
 

@@ -15,7 +15,9 @@ def available() -> list[str]:
     list of str
         For example ``["cpu"]`` or ``["cuda", "cpu"]``.
     """
-    return [b["name"] for b in _native.backends() if b["available"]]
+    names = [b["name"] for b in _native.backends() if b["available"]]
+    # CUDA is the preferred engine wherever it can run.
+    return sorted(names, key=lambda name: name != "cuda")
 
 
 def resolve(name: str = "auto") -> str:

@@ -1,0 +1,83 @@
+"""The GPU hand-off: ``__cuda_array_interface__`` on CUDA datasets only, ``to_numpy`` on both.
+
+Without a usable CUDA backend only the CPU-side contract runs; the CuPy comparison is skipped
+with the reason. On a GPU machine (CuPy installed) it checks that ``cupy.asarray(ds)`` views
+the very counts the CPU engine loads, with and without a region, binning and a dtype change.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from quantem.gpu import device, io
+
+CUDA_AVAILABLE = "cuda" in device.available()
+
+
+def _cuda_reason() -> str:
+    info = {b["name"]: b for b in device.info()}
+    return str(info.get("cuda", {}).get("detail", "no cuda backend in this build"))
+
+
+def test_cpu_dataset_has_no_cuda_array_interface(acquisition):
+    with io.load(acquisition["master"], backend="cpu") as ds:
+        assert ds.backend == "cpu"
+        assert not hasattr(ds, "__cuda_array_interface__")
+        with pytest.raises(AttributeError, match="not on the GPU"):
+            ds.__cuda_array_interface__  # noqa: B018
+        assert np.array_equal(ds.to_numpy(), acquisition["masked"])
+
+
+def test_array_source_on_cpu_has_no_cuda_array_interface():
+    a = np.arange(2 * 3 * 4 * 5, dtype=np.uint16).reshape(2, 3, 4, 5)
+    ds = io.load(a, backend="cpu")
+    assert not hasattr(ds, "__cuda_array_interface__")
+    assert np.array_equal(np.asarray(ds), a)
+
+
+def test_dataset4dstemgpu_is_the_dataset_class(acquisition):
+    assert io.Dataset4dstemGPU is io.Dataset
+    with io.load(acquisition["master"], backend="cpu") as ds:
+        assert isinstance(ds, io.Dataset4dstemGPU)
+
+
+def test_available_lists_cuda_first_when_usable():
+    names = device.available()
+    assert "cpu" in names
+    if "cuda" in names:
+        assert names[0] == "cuda"
+        assert device.resolve("auto") == "cuda"
+    else:
+        assert device.resolve("auto") == "cpu"
+
+
+@pytest.mark.skipif(not CUDA_AVAILABLE, reason=f"CUDA backend unavailable: {_cuda_reason()}")
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"scan_region": (1, 4, 2, 7), "det_bin": 2},
+        {"dtype": "u8"},
+    ],
+    ids=["full", "region+bin", "u8"],
+)
+def test_cupy_asarray_equals_the_cpu_load(acquisition, options):
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+    expected = io.load(acquisition["master"], backend="cpu", **options).to_numpy()
+    with io.load(acquisition["master"], backend="cuda", **options) as ds:
+        assert ds.backend == "cuda"
+        assert isinstance(ds, io.Dataset4dstemGPU)
+        cai = ds.__cuda_array_interface__
+        assert cai["version"] == 3
+        assert tuple(cai["shape"]) == ds.shape == expected.shape
+        assert cai["typestr"] == expected.dtype.str
+        assert cai["strides"] is None and cai["stream"] is None
+        assert isinstance(cai["data"][0], int) and cai["data"][1] is False
+        on_gpu = cupy.asarray(ds)
+        assert on_gpu.shape == expected.shape and on_gpu.dtype == expected.dtype
+        assert np.array_equal(cupy.asnumpy(on_gpu), expected)
+        assert np.array_equal(ds.to_numpy(), expected)
+        assert np.array_equal(ds[ds.shape[0] - 1, 0], expected[-1, 0])
+        del on_gpu
+    assert not hasattr(ds, "__cuda_array_interface__")  # closed: the device memory is gone
