@@ -298,3 +298,88 @@ fn generate_reference_then_bench_the_source_against_the_cpu_engine() {
     assert_ne!(code(&o), 0);
     assert!(stderr(&o).contains("--source"), "{}", stderr(&o));
 }
+
+/// A NumPy stand-in for CuPy: enough of its surface for `bench load --cupy`'s snippet.
+const FAKE_CUPY: &str = r#"
+from numpy import *  # noqa
+import numpy as _np
+__version__ = "numpy-stand-in"
+asarray = _np.asarray
+class _Pool:
+    def free_all_blocks(self): pass
+    def total_bytes(self): return 0
+def get_default_memory_pool(): return _Pool()
+class _Device:
+    id = 0
+    def synchronize(self): pass
+class _Runtime:
+    @staticmethod
+    def runtimeGetVersion(): return 0
+    @staticmethod
+    def getDeviceProperties(i): return {"name": b"numpy"}
+class cuda:
+    Device = _Device
+    runtime = _Runtime
+"#;
+
+#[test]
+fn bench_cupy_snippet_checksums_agree_with_ours_using_a_numpy_stand_in() {
+    let has_h5py = Command::new("python3")
+        .args(["-c", "import h5py, hdf5plugin, numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_h5py {
+        eprintln!("skipped: python3 with h5py, hdf5plugin and numpy is not available");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let acq = dir.path().join("ref");
+    let o = qg(&[
+        "generate-reference",
+        acq.to_str().unwrap(),
+        "--scan",
+        "5",
+        "5",
+        "--frames-per-file",
+        "10",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let fake = dir.path().join("fake").join("cupy");
+    std::fs::create_dir_all(&fake).unwrap();
+    std::fs::write(fake.join("__init__.py"), FAKE_CUPY).unwrap();
+    let pythonpath = match std::env::var("PYTHONPATH") {
+        Ok(p) if !p.is_empty() => format!("{}:{p}", fake.parent().unwrap().display()),
+        _ => fake.parent().unwrap().display().to_string(),
+    };
+    let out = dir.path().join("results");
+    let o = Command::new(env!("CARGO_BIN_EXE_quantem-gpu"))
+        .args([
+            "bench",
+            "load",
+            "--source",
+            acq.join("scan_master.h5").to_str().unwrap(),
+            "--cupy",
+            "--cpu-check",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--json",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .env("PYTHONPATH", pythonpath)
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let rec = json_stdout(&o);
+    // The masked bad pixels are zeroed on both sides, so the checksums agree.
+    assert_eq!(
+        rec["cupy"]["checksum_equal_to_ours"], true,
+        "{}",
+        rec["cupy"]
+    );
+    assert_eq!(rec["cupy"]["masked_pixels"], 2, "{}", rec["cupy"]);
+    assert_eq!(rec["cupy"]["seconds"].as_array().unwrap().len(), 1);
+    assert_eq!(rec["passed"], true);
+}
