@@ -93,7 +93,9 @@ pub fn run(a: &DemoArgs, command_line: &str) -> anyhow::Result<()> {
     let ds = qem::load(SourceArg::Path(written.master.clone()), &load_params)
         .with_context(|| format!("loading {}", written.master.display()))?;
     let t_load = t.elapsed().as_secs_f64();
-    let data = ds.dense()?;
+    // A host copy on any backend (the CUDA engine keeps its data on the GPU).
+    let host = crate::engine::to_host(&ds)?;
+    let data = &host;
     // Self-check: the loaded counts are the simulated ones, bad pixels zeroed by the mask.
     let loaded_equals_simulated = match data {
         DenseArray::U16(v) => {

@@ -32,7 +32,7 @@ fn json_stdout(o: &Output) -> Value {
 }
 
 #[test]
-fn device_json_lists_cpu_available_and_cuda_unavailable_with_a_reason() {
+fn device_json_lists_cpu_available_and_cuda_with_a_reason() {
     let o = qg(&["device", "--json"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let v = json_stdout(&o);
@@ -44,9 +44,13 @@ fn device_json_lists_cpu_available_and_cuda_unavailable_with_a_reason() {
             .unwrap_or_else(|| panic!("no {name} in {v}"))
     };
     assert_eq!(find("cpu")["available"], true);
-    assert_eq!(find("cuda")["available"], false);
+    // On a GPU machine CUDA is available (and auto picks it); elsewhere it says why not.
     assert!(!find("cuda")["detail"].as_str().unwrap().is_empty());
-    assert_eq!(v["auto"], "cpu");
+    if find("cuda")["available"] == true {
+        assert_eq!(v["auto"], "cuda");
+    } else {
+        assert_eq!(v["auto"], "cpu");
+    }
 }
 
 #[test]
@@ -83,16 +87,17 @@ fn bad_usage_exits_2() {
 
 #[test]
 fn demo_with_an_unusable_explicit_backend_exits_4() {
+    // MPS is never usable on this engine (CUDA may be, on a GPU machine).
     let dir = tempfile::tempdir().unwrap();
     let o = qg(&[
         "demo",
         "--backend",
-        "cuda",
+        "mps",
         "--out",
         dir.path().to_str().unwrap(),
     ]);
     assert_eq!(code(&o), 4, "{}", stderr(&o));
-    assert!(stderr(&o).contains("cuda"));
+    assert!(stderr(&o).to_lowercase().contains("mps"));
 }
 
 fn png_size(path: &Path) -> (u32, u32) {
