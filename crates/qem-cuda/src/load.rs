@@ -485,36 +485,8 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
     let frame_bytes = src.frame_bytes() as u64;
     let out_frame_elems = rplan.output.len();
     let out_es = params.result_dtype.size();
-    let frames = region_frames(src.scan_shape, params.scan_region);
-    let locate = |n: u64| -> Result<usize> {
-        let rec = src.chunk_of_frame(n)?;
-        src.chunks
-            .binary_search_by_key(&rec.first_frame, |c| c.first_frame)
-            .map_err(|_| Error::internal("load", "chunk index is not sorted by frame"))
-    };
-    // First plan as if direct; fall back to scratch batching when chunks do not map 1:1.
-    let mut plan = plan_chunks(
-        &src.chunks,
-        &frames,
-        frame_bytes,
-        locate,
-        opts.batch_bytes,
-        None,
-    )?;
-    let direct = identity && plan.chunks_map_contiguously();
-    if !direct {
-        let limit = opts
-            .max_scratch_bytes
-            .max(plan_max_chunk_decoded(&plan, frame_bytes));
-        plan = plan_chunks(
-            &src.chunks,
-            &frames,
-            frame_bytes,
-            locate,
-            opts.batch_bytes,
-            Some(limit),
-        )?;
-    }
+    let (plan, direct) = plan_source(src, params.scan_region, identity, &opts)?;
+    let frames = &plan.frames;
     let bad_idx: Vec<u32> = params
         .bad_mask
         .map(|m| {
@@ -675,80 +647,23 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
 
         // Read the chunks into the pinned slot and build the tables, in parallel.
         let t = Instant::now();
+        let (table, rs, ts) = read_batch(
+            &BatchInput {
+                src,
+                files: &files,
+                plan: &plan,
+                batch,
+                direct,
+                frame_bytes,
+                out_frame_bytes: (out_frame_elems * out_es) as u64,
+                threads: opts.reader_threads,
+            },
+            h_in[s].as_mut_slice(),
+            &pool,
+        )?;
+        read_thread_s += rs;
+        table_thread_s += ts;
         let pcs = &plan.chunks[batch.chunks.clone()];
-        let slot = h_in[s].as_mut_slice();
-        let mut parts: Vec<(usize, &PlanChunk, u64, &mut [u8])> = Vec::with_capacity(pcs.len());
-        let mut rest: &mut [u8] = slot;
-        let mut off = 0u64;
-        for (k, pc) in pcs.iter().enumerate() {
-            let (head, tail) = std::mem::take(&mut rest).split_at_mut(pc.rec.size as usize);
-            parts.push((batch.chunks.start + k, pc, off, head));
-            off += pc.rec.size;
-            rest = tail;
-        }
-        let group = parts.len().div_ceil(opts.reader_threads.max(1) * 4).max(1);
-        let mut dec_off_of = Vec::with_capacity(pcs.len());
-        let mut acc = 0u64;
-        for pc in pcs {
-            dec_off_of.push(acc);
-            acc += pc.rec.frames_in_chunk as u64 * frame_bytes;
-        }
-        let dec_off_of = &dec_off_of;
-        let first = batch.chunks.start;
-        let out_frame_bytes = (out_frame_elems * out_es) as u64;
-        let results: Vec<Result<(BlockTable, f64, f64)>> = pool.install(|| {
-            parts
-                .par_chunks_mut(group)
-                .map(|grp| {
-                    let mut table = BlockTable::default();
-                    let (mut rs, mut ts) = (0.0, 0.0);
-                    for (gi, pc, in_off, buf) in grp.iter_mut() {
-                        let t = Instant::now();
-                        let path = &src.files[pc.rec.file as usize].path;
-                        let file = files.get(pc.rec.file as usize).ok_or_else(|| {
-                            Error::internal("read chunk", "chunk names a file this source lacks")
-                        })?;
-                        file.read_exact_at(buf, pc.rec.offset).map_err(|err| {
-                            Error::io("read chunk", path, &err).with_frame(pc.rec.first_frame)
-                        })?;
-                        rs += t.elapsed().as_secs_f64();
-                        let t = Instant::now();
-                        let out_len = pc.rec.frames_in_chunk as usize * frame_bytes as usize;
-                        let out_off = if direct {
-                            plan.dst_frames[pc.dst_start] as u64 * out_frame_bytes
-                        } else {
-                            dec_off_of[*gi - first]
-                        };
-                        let fm = if src.codec == ChunkCodec::Raw {
-                            1
-                        } else {
-                            pc.rec.filter_mask
-                        };
-                        table
-                            .push_chunk(
-                                buf,
-                                es,
-                                fm,
-                                pc.rec.first_frame,
-                                *gi as u32,
-                                *in_off,
-                                out_off,
-                                out_len,
-                            )
-                            .map_err(|err| err.with_file(path))?;
-                        ts += t.elapsed().as_secs_f64();
-                    }
-                    Ok((table, rs, ts))
-                })
-                .collect()
-        });
-        let mut table = BlockTable::default();
-        for r in results {
-            let (tb, rs, ts) = r?;
-            table.append(&tb);
-            read_thread_s += rs;
-            table_thread_s += ts;
-        }
         bytes_read += batch.in_bytes;
         let n_blocks = table.n_blocks();
         let n_copies = table.n_copies();
@@ -1049,6 +964,191 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
     })
 }
 
+/// What [`read_batch`] needs.
+struct BatchInput<'a> {
+    src: &'a Source,
+    files: &'a [File],
+    plan: &'a LoadPlan,
+    batch: &'a BatchPlan,
+    direct: bool,
+    frame_bytes: u64,
+    out_frame_bytes: u64,
+    threads: usize,
+}
+
+/// Read one batch's chunks into `slot` (packed in plan order) with the reader pool and build
+/// its descriptor table (chunk indices global to the plan; output offsets = result positions
+/// when `direct`, else packed decode-scratch offsets). Returns the table and the read and
+/// table-building thread seconds.
+fn read_batch(
+    inp: &BatchInput<'_>,
+    slot: &mut [u8],
+    pool: &rayon::ThreadPool,
+) -> Result<(BlockTable, f64, f64)> {
+    let BatchInput {
+        src,
+        files,
+        plan,
+        batch,
+        direct,
+        frame_bytes,
+        out_frame_bytes,
+        ..
+    } = *inp;
+    let es = src.dtype.size();
+    let pcs = &plan.chunks[batch.chunks.clone()];
+    if slot.len() < batch.in_bytes as usize {
+        return Err(Error::internal(
+            "read batch",
+            "pinned slot smaller than the batch",
+        ));
+    }
+    // Groups of consecutive chunks, each with its contiguous part of the slot; a group's
+    // chunks that are also contiguous in their file are read with one pread.
+    let n_groups = (inp.threads.max(1) * 4).min(pcs.len()).max(1);
+    let per = pcs.len().div_ceil(n_groups).max(1);
+    let mut groups: Vec<(usize, u64, &mut [u8])> = Vec::with_capacity(n_groups);
+    let mut rest: &mut [u8] = slot;
+    let mut off = 0u64;
+    for (g, run) in pcs.chunks(per).enumerate() {
+        let bytes: u64 = run.iter().map(|p| p.rec.size).sum();
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(bytes as usize);
+        groups.push((g * per, off, head));
+        off += bytes;
+        rest = tail;
+    }
+    let mut dec_off_of = Vec::with_capacity(pcs.len());
+    let mut acc = 0u64;
+    for pc in pcs {
+        dec_off_of.push(acc);
+        acc += pc.rec.frames_in_chunk as u64 * frame_bytes;
+    }
+    let dec_off_of = &dec_off_of;
+    let first = batch.chunks.start;
+    let results: Vec<Result<(BlockTable, f64, f64)>> = pool.install(|| {
+        groups
+            .par_iter_mut()
+            .map(|(g0, g_off, buf)| {
+                let mut table = BlockTable::default();
+                let (mut rs, mut ts) = (0.0, 0.0);
+                let run = &pcs[*g0..(*g0 + per).min(pcs.len())];
+                // Read: coalesce chunks that follow each other in the same file.
+                let t = Instant::now();
+                let mut k = 0;
+                let mut pos = 0usize;
+                while k < run.len() {
+                    let (f, start) = (run[k].rec.file, run[k].rec.offset);
+                    let mut end = k + 1;
+                    let mut len = run[k].rec.size;
+                    while end < run.len()
+                        && run[end].rec.file == f
+                        && run[end].rec.offset == start + len
+                    {
+                        len += run[end].rec.size;
+                        end += 1;
+                    }
+                    let path = &src.files[f as usize].path;
+                    let file = files.get(f as usize).ok_or_else(|| {
+                        Error::internal("read chunk", "chunk names a file this source lacks")
+                    })?;
+                    file.read_exact_at(&mut buf[pos..pos + len as usize], start)
+                        .map_err(|err| {
+                            Error::io("read chunk", path, &err).with_frame(run[k].rec.first_frame)
+                        })?;
+                    pos += len as usize;
+                    k = end;
+                }
+                rs += t.elapsed().as_secs_f64();
+                // Describe every chunk's blocks (the CPU parser validates the framing).
+                let t = Instant::now();
+                let mut pos = 0usize;
+                for (k, pc) in run.iter().enumerate() {
+                    let gi = first + *g0 + k;
+                    let bytes = &buf[pos..pos + pc.rec.size as usize];
+                    let in_off = *g_off + pos as u64;
+                    pos += pc.rec.size as usize;
+                    let out_len = pc.rec.frames_in_chunk as usize * frame_bytes as usize;
+                    let out_off = if direct {
+                        plan.dst_frames[pc.dst_start] as u64 * out_frame_bytes
+                    } else {
+                        dec_off_of[gi - first]
+                    };
+                    let fm = if src.codec == ChunkCodec::Raw {
+                        1
+                    } else {
+                        pc.rec.filter_mask
+                    };
+                    table
+                        .push_chunk(
+                            bytes,
+                            es,
+                            fm,
+                            pc.rec.first_frame,
+                            gi as u32,
+                            in_off,
+                            out_off,
+                            out_len,
+                        )
+                        .map_err(|err| err.with_file(&src.files[pc.rec.file as usize].path))?;
+                }
+                ts += t.elapsed().as_secs_f64();
+                Ok((table, rs, ts))
+            })
+            .collect()
+    });
+    let mut table = BlockTable::default();
+    let (mut rs_sum, mut ts_sum) = (0.0, 0.0);
+    for r in results {
+        let (tb, rs, ts) = r?;
+        table.append(&tb);
+        rs_sum += rs;
+        ts_sum += ts;
+    }
+    Ok((table, rs_sum, ts_sum))
+}
+
+/// Plan the chunks of `scan_region` of `src`; returns the plan and whether the kernel can
+/// decode straight into the result (`identity` frame plan and chunks that map 1:1 onto
+/// consecutive result frames), else batches also limited by the decode scratch.
+fn plan_source(
+    src: &Source,
+    scan_region: Region,
+    identity: bool,
+    opts: &PipelineOptions,
+) -> Result<(LoadPlan, bool)> {
+    let frame_bytes = src.frame_bytes() as u64;
+    let frames = region_frames(src.scan_shape, scan_region);
+    let locate = |n: u64| -> Result<usize> {
+        let rec = src.chunk_of_frame(n)?;
+        src.chunks
+            .binary_search_by_key(&rec.first_frame, |c| c.first_frame)
+            .map_err(|_| Error::internal("load", "chunk index is not sorted by frame"))
+    };
+    let plan = plan_chunks(
+        &src.chunks,
+        &frames,
+        frame_bytes,
+        locate,
+        opts.batch_bytes,
+        None,
+    )?;
+    if identity && plan.chunks_map_contiguously() {
+        return Ok((plan, true));
+    }
+    let limit = opts
+        .max_scratch_bytes
+        .max(plan_max_chunk_decoded(&plan, frame_bytes));
+    let plan = plan_chunks(
+        &src.chunks,
+        &frames,
+        frame_bytes,
+        locate,
+        opts.batch_bytes,
+        Some(limit),
+    )?;
+    Ok((plan, false))
+}
+
 fn plan_max_chunk_decoded(plan: &LoadPlan, frame_bytes: u64) -> u64 {
     plan.chunks
         .iter()
@@ -1207,6 +1307,7 @@ pub fn load_array(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use qem_core::DtypeRequest;
 
     fn rec(file: u32, offset: u64, size: u64, first_frame: u64, n: u32) -> ChunkRecord {
         ChunkRecord {
@@ -1341,6 +1442,235 @@ mod tests {
             small: 6,
         };
         assert_eq!(m.total(), 21);
+    }
+
+    /// The host half of the pipeline (plan, batched coalesced reads, descriptor tables) run
+    /// against a CPU emulation of the kernels' descriptor semantics (LZ4 block + bit
+    /// un-transpose to `out + out_offset`, raw copies, region/bin by `RegionPlan::source_block`,
+    /// mask), compared with the CPU engine. Exercises direct decode, scan regions, binning,
+    /// multi-frame chunks with a partial last chunk, and narrowing.
+    #[test]
+    fn host_pipeline_with_emulated_kernels_matches_the_cpu_engine() {
+        use qem_io::writer::{
+            write_acquisition, Calibration, WriteCompression, WriteLayout, WriteParams,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let scan = Shape2::new(5, 7);
+        let det = Shape2::new(13, 11);
+        let mut mask = vec![0u32; det.len()];
+        mask[det.len() / 3] = 1;
+        mask[det.len() - 1] = 8;
+        let value = |f: u64, p: usize, big: bool| -> u32 {
+            let x = (f as u32).wrapping_mul(2_654_435_761) ^ (p as u32).wrapping_mul(40_503);
+            match x % 100 {
+                0..=59 => 0,
+                60..=97 => x % 9,
+                _ if big => 70_000 + x % 1000,
+                _ => 60_000 + x % 1000,
+            }
+        };
+        for (dtype, fpc, name) in [(DType::U16, 1, "a"), (DType::U32, 3, "b")] {
+            let big = dtype == DType::U32;
+            let params = WriteParams {
+                prefix: dir.path().join(name),
+                scan_shape: scan,
+                detector_shape: det,
+                dtype,
+                frames_per_file: 8,
+                frames_per_chunk: fpc,
+                block_elems: 0,
+                compression: WriteCompression::Bslz4,
+                layout: WriteLayout::Shards,
+                pixel_mask: Some(mask.clone()),
+                calibration: Calibration::default(),
+                skip_frames: Vec::new(),
+                write_scan_shape: true,
+            };
+            let written = write_acquisition(&params, |f, out: &mut [u8]| {
+                let es = dtype.size();
+                for (p, o) in out.chunks_exact_mut(es).enumerate() {
+                    let v = value(f, p, big);
+                    o.copy_from_slice(&v.to_le_bytes()[..es]);
+                }
+            })
+            .unwrap();
+            let src = Source::open(&written.master, &qem_io::OpenOptions::default()).unwrap();
+            let bad = src.bad_pixel_mask();
+            let cases = [
+                (scan.full(), 1, DtypeRequest::Native),
+                (Region::new(1, 4, 2, 6), 1, DtypeRequest::Native),
+                (Region::new(1, 4, 2, 6), 2, DtypeRequest::Native),
+                (scan.full(), 3, DtypeRequest::U8Saturating),
+                (scan.full(), 1, DtypeRequest::U16),
+            ];
+            for (region, bin, req) in cases {
+                let rd = req.result_dtype(dtype, dtype.max_value() * (bin * bin) as u64);
+                let saturate = req == DtypeRequest::U8Saturating;
+                let fp =
+                    qem_cpu::FramePlan::new(det, None, bin, rd, saturate, bad.as_deref()).unwrap();
+                let cpu = qem_cpu::load_dense(
+                    &src,
+                    region,
+                    &fp,
+                    qem_cpu::LoadHooks {
+                        progress: &qem_core::NoProgress,
+                    },
+                );
+                let emu = emulate(&src, region, bin, rd, saturate, bad.as_deref());
+                match (cpu, emu) {
+                    (Ok(c), Ok((bytes, direct))) => {
+                        let want: Vec<u8> = match &c.data {
+                            DenseArray::U8(v) => v.clone(),
+                            DenseArray::U16(v) => bytemuck::cast_slice(v).to_vec(),
+                            DenseArray::U32(v) => bytemuck::cast_slice(v).to_vec(),
+                        };
+                        assert!(
+                            bytes == want,
+                            "{name} {region} bin {bin} {rd} direct {direct}"
+                        );
+                        let expect_direct = bin == 1 && rd == dtype && fpc == 1;
+                        assert_eq!(direct, expect_direct, "{name} {region} bin {bin}");
+                    }
+                    (Err(c), Err(g)) => assert_eq!(c.kind, g.kind, "{c} / {g}"),
+                    (c, g) => {
+                        panic!("{name} {region} bin {bin} {rd}: cpu {c:?} vs emulation {g:?}")
+                    }
+                }
+            }
+        }
+    }
+
+    /// The pipeline's host half with the kernels emulated on the CPU.
+    fn emulate(
+        src: &Source,
+        region: Region,
+        bin: usize,
+        rd: DType,
+        saturate: bool,
+        bad: Option<&[bool]>,
+    ) -> Result<(Vec<u8>, bool)> {
+        use qem_codec::bitshuffle::untranspose_block;
+        use qem_codec::lz4::decompress_block_exact;
+        let rplan = RegionPlan::new(src.detector_shape, None, bin)?;
+        let identity = rplan.is_identity(src.dtype, rd);
+        // Tiny batches and scratch so that there are many of each.
+        let opts = PipelineOptions {
+            reader_threads: 3,
+            batch_bytes: 700,
+            max_scratch_bytes: 4 * src.frame_bytes() as u64,
+            ..PipelineOptions::default()
+        };
+        let (plan, direct) = plan_source(src, region, identity, &opts)?;
+        let files: Vec<File> = src
+            .files
+            .iter()
+            .map(|f| File::open(&f.path).unwrap())
+            .collect();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let es = src.dtype.size();
+        let out_es = rd.size();
+        let frame_bytes = src.frame_bytes() as u64;
+        let out_frame_elems = rplan.output.len();
+        let mut dest = vec![0u8; plan.frames.len() * out_frame_elems * out_es];
+        for batch in &plan.batches {
+            let mut slot = vec![0xA5u8; batch.in_bytes as usize + 64];
+            let (table, _, _) = read_batch(
+                &BatchInput {
+                    src,
+                    files: &files,
+                    plan: &plan,
+                    batch,
+                    direct,
+                    frame_bytes,
+                    out_frame_bytes: (out_frame_elems * out_es) as u64,
+                    threads: 3,
+                },
+                &mut slot,
+                &pool,
+            )?;
+            let mut scratch = vec![0u8; batch.decoded_bytes as usize];
+            let out: &mut [u8] = if direct { &mut dest } else { &mut scratch };
+            let mut tmp = Vec::new();
+            for d in table.blocks.chunks_exact(8) {
+                let p = (d[0] as u64 | (d[1] as u64) << 32) as usize;
+                let o = (d[4] as u64 | (d[5] as u64) << 32) as usize;
+                let (plen, olen) = (d[2] as usize, d[3] as usize);
+                assert!((d[6] as usize) < plan.chunks.len());
+                tmp.resize(olen, 0);
+                decompress_block_exact(&slot[p..p + plen], &mut tmp).unwrap();
+                untranspose_block(&tmp, es, &mut out[o..o + olen]).unwrap();
+            }
+            for d in table.copies.chunks_exact(8) {
+                let sa = (d[0] as u64 | (d[1] as u64) << 32) as usize;
+                let da = (d[2] as u64 | (d[3] as u64) << 32) as usize;
+                let n = d[4] as usize;
+                out[da..da + n].copy_from_slice(&slot[sa..sa + n]);
+            }
+            if !direct {
+                let pcs = &plan.chunks[batch.chunks.clone()];
+                let a = pcs[0].dst_start;
+                let b = pcs
+                    .last()
+                    .map_or(a, |p| p.dst_start + p.rec.frames_in_chunk as usize);
+                let get = |j: usize, k: usize| -> u64 {
+                    let at = (j * rplan.source.len() + k) * es;
+                    let mut w = [0u8; 8];
+                    w[..es].copy_from_slice(&scratch[at..at + es]);
+                    u64::from_le_bytes(w)
+                };
+                for (j, &df) in plan.dst_frames[a..b].iter().enumerate() {
+                    if df == u32::MAX {
+                        continue;
+                    }
+                    for orow in 0..rplan.output.rows {
+                        for ocol in 0..rplan.output.cols {
+                            let ((r0, r1), (c0, c1)) = rplan.source_block(orow, ocol);
+                            let mut acc = 0u64;
+                            for r in r0..r1 {
+                                for c in c0..c1 {
+                                    let k = r * rplan.source.cols + c;
+                                    if bad.is_some_and(|m| m[k]) {
+                                        continue;
+                                    }
+                                    acc += get(j, k);
+                                }
+                            }
+                            let v = if acc <= rd.max_value() {
+                                acc
+                            } else if saturate {
+                                rd.max_value()
+                            } else {
+                                return Err(overflow_error(
+                                    plan.frames[df as usize],
+                                    orow as u32,
+                                    ocol as u32,
+                                    acc,
+                                    rd,
+                                ));
+                            };
+                            let at =
+                                (df as usize * out_frame_elems + orow * rplan.output.cols + ocol)
+                                    * out_es;
+                            dest[at..at + out_es].copy_from_slice(&v.to_le_bytes()[..out_es]);
+                        }
+                    }
+                }
+            }
+        }
+        if direct {
+            if let Some(m) = bad {
+                for f in 0..plan.frames.len() {
+                    for (k, _) in m.iter().enumerate().filter(|(_, &b)| b) {
+                        let at = (f * out_frame_elems + k) * out_es;
+                        dest[at..at + out_es].fill(0);
+                    }
+                }
+            }
+        }
+        Ok((dest, direct))
     }
 
     #[test]

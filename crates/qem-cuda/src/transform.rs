@@ -319,6 +319,15 @@ mod tests {
         assert!(!id.is_identity(DType::U16, DType::U32));
     }
 
+    /// Where NVRTC is installed (no driver needed), the kernels must compile for sm_90.
+    #[test]
+    fn kernels_compile_with_nvrtc_when_present() {
+        match crate::nvrtc::compile_cubin(KERNEL_FILE, KERNEL_SOURCE, "sm_90", &[]) {
+            Ok((cubin, _log)) => assert!(!cubin.is_empty()),
+            Err(e) => assert_eq!(e.kind, qem_core::ErrorKind::BackendUnavailable, "{e}"),
+        }
+    }
+
     #[test]
     fn kernel_source_has_every_name() {
         for s in DTYPES {
