@@ -7,7 +7,7 @@ import pytest
 from helpers import BAD_PIXELS, DET, HIGH_BIT_ONLY, SCAN
 
 import quantem.gpu as qg
-from quantem.gpu import io
+from quantem.gpu import device, io
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,8 @@ def test_np_asarray_and_metadata(loaded, acquisition):
     assert md["detector_shape"] == {"rows": DET[0], "cols": DET[1]}
     assert md["n_frames"] == SCAN[0] * SCAN[1]
     prov = loaded.provenance
-    assert prov["backend"] == loaded.backend == "cpu"
+    # auto: CUDA on a GPU machine, else the CPU
+    assert prov["backend"] == loaded.backend == device.resolve("auto")
     assert prov["result_dtype"] == "u32" and prov["source_dtype"] == "u32"
     assert prov["mask_policy"]["applied"] is True
     assert prov["mask_policy"]["bad_pixels"] == len(BAD_PIXELS)
@@ -85,7 +86,7 @@ def test_np_asarray_and_metadata(loaded, acquisition):
 def test_representation_and_repr(loaded):
     assert loaded.representation is io.DataRepresentation.DENSE
     r = repr(loaded)
-    assert "(5, 7, 11, 13)" in r and "uint32" in r and "cpu" in r and "dense" in r
+    assert "(5, 7, 11, 13)" in r and "uint32" in r and loaded.backend in r and "dense" in r
     assert loaded.nbytes_resident == 5 * 7 * 11 * 13 * 4
 
 
