@@ -279,11 +279,13 @@ pub fn plan_chunks(
     }
     let mut slot_of: Vec<usize> = vec![usize::MAX; chunks.len()];
     let mut order: Vec<usize> = Vec::new();
+    let mut chunk_of: Vec<usize> = Vec::with_capacity(frames.len());
     for &n in frames {
         let ci = locate(n)?;
         if ci >= chunks.len() {
             return Err(Error::internal("plan GPU load", "chunk index out of range"));
         }
+        chunk_of.push(ci);
         if slot_of[ci] == usize::MAX {
             slot_of[ci] = order.len();
             order.push(ci);
@@ -302,8 +304,7 @@ pub fn plan_chunks(
         });
         dst_frames.extend(std::iter::repeat_n(u32::MAX, rec.frames_in_chunk as usize));
     }
-    for (ri, &n) in frames.iter().enumerate() {
-        let ci = locate(n)?;
+    for (ri, (&n, &ci)) in frames.iter().zip(&chunk_of).enumerate() {
         let pc = &plan_chunks[slot_of[ci]];
         let k = n
             .checked_sub(pc.rec.first_frame)
@@ -1118,11 +1119,20 @@ fn plan_source(
 ) -> Result<(LoadPlan, bool)> {
     let frame_bytes = src.frame_bytes() as u64;
     let frames = region_frames(src.scan_shape, scan_region);
+    // Chunks are sorted by first frame; a frame not inside its candidate chunk gets the IO
+    // crate's typed error (out of range, or a chunk that was never written).
     let locate = |n: u64| -> Result<usize> {
-        let rec = src.chunk_of_frame(n)?;
-        src.chunks
-            .binary_search_by_key(&rec.first_frame, |c| c.first_frame)
-            .map_err(|_| Error::internal("load", "chunk index is not sorted by frame"))
+        let idx = src.chunks.partition_point(|c| c.first_frame <= n);
+        if let Some(c) = idx.checked_sub(1).and_then(|i| src.chunks.get(i)) {
+            if n < src.n_frames && n < c.first_frame + c.valid_frames as u64 {
+                return Ok(idx - 1);
+            }
+        }
+        src.chunk_of_frame(n)?;
+        Err(Error::internal(
+            "load",
+            "chunk index is not sorted by frame",
+        ))
     };
     let plan = plan_chunks(
         &src.chunks,
