@@ -129,7 +129,14 @@ fn run_h5py(
 }
 
 pub fn run_load(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
-    if a.source.is_some() || a.backend != BackendRequest::Cpu {
+    let source_only = a.backend != BackendRequest::Cpu
+        || a.cpu_check
+        || a.cupy
+        || a.scan_shape.is_some()
+        || a.scan_region.is_some()
+        || a.det_bin != 1
+        || a.dtype != qem::DtypeRequest::Native;
+    if a.source.is_some() || source_only {
         return crate::bench_source::run(a, command_line);
     }
     let scan = shape2(&a.scan).ok_or_else(|| anyhow!("--scan takes two numbers"))?;

@@ -248,7 +248,7 @@ pub fn run(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
         anyhow::Error::new(
             qem::Error::invalid(
                 "bench load",
-                "--backend other than cpu needs --source MASTER (make one with `quantem-gpu generate-reference DIR`)",
+                "--backend other than cpu, --cpu-check, --cupy, --scan-shape, --scan-region, --det-bin and --dtype need --source MASTER (make one with `quantem-gpu generate-reference DIR`)",
             )
             .with_expected("--source MASTER")
             .with_found("no --source"),
@@ -546,7 +546,11 @@ pub fn run(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
             "result_bytes": result_bytes,
             "frames_read": frames_read,
         },
-        "cache": "warm: page cache not dropped (the files were read by the warm-up run)",
+        "cache": if a.warmup > 0 {
+            "warm: page cache not dropped (the files were read by the warm-up run)"
+        } else {
+            "warm: page cache not dropped (no warm-up run: the first timed run may have read from disk)"
+        },
         "ours": {
             "repeats": a.repeats,
             "warmup_runs_excluded": a.warmup,
