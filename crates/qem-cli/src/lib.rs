@@ -4,7 +4,11 @@
 //! binary (`src/main.rs`) and the Python package's console entry point are the very same
 //! command. This is the only crate that knows `anyhow`, terminal progress bars and printing;
 //! everything it computes comes from the `qem` façade (and `qem-sim`/`qem-io`'s writer for the
-//! demo and benchmarks). Nothing depends on it.
+//! demo, `generate-reference` and benchmarks). Nothing depends on it.
+//!
+//! GPU evidence: `quantem-gpu generate-reference DIR` writes the reference acquisition, and
+//! `quantem-gpu bench load --backend cuda --source DIR/scan_master.h5 --cpu-check --cupy` times
+//! and checks the CUDA load against the CPU engine and h5py + CuPy (JSON under `bench/results/`).
 //!
 //! Exit codes: 0 ok, 2 usage, 3 bad input or source, 4 backend unavailable, 5 memory budget
 //! exceeded, 1 anything else (an internal error). Library errors map through
