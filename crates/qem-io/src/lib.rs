@@ -15,6 +15,7 @@
 //! nothing below it does. Decoding pixels is not done here, except inside the HDF5 filter we
 //! register so that small compressed datasets (a `pixel_mask`) read through HDF5.
 
+mod cache;
 mod h5;
 mod inspect;
 mod meta;
@@ -129,6 +130,9 @@ pub struct Source {
     pub chunks: Vec<ChunkRecord>,
     /// Frames whose chunk was never written (they would read as the HDF5 fill value).
     pub missing_frames: Vec<u64>,
+    /// True when the index came from the in-process cache (every file's size and modification
+    /// time were checked unchanged) instead of being read from HDF5 again.
+    pub index_from_cache: bool,
     /// Open handles of `files`, same order.
     handles: Vec<std::fs::File>,
 }
@@ -139,8 +143,42 @@ impl Source {
     /// Errors are [`qem_core::ErrorKind::Source`] errors naming the file (and the frame, where
     /// one applies), e.g. a missing shard, inconsistent shards, an unsupported filter or chunk
     /// shape, or a scan shape that does not match the frames present.
+    ///
+    /// A second open of the same files in one process reuses their index when no file has
+    /// changed size or modification time (see the `cache` module; `index_from_cache` says so).
     pub fn open(path: &Path, opts: &OpenOptions) -> Result<Source> {
-        open::open(path, opts)
+        if let Some(source) = cache::lookup(path, opts)? {
+            return Ok(source);
+        }
+        let source = open::open(path, opts)?;
+        cache::store(path, opts, &source);
+        Ok(source)
+    }
+
+    /// A copy of this source's index with its own, newly opened file handles.
+    fn reopen(&self) -> Result<Source> {
+        let handles = self
+            .files
+            .iter()
+            .map(|f| std::fs::File::open(&f.path).map_err(|e| Error::io("open", &f.path, &e)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Source {
+            kind: self.kind,
+            path: self.path.clone(),
+            files: self.files.clone(),
+            dataset_path: self.dataset_path.clone(),
+            dtype: self.dtype,
+            detector_shape: self.detector_shape,
+            n_frames: self.n_frames,
+            scan_shape: self.scan_shape,
+            metadata: self.metadata.clone(),
+            pixel_mask: self.pixel_mask.clone(),
+            codec: self.codec,
+            chunks: self.chunks.clone(),
+            missing_frames: self.missing_frames.clone(),
+            index_from_cache: true,
+            handles,
+        })
     }
 
     /// Bytes of one frame: `k_r·k_c·elem_size`.

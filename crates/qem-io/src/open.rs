@@ -850,6 +850,7 @@ pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Source> {
         codec,
         chunks: scanned.chunks,
         missing_frames: scanned.missing_frames,
+        index_from_cache: false,
         handles,
     })
 }

@@ -918,3 +918,53 @@ print('ok', arr.shape)
         );
     }
 }
+
+#[test]
+fn second_open_reuses_the_index_until_a_file_changes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let params = WriteParams {
+        prefix: dir.path().join("cache"),
+        scan_shape: Shape2::new(3, 4),
+        detector_shape: Shape2::new(8, 8),
+        dtype: DType::U16,
+        frames_per_file: 5,
+        ..WriteParams::default()
+    };
+    let written = write_acquisition(&params, |f, out: &mut [u8]| {
+        out.iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = (f as usize + i) as u8)
+    })
+    .expect("write");
+    let first = Source::open(&written.master, &OpenOptions::default()).expect("open");
+    let second = Source::open(&written.master, &OpenOptions::default()).expect("reopen");
+    assert!(!first.index_from_cache || second.index_from_cache);
+    assert!(
+        second.index_from_cache,
+        "an unchanged source is served from the cache"
+    );
+    assert_eq!(first.chunks, second.chunks);
+    assert_eq!(first.files, second.files);
+    // Growing a shard (as a detector still writing would) forces a fresh index.
+    let shard = &written.data_files[1];
+    let len = std::fs::metadata(shard).expect("stat").len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(shard)
+        .expect("open shard")
+        .set_len(len + 4096)
+        .expect("grow");
+    let third = Source::open(&written.master, &OpenOptions::default()).expect("after change");
+    assert!(!third.index_from_cache, "a changed file is re-indexed");
+    // Different options are a different entry.
+    let other = Source::open(
+        &written.master,
+        &OpenOptions {
+            scan_shape: Some(Shape2::new(4, 3)),
+            ..OpenOptions::default()
+        },
+    )
+    .expect("other options");
+    assert!(!other.index_from_cache);
+    assert_eq!(other.scan_shape, Shape2::new(4, 3));
+}
