@@ -306,7 +306,11 @@ fn load_path(
         backend,
     )?;
     let mut timings = vec![StageTiming {
-        stage: "open+plan (index, metadata)".into(),
+        stage: if src.index_from_cache {
+            "open (index from the in-process cache; files unchanged)".into()
+        } else {
+            "open (HDF5: index, metadata)".into()
+        },
         seconds: t_open,
     }];
     let (storage, saturated, memory) = match backend {
