@@ -288,15 +288,11 @@ fn load_path(
         },
     )?;
     let t_open = t.elapsed().as_secs_f64();
-    let bad = if params.apply_mask {
-        src.bad_pixel_mask()
-    } else {
-        None
-    };
-    let bad_count = src
-        .bad_pixel_mask()
-        .map(|m| m.iter().filter(|&&b| b).count())
-        .unwrap_or(0);
+    let mask = src.bad_pixel_mask();
+    let bad_count = mask
+        .as_ref()
+        .map_or(0, |m| m.iter().filter(|&&b| b).count());
+    let bad = if params.apply_mask { mask } else { None };
     let planned = plan_load(
         src.dtype,
         src.scan_shape,
