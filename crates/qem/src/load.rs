@@ -194,37 +194,54 @@ fn plan_load(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn provenance(
-    source_kind: &str,
+/// What a load knows about its source, for the dataset and its provenance.
+struct SourceFacts {
+    kind: &'static str,
     files: Vec<FileIdentity>,
     dataset_path: Option<String>,
     chunk_index_digest: Option<String>,
     scan: Shape2,
     detector: Shape2,
-    source_dtype: DType,
+    dtype: DType,
+    bad_pixels: usize,
+    metadata: Metadata,
+}
+
+/// What an engine produced.
+struct Loaded {
+    storage: Storage,
+    saturated: u64,
+    memory: Option<qem_core::MemoryReport>,
+    timings: Vec<StageTiming>,
+}
+
+/// Assemble the dataset and its provenance (written once for every source kind and engine).
+fn finish(
+    facts: SourceFacts,
     planned: &Planned,
     params: &LoadParams,
-    bad_pixels: usize,
-    saturated: u64,
     backend: Backend,
-    timings: Vec<StageTiming>,
-) -> Provenance {
-    Provenance {
-        source_kind: source_kind.to_string(),
-        files,
-        dataset_path,
-        chunk_index_digest,
-        source_scan_shape: scan,
-        source_detector_shape: detector,
-        scan_region: (!planned.scan_region.is_full(scan)).then_some(planned.scan_region),
-        detector_region: params.detector_region.filter(|r| !r.is_full(detector)),
+    loaded: Loaded,
+) -> Dataset {
+    let device = device_of(backend);
+    let bad_pixels = facts.bad_pixels;
+    let provenance = Provenance {
+        source_kind: facts.kind.to_string(),
+        files: facts.files,
+        dataset_path: facts.dataset_path,
+        chunk_index_digest: facts.chunk_index_digest,
+        source_scan_shape: facts.scan,
+        source_detector_shape: facts.detector,
+        scan_region: (!planned.scan_region.is_full(facts.scan)).then_some(planned.scan_region),
+        detector_region: params
+            .detector_region
+            .filter(|r| !r.is_full(facts.detector)),
         det_bin: params.det_bin,
-        source_dtype,
-        working_dtype: source_dtype,
+        source_dtype: facts.dtype,
+        working_dtype: facts.dtype,
         accumulation_dtype: "u64".into(),
         result_dtype: planned.result_dtype,
-        saturated_values: saturated,
+        saturated_values: loaded.saturated,
         mask_policy: MaskPolicy {
             applied: params.apply_mask && bad_pixels > 0,
             rule: if params.apply_mask {
@@ -235,11 +252,21 @@ fn provenance(
             bad_pixels,
         },
         backend: backend.name().to_string(),
-        device: cpu_description(),
+        device: device.clone(),
         package_version: PACKAGE_VERSION.to_string(),
         git_revision: GIT_REVISION.to_string(),
-        timings,
-        memory: None,
+        timings: loaded.timings,
+        memory: loaded.memory,
+    };
+    Dataset {
+        scan_shape: planned.scan_region.shape(),
+        detector_shape: planned.plan.output_shape(),
+        dtype: planned.result_dtype,
+        backend,
+        device,
+        metadata: facts.metadata,
+        provenance,
+        storage: loaded.storage,
     }
 }
 
@@ -309,62 +336,57 @@ fn load_path(
         },
         seconds: t_open,
     }];
-    let (storage, saturated, memory) = match backend {
+    let loaded = match backend {
         Backend::Cpu => {
-            let loaded = qem_cpu::load_dense(
+            let l = qem_cpu::load_dense(
                 &src,
                 planned.scan_region,
                 &planned.plan,
                 LoadHooks { progress },
             )?;
-            timings.extend(loaded.timings);
-            (Storage::CpuDense(loaded.data), loaded.saturated, None)
+            Loaded {
+                storage: Storage::CpuDense(l.data),
+                saturated: l.saturated,
+                memory: None,
+                timings: l.timings,
+            }
         }
         Backend::Cuda => {
             let g = qem_cuda::load_source(
                 &src,
                 &gpu_params(&planned, params, bad.as_deref(), progress),
             )?;
-            timings.extend(g.timings);
-            (Storage::CudaDense(g.array), g.saturated, Some(g.memory))
+            Loaded {
+                storage: Storage::CudaDense(g.array),
+                saturated: g.saturated,
+                memory: Some(g.memory),
+                timings: g.timings,
+            }
         }
     };
+    timings.extend(loaded.timings);
     timings.push(StageTiming {
         stage: "total (wall)".into(),
         seconds: t_total.elapsed().as_secs_f64(),
     });
-    let source_kind = match src.kind {
-        qem_io::SourceKind::DectrisMaster => "dectris_master",
-        qem_io::SourceKind::Hdf5Dataset => "hdf5_dataset",
+    let facts = SourceFacts {
+        kind: src.kind.as_str(),
+        chunk_index_digest: Some(src.chunk_index_digest()),
+        dataset_path: Some(src.dataset_path.clone()),
+        scan: src.scan_shape,
+        detector: src.detector_shape,
+        dtype: src.dtype,
+        bad_pixels: bad_count,
+        metadata: src.metadata.clone(),
+        files: src.files.clone(),
     };
-    let mut prov = provenance(
-        source_kind,
-        src.files.clone(),
-        Some(src.dataset_path.clone()),
-        Some(src.chunk_index_digest()),
-        src.scan_shape,
-        src.detector_shape,
-        src.dtype,
+    Ok(finish(
+        facts,
         &planned,
         params,
-        bad_count,
-        saturated,
         backend,
-        timings,
-    );
-    let device = device_of(backend);
-    prov.device = device.clone();
-    prov.memory = memory;
-    Ok(Dataset {
-        scan_shape: planned.scan_region.shape(),
-        detector_shape: planned.plan.output_shape(),
-        dtype: planned.result_dtype,
-        backend,
-        device,
-        metadata: src.metadata.clone(),
-        provenance: prov,
-        storage,
-    })
+        Loaded { timings, ..loaded },
+    ))
 }
 
 fn device_of(backend: Backend) -> String {
@@ -432,21 +454,21 @@ fn load_in_memory(
     }
     let source_dtype = data.dtype();
     let planned = plan_load(source_dtype, scan, detector, None, params, backend)?;
-    let (storage, saturated, memory, mut timings) = match backend {
+    let mut loaded = match backend {
         Backend::Cpu => {
-            let loaded = qem_cpu::load_array(
+            let l = qem_cpu::load_array(
                 &data,
                 scan,
                 planned.scan_region,
                 &planned.plan,
                 LoadHooks { progress },
             )?;
-            (
-                Storage::CpuDense(loaded.data),
-                loaded.saturated,
-                None,
-                loaded.timings,
-            )
+            Loaded {
+                storage: Storage::CpuDense(l.data),
+                saturated: l.saturated,
+                memory: None,
+                timings: l.timings,
+            }
         }
         Backend::Cuda => {
             let g = qem_cuda::load_array(
@@ -455,54 +477,37 @@ fn load_in_memory(
                 detector,
                 &gpu_params(&planned, params, None, progress),
             )?;
-            (
-                Storage::CudaDense(g.array),
-                g.saturated,
-                Some(g.memory),
-                g.timings,
-            )
+            Loaded {
+                storage: Storage::CudaDense(g.array),
+                saturated: g.saturated,
+                memory: Some(g.memory),
+                timings: g.timings,
+            }
         }
     };
-    timings.push(StageTiming {
+    loaded.timings.push(StageTiming {
         stage: "total (wall)".into(),
         seconds: t_total.elapsed().as_secs_f64(),
     });
-    let metadata = Metadata {
-        detector_shape: Some(detector),
-        dtype: Some(source_dtype),
-        n_frames: Some(n_frames as u64),
-        scan_shape: Some(scan),
-        scan_shape_origin: Some(origin),
-        ..Metadata::default()
-    };
-    let mut prov = provenance(
-        "array",
-        Vec::new(),
-        None,
-        None,
+    let facts = SourceFacts {
+        kind: "array",
+        files: Vec::new(),
+        dataset_path: None,
+        chunk_index_digest: None,
         scan,
         detector,
-        source_dtype,
-        &planned,
-        params,
-        0,
-        saturated,
-        backend,
-        timings,
-    );
-    let device = device_of(backend);
-    prov.device = device.clone();
-    prov.memory = memory;
-    Ok(Dataset {
-        scan_shape: planned.scan_region.shape(),
-        detector_shape: planned.plan.output_shape(),
-        dtype: planned.result_dtype,
-        backend,
-        device,
-        metadata,
-        provenance: prov,
-        storage,
-    })
+        dtype: source_dtype,
+        bad_pixels: 0,
+        metadata: Metadata {
+            detector_shape: Some(detector),
+            dtype: Some(source_dtype),
+            n_frames: Some(n_frames as u64),
+            scan_shape: Some(scan),
+            scan_shape_origin: Some(origin),
+            ..Metadata::default()
+        },
+    };
+    Ok(finish(facts, &planned, params, backend, loaded))
 }
 
 /// Report on a source's readiness without decoding pixels.
