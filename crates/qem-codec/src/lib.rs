@@ -18,6 +18,7 @@ pub mod bitshuffle;
 pub mod bslz4;
 pub mod lz4;
 pub mod lz4_filter;
+pub mod qem_file;
 pub mod rans;
 
 mod error;
