@@ -11,7 +11,9 @@ fn model() -> Option<CountsModel> {
     let s = 4 + 16;
     let mut freq = vec![0u16; 2 * s];
     // Class 0: skewed literals and every bucket; class 1: only literals 0 and 1.
-    let row0 = [2000u16, 900, 400, 200, 100, 96, 80, 64, 48, 40, 32, 32, 24, 20, 16, 12, 12, 8, 8, 4];
+    let row0 = [
+        2000u16, 900, 400, 200, 100, 96, 80, 64, 48, 40, 32, 32, 24, 20, 16, 12, 12, 8, 8, 4,
+    ];
     freq[..s].copy_from_slice(&row0);
     freq[s] = 4000;
     freq[s + 1] = 96;
