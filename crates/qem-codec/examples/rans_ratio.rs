@@ -6,14 +6,14 @@
 //! jitters by σ = 1 px, a bright-field fraction N(0.75, 0.1) per frame, a radially falling dark
 //! field, Poisson electrons per pixel. The model is fitted to all frames of a dose; every stream is one frame including its 136-byte header and states.
 //!
-//! Run: `cargo run --release -p qem-codec --example rans_ratio [frames [contexts [literals]]]`
-//! (defaults 1000, 8, 32). Prints
+//! Run: `cargo run --release -p qem-codec --example rans_ratio [frames [contexts [literals
+//! [logbins]]]]` (defaults 1000, 8, 32, quantile classes). Prints
 //! a table, then one JSON line per dose. MB/s counts u16-equivalent bytes (2 per pixel).
 
 use std::time::Instant;
 
 use qem_codec::bslz4;
-use qem_codec::rans::{decode_stream, encode_stream, CountsModel, ModelParams};
+use qem_codec::rans::{decode_stream, encode_stream, ContextRule, CountsModel, ModelParams};
 
 const NY: usize = 192;
 const NX: usize = 192;
@@ -104,6 +104,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(a) = std::env::args().nth(3) {
         params.literals = a.parse()?;
+    }
+    if std::env::args().nth(4).as_deref() == Some("logbins") {
+        params.context_rule = ContextRule::LogBins;
     }
     let raw_frame = (NY * NX * 2) as f64;
     println!(

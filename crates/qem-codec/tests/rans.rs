@@ -5,8 +5,8 @@
 
 use proptest::prelude::*;
 use qem_codec::rans::{
-    decode_stream, decode_stream_with, encode_stream, symbol_of, CountsModel, ModelParams,
-    RansError, RansFault, STATE_LOWER, STREAM_HEADER_BYTES,
+    decode_stream, decode_stream_with, encode_stream, symbol_of, ContextRule, CountsModel,
+    ModelParams, RansError, RansFault, STATE_LOWER, STREAM_HEADER_BYTES,
 };
 
 /// xorshift64* uniform in [0, 1).
@@ -250,6 +250,27 @@ fn contexts_follow_the_mean_pattern() {
         assert_eq!(row.len(), 48);
         assert_eq!(row.iter().map(|&f| u32::from(f)).sum::<u32>(), 4096);
     }
+}
+
+#[test]
+fn log_bin_contexts_round_trip_and_isolate_the_disk() {
+    let fr = frames(64, 64, 30, 20.0, 22);
+    let p = ModelParams {
+        context_rule: ContextRule::LogBins,
+        ..ModelParams::default()
+    };
+    let model = fit(&fr, 4096, &p);
+    let ctx = model.ctx_map();
+    assert_eq!(ctx[32 * 64 + 32], 7);
+    // Only the disk (radius 8 px, ~200 pixels) reaches the top class, unlike quantiles (512).
+    let top = ctx.iter().filter(|&&c| c == 7).count();
+    assert!(top < 300, "{top}");
+    round_trip_all(&model, &fr[..4]);
+    // Constant data: one class.
+    let flat = vec![vec![3u16; 100]; 2];
+    let model = fit(&flat, 100, &p);
+    assert!(model.ctx_map().iter().all(|&c| c == 0));
+    round_trip_all(&model, &flat);
 }
 
 #[test]
