@@ -162,6 +162,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             bslz4_bytes += bslz4::encode_chunk(&bytes, 2, 0)?.len();
         }
         let rans_bytes: usize = streams.iter().map(Vec::len).sum();
+        let u32_at =
+            |s: &[u8], at: usize| u32::from_le_bytes([s[at], s[at + 1], s[at + 2], s[at + 3]]);
+        let words_pf = streams
+            .iter()
+            .map(|s| 2 * u32_at(s, 0) as usize)
+            .sum::<usize>() as f64
+            / n as f64;
+        let extra_pf = streams
+            .iter()
+            .map(|s| 4 * (u32_at(s, 4) as usize).div_ceil(32))
+            .sum::<usize>() as f64
+            / n as f64;
         let rans_pf = rans_bytes as f64 / n as f64;
         let bslz4_pf = bslz4_bytes as f64 / n as f64;
         let raw_total = raw_frame * n as f64;
@@ -184,6 +196,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "{{\"dose_e_per_frame\":{dose},\"frames\":{n},\"mean_per_px\":{mean:.4},\"max\":{max},\
              \"rans_bytes_per_frame\":{rans_pf:.1},\"bslz4_bytes_per_frame\":{bslz4_pf:.1},\
              \"ratio_rans_vs_raw\":{:.3},\"ratio_bslz4_vs_raw\":{:.3},\"rans_size_vs_bslz4\":{:.4},\
+             \"words_bytes_per_frame\":{words_pf:.1},\"extra_bytes_per_frame\":{extra_pf:.1},\
              \"encode_mb_s\":{enc_mbs:.1},\"decode_mb_s\":{dec_mbs:.1},\"fit_s\":{fit_s:.3},\
              \"model_bytes\":{}}}",
             raw_frame / rans_pf,

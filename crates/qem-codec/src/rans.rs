@@ -294,8 +294,9 @@ pub enum ContextRule {
     #[default]
     Quantiles,
     /// Classes of equal width in `ln(mean)` between its minimum and maximum. Gives the few bright
-    /// (bright-field) pixels classes of their own: 4–5% smaller streams than `Quantiles` at
-    /// 200k e⁻/frame on simulated 192² frames (see the `rans_ratio` example).
+    /// (bright-field) pixels classes of their own. On simulated 192² frames with C = 8 the
+    /// streams are 12% smaller at 20k e⁻/frame, 3.6% at 200k, 2% at 1M than with `Quantiles`
+    /// (the `rans_ratio` example).
     LogBins,
 }
 
