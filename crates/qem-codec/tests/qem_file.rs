@@ -675,4 +675,16 @@ fn concurrent_readers() {
             });
         }
     });
+    // One opened file shared by threads (QemFile is Sync).
+    let f = QemFile::open(&path).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..4usize {
+            let (f, streams) = (&f, &streams);
+            s.spawn(move || {
+                for i in (t..streams.len()).step_by(4) {
+                    assert_eq!(f.stream(i).unwrap(), &streams[i][..]);
+                }
+            });
+        }
+    });
 }
