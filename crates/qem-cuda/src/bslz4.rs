@@ -567,34 +567,7 @@ impl Bslz4Kernels {
         let f = self.func(d.elem_size)?;
         let smem_per_warp = u32::try_from((d.max_block_bytes.div_ceil(16) * 16).max(16))
             .map_err(|_| Error::invalid(op, "block too large"))?;
-        let mut warps = shape.warps_per_cta.clamp(1, MAX_THREADS / 32);
-        let limit = self.max_smem_optin;
-        while warps > 1 && warps * smem_per_warp > limit {
-            warps /= 2;
-        }
-        let smem = warps * smem_per_warp;
-        if smem > limit {
-            return Err(Error::invalid(
-                op,
-                format!(
-                    "a block of {smem_per_warp} bytes does not fit the GPU's shared memory ({limit} bytes per CTA)"
-                ),
-            ));
-        }
-        f.set_attribute(
-            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(|e| driver_error("set kernel shared memory", e))?;
-        let mut ctas = n_items.div_ceil(warps as u64).min(i32::MAX as u64) as u32;
-        if shape.max_ctas > 0 {
-            ctas = ctas.min(shape.max_ctas);
-        }
-        let cfg = LaunchConfig {
-            grid_dim: (ctas, 1, 1),
-            block_dim: (warps * 32, 1, 1),
-            shared_mem_bytes: smem,
-        };
+        let cfg = decode_launch_config(f, smem_per_warp, self.max_smem_optin, n_items, shape)?;
         let mut b = stream.launch_builder(f);
         b.arg(&d.input)
             .arg(&d.in_len)
@@ -848,35 +821,13 @@ impl DeviceBatch {
             return Ok(());
         }
         let f = kernels.func(self.elem_size)?;
-        let mut warps = shape.warps_per_cta.clamp(1, MAX_THREADS / 32);
-        let limit = kernels.max_smem_optin;
-        while warps > 1 && warps * self.smem_per_warp > limit {
-            warps /= 2;
-        }
-        let smem = warps * self.smem_per_warp;
-        if smem > limit {
-            return Err(Error::invalid(
-                op,
-                format!(
-                    "a block of {} bytes does not fit the GPU's shared memory ({limit} bytes per CTA)",
-                    self.smem_per_warp
-                ),
-            ));
-        }
-        f.set_attribute(
-            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(|e| driver_error("set kernel shared memory", e))?;
-        let mut ctas = n_items.div_ceil(warps as u64).min(i32::MAX as u64) as u32;
-        if shape.max_ctas > 0 {
-            ctas = ctas.min(shape.max_ctas);
-        }
-        let cfg = LaunchConfig {
-            grid_dim: (ctas, 1, 1),
-            block_dim: (warps * 32, 1, 1),
-            shared_mem_bytes: smem,
-        };
+        let cfg = decode_launch_config(
+            f,
+            self.smem_per_warp,
+            kernels.max_smem_optin,
+            n_items,
+            shape,
+        )?;
         let s = gpu.stream();
         let mut b = s.launch_builder(f);
         b.arg(&self.input)
@@ -973,6 +924,47 @@ impl DeviceBatch {
         v.truncate(self.out_len as usize);
         Ok(v)
     }
+}
+
+/// The launch shape of a decode of `n_items` items (blocks and copies): as many warps per CTA as
+/// asked for (halved until their shared memory fits the opt-in limit), the kernel's dynamic
+/// shared-memory attribute raised to match, and enough CTAs for one item per warp (capped by
+/// `shape.max_ctas`). Shared by every decode launcher so they cannot drift apart.
+fn decode_launch_config(
+    f: &cudarc::driver::CudaFunction,
+    smem_per_warp: u32,
+    limit: u32,
+    n_items: u64,
+    shape: LaunchShape,
+) -> Result<LaunchConfig> {
+    let op = "launch GPU decode";
+    let mut warps = shape.warps_per_cta.clamp(1, MAX_THREADS / 32);
+    while warps > 1 && warps * smem_per_warp > limit {
+        warps /= 2;
+    }
+    let smem = warps * smem_per_warp;
+    if smem > limit {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "a block of {smem_per_warp} bytes does not fit the GPU's shared memory ({limit} bytes per CTA)"
+            ),
+        ));
+    }
+    f.set_attribute(
+        CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )
+    .map_err(|e| driver_error("set kernel shared memory", e))?;
+    let mut ctas = n_items.div_ceil(warps as u64).min(i32::MAX as u64) as u32;
+    if shape.max_ctas > 0 {
+        ctas = ctas.min(shape.max_ctas);
+    }
+    Ok(LaunchConfig {
+        grid_dim: (ctas, 1, 1),
+        block_dim: (warps * 32, 1, 1),
+        shared_mem_bytes: smem,
+    })
 }
 
 #[cfg(test)]
