@@ -65,8 +65,9 @@ def test_available_lists_cuda_first_when_usable():
 def test_cupy_asarray_equals_the_cpu_load(acquisition, options):
     cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
     expected = io.load(acquisition["master"], backend="cpu", **options).to_numpy()
-    with io.load(acquisition["master"], backend="cuda", **options) as ds:
+    with io.load(acquisition["master"], backend="cuda", representation="dense", **options) as ds:
         assert ds.backend == "cuda"
+        assert ds.representation is io.DataRepresentation.DENSE
         assert isinstance(ds, io.Dataset4dstemGPU)
         cai = ds.__cuda_array_interface__
         assert cai["version"] == 3
@@ -81,3 +82,39 @@ def test_cupy_asarray_equals_the_cpu_load(acquisition, options):
         assert np.array_equal(ds[ds.shape[0] - 1, 0], expected[-1, 0])
         del on_gpu
     assert not hasattr(ds, "__cuda_array_interface__")  # closed: the device memory is gone
+
+
+@pytest.mark.skipif(not CUDA_AVAILABLE, reason=f"CUDA backend unavailable: {_cuda_reason()}")
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"scan_region": (1, 4, 2, 7)}, {"scan_region": (0, 5, 1, 6), "det_bin": 2, "dtype": "u16"}],
+    ids=["full", "region", "region+bin+u16"],
+)
+def test_cuda_default_is_encoded_and_decodes_the_cpu_load(acquisition, options, tmp_path):
+    expected = io.load(acquisition["master"], backend="cpu", **options).to_numpy()
+    with io.load(acquisition["master"], backend="cuda", **options) as ds:
+        assert ds.backend == "cuda"
+        assert ds.representation is io.DataRepresentation.ENCODED
+        assert ds.nbytes_resident < expected.nbytes
+        assert not hasattr(ds, "__cuda_array_interface__")
+        assert np.array_equal(ds.to_numpy(), expected)
+        for r, c in [(0, 0), (ds.shape[0] - 1, ds.shape[1] - 1), (ds.shape[0] // 2, 1)]:
+            assert np.array_equal(ds[r, c], expected[r, c])
+        # The CPU engine encodes the same bytes from the same data.
+        cpu = io.load(acquisition["master"], backend="cpu", representation="encoded", **options)
+        assert cpu.nbytes_resident == ds.nbytes_resident
+        # .qem written from the GPU reopens on both engines, straight to the device on CUDA.
+        path = tmp_path / "x.qem"
+        io.save(ds, str(path))
+    for backend in ("cuda", "cpu"):
+        with io.load(str(path), backend=backend, representation="encoded") as back:
+            assert back.representation is io.DataRepresentation.ENCODED
+            assert np.array_equal(back.to_numpy(), expected)
+
+
+@pytest.mark.skipif(not CUDA_AVAILABLE, reason=f"CUDA backend unavailable: {_cuda_reason()}")
+def test_cuda_u32_result_stays_dense_by_default(acquisition):
+    with io.load(acquisition["master"], backend="cuda", dtype="u32") as ds:
+        assert ds.representation is io.DataRepresentation.DENSE
+    with pytest.raises(ValueError, match="u16|uint16|65535"):
+        io.load(acquisition["master"], backend="cuda", dtype="u32", representation="encoded")

@@ -16,14 +16,17 @@ pub struct Cli {
 /// The subcommands.
 ///
 /// Later ones (DESIGN.md "CLI surface") get a variant here and a module of their own:
-/// `convert PATH OUT.qem`, `products PATH --out DIR`, `dpc PATH --out DIR`,
-/// `ssb PATH --out DIR` and (wave 2) `serve PATH`.
+/// `products PATH --out DIR`, `dpc PATH --out DIR`, `ssb PATH --out DIR` and (wave 2)
+/// `serve PATH`.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// List the compute backends and whether each can run here.
     Device(DeviceArgs),
     /// Report whether a source can be loaded (shards, frames, scan shape) without decoding it.
     Inspect(InspectArgs),
+    /// Load a source as ENCODED (rANS counts) and write it as a .qem file that reopens without
+    /// re-encoding.
+    Convert(ConvertArgs),
     /// Simulate a small SrTiO3 acquisition, write it as Dectris files, load it, and write
     /// bright-field and annular dark-field images with a JSON report.
     Demo(DemoArgs),
@@ -97,6 +100,24 @@ pub struct InspectArgs {
     #[arg(long, num_args = 2, value_names = ["R", "C"], value_parser = clap::value_parser!(u64).range(1..))]
     pub scan_shape: Option<Vec<u64>>,
     /// Print JSON instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `quantem-gpu convert`
+#[derive(Debug, Args)]
+pub struct ConvertArgs {
+    /// A Dectris master file, a plain HDF5 file or a .qem file.
+    pub path: PathBuf,
+    /// The .qem file to write (replaced atomically if it exists).
+    pub out: PathBuf,
+    /// Engine that encodes: auto (the CPU until the CUDA encoder is wired), cpu or cuda.
+    #[arg(long, default_value = "auto", value_parser = parse_backend)]
+    pub backend: BackendRequest,
+    /// Scan shape (rows, columns) when the file does not say.
+    #[arg(long, num_args = 2, value_names = ["R", "C"], value_parser = clap::value_parser!(u64).range(1..))]
+    pub scan_shape: Option<Vec<u64>>,
+    /// Print a JSON record instead of a summary.
     #[arg(long)]
     pub json: bool,
 }

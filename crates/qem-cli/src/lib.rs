@@ -17,6 +17,7 @@
 mod args;
 mod bench;
 mod bench_source;
+mod convert;
 mod demo;
 mod device;
 mod engine;
@@ -47,6 +48,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
     let result = match cli.command {
         args::Command::Device(a) => device::run(&a),
         args::Command::Inspect(a) => inspect::run(&a),
+        args::Command::Convert(a) => convert::run(&a, &command_line),
         args::Command::Demo(a) => demo::run(&a, &command_line),
         args::Command::GenerateReference(a) => generate::run(&a, &command_line),
         args::Command::Bench(args::BenchCommand::Load(a)) => bench::run_load(&a, &command_line),

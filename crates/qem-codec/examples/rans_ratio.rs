@@ -1,209 +1,311 @@
-//! Size and single-thread speed of the rANS counts codec ([`qem_codec::rans`]) against raw u16
-//! and bitshuffle/LZ4 ([`qem_codec::bslz4::encode_chunk`], default blocks) on simulated 192×192
-//! electron-counting frames at three doses (≈ 20k, 200k, 1M e⁻/frame).
+//! Size of the rANS counts codec ([`qem_codec::rans`], format v2) against bitshuffle/LZ4
+//! ([`qem_codec::bslz4::encode_chunk`], default blocks) on the **reference acquisition**
+//! ([`qem_sim::ReferencePattern`], default parameters: 512² scan, 192² detector, disk radius
+//! 30 px) at 20k, 200k (reference) and 1M e⁻/frame.
 //!
-//! The generator follows formats.md §5.2: a bright-field disk of radius 24 px whose centre
-//! jitters by σ = 1 px, a bright-field fraction N(0.75, 0.1) per frame, a radially falling dark
-//! field, Poisson electrons per pixel. The model is fitted to all frames of a dose; every stream is one frame including its 136-byte header and states.
+//! `frames` frames are drawn spread over the whole scan (frame index `k·2654435761 mod 512²`,
+//! a permutation, so the lattice phase `ph` takes all its values); the two bad pixels of
+//! [`qem_sim::ReferencePattern::pixel_mask`] are zeroed first (as the loader does). Every model
+//! is fitted on those frames (or every `sample_every`-th of them) and codes all of them.
 //!
-//! Run: `cargo run --release -p qem-codec --example rans_ratio [frames [contexts [literals
-//! [logbins]]]]` (defaults 1000, 8, 32, quantile classes). Prints
-//! a table, then one JSON line per dose. MB/s counts u16-equivalent bytes (2 per pixel).
+//! Sizes per frame: `rans` = stream bytes (header, states, words, pad, extra) **plus the model
+//! bytes amortised over the full 512² scan** (model bytes / 262 144; the model is per dataset);
+//! `bslz4` = `encode_chunk` output of the frame alone. `ratio` = rans / bslz4.
+//!
+//! Run: `cargo run --release -p qem-codec --example rans_ratio [frames [sweep|floor|default]]`
+//! (defaults 2000 frames, `sweep`: the configurations of the v2 study; `floor`: the
+//! `AllSymbols` study; `default`: only `ModelParams::default()`). The first configuration of
+//! each dose is also decoded and checked (round trip) and its decode speed is in the JSON. Prints one table per
+//! dose and one JSON line per (dose, configuration).
 
 use std::time::Instant;
 
 use qem_codec::bslz4;
-use qem_codec::rans::{decode_stream, encode_stream, ContextRule, CountsModel, ModelParams};
+use qem_codec::rans::{
+    decode_stream, encode_stream, ContextRule, CountsModel, FloorPolicy, ModelParams, SplitRule,
+};
+use qem_sim::{ReferenceParams, ReferencePattern};
 
-const NY: usize = 192;
-const NX: usize = 192;
+/// Frames of the full reference scan (the model's amortisation base).
+const SCAN_FRAMES: f64 = 512.0 * 512.0;
 
-/// xorshift64* with uniform, normal and Poisson samples.
-struct Rng(u64);
-
-impl Rng {
-    fn uniform(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    fn normal(&mut self) -> f64 {
-        let u = self.uniform().max(1e-300);
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * self.uniform()).cos()
-    }
-
-    /// Knuth's product method below mean 30, a rounded normal above (fine for benchmark data).
-    fn poisson(&mut self, mean: f64) -> u32 {
-        if mean <= 0.0 {
-            return 0;
+fn make_frames(n: usize, dose: f64) -> Result<Vec<Vec<u16>>, Box<dyn std::error::Error>> {
+    let pat = ReferencePattern::new(ReferenceParams {
+        dose_e_per_frame: dose,
+        ..ReferenceParams::default()
+    })?;
+    let len = pat.params().detector_shape.len();
+    let mask = pat.pixel_mask();
+    let total = pat.frames();
+    let threads = std::thread::available_parallelism().map_or(2, |t| t.get());
+    let mut frames = vec![Vec::new(); n];
+    std::thread::scope(|sc| {
+        for (part, chunk) in frames.chunks_mut(n.div_ceil(threads)).enumerate() {
+            let pat = &pat;
+            let mask = &mask;
+            let base = part * n.div_ceil(threads);
+            sc.spawn(move || {
+                let mut lam = vec![0f32; len];
+                let mut out = vec![0u32; len];
+                for (i, f) in chunk.iter_mut().enumerate() {
+                    let k = (base + i) as u64;
+                    let idx = k.wrapping_mul(2_654_435_761) % total;
+                    pat.frame(idx, 65535, &mut lam, &mut out);
+                    *f = out
+                        .iter()
+                        .zip(mask)
+                        .map(|(&v, &m)| if m != 0 { 0 } else { v.min(65535) as u16 })
+                        .collect();
+                }
+            });
         }
-        if mean > 30.0 {
-            return (mean + mean.sqrt() * self.normal()).round().max(0.0) as u32;
-        }
-        let limit = (-mean).exp();
-        let mut k = 0u32;
-        let mut p = self.uniform();
-        while p > limit {
-            k += 1;
-            p *= self.uniform();
-        }
-        k
-    }
+    });
+    Ok(frames)
 }
 
-fn make_frames(n: usize, dose: f64, seed: u64) -> Vec<Vec<u16>> {
-    let mut rng = Rng(seed | 1);
-    let radius = 24.0;
-    let mut lam = vec![0f64; NY * NX];
-    (0..n)
-        .map(|_| {
-            let cy = 96.0 + rng.normal();
-            let cx = 96.0 + rng.normal();
-            let fbf = (0.75 + 0.1 * rng.normal()).clamp(0.3, 0.98);
-            let (mut bf_sum, mut df_sum) = (0.0, 0.0);
-            for row in 0..NY {
-                for col in 0..NX {
-                    let r = ((row as f64 - cy).powi(2) + (col as f64 - cx).powi(2)).sqrt();
-                    if r <= radius {
-                        bf_sum += 1.0;
-                    } else {
-                        let d = r - radius;
-                        df_sum += (-d / 18.0).exp() / (1.0 + (d / 40.0).powi(2));
-                    }
-                }
-            }
-            let electrons = rng.poisson(dose) as f64;
-            for row in 0..NY {
-                for col in 0..NX {
-                    let r = ((row as f64 - cy).powi(2) + (col as f64 - cx).powi(2)).sqrt();
-                    lam[row * NX + col] = if r <= radius {
-                        fbf / bf_sum
-                    } else {
-                        let d = r - radius;
-                        (1.0 - fbf) * (-d / 18.0).exp() / (1.0 + (d / 40.0).powi(2)) / df_sum
-                    } * electrons;
-                }
-            }
-            lam.iter()
-                .map(|&l| rng.poisson(l).min(65535) as u16)
-                .collect()
-        })
-        .collect()
+struct Row {
+    label: String,
+    rans: f64,
+    words: f64,
+    extra: f64,
+    header: f64,
+    model_bytes: usize,
+    fit_s: f64,
+    enc_mbs: f64,
+    dec_mbs: f64,
+    sets_used: Vec<usize>,
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let n: usize = match std::env::args().nth(1) {
-        Some(a) => a.parse()?,
-        None => 1000,
-    };
-    let mut params = ModelParams::default();
-    if let Some(a) = std::env::args().nth(2) {
-        params.contexts = a.parse()?;
-    }
-    if let Some(a) = std::env::args().nth(3) {
-        params.literals = a.parse()?;
-    }
-    if std::env::args().nth(4).as_deref() == Some("logbins") {
-        params.context_rule = ContextRule::LogBins;
-    }
-    let raw_frame = (NY * NX * 2) as f64;
-    println!(
-        "{:>9} {:>8} {:>6} {:>10} {:>10} {:>9} {:>9} {:>10} {:>10} {:>10}",
-        "e-/frame",
-        "mean/px",
-        "max",
-        "rans B/fr",
-        "bslz4 B/fr",
-        "rans x",
-        "bslz4 x",
-        "rans/bslz4",
-        "enc MB/s",
-        "dec MB/s"
-    );
-    let mut json = Vec::new();
-    for (dose, seed) in [(20_000.0, 7u64), (200_000.0, 8), (1_000_000.0, 9)] {
-        let frames = make_frames(n, dose, seed);
-        let mean = frames
-            .iter()
-            .flat_map(|f| f.iter().map(|&v| f64::from(v)))
-            .sum::<f64>()
-            / (n * NY * NX) as f64;
-        let max = frames
-            .iter()
-            .flat_map(|f| f.iter().copied())
-            .max()
-            .unwrap_or(0);
-        let t_fit = Instant::now();
-        let model = CountsModel::fit(frames.iter().map(|f| f.as_slice()), NY * NX, &params)?;
-        let fit_s = t_fit.elapsed().as_secs_f64();
-
+fn run(
+    frames: &[Vec<u16>],
+    params: &ModelParams,
+    label: &str,
+    check: bool,
+) -> Result<Row, Box<dyn std::error::Error>> {
+    let n = frames.len();
+    let len = frames[0].len();
+    let t = Instant::now();
+    let model = CountsModel::fit(frames.iter().map(|f| f.as_slice()), len, params)?;
+    let fit_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let streams = frames
+        .iter()
+        .map(|f| encode_stream(&model, f))
+        .collect::<Result<Vec<_>, _>>()?;
+    let enc_s = t.elapsed().as_secs_f64();
+    let mut dec_mbs = 0.0;
+    if check {
+        let mut out = vec![0u16; len];
         let t = Instant::now();
-        let mut streams = Vec::with_capacity(n);
-        for f in &frames {
-            streams.push(encode_stream(&model, f)?);
-        }
-        let enc_s = t.elapsed().as_secs_f64();
-
-        let mut out = vec![0u16; NY * NX];
-        let t = Instant::now();
-        for (s, f) in streams.iter().zip(&frames) {
+        for (s, f) in streams.iter().zip(frames) {
             decode_stream(&model, s, &mut out)?;
             if out != *f {
                 return Err("round trip mismatch".into());
             }
         }
-        let dec_s = t.elapsed().as_secs_f64();
+        dec_mbs = (n * len * 2) as f64 / t.elapsed().as_secs_f64() / 1e6;
+    }
+    let u32_at = |s: &[u8], at: usize| u32::from_le_bytes([s[at], s[at + 1], s[at + 2], s[at + 3]]);
+    let (mut words, mut extra, mut header, mut total) = (0usize, 0usize, 0usize, 0usize);
+    let mut sets_used = vec![0usize; model.table_sets() as usize];
+    for s in &streams {
+        let w = 2 * u32_at(s, 0) as usize;
+        let e = 4 * (u32_at(s, 4) as usize).div_ceil(32);
+        words += w;
+        extra += e;
+        header += s.len() - w - e; // 144 + pad
+        total += s.len();
+        sets_used[u32_at(s, 8) as usize] += 1;
+    }
+    let model_bytes = model.to_bytes().len();
+    let nf = n as f64;
+    Ok(Row {
+        label: label.to_string(),
+        rans: total as f64 / nf + model_bytes as f64 / SCAN_FRAMES,
+        words: words as f64 / nf,
+        extra: extra as f64 / nf,
+        header: header as f64 / nf,
+        model_bytes,
+        fit_s,
+        enc_mbs: (n * len * 2) as f64 / enc_s / 1e6,
+        dec_mbs,
+        sets_used,
+    })
+}
 
+fn configs(mode: &str) -> Vec<(String, ModelParams)> {
+    let d = ModelParams::default();
+    if mode == "default" {
+        return vec![("default".into(), d)];
+    }
+    if mode == "floor" {
+        let mut v = vec![("default".to_string(), d)];
+        for rule in [ContextRule::Quantiles, ContextRule::LogBins] {
+            for k in [32u8, 48, 64, 96, 128] {
+                for (t, every) in [(4u8, 1usize), (8, 1), (4, 8)] {
+                    let r = if rule == ContextRule::Quantiles {
+                        "Q"
+                    } else {
+                        "L"
+                    };
+                    v.push((
+                        format!("C16 K{k} T{t} {r} AllSym every {every}"),
+                        ModelParams {
+                            contexts: 16,
+                            literals: k,
+                            table_sets: t,
+                            context_rule: rule,
+                            floor: FloorPolicy::AllSymbols,
+                            sample_every: every,
+                            ..d
+                        },
+                    ));
+                }
+            }
+        }
+        return v;
+    }
+    let mut v = Vec::new();
+    let base = ModelParams {
+        contexts: 8,
+        literals: 32,
+        table_sets: 1,
+        ..d
+    };
+    v.push(("v1-like C8 K32 T1 Q".to_string(), base));
+    for rule in [ContextRule::Quantiles, ContextRule::LogBins] {
+        for c in [8u8, 16] {
+            for k in [32u8, 64, 128] {
+                for t in [1u8, 2, 4, 8] {
+                    let r = if rule == ContextRule::Quantiles {
+                        "Q"
+                    } else {
+                        "L"
+                    };
+                    v.push((
+                        format!("C{c} K{k} T{t} {r}"),
+                        ModelParams {
+                            contexts: c,
+                            literals: k,
+                            table_sets: t,
+                            context_rule: rule,
+                            ..d
+                        },
+                    ));
+                }
+            }
+        }
+    }
+    let best = ModelParams {
+        contexts: 16,
+        literals: 128,
+        table_sets: 4,
+        context_rule: ContextRule::LogBins,
+        ..d
+    };
+    for (name, split) in [("all", 16u8), ("C-1", 15), ("C/2", 8), ("1", 1)] {
+        v.push((
+            format!("C16 K128 T4 L split={name}"),
+            ModelParams {
+                split: SplitRule::Classes(split),
+                ..best
+            },
+        ));
+    }
+    v.push((
+        "C16 K128 T4 L AllSymbols".into(),
+        ModelParams {
+            floor: FloorPolicy::AllSymbols,
+            ..best
+        },
+    ));
+    v.push((
+        "C16 K128 T4 L AllSymbols every 8".into(),
+        ModelParams {
+            floor: FloorPolicy::AllSymbols,
+            sample_every: 8,
+            ..best
+        },
+    ));
+    v.push((
+        "C16 K32 T4 L AllSymbols".into(),
+        ModelParams {
+            floor: FloorPolicy::AllSymbols,
+            literals: 32,
+            ..best
+        },
+    ));
+    v
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let n: usize = match std::env::args().nth(1) {
+        Some(a) => a.parse()?,
+        None => 2000,
+    };
+    let mode = std::env::args().nth(2).unwrap_or_else(|| "sweep".into());
+    let mut json = Vec::new();
+    for dose in [20_000.0, 200_000.0, 1_000_000.0] {
+        let t = Instant::now();
+        let frames = make_frames(n, dose)?;
+        let gen_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
         let mut bslz4_bytes = 0usize;
         for f in &frames {
             let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
             bslz4_bytes += bslz4::encode_chunk(&bytes, 2, 0)?.len();
         }
-        let rans_bytes: usize = streams.iter().map(Vec::len).sum();
-        let u32_at =
-            |s: &[u8], at: usize| u32::from_le_bytes([s[at], s[at + 1], s[at + 2], s[at + 3]]);
-        let words_pf = streams
-            .iter()
-            .map(|s| 2 * u32_at(s, 0) as usize)
-            .sum::<usize>() as f64
-            / n as f64;
-        let extra_pf = streams
-            .iter()
-            .map(|s| 4 * (u32_at(s, 4) as usize).div_ceil(32))
-            .sum::<usize>() as f64
-            / n as f64;
-        let rans_pf = rans_bytes as f64 / n as f64;
+        let bslz4_s = t.elapsed().as_secs_f64();
         let bslz4_pf = bslz4_bytes as f64 / n as f64;
-        let raw_total = raw_frame * n as f64;
-        let enc_mbs = raw_total / enc_s / 1e6;
-        let dec_mbs = raw_total / dec_s / 1e6;
+        let mean = frames
+            .iter()
+            .map(|f| f.iter().map(|&v| u64::from(v)).sum::<u64>())
+            .sum::<u64>() as f64
+            / (n * frames[0].len()) as f64;
         println!(
-            "{:>9} {:>8.3} {:>6} {:>10.0} {:>10.0} {:>9.2} {:>9.2} {:>10.3} {:>10.0} {:>10.0}",
-            dose,
-            mean,
-            max,
-            rans_pf,
-            bslz4_pf,
-            raw_frame / rans_pf,
-            raw_frame / bslz4_pf,
-            rans_pf / bslz4_pf,
-            enc_mbs,
-            dec_mbs
+            "\n# dose {dose} e-/frame: {n} frames (gen {gen_s:.1} s, bslz4 {bslz4_s:.1} s), \
+             mean {mean:.3}/px, bslz4 {bslz4_pf:.0} B/frame ({:.2}x raw)",
+            (frames[0].len() * 2) as f64 / bslz4_pf
         );
-        json.push(format!(
-            "{{\"dose_e_per_frame\":{dose},\"frames\":{n},\"mean_per_px\":{mean:.4},\"max\":{max},\
-             \"rans_bytes_per_frame\":{rans_pf:.1},\"bslz4_bytes_per_frame\":{bslz4_pf:.1},\
-             \"ratio_rans_vs_raw\":{:.3},\"ratio_bslz4_vs_raw\":{:.3},\"rans_size_vs_bslz4\":{:.4},\
-             \"words_bytes_per_frame\":{words_pf:.1},\"extra_bytes_per_frame\":{extra_pf:.1},\
-             \"encode_mb_s\":{enc_mbs:.1},\"decode_mb_s\":{dec_mbs:.1},\"fit_s\":{fit_s:.3},\
-             \"model_bytes\":{}}}",
-            raw_frame / rans_pf,
-            raw_frame / bslz4_pf,
-            rans_pf / bslz4_pf,
-            model.to_bytes().len()
-        ));
+        println!(
+            "{:<34} {:>9} {:>9} {:>7} {:>8} {:>8} {:>8} {:>7} {:>6} {:>6}  sets",
+            "config",
+            "rans B/fr",
+            "bslz4 B",
+            "ratio",
+            "words B",
+            "extra B",
+            "header B",
+            "model B",
+            "fit s",
+            "enc MB/s"
+        );
+        for (i, (label, p)) in configs(&mode).iter().enumerate() {
+            let r = run(&frames, p, label, i == 0)?;
+            let ratio = r.rans / bslz4_pf;
+            println!(
+                "{:<34} {:>9.1} {:>9.1} {:>7.4} {:>8.1} {:>8.1} {:>8.1} {:>7} {:>6.2} {:>6.0}  {:?}",
+                r.label,
+                r.rans,
+                bslz4_pf,
+                ratio,
+                r.words,
+                r.extra,
+                r.header,
+                r.model_bytes,
+                r.fit_s,
+                r.enc_mbs,
+                r.sets_used
+            );
+            json.push(format!(
+                "{{\"dose_e_per_frame\":{dose},\"frames\":{n},\"config\":\"{}\",\
+                 \"rans_bytes_per_frame\":{:.1},\"bslz4_bytes_per_frame\":{bslz4_pf:.1},\
+                 \"rans_size_vs_bslz4\":{ratio:.4},\"words_bytes_per_frame\":{:.1},\
+                 \"extra_bytes_per_frame\":{:.1},\"header_bytes_per_frame\":{:.1},\
+                 \"model_bytes\":{},\"encode_mb_s\":{:.1},\"decode_mb_s\":{:.1}}}",
+                r.label, r.rans, r.words, r.extra, r.header, r.model_bytes, r.enc_mbs, r.dec_mbs
+            ));
+        }
     }
     for j in json {
         println!("{j}");

@@ -5,8 +5,9 @@
 
 use proptest::prelude::*;
 use qem_codec::rans::{
-    decode_stream, decode_stream_with, encode_stream, symbol_of, ContextRule, CountsModel,
-    ModelParams, RansError, RansFault, STATE_LOWER, STREAM_HEADER_BYTES,
+    decode_stream, decode_stream_with, encode_stream, fit_contexts, fit_freq, fit_thresholds,
+    frame_statistic, histogram_add, symbol_of, table_set_of, ContextFit, ContextRule, CountsModel,
+    FloorPolicy, ModelParams, RansError, RansFault, SplitRule, STATE_LOWER, STREAM_HEADER_BYTES,
 };
 
 /// xorshift64* uniform in [0, 1).
@@ -62,6 +63,36 @@ fn frames(ny: usize, nx: usize, n: usize, peak: f64, seed: u64) -> Vec<Vec<u16>>
         .collect()
 }
 
+/// The parameters most tests pin (they were format v1's defaults, plus T = 4): C = 8, K = 32,
+/// quantile classes, the `SeenPlusOne` floor. `ModelParams::default()` is tested on its own.
+fn base() -> ModelParams {
+    ModelParams {
+        contexts: 8,
+        literals: 32,
+        table_sets: 4,
+        context_rule: ContextRule::Quantiles,
+        floor: FloorPolicy::SeenPlusOne,
+        ..ModelParams::default()
+    }
+}
+
+#[test]
+fn default_params_round_trip_and_code_any_u16() {
+    let d = ModelParams::default();
+    assert!(d.validate().is_ok());
+    assert_eq!(d.floor, FloorPolicy::AllSymbols);
+    let fr = varying_frames(48, 48, 12, 20.0, 57);
+    let model = fit(&fr, 48 * 48, &d);
+    assert_eq!(model.contexts(), d.contexts);
+    assert_eq!(model.literals(), d.literals);
+    assert_eq!(model.table_sets(), d.table_sets);
+    round_trip_all(&model, &fr);
+    let mut odd = fr[3].clone();
+    odd[0] = 65535;
+    odd[100] = 9999;
+    round_trip_all(&model, &[odd]);
+}
+
 fn fit(frames: &[Vec<u16>], len: usize, params: &ModelParams) -> CountsModel {
     CountsModel::fit(frames.iter().map(|f| f.as_slice()), len, params).unwrap()
 }
@@ -91,7 +122,7 @@ fn round_trip_all(model: &CountsModel, frames: &[Vec<u16>]) -> usize {
 fn round_trip_at_several_doses() {
     for (peak, seed) in [(0.01, 1u64), (0.5, 2), (5.0, 3), (300.0, 4)] {
         let fr = frames(64, 64, 12, peak, seed);
-        let model = fit(&fr, 64 * 64, &ModelParams::default());
+        let model = fit(&fr, 64 * 64, &base());
         let bytes = round_trip_all(&model, &fr);
         assert!(
             bytes < fr.len() * 64 * 64 * 2 + fr.len() * 200,
@@ -108,7 +139,7 @@ fn round_trip_high_values_near_65535() {
         f[100 + i] = 65000 - i as u16;
         f[1000] = 40000;
     }
-    let model = fit(&fr, 32 * 48, &ModelParams::default());
+    let model = fit(&fr, 32 * 48, &base());
     round_trip_all(&model, &fr);
 }
 
@@ -117,24 +148,21 @@ fn round_trip_odd_frame_length() {
     // 100 × 99 = 9900 pixels, not a multiple of 32: the last step has 12 lanes.
     let fr = frames(100, 99, 5, 3.0, 5);
     for contexts in [1u8, 4, 16] {
-        let p = ModelParams {
-            contexts,
-            ..ModelParams::default()
-        };
+        let p = ModelParams { contexts, ..base() };
         let model = fit(&fr, 100 * 99, &p);
         assert_eq!(model.contexts(), contexts);
         round_trip_all(&model, &fr);
     }
     // Fewer pixels than lanes.
     let tiny: Vec<Vec<u16>> = vec![vec![0, 1, 2, 3, 40, 0, 7]];
-    let model = fit(&tiny, 7, &ModelParams::default());
+    let model = fit(&tiny, 7, &base());
     round_trip_all(&model, &tiny);
 }
 
 #[test]
 fn round_trip_all_zero_frames() {
     let fr = vec![vec![0u16; 1000]; 3];
-    let model = fit(&fr, 1000, &ModelParams::default());
+    let model = fit(&fr, 1000, &base());
     let bytes = round_trip_all(&model, &fr);
     // Header + states only (zero has probability 4095/4096: no words at all for 1000 pixels).
     assert_eq!(bytes, 3 * STREAM_HEADER_BYTES);
@@ -164,7 +192,7 @@ fn round_trip_every_u16_extreme_and_small_literal_counts() {
         let p = ModelParams {
             literals,
             contexts: 3,
-            ..ModelParams::default()
+            ..base()
         };
         let model = fit(&fr, f.len(), &p);
         assert_eq!(model.max_value(), u32::from(literals) + 65534);
@@ -177,7 +205,7 @@ fn sampled_fit_still_codes_unsampled_frames_within_the_floor() {
     let fr = frames(40, 40, 20, 2.0, 11);
     let p = ModelParams {
         sample_every: 7,
-        ..ModelParams::default()
+        ..base()
     };
     let model = fit(&fr, 1600, &p);
     // Frames 1..6 were not sampled; with a modest dose their maxima are within the floor.
@@ -189,7 +217,7 @@ fn fit_rejects_bad_input() {
     let fr = [vec![0u16; 10]];
     let it = || fr.iter().map(|f| f.as_slice());
     let bad = |p: ModelParams| CountsModel::fit(it(), 10, &p).unwrap_err();
-    let d = ModelParams::default();
+    let d = base();
     assert!(matches!(
         bad(ModelParams { contexts: 0, ..d }),
         RansError::BadParam { .. }
@@ -204,6 +232,14 @@ fn fit_rejects_bad_input() {
     ));
     assert!(matches!(
         bad(ModelParams { literals: 129, ..d }),
+        RansError::BadParam { .. }
+    ));
+    assert!(matches!(
+        bad(ModelParams { table_sets: 0, ..d }),
+        RansError::BadParam { .. }
+    ));
+    assert!(matches!(
+        bad(ModelParams { table_sets: 9, ..d }),
         RansError::BadParam { .. }
     ));
     assert!(matches!(
@@ -240,7 +276,7 @@ fn fit_rejects_bad_input() {
 #[test]
 fn contexts_follow_the_mean_pattern() {
     let fr = frames(64, 64, 30, 20.0, 21);
-    let model = fit(&fr, 4096, &ModelParams::default());
+    let model = fit(&fr, 4096, &base());
     let ctx = model.ctx_map();
     // The disk centre is brighter than the corner: a higher class.
     assert!(ctx[32 * 64 + 32] > ctx[0]);
@@ -257,7 +293,7 @@ fn log_bin_contexts_round_trip_and_isolate_the_disk() {
     let fr = frames(64, 64, 30, 20.0, 22);
     let p = ModelParams {
         context_rule: ContextRule::LogBins,
-        ..ModelParams::default()
+        ..base()
     };
     let model = fit(&fr, 4096, &p);
     let ctx = model.ctx_map();
@@ -276,11 +312,15 @@ fn log_bin_contexts_round_trip_and_isolate_the_disk() {
 #[test]
 fn model_bytes_round_trip_and_corruption_is_rejected() {
     let fr = frames(20, 30, 4, 4.0, 31);
-    let model = fit(&fr, 600, &ModelParams::default());
+    let p = ModelParams {
+        table_sets: 1,
+        ..base()
+    };
+    let model = fit(&fr, 600, &p);
     let b = model.to_bytes();
     assert_eq!(b.len(), 20 + 600 + 2 * 8 * 48);
-    assert_eq!(&b[..8], b"QRANSM\0\x01");
-    assert_eq!(&b[8..16], &[12, 32, 16, 8, 32, 0, 0, 0]);
+    assert_eq!(&b[..8], b"QRANSM\0\x02");
+    assert_eq!(&b[8..16], &[12, 32, 16, 8, 32, 1, 0, 0]);
     assert_eq!(u32::from_le_bytes([b[16], b[17], b[18], b[19]]), 600);
     let back = CountsModel::from_bytes(&b).unwrap();
     assert_eq!(back, model);
@@ -297,7 +337,14 @@ fn model_bytes_round_trip_and_corruption_is_rejected() {
     assert!(corrupt(10, 17).is_err()); // NB
     assert!(corrupt(11, 17).is_err()); // C
     assert!(corrupt(12, 16).is_err()); // lanes
-    assert!(corrupt(14, 1).is_err()); // reserved
+    assert!(corrupt(15, 1).is_err()); // reserved
+    assert!(corrupt(13, 0).is_err()); // T = 0
+    assert!(corrupt(13, 9).is_err()); // T = 9
+    assert!(corrupt(14, 1).is_err()); // split must be 0 when T = 1
+    assert!(matches!(
+        corrupt(7, 1),
+        Err(RansError::BadModel { what, .. }) if what.contains("v1")
+    )); // a v1 model
     assert!(corrupt(16, 0x59).is_err()); // frame_len changes the length
     assert!(matches!(
         corrupt(20 + 5, 8),
@@ -381,12 +428,14 @@ fn stream_layout_on_a_hand_made_example() {
     let mut hand = Vec::new();
     hand.extend_from_slice(&0u32.to_le_bytes()); // n_words
     hand.extend_from_slice(&4u32.to_le_bytes()); // n_extra_bits: 2 + 2
+    hand.extend_from_slice(&0u32.to_le_bytes()); // table_set
+    hand.extend_from_slice(&0u32.to_le_bytes()); // reserved
     for st in states {
         hand.extend_from_slice(&st.to_le_bytes());
     }
     // No words, no pad; extra bits LSB-first in raster order: p4 → 0b01, p8 → 0b10 → 0b1001.
     hand.extend_from_slice(&0b1001u32.to_le_bytes());
-    assert_eq!(hand.len(), 8 + 128 + 4);
+    assert_eq!(hand.len(), 16 + 128 + 4);
 
     let enc = encode_stream(&model, &frame).unwrap();
     assert_eq!(enc, hand);
@@ -434,9 +483,9 @@ fn stream_layout_words_and_pad() {
     // From L: one symbol (f = 1) → x = 65536 · 4096 = 2^28 ≥ 2^20 would emit on the next symbol;
     // with one step there is no second symbol, so no words, state 2^28 per lane.
     assert_eq!(n_words, 0);
-    assert_eq!(enc.len(), 136);
+    assert_eq!(enc.len(), 144);
     for j in 0..32 {
-        let st = u32::from_le_bytes(enc[8 + 4 * j..12 + 4 * j].try_into().unwrap());
+        let st = u32::from_le_bytes(enc[16 + 4 * j..20 + 4 * j].try_into().unwrap());
         assert_eq!(st, 1 << 28);
     }
     // Two frames' worth as one larger model: 64 pixels, two steps, lanes emit once each.
@@ -450,7 +499,7 @@ fn stream_layout_words_and_pad() {
     // (2^28 ≥ 2^20 · 1); lane 1 has state 16 · 4096 + 16 + 1 (< 2^20 · 1) and does not.
     assert_eq!(n_words, 31);
     // Odd word count → a zero pad u16 before the (empty) extra section.
-    assert_eq!(enc.len(), 136 + 2 * 31 + 2);
+    assert_eq!(enc.len(), 144 + 2 * 31 + 2);
     assert_eq!(&enc[enc.len() - 2..], &[0, 0]);
     // Each emitted word is the low 16 bits of 2^28 = 0; decoded in order they round-trip.
     let mut out = vec![0u16; 64];
@@ -496,7 +545,7 @@ fn word_order_is_ascending_lane_within_a_step() {
     // Reversed lane order would give a different list.
     assert_ne!(expected, expected.iter().rev().copied().collect::<Vec<_>>());
     assert_eq!(n_words, expected.len());
-    let words: Vec<u16> = enc[136..136 + 2 * n_words]
+    let words: Vec<u16> = enc[144..144 + 2 * n_words]
         .chunks_exact(2)
         .map(|w| u16::from_le_bytes([w[0], w[1]]))
         .collect();
@@ -507,15 +556,15 @@ fn word_order_is_ascending_lane_within_a_step() {
     // Swapping two different words breaks decoding.
     assert_ne!(words[0], words[4]);
     let mut bad = enc.clone();
-    bad.swap(136, 136 + 8);
-    bad.swap(137, 136 + 9);
+    bad.swap(144, 144 + 8);
+    bad.swap(145, 144 + 9);
     assert!(decode_stream(&model, &bad, &mut out).is_err());
 }
 
 #[test]
 fn corrupt_streams_are_typed_errors() {
     let fr = frames(24, 24, 2, 6.0, 41);
-    let model = fit(&fr, 576, &ModelParams::default());
+    let model = fit(&fr, 576, &base());
     let enc = encode_stream(&model, &fr[0]).unwrap();
     let mut out = vec![0u16; 576];
     // Truncated header.
@@ -530,7 +579,7 @@ fn corrupt_streams_are_typed_errors() {
     ));
     // A state below L.
     let mut bad = enc.clone();
-    bad[8..12].copy_from_slice(&5u32.to_le_bytes());
+    bad[16..20].copy_from_slice(&5u32.to_le_bytes());
     assert!(matches!(
         decode_stream(&model, &bad, &mut out),
         Err(RansError::Corrupt {
@@ -540,7 +589,7 @@ fn corrupt_streams_are_typed_errors() {
     ));
     // A changed state decodes to something whose final state is not L (or another fault).
     let mut bad = enc.clone();
-    bad[8 + 4 * 3] ^= 0x10;
+    bad[16 + 4 * 3] ^= 0x10;
     assert!(decode_stream(&model, &bad, &mut out).is_err());
     // Absurd counts.
     let mut bad = enc.clone();
@@ -568,7 +617,7 @@ proptest! {
         let fr: Vec<Vec<u16>> = (0..3)
             .map(|_| (0..len).map(|p| rng.poisson(mean * (p % 7) as f64 / 3.0)).collect())
             .collect();
-        let p = ModelParams { contexts, literals, ..ModelParams::default() };
+        let p = ModelParams { contexts, literals, ..base() };
         let model = fit(&fr, len, &p);
         round_trip_all(&model, &fr);
     }
@@ -583,7 +632,7 @@ proptest! {
         do_cut in any::<bool>(),
     ) {
         let fr = frames(13, 17, 1, 3.0 + (seed % 5) as f64, seed);
-        let model = fit(&fr, 13 * 17, &ModelParams::default());
+        let model = fit(&fr, 13 * 17, &base());
         let enc = encode_stream(&model, &fr[0]).unwrap();
         let mut bad = enc.clone();
         for (at, bit) in flips {
@@ -625,4 +674,425 @@ fn symbol_of_covers_u16() {
         assert_eq!(back, v);
         assert!(nb < 16 && e < (1 << nb).max(1));
     }
+}
+
+/// Frames whose halo changes by ±50 % from frame to frame (like the reference acquisition's
+/// `1 + 0.5·ph`), so the frame statistic separates them into table sets.
+fn varying_frames(ny: usize, nx: usize, n: usize, peak: f64, seed: u64) -> Vec<Vec<u16>> {
+    let mut rng = Rng(seed | 1);
+    let (cy, cx) = (ny as f64 / 2.0, nx as f64 / 2.0);
+    let r0 = ny.min(nx) as f64 / 8.0;
+    (0..n)
+        .map(|i| {
+            let halo = 1.0 + 0.5 * (i as f64 * 0.7).cos();
+            let mut f = Vec::with_capacity(ny * nx);
+            for row in 0..ny {
+                for col in 0..nx {
+                    let r = ((row as f64 - cy).powi(2) + (col as f64 - cx).powi(2)).sqrt();
+                    let lam = if r <= r0 {
+                        peak
+                    } else {
+                        peak * 0.05 * halo * (-(r - r0) / 10.0).exp()
+                    };
+                    f.push(rng.poisson(lam));
+                }
+            }
+            f
+        })
+        .collect()
+}
+
+fn header_u32(stream: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(stream[at..at + 4].try_into().unwrap())
+}
+
+#[test]
+fn round_trip_with_one_and_several_table_sets() {
+    let fr = varying_frames(48, 48, 24, 30.0, 51);
+    for rule in [ContextRule::Quantiles, ContextRule::LogBins] {
+        for t in [1u8, 2, 4, 8] {
+            let p = ModelParams {
+                table_sets: t,
+                context_rule: rule,
+                ..base()
+            };
+            let model = fit(&fr, 48 * 48, &p);
+            assert_eq!(model.table_sets(), t);
+            assert_eq!(model.thresholds().len(), t as usize - 1);
+            assert!(model.thresholds().windows(2).all(|w| w[0] <= w[1]));
+            assert!(model.split() <= model.contexts());
+            assert_eq!(model.freq().len(), t as usize * 8 * 48);
+            round_trip_all(&model, &fr);
+            let mut sets = std::collections::BTreeSet::new();
+            for f in &fr {
+                let enc = encode_stream(&model, f).unwrap();
+                let ts = header_u32(&enc, 8);
+                assert!(ts < u32::from(t));
+                assert_eq!(header_u32(&enc, 12), 0);
+                // The stored set is the one the documented rule gives (recomputed here).
+                let stat: u64 = f
+                    .iter()
+                    .zip(model.ctx_map())
+                    .filter(|&(_, &c)| c < model.split())
+                    .map(|(&v, _)| u64::from(v))
+                    .sum();
+                let set = model.thresholds().iter().filter(|&&q| q <= stat).count();
+                assert_eq!(ts as usize, set);
+                sets.insert(ts);
+            }
+            if t == 1 {
+                assert_eq!(model.split(), 0);
+                assert_eq!(sets.len(), 1);
+            } else {
+                // The halo varies: every set is used (quantile thresholds over 24 frames).
+                assert!(model.split() > 0 && model.split() < 8, "{}", model.split());
+                assert_eq!(sets.len(), t as usize, "{rule:?} T={t}");
+            }
+        }
+    }
+}
+
+#[test]
+fn fixed_split_round_trips() {
+    let fr = varying_frames(24, 24, 8, 5.0, 56);
+    for split in [0u8, 1, 8, 200] {
+        let p = ModelParams {
+            table_sets: 2,
+            split: SplitRule::Classes(split),
+            ..base()
+        };
+        let model = fit(&fr, 576, &p);
+        assert_eq!(model.split(), split.min(8));
+        round_trip_all(&model, &fr);
+    }
+}
+
+#[test]
+fn table_sets_make_varying_frames_smaller() {
+    let fr = varying_frames(64, 64, 40, 60.0, 52);
+    let size = |t: u8| {
+        let p = ModelParams {
+            table_sets: t,
+            ..base()
+        };
+        let model = fit(&fr, 64 * 64, &p);
+        round_trip_all(&model, &fr)
+    };
+    let (one, four) = (size(1), size(4));
+    assert!(four < one, "T=4 {four} B, T=1 {one} B");
+}
+
+#[test]
+fn staged_fit_equals_fit() {
+    let fr = varying_frames(40, 36, 30, 12.0, 53);
+    for (t, every, floor, rule) in [
+        (
+            4u8,
+            3usize,
+            FloorPolicy::SeenPlusOne,
+            ContextRule::Quantiles,
+        ),
+        (3, 1, FloorPolicy::AllSymbols, ContextRule::LogBins),
+        (1, 2, FloorPolicy::SeenPlusOne, ContextRule::Quantiles),
+    ] {
+        let p = ModelParams {
+            table_sets: t,
+            sample_every: every,
+            floor,
+            context_rule: rule,
+            contexts: 6,
+            literals: 20,
+            ..base()
+        };
+        let len = 40 * 36;
+        let sampled: Vec<&Vec<u16>> = fr.iter().step_by(every).collect();
+        let mut sums = vec![0u64; len];
+        for f in &sampled {
+            for (s, &v) in sums.iter_mut().zip(f.iter()) {
+                *s += u64::from(v);
+            }
+        }
+        let ContextFit { ctx_map, split } = fit_contexts(&sums, sampled.len() as u64, &p).unwrap();
+        let stats: Vec<u64> = sampled
+            .iter()
+            .map(|f| frame_statistic(&ctx_map, split, f))
+            .collect();
+        let thresholds = fit_thresholds(&stats, t);
+        let mut hist = vec![0u64; t as usize * 6 * 36];
+        for (f, &st) in sampled.iter().zip(&stats) {
+            let ts = table_set_of(&thresholds, st);
+            histogram_add(&mut hist, &ctx_map, ts, 6, 20, f);
+        }
+        assert_eq!(hist.iter().sum::<u64>(), (sampled.len() * len) as u64);
+        let freq = fit_freq(&hist, t, 6, 20, floor).unwrap();
+        let staged = CountsModel::from_parts(20, 6, t, split, ctx_map, thresholds, freq).unwrap();
+        let whole = fit(&fr, len, &p);
+        assert_eq!(staged, whole);
+        assert_eq!(staged.to_bytes(), whole.to_bytes());
+    }
+}
+
+#[test]
+fn all_symbols_floor_makes_every_u16_codable() {
+    let fr = varying_frames(32, 32, 6, 2.0, 54);
+    for t in [1u8, 4] {
+        let p = ModelParams {
+            table_sets: t,
+            floor: FloorPolicy::AllSymbols,
+            ..base()
+        };
+        let model = fit(&fr, 1024, &p);
+        assert!(model.freq().iter().all(|&f| f >= 1));
+        // 65535 in a dark corner pixel (never above a few counts in the sample), large values
+        // elsewhere; also one frame of all 65535.
+        let mut odd = fr[0].clone();
+        odd[0] = 65535;
+        odd[1] = 40000;
+        odd[33] = 1000;
+        odd[512 + 16] = 129;
+        round_trip_all(
+            &model,
+            &[
+                odd.clone(),
+                vec![65535; 1024],
+                (0..1024).map(|v| v * 64).collect(),
+            ],
+        );
+        // The default floor cannot code it.
+        let seen = fit(
+            &fr,
+            1024,
+            &ModelParams {
+                table_sets: t,
+                ..base()
+            },
+        );
+        assert!(matches!(
+            encode_stream(&seen, &odd),
+            Err(RansError::Uncodable {
+                pixel: 0,
+                value: 65535,
+                ..
+            })
+        ));
+    }
+}
+
+/// A hand-built two-set model: 32 pixels, K = 2, C = 2 (pixel p in class p mod 2), split 1
+/// (the statistic sums the even pixels), threshold 3. Set 0, class 0: symbols 0/1/2/4 with
+/// 2048/1024/512/512; set 1, class 0: 1024/2048/512/512; class 1 in both sets: symbol 0 only.
+fn two_set_model(same_rows: bool) -> CountsModel {
+    let s = 18;
+    let mut freq = vec![0u16; 4 * s];
+    for (ts, (f0, f1)) in [(2048u16, 1024u16), (1024, 2048)].into_iter().enumerate() {
+        let (f0, f1) = if same_rows { (2048, 1024) } else { (f0, f1) };
+        let r = 2 * ts * s;
+        freq[r] = f0;
+        freq[r + 1] = f1;
+        freq[r + 2] = 512;
+        freq[r + 4] = 512;
+        freq[r + s] = 4096;
+    }
+    let ctx = (0..32).map(|p| (p % 2) as u8).collect();
+    CountsModel::from_parts(2, 2, 2, 1, ctx, vec![3], freq).unwrap()
+}
+
+#[test]
+fn stream_table_set_on_a_hand_made_example() {
+    let model = two_set_model(false);
+    // Statistic 1 (< 3): set 0. Lane 0 codes symbol 1 (f 1024, cu 2048): 64·4096 + 2048;
+    // other even lanes symbol 0 (f 2048): 32·4096; odd lanes (f 4096): L.
+    let mut a = [0u16; 32];
+    a[0] = 1;
+    let enc = encode_stream(&model, &a).unwrap();
+    let mut hand = vec![0u8; 16];
+    for j in 0..32u32 {
+        let st: u32 = match j {
+            0 => 64 * 4096 + 2048,
+            _ if j % 2 == 0 => 32 * 4096,
+            _ => 65536,
+        };
+        hand.extend_from_slice(&st.to_le_bytes());
+    }
+    assert_eq!(enc, hand);
+    // Statistic 3 (≥ 3): set 1. Symbol 1 is now f 2048, cu 1024: 32·4096 + 1024; symbol 0 is
+    // f 1024: 64·4096.
+    let mut b = [0u16; 32];
+    b[0] = 1;
+    b[2] = 1;
+    b[4] = 1;
+    let enc = encode_stream(&model, &b).unwrap();
+    let mut hand = vec![0u8; 16];
+    hand[8] = 1; // table_set
+    for j in 0..32u32 {
+        let st: u32 = match j {
+            0 | 2 | 4 => 32 * 4096 + 1024,
+            _ if j % 2 == 0 => 64 * 4096,
+            _ => 65536,
+        };
+        hand.extend_from_slice(&st.to_le_bytes());
+    }
+    assert_eq!(enc, hand);
+    let mut out = [0u16; 32];
+    decode_stream(&model, &enc, &mut out).unwrap();
+    assert_eq!(out, b);
+}
+
+#[test]
+fn corrupt_table_set_and_reserved_are_rejected() {
+    let model = two_set_model(true);
+    let mut a = [0u16; 32];
+    a[0] = 1; // statistic 1: set 0
+    let enc = encode_stream(&model, &a).unwrap();
+    assert_eq!(header_u32(&enc, 8), 0);
+    let mut out = [0u16; 32];
+    // Both sets have the same rows, so a stream claiming set 1 decodes cleanly to the same
+    // frame: only the final statistic check catches it.
+    let mut bad = enc.clone();
+    bad[8] = 1;
+    assert_eq!(
+        decode_stream(&model, &bad, &mut out),
+        Err(RansError::Corrupt {
+            pixel: 32,
+            fault: RansFault::TableSetMismatch {
+                stored: 1,
+                expected: 0,
+                statistic: 1
+            }
+        })
+    );
+    let mut bad = enc.clone();
+    bad[8] = 2;
+    assert_eq!(
+        decode_stream(&model, &bad, &mut out),
+        Err(RansError::Corrupt {
+            pixel: 0,
+            fault: RansFault::TableSetOutOfRange {
+                table_set: 2,
+                table_sets: 2
+            }
+        })
+    );
+    let mut bad = enc.clone();
+    bad[11] = 0x80; // table_set 2^31
+    assert!(matches!(
+        decode_stream(&model, &bad, &mut out),
+        Err(RansError::Corrupt {
+            fault: RansFault::TableSetOutOfRange { .. },
+            ..
+        })
+    ));
+    let mut bad = enc.clone();
+    bad[14] = 7;
+    assert_eq!(
+        decode_stream(&model, &bad, &mut out),
+        Err(RansError::Corrupt {
+            pixel: 0,
+            fault: RansFault::NonZeroReserved { value: 7 << 16 }
+        })
+    );
+    // A set-1 frame (statistic 3) stored as set 0 is also a mismatch.
+    let mut b = a;
+    b[2] = 2;
+    let enc = encode_stream(&model, &b).unwrap();
+    assert_eq!(header_u32(&enc, 8), 1);
+    let mut bad = enc.clone();
+    bad[8] = 0;
+    assert!(matches!(
+        decode_stream(&model, &bad, &mut out),
+        Err(RansError::Corrupt {
+            fault: RansFault::TableSetMismatch {
+                stored: 0,
+                expected: 1,
+                statistic: 3
+            },
+            ..
+        })
+    ));
+    // With different rows per set, a wrong set fails some check too.
+    let model = two_set_model(false);
+    let mut bad = encode_stream(&model, &b).unwrap();
+    bad[8] = 0;
+    assert!(decode_stream(&model, &bad, &mut out).is_err());
+}
+
+#[test]
+fn multi_set_model_bytes_round_trip_and_corruption_is_rejected() {
+    let fr = varying_frames(20, 30, 12, 8.0, 55);
+    let p = ModelParams {
+        table_sets: 3,
+        contexts: 5,
+        literals: 10,
+        ..base()
+    };
+    let model = fit(&fr, 600, &p);
+    let b = model.to_bytes();
+    let s = 26;
+    assert_eq!(b.len(), 20 + 600 + 8 * 2 + 2 * 3 * 5 * s);
+    assert_eq!(&b[..8], b"QRANSM\0\x02");
+    assert_eq!(&b[8..14], &[12, 10, 16, 5, 32, 3]);
+    assert_eq!(b[14], model.split());
+    assert_eq!(b[15], 0);
+    assert_eq!(&b[20..620], model.ctx_map());
+    let t0 = u64::from_le_bytes(b[620..628].try_into().unwrap());
+    let t1 = u64::from_le_bytes(b[628..636].try_into().unwrap());
+    assert_eq!(vec![t0, t1], model.thresholds());
+    assert!(t0 <= t1 && t0 > 0);
+    let back = CountsModel::from_bytes(&b).unwrap();
+    assert_eq!(back, model);
+    assert_eq!(back.to_bytes(), b);
+    round_trip_all(&back, &fr);
+
+    // Decreasing thresholds.
+    let mut c = b.clone();
+    c[620..628].copy_from_slice(&(t1 + 1).to_le_bytes());
+    assert!(matches!(
+        CountsModel::from_bytes(&c),
+        Err(RansError::BadModel {
+            what: "thresholds non-decreasing",
+            offset: 628,
+            ..
+        })
+    ));
+    // split > C.
+    let mut c = b.clone();
+    c[14] = 6;
+    assert!(CountsModel::from_bytes(&c).is_err());
+    // split = C is allowed (every pixel in the statistic).
+    let mut c = b.clone();
+    c[14] = 5;
+    assert!(CountsModel::from_bytes(&c).is_ok());
+    // T changed: the length no longer fits.
+    for t in [2u8, 4] {
+        let mut c = b.clone();
+        c[13] = t;
+        assert!(CountsModel::from_bytes(&c).is_err());
+    }
+    // A row sum in the last set.
+    let mut c = b.clone();
+    let last = b.len() - 2;
+    c[last] ^= 1;
+    assert!(matches!(
+        CountsModel::from_bytes(&c),
+        Err(RansError::BadModel {
+            what: "freq row sum",
+            ..
+        })
+    ));
+
+    // from_parts validates the same things.
+    let parts = |t: u8, split: u8, thr: Vec<u64>, nfreq: usize| {
+        let mut freq = vec![0u16; nfreq];
+        for r in freq.chunks_exact_mut(s) {
+            r[0] = 4096;
+        }
+        CountsModel::from_parts(10, 5, t, split, vec![0; 600], thr, freq)
+    };
+    assert!(parts(3, 2, vec![1, 2], 3 * 5 * s).is_ok());
+    assert!(parts(3, 2, vec![1], 3 * 5 * s).is_err());
+    assert!(parts(3, 2, vec![2, 1], 3 * 5 * s).is_err());
+    assert!(parts(3, 6, vec![1, 2], 3 * 5 * s).is_err());
+    assert!(parts(3, 2, vec![1, 2], 2 * 5 * s).is_err());
+    assert!(parts(1, 1, vec![], 5 * s).is_err());
+    assert!(parts(9, 0, vec![0; 8], 9 * 5 * s).is_err());
 }

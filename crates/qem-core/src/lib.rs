@@ -18,7 +18,9 @@ pub use error::{Error, ErrorDetails, ErrorKind, Result};
 pub use geometry::{bin_extent, Region, Shape2};
 pub use metadata::{MaskPolicy, Metadata, ScanShapeOrigin};
 pub use progress::{NoProgress, Progress};
-pub use provenance::{fnv1a64, FileIdentity, MemoryReport, Provenance, StageTiming, FNV_OFFSET};
+pub use provenance::{
+    fnv1a64, CodecInfo, FileIdentity, MemoryReport, Provenance, StageTiming, FNV_OFFSET,
+};
 
 /// The package version, recorded in every provenance.
 pub const PACKAGE_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -90,6 +90,40 @@ pub struct Provenance {
     /// Device-memory accounting of a GPU load (`None` on the CPU).
     #[serde(default)]
     pub memory: Option<MemoryReport>,
+    /// How the counts are held: `"dense"` or `"encoded"` (`None` in records made before the
+    /// field existed).
+    #[serde(default)]
+    pub representation: Option<String>,
+    /// The entropy codec of an ENCODED dataset (`None` for dense data).
+    #[serde(default)]
+    pub codec: Option<CodecInfo>,
+    /// The provenance of the dataset a `.qem` file was written from (its original source
+    /// files, regions, bins and mask policy), when this one was read from a `.qem` file.
+    #[serde(default)]
+    pub converted_from: Option<Box<Provenance>>,
+}
+
+/// The entropy codec of an ENCODED dataset and what it achieved.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CodecInfo {
+    /// Codec name (`"rans-counts v2"`).
+    pub name: String,
+    /// Version of the codec's stream and table format.
+    pub version: u32,
+    /// The model's parameters (contexts, literals, probability bits, floor policy, ...).
+    pub model: serde_json::Value,
+    /// Frames the model was fitted on.
+    pub fit_frames: u64,
+    /// Bytes of the encoded form (streams + index + model).
+    pub encoded_bytes: u64,
+    /// Bytes of the same data dense, in the result dtype.
+    pub dense_bytes: u64,
+    /// `dense_bytes / encoded_bytes`.
+    pub ratio_to_dense: f64,
+    /// Compressed bytes the source stored for the same frames, when known.
+    pub source_compressed_bytes: Option<u64>,
+    /// `source_compressed_bytes / encoded_bytes`, when known.
+    pub ratio_to_source: Option<f64>,
 }
 
 /// Device-memory accounting of a GPU operation, in bytes.

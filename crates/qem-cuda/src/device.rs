@@ -207,13 +207,14 @@ impl Gpu {
         &self.info
     }
 
-    /// The cudarc context (crate-internal: only this crate knows cudarc).
-    pub(crate) fn ctx(&self) -> &Arc<CudaContext> {
+    /// The cudarc context (for this crate's kernel wrappers and check binaries; crates above
+    /// `qem-cuda` never name cudarc types).
+    pub fn ctx(&self) -> &Arc<CudaContext> {
         &self.ctx
     }
 
-    /// The stream all work of this handle is queued on.
-    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+    /// The stream all work of this handle is queued on (same audience as [`Gpu::ctx`]).
+    pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
 

@@ -9,6 +9,7 @@ use qem_core::Result;
 use crate::bslz4::Bslz4Kernels;
 use crate::device::{DeviceInfo, Gpu};
 use crate::mem::PinnedBuf;
+use crate::rans::RansKernels;
 use crate::transform::TransformKernels;
 
 /// Device 0 with every kernel the load pipeline launches.
@@ -23,12 +24,22 @@ pub struct Engine {
     /// Pinned host buffers kept between loads (page-locking hundreds of MB costs tens of
     /// milliseconds, so a second load reuses the first one's slots).
     pinned: Mutex<Vec<PinnedBuf>>,
+    /// rANS kernels, compiled on first use (a dense-only process never pays for them).
+    rans: OnceLock<Result<RansKernels>>,
 }
 
 /// Most pinned buffers kept for reuse.
 const PINNED_KEEP: usize = 16;
 
 impl Engine {
+    /// The rANS codec kernels (compiled or fetched from the cache on the first call).
+    pub fn rans(&self) -> Result<&RansKernels> {
+        self.rans
+            .get_or_init(|| RansKernels::load(&self.gpu))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
     /// A pinned buffer of at least `bytes` bytes: a kept one when one is large enough, else a
     /// new allocation.
     pub fn take_pinned(&self, bytes: usize, what: &str) -> Result<PinnedBuf> {
@@ -81,6 +92,7 @@ pub fn engine() -> Result<&'static Engine> {
                 decode,
                 transform,
                 pinned: Mutex::new(Vec::new()),
+                rans: OnceLock::new(),
             })
         })
         .as_ref()

@@ -27,11 +27,14 @@ pub mod engine;
 pub mod load;
 pub mod mem;
 pub mod nvrtc;
+pub mod rans;
 pub mod transform;
 
 pub use bslz4::{Bslz4Batch, Bslz4Kernels, DeviceBatch, LaunchShape};
 pub use device::{describe, probe, DeviceInfo, Gpu};
 pub use engine::{engine, engine_info, Engine};
 pub use load::{
-    load_array, load_source, DeviceArray, GpuLoad, GpuLoadParams, LoadPlan, PipelineOptions,
+    encode_device_array, load_array, load_source, load_source_encoded, DeviceArray, EncodeOptions,
+    GpuEncodedLoad, GpuLoad, GpuLoadParams, LoadPlan, PipelineOptions,
 };
+pub use rans::{DeviceEncoded, DeviceModel, RansKernels};

@@ -34,7 +34,9 @@ use crate::bslz4::{fault_from_record, fault_to_error, BlockTable, LaunchShape, R
 use crate::device::driver_error;
 use crate::engine::{engine, Engine};
 use crate::mem::{DevBuf, MemCounter};
+use crate::rans::{self, DeviceEncoded, DeviceModel, EncoderScratch, RansKernels};
 use crate::transform::{launch_region_bin, launch_zero_pixels, RegionBinArgs, RegionPlan};
+use qem_codec::rans::{FloorPolicy, ModelParams};
 
 /// Tuning of the pipeline.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -451,6 +453,18 @@ struct BatchEvents {
     dec_start: CudaEvent,
     dec_end: CudaEvent,
     rb_end: Option<CudaEvent>,
+    enc_start: Option<CudaEvent>,
+    enc_end: Option<CudaEvent>,
+}
+
+impl BatchEvents {
+    /// The event after the batch's last kernel (the slot's tables are free after it).
+    fn last(&self) -> &CudaEvent {
+        self.enc_end
+            .as_ref()
+            .or(self.rb_end.as_ref())
+            .unwrap_or(&self.dec_end)
+    }
 }
 
 fn overflow_error(frame: u64, orow: u32, ocol: u32, value: u64, dtype: DType) -> Error {
@@ -471,6 +485,458 @@ fn cancelled_error() -> Error {
 
 /// Load `params.scan_region` of `src` into device memory with the overlapped pipeline.
 pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> {
+    params.scan_region.validate(src.scan_shape, "scan_region")?;
+    let frames = region_frames(src.scan_shape, params.scan_region);
+    let out = pipeline(src, params, &frames, Sink::Dense)?;
+    let rs = params.scan_region.shape();
+    let Some(buf) = out.dense else {
+        return Err(Error::internal(
+            "load (cuda)",
+            "dense pipeline without a result",
+        ));
+    };
+    let e = engine()?;
+    Ok(GpuLoad {
+        array: DeviceArray {
+            buf,
+            shape: [rs.rows, rs.cols, out.output.rows, out.output.cols],
+            dtype: params.result_dtype,
+            ordinal: e.gpu.info().ordinal,
+        },
+        saturated: out.saturated,
+        frames: out.frames,
+        bytes_read: out.bytes_read,
+        batches: out.batches,
+        direct: out.direct,
+        timings: out.timings,
+        memory: out.memory,
+    })
+}
+
+/// How an encoded load fits its model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EncodeOptions {
+    /// Model parameters (`floor` should be `AllSymbols`: the model is fitted on a sample).
+    pub model: ModelParams,
+    /// Frames of the sample the model is fitted on (spread evenly over the scan region).
+    pub sample_frames: u64,
+    /// Arena headroom over the size the sample predicts (1.0 = none).
+    pub headroom: f64,
+}
+
+impl Default for EncodeOptions {
+    fn default() -> Self {
+        EncodeOptions {
+            model: ModelParams {
+                floor: FloorPolicy::AllSymbols,
+                ..ModelParams::default()
+            },
+            sample_frames: 4096,
+            headroom: 1.08,
+        }
+    }
+}
+
+/// A finished encoded GPU load.
+#[derive(Debug)]
+pub struct GpuEncodedLoad {
+    /// The acquisition, encoded on the device.
+    pub encoded: DeviceEncoded,
+    /// Result frames.
+    pub frames: u64,
+    /// Compressed bytes read (sample pass included).
+    pub bytes_read: u64,
+    /// Batches of the main pass.
+    pub batches: usize,
+    /// Times the arena had to be enlarged and the frames re-encoded (0 normally).
+    pub retries: u32,
+    /// Stage timings: the sample pass, the fit, the main pass' stages.
+    pub timings: Vec<StageTiming>,
+    /// Device-memory accounting of the main pass (the sample pass' buffers are freed first).
+    pub memory: MemoryReport,
+}
+
+/// Load `params.scan_region` of `src` into the GPU **encoded**: the model is fitted on an
+/// evenly spread sample of frames (decoded densely on the GPU, then reduced by kernels), then
+/// every batch is decoded, transformed and rANS-encoded on the GPU, so the dense acquisition
+/// never exists in full on the device. The result dtype must be u16.
+pub fn load_source_encoded(
+    src: &Source,
+    params: &GpuLoadParams<'_>,
+    enc: &EncodeOptions,
+) -> Result<GpuEncodedLoad> {
+    let t0 = Instant::now();
+    let op = "load encoded (cuda)";
+    params.scan_region.validate(src.scan_shape, "scan_region")?;
+    if params.result_dtype != DType::U16 {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "the encoded representation holds u16 counts; the result dtype would be {} (use dtype \"u16\" or representation \"dense\")",
+                params.result_dtype
+            ),
+        ));
+    }
+    let e = engine()?;
+    let k = e.rans()?;
+    let frames = region_frames(src.scan_shape, params.scan_region);
+    let n = frames.len() as u64;
+    // 1. Sample pass: dense, masked, transformed frames of the sample.
+    let pick = rans::sample_frames(n, enc.sample_frames.max(1));
+    let sample: Vec<u64> = pick.iter().map(|&i| frames[i as usize]).collect();
+    let quiet = GpuLoadParams {
+        progress: None,
+        ..*params
+    };
+    let s_out = pipeline(src, &quiet, &sample, Sink::Dense)?;
+    let out_shape = s_out.output;
+    let frame_len = out_shape.len();
+    let Some(s_buf) = s_out.dense else {
+        return Err(Error::internal(op, "sample pass without frames"));
+    };
+    let t_sample = t0.elapsed().as_secs_f64();
+    // 2. Fit, upload, and measure the sample's encoded size for the arena.
+    let t = Instant::now();
+    let model = rans::fit_on_device(
+        &e.gpu,
+        k,
+        s_buf.ptr(),
+        sample.len() as u64,
+        frame_len,
+        &enc.model,
+    )?;
+    let counter = Arc::new(MemCounter::default());
+    let dmodel = DeviceModel::upload(e.gpu.ctx(), model, Some(&counter))?;
+    let sample_bytes = measure_encoded_bytes(e, k, &dmodel, &s_buf, sample.len() as u64)?;
+    drop(s_buf);
+    let per_frame = sample_bytes as f64 / sample.len().max(1) as f64;
+    let mut capacity = ((per_frame * n as f64 * enc.headroom.max(1.0)) as u64 + (4 << 20))
+        .next_multiple_of(rans::STREAM_ALIGN);
+    let t_fit = t.elapsed().as_secs_f64();
+    // 3. Main pass (again with more room in the rare case the sample under-predicted).
+    let mut retries = 0u32;
+    loop {
+        let out = pipeline(
+            src,
+            params,
+            &frames,
+            Sink::Encode {
+                model: &dmodel,
+                kernels: k,
+                capacity,
+            },
+        )?;
+        let Some(eo) = out.encoded else {
+            return Err(Error::internal(op, "encode pass without streams"));
+        };
+        if eo.overflowed > 0 {
+            if retries >= 1 {
+                return Err(Error::internal(
+                    op,
+                    format!(
+                        "{} frames did not fit an arena of {} bytes after a retry",
+                        eo.overflowed, capacity
+                    ),
+                ));
+            }
+            retries += 1;
+            capacity = eo.used.next_multiple_of(rans::STREAM_ALIGN);
+            continue;
+        }
+        let mut timings = vec![
+            StageTiming {
+                stage: format!(
+                    "sample pass (wall; {} frames decoded densely)",
+                    sample.len()
+                ),
+                seconds: t_sample,
+            },
+            StageTiming {
+                stage: format!(
+                    "fit + upload model + sample encode (wall; {per_frame:.0} B/frame predicted)"
+                ),
+                seconds: t_fit,
+            },
+        ];
+        timings.extend(out.timings);
+        timings.push(StageTiming {
+            stage: "encoded load (wall, all passes)".into(),
+            seconds: t0.elapsed().as_secs_f64(),
+        });
+        let encoded = DeviceEncoded::from_parts(
+            dmodel,
+            eo.arena,
+            eo.used,
+            eo.index,
+            n,
+            out_shape,
+            e.gpu.info().ordinal,
+        );
+        return Ok(GpuEncodedLoad {
+            encoded,
+            frames: n,
+            bytes_read: out.bytes_read + s_out.bytes_read,
+            batches: out.batches,
+            retries,
+            timings,
+            memory: out.memory,
+        });
+    }
+}
+
+/// Encode a dense u16 array already on the GPU (e.g. an uploaded NumPy array): fit on an
+/// evenly spread sample of its frames, then encode every frame. The array is left as it is.
+pub fn encode_device_array(array: &DeviceArray, enc: &EncodeOptions) -> Result<GpuEncodedLoad> {
+    let t0 = Instant::now();
+    let op = "encode (cuda)";
+    if array.dtype() != DType::U16 {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "the encoded representation holds u16 counts; the array is {}",
+                array.dtype()
+            ),
+        ));
+    }
+    let e = engine()?;
+    let k = e.rans()?;
+    let [r, c, kr, kc] = array.shape();
+    let n = (r * c) as u64;
+    let shape = Shape2::new(kr, kc);
+    let frame_len = shape.len();
+    let frame_bytes = frame_len * 2;
+    // Gather the sample into one buffer (device-to-device copies of whole frames).
+    let pick = rans::sample_frames(n, enc.sample_frames.max(1));
+    let ctx = e.gpu.ctx();
+    let sample = DevBuf::alloc(ctx, pick.len() * frame_bytes, None, "fit sample")?;
+    let stream = e.gpu.stream();
+    for (i, &f) in pick.iter().enumerate() {
+        // SAFETY: both ranges lie inside their allocations (frame f < n of the array, slot
+        // i < pick.len() of the sample); synchronized below.
+        unsafe {
+            sys::cuMemcpyDtoDAsync_v2(
+                sample.ptr() + (i * frame_bytes) as u64,
+                array.device_ptr() + f * frame_bytes as u64,
+                frame_bytes,
+                stream.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(|err| driver_error("gather fit sample", err))?;
+    }
+    let model = rans::fit_on_device(
+        &e.gpu,
+        k,
+        sample.ptr(),
+        pick.len() as u64,
+        frame_len,
+        &enc.model,
+    )?;
+    let counter = Arc::new(MemCounter::default());
+    let dmodel = DeviceModel::upload(ctx, model, Some(&counter))?;
+    let sample_bytes = measure_encoded_bytes(e, k, &dmodel, &sample, pick.len() as u64)?;
+    drop(sample);
+    let per_frame = sample_bytes as f64 / pick.len().max(1) as f64;
+    let mut capacity = ((per_frame * n as f64 * enc.headroom.max(1.0)) as u64 + (4 << 20))
+        .next_multiple_of(rans::STREAM_ALIGN);
+    let (free0, total) = e.gpu.mem_info()?;
+    let mut retries = 0u32;
+    loop {
+        let arena = DevBuf::alloc(ctx, capacity as usize, Some(&counter), "encoded streams")?;
+        let index = DevBuf::alloc(
+            ctx,
+            (n as usize * rans::INDEX_ENTRY_BYTES).max(16),
+            Some(&counter),
+            "stream index",
+        )?;
+        let err = DevBuf::alloc(ctx, 64, Some(&counter), "encoder records")?;
+        err.write(0, &[0u8; 64])?;
+        let scratch = EncoderScratch::new(ctx, k, frame_len, Some(&counter))?;
+        let (sw, warps) = scratch.parts();
+        let a = rans::EncodeArgs {
+            frames: array.device_ptr(),
+            n_frames: n,
+            dst: 0,
+            dst_base: 0,
+            bad: 0,
+            arena: arena.ptr(),
+            capacity,
+            cursor: err.ptr() + 32,
+            index: index.ptr(),
+            scratch_words: sw,
+            scratch_warps: warps,
+            err: err.ptr(),
+        };
+        let t = Instant::now();
+        // SAFETY: the array holds n u16 frames of the model's length; the arena `capacity`
+        // bytes (the kernel checks every write against it); index n entries; all alive until
+        // the synchronize below.
+        unsafe { rans::launch_encode(k, stream, &dmodel, &a) }?;
+        stream
+            .synchronize()
+            .map_err(|err| driver_error("synchronize encode", err))?;
+        let enc_s = t.elapsed().as_secs_f64();
+        let (free1, _) = e.gpu.mem_info()?;
+        let mut w = [0u8; 40];
+        err.read(0, &mut w)?;
+        let used = u64::from_le_bytes(w[32..40].try_into().unwrap_or([0; 8]));
+        if let Some(f) = rans::fault_from_words(bytemuck::cast_slice(&w[..32])) {
+            if f.code != 0 {
+                return Err(rans::fault_error(&f, f.frame).with_op(op));
+            }
+            if f.overflowed > 0 && retries == 0 {
+                retries += 1;
+                capacity = used.next_multiple_of(rans::STREAM_ALIGN);
+                continue;
+            }
+            if f.overflowed > 0 {
+                return Err(Error::internal(
+                    op,
+                    "frames did not fit the arena after a retry",
+                ));
+            }
+        }
+        let memory = MemoryReport {
+            planned_device_bytes: capacity,
+            budget_bytes: free0,
+            process_peak_device_bytes: counter.peak(),
+            card_used_before_bytes: total.saturating_sub(free0),
+            card_used_peak_bytes: total.saturating_sub(free1),
+            card_total_bytes: total,
+        };
+        let encoded =
+            DeviceEncoded::from_parts(dmodel, arena, used, index, n, shape, e.gpu.info().ordinal);
+        return Ok(GpuEncodedLoad {
+            encoded,
+            frames: n,
+            bytes_read: 0,
+            batches: 1,
+            retries,
+            timings: vec![
+                StageTiming {
+                    stage: format!("encode (wall; {per_frame:.0} B/frame predicted)"),
+                    seconds: enc_s,
+                },
+                StageTiming {
+                    stage: "fit + encode (wall)".into(),
+                    seconds: t0.elapsed().as_secs_f64(),
+                },
+            ],
+            memory,
+        });
+    }
+}
+
+/// Encode `n` dense frames at `frames` with `model` into a throw-away arena; the bytes the
+/// streams take (16-byte rounded).
+fn measure_encoded_bytes(
+    e: &Engine,
+    k: &RansKernels,
+    model: &DeviceModel,
+    frames: &DevBuf,
+    n: u64,
+) -> Result<u64> {
+    let ctx = e.gpu.ctx();
+    let frame_len = model.model().frame_len();
+    // Worst case per frame: header + every pixel a word + 15 extra bits.
+    let worst = (rans::STREAM_HEADER_BYTES as u64 + 2 * frame_len as u64 + 2 * frame_len as u64)
+        .next_multiple_of(rans::STREAM_ALIGN);
+    let arena = DevBuf::alloc(ctx, (worst * n) as usize, None, "sample streams")?;
+    let index = DevBuf::alloc(ctx, (n * 16) as usize, None, "sample index")?;
+    let err = DevBuf::alloc(ctx, 64, None, "encoder records")?;
+    err.write(0, &[0u8; 64])?;
+    let scratch = EncoderScratch::new(ctx, k, frame_len, None)?;
+    let (sw, warps) = scratch.parts();
+    let a = rans::EncodeArgs {
+        frames: frames.ptr(),
+        n_frames: n,
+        dst: 0,
+        dst_base: 0,
+        bad: 0,
+        arena: arena.ptr(),
+        capacity: worst * n,
+        cursor: err.ptr() + 32,
+        index: index.ptr(),
+        scratch_words: sw,
+        scratch_warps: warps,
+        err: err.ptr(),
+    };
+    let stream = e.gpu.stream();
+    // SAFETY: frames holds n dense frames of the model's length (the sample pass' result);
+    // the arena has the worst-case size of n streams; index n entries; all alive until the
+    // synchronize below.
+    unsafe { rans::launch_encode(k, stream, model, &a) }?;
+    stream
+        .synchronize()
+        .map_err(|err| driver_error("synchronize sample encode", err))?;
+    let mut w = [0u8; 40];
+    err.read(0, &mut w)?;
+    if let Some(f) = rans::fault_from_words(bytemuck::cast_slice(&w[..32])) {
+        return Err(rans::fault_error(&f, f.frame).with_op("encode sample (cuda)"));
+    }
+    Ok(u64::from_le_bytes(w[32..40].try_into().unwrap_or([0; 8])))
+}
+
+/// Where a pipeline's decoded frames go.
+#[derive(Clone, Copy)]
+enum Sink<'a> {
+    /// A dense result array.
+    Dense,
+    /// Encoded with `model`, stream by stream, into an arena of `capacity` bytes.
+    Encode {
+        model: &'a DeviceModel,
+        kernels: &'a RansKernels,
+        capacity: u64,
+    },
+}
+
+/// What [`pipeline`] produced.
+struct PipelineOut {
+    dense: Option<DevBuf>,
+    encoded: Option<EncodedOut>,
+    output: Shape2,
+    saturated: u64,
+    frames: u64,
+    bytes_read: u64,
+    batches: usize,
+    direct: bool,
+    timings: Vec<StageTiming>,
+    memory: MemoryReport,
+}
+
+/// The encoded sink's buffers after a pipeline.
+struct EncodedOut {
+    arena: DevBuf,
+    index: DevBuf,
+    /// Bytes the encoder allocated (all streams, 16-byte rounded; more than the arena when
+    /// frames overflowed).
+    used: u64,
+    /// Frames that did not fit the arena.
+    overflowed: u32,
+}
+
+/// The encoder's buffers during a pipeline.
+struct EncodeState<'a> {
+    model: &'a DeviceModel,
+    kernels: &'a RansKernels,
+    arena: DevBuf,
+    capacity: u64,
+    index: DevBuf,
+    scratch: EncoderScratch,
+    input: Option<DevBuf>,
+    /// Bad-pixel offsets, zeroed in the decoded batch before an identity plan's encode.
+    bad_list: Option<DevBuf>,
+    /// [0..32) error record, [32..40) arena cursor.
+    err: DevBuf,
+}
+
+/// The overlapped pipeline over source frames `frames` (result order).
+fn pipeline(
+    src: &Source,
+    params: &GpuLoadParams<'_>,
+    frames: &[u64],
+    sink: Sink<'_>,
+) -> Result<PipelineOut> {
     let t_total = Instant::now();
     let op = "load (cuda)";
     if src.codec != ChunkCodec::Bslz4 && src.codec != ChunkCodec::Raw {
@@ -479,14 +945,35 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
     let e = engine()?;
     let opts = params.options;
     let slots = opts.slots.clamp(2, 4);
-    params.scan_region.validate(src.scan_shape, "scan_region")?;
     let rplan = RegionPlan::new(src.detector_shape, params.detector_region, params.det_bin)?;
     let identity = rplan.is_identity(src.dtype, params.result_dtype);
+    let encode = match sink {
+        Sink::Dense => None,
+        Sink::Encode {
+            model,
+            kernels,
+            capacity,
+        } => {
+            if params.result_dtype != DType::U16 {
+                return Err(Error::invalid(
+                    op,
+                    format!(
+                        "the encoded representation holds u16 counts; the result dtype is {}",
+                        params.result_dtype
+                    ),
+                ));
+            }
+            if model.model().frame_len() != rplan.output.len() {
+                return Err(Error::internal(op, "model frame length != result frame"));
+            }
+            Some((model, kernels, capacity))
+        }
+    };
     let es = src.dtype.size();
     let frame_bytes = src.frame_bytes() as u64;
     let out_frame_elems = rplan.output.len();
     let out_es = params.result_dtype.size();
-    let (plan, direct) = plan_source(src, params.scan_region, identity, &opts)?;
+    let (plan, direct) = plan_source(src, frames, identity && encode.is_none(), &opts)?;
     let frames = &plan.frames;
     let bad_idx: Vec<u32> = params
         .bad_mask
@@ -510,13 +997,29 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
         }
         _ => 1,
     };
-    let table_cap_words = table_words(
-        plan.max_chunks,
-        blocks_per_chunk,
-        plan.max_decoded_bytes / frame_bytes.max(1),
-    );
+    let max_batch_frames = plan.max_decoded_bytes / frame_bytes.max(1);
+    let table_cap_words = table_words(plan.max_chunks, blocks_per_chunk, max_batch_frames)
+        + if encode.is_some() {
+            max_batch_frames as usize
+        } else {
+            0
+        };
     let n_result = frames.len() as u64;
-    let dest_bytes = n_result * out_frame_elems as u64 * out_es as u64;
+    // Encoding: an arena, the index, the encoder's scratch and (when frames change on the
+    // way) a batch of transformed frames; the dense result does not exist.
+    let enc_in_bytes = match encode {
+        Some(_) if !identity => max_batch_frames * out_frame_elems as u64 * 2,
+        _ => 0,
+    };
+    let dest_bytes = match encode {
+        None => n_result * out_frame_elems as u64 * out_es as u64,
+        Some((_, k, capacity)) => {
+            capacity
+                + n_result * rans::INDEX_ENTRY_BYTES as u64
+                + EncoderScratch::bytes_for(k, out_frame_elems)
+                + enc_in_bytes
+        }
+    };
     let mem = MemoryPlan {
         destination: dest_bytes,
         input: slots as u64 * plan.max_in_bytes.max(256),
@@ -543,7 +1046,51 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
     let ctx = e.gpu.ctx().clone();
     let counter = Arc::new(MemCounter::default());
     let c = Some(&counter);
-    let dst = DevBuf::alloc(&ctx, dest_bytes as usize, c, "result")?;
+    let dst = match encode {
+        None => Some(DevBuf::alloc(&ctx, dest_bytes as usize, c, "result")?),
+        Some(_) => None,
+    };
+    let enc = match encode {
+        None => None,
+        Some((model, k, capacity)) => {
+            let index = DevBuf::alloc(
+                &ctx,
+                (n_result as usize * rans::INDEX_ENTRY_BYTES).max(16),
+                c,
+                "stream index",
+            )?;
+            // Entries of frames never encoded (a failed load) read as empty streams.
+            index.write(0, &vec![0u8; index.bytes()])?;
+            let err = DevBuf::alloc(&ctx, 64, c, "encoder records")?;
+            err.write(0, &[0u8; 64])?;
+            Some(EncodeState {
+                model,
+                kernels: k,
+                arena: DevBuf::alloc(&ctx, capacity as usize, c, "encoded streams")?,
+                capacity,
+                index,
+                scratch: EncoderScratch::new(&ctx, k, out_frame_elems, c)?,
+                input: if enc_in_bytes > 0 {
+                    Some(DevBuf::alloc(
+                        &ctx,
+                        enc_in_bytes as usize,
+                        c,
+                        "encoder input batch",
+                    )?)
+                } else {
+                    None
+                },
+                bad_list: if identity && !bad_idx.is_empty() {
+                    let b = DevBuf::alloc(&ctx, bad_idx.len() * 4, c, "bad-pixel list")?;
+                    b.write(0, bytemuck::cast_slice(&bad_idx))?;
+                    Some(b)
+                } else {
+                    None
+                },
+                err,
+            })
+        }
+    };
     let mut d_in = Vec::new();
     let mut d_tab = Vec::new();
     let mut h_in = Vec::new();
@@ -677,13 +1224,25 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
                 .map_or(0, |p| p.dst_start + p.rec.frames_in_chunk as usize);
             &plan.dst_frames[a..b]
         };
-        let words = table.blocks.len() + table.copies.len() + dst_map.len();
+        // Encoding: batch-local frame slots (k, or u32::MAX for frames not wanted) for the
+        // region/bin kernel, after the result frame map.
+        let local_map: Vec<u32> = if enc.is_some() && !identity {
+            dst_map
+                .iter()
+                .enumerate()
+                .map(|(k, &f)| if f == u32::MAX { u32::MAX } else { k as u32 })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let words = table.blocks.len() + table.copies.len() + dst_map.len() + local_map.len();
         if words > tab_words_cap[s] {
             // A chunk with more blocks than the first one: grow this slot's tables (its last
             // decode must be over first).
             if let Some(i) = dec_done[s] {
-                let ev = evs[i].rb_end.as_ref().unwrap_or(&evs[i].dec_end);
-                ev.synchronize()
+                evs[i]
+                    .last()
+                    .synchronize()
                     .map_err(|err| driver_error("wait for a slot", err))?;
             }
             d_tab[s] = DevBuf::alloc(&ctx, words * 4, c, "block table")?;
@@ -702,9 +1261,11 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
             let w: &mut [u32] = bytemuck::cast_slice_mut(&mut ht[..words * 4]);
             let (a, rest) = w.split_at_mut(table.blocks.len());
             a.copy_from_slice(&table.blocks);
-            let (b, c2) = rest.split_at_mut(table.copies.len());
+            let (b, rest) = rest.split_at_mut(table.copies.len());
             b.copy_from_slice(&table.copies);
+            let (c2, d2) = rest.split_at_mut(dst_map.len());
             c2.copy_from_slice(dst_map);
+            d2.copy_from_slice(&local_map);
         }
         read_wall_s += t.elapsed().as_secs_f64();
 
@@ -714,12 +1275,17 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
             h2d_end: event(e)?,
             dec_start: event(e)?,
             dec_end: event(e)?,
-            rb_end: if direct { None } else { Some(event(e)?) },
+            rb_end: if direct || (enc.is_some() && identity) {
+                None
+            } else {
+                Some(event(e)?)
+            },
+            enc_start: if enc.is_some() { Some(event(e)?) } else { None },
+            enc_end: if enc.is_some() { Some(event(e)?) } else { None },
         };
         if let Some(i) = dec_done[s] {
-            let ev = evs[i].rb_end.as_ref().unwrap_or(&evs[i].dec_end);
             copy_stream
-                .wait(ev)
+                .wait(evs[i].last())
                 .map_err(|err| driver_error("stream wait", err))?;
         }
         record(&be.h2d_start, &copy_stream)?;
@@ -733,9 +1299,10 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
             .map_err(|err| driver_error("stream wait", err))?;
         record(&be.dec_start, &compute)?;
         let tab = d_tab[s].ptr();
-        let (out, out_len) = match &scratch {
-            None => (dst.ptr(), dest_bytes),
-            Some(sc) => (sc.ptr(), batch.decoded_bytes),
+        let (out, out_len) = match (&scratch, &dst) {
+            (Some(sc), _) => (sc.ptr(), batch.decoded_bytes),
+            (None, Some(d)) => (d.ptr(), dest_bytes),
+            (None, None) => return Err(Error::internal(op, "no decode destination")),
         };
         let d = RawDecode {
             elem_size: es,
@@ -757,13 +1324,23 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
         // alive until the final synchronize below.
         unsafe { e.decode.launch_raw(&compute, &d, shape) }?;
         record(&be.dec_end, &compute)?;
+        let map_at = tab + 4 * (table.blocks.len() + table.copies.len()) as u64;
         if let (Some(sc), Some(rb)) = (&scratch, &be.rb_end) {
+            // Dense: result frames named by the frame map; encoding: batch-local slots.
+            let (dst_frame, dst_ptr) = match (&enc, &dst) {
+                (Some(es), _) => (
+                    map_at + 4 * dst_map.len() as u64,
+                    es.input.as_ref().map_or(0, |b| b.ptr()),
+                ),
+                (None, Some(d)) => (map_at, d.ptr()),
+                (None, None) => return Err(Error::internal(op, "no region/bin destination")),
+            };
             let a = RegionBinArgs {
                 src: sc.ptr(),
                 src_dtype: src.dtype,
                 n_frames: batch.frames as u32,
-                dst_frame: tab + 4 * (table.blocks.len() + table.copies.len()) as u64,
-                dst: dst.ptr(),
+                dst_frame,
+                dst: dst_ptr,
                 dst_dtype: params.result_dtype,
                 bad: bad_buf.as_ref().map_or(0, |b| b.ptr()),
                 saturate: params.saturate,
@@ -775,6 +1352,60 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
             // frames, the lookup is source-sized; all alive until the final synchronize.
             unsafe { launch_region_bin(&e.transform, &compute, &rplan, &a) }?;
             record(rb, &compute)?;
+        }
+        if let (Some(es), Some(sc), Some(ea), Some(eb)) =
+            (&enc, &scratch, &be.enc_start, &be.enc_end)
+        {
+            record(ea, &compute)?;
+            let (sw, warps) = es.scratch.parts();
+            // Identity plans encode the decoded source frames (masking inside the encoder);
+            // others the region/bin output (masked there).
+            let frames_ptr = match &es.input {
+                Some(inp) => inp.ptr(),
+                None => {
+                    if let Some(list) = &es.bad_list {
+                        // SAFETY: scratch holds `batch.frames` decoded u16 frames of
+                        // `out_frame_elems` (= source) pixels; the list holds
+                        // `bad_idx.len()` offsets < out_frame_elems; both alive until the
+                        // final synchronize.
+                        unsafe {
+                            launch_zero_pixels(
+                                &e.transform,
+                                &compute,
+                                DType::U16,
+                                sc.ptr(),
+                                batch.frames,
+                                out_frame_elems as u64,
+                                list.ptr(),
+                                bad_idx.len() as u32,
+                            )
+                        }?;
+                    }
+                    sc.ptr()
+                }
+            };
+            let bad = 0;
+            let a = rans::EncodeArgs {
+                frames: frames_ptr,
+                n_frames: batch.frames,
+                dst: map_at,
+                dst_base: 0,
+                bad,
+                arena: es.arena.ptr(),
+                capacity: es.capacity,
+                cursor: es.err.ptr() + 32,
+                index: es.index.ptr(),
+                scratch_words: sw,
+                scratch_warps: warps,
+                err: es.err.ptr(),
+            };
+            // SAFETY: the frames buffer holds `batch.frames` u16 frames of the model's frame
+            // length (scratch of an identity u16 plan, or the region/bin output batch); the
+            // map holds `batch.frames` words naming entries < n_result (or u32::MAX); index,
+            // arena, cursor, scratch and records are this load's live buffers, alive until the
+            // final synchronize.
+            unsafe { rans::launch_encode(es.kernels, &compute, es.model, &a) }?;
+            record(eb, &compute)?;
         }
         evs.push(be);
         h2d_done[s] = Some(bi);
@@ -791,8 +1422,8 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
             );
         }
     }
-    let mask_events = match (&bad_buf, direct) {
-        (Some(b), true) => {
+    let mask_events = match (&bad_buf, direct, &dst) {
+        (Some(b), true, Some(dst)) => {
             let (a, z) = (event(e)?, event(e)?);
             record(&a, &compute)?;
             // SAFETY: the result holds n_result frames of `out_frame_elems` elements; the list
@@ -845,6 +1476,25 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
         ));
     }
     let saturated = u64::from_le_bytes(rec[64..72].try_into().unwrap_or([0; 8]));
+    let mut enc_used = 0u64;
+    let mut enc_overflowed = 0u32;
+    if let Some(es) = &enc {
+        let mut w = [0u8; 40];
+        es.err.read(0, &mut w)?;
+        let words: &[u32] = bytemuck::cast_slice(&w[..32]);
+        enc_used = u64::from_le_bytes(w[32..40].try_into().unwrap_or([0; 8]));
+        if let Some(f) = rans::fault_from_words(words) {
+            enc_overflowed = f.overflowed;
+            if f.code != 0 {
+                let frame = plan
+                    .frames
+                    .get(f.frame as usize)
+                    .copied()
+                    .unwrap_or(f.frame);
+                return Err(rans::fault_error(&f, frame).with_op("encode (cuda)"));
+            }
+        }
+    }
     let t_sync = t.elapsed().as_secs_f64();
     if let Some(p) = progress {
         p.end();
@@ -910,10 +1560,25 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
             seconds: dec_s,
         },
     ];
-    if !direct {
+    if evs.iter().any(|b| b.rb_end.is_some()) {
         timings.push(StageTiming {
             stage: "region/bin (events, summed)".into(),
             seconds: rb_s,
+        });
+    }
+    if enc.is_some() {
+        let enc_s = sum(&|b| match (&b.enc_start, &b.enc_end) {
+            (Some(a), Some(z)) => elapsed_s(a, z),
+            _ => 0.0,
+        });
+        let raw = n_result * out_frame_elems as u64 * 2;
+        timings.push(StageTiming {
+            stage: format!(
+                "encode (events, summed; {:.1} GB/s of u16 frames, {:.3} GB of streams)",
+                gbs(raw, enc_s),
+                enc_used as f64 / 1e9
+            ),
+            seconds: enc_s,
         });
     }
     if let Some((a, z)) = &mask_events {
@@ -947,14 +1612,16 @@ pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> 
     for b in h_in.into_iter().chain(h_tab) {
         e.give_pinned(b);
     }
-    let rs = params.scan_region.shape();
-    Ok(GpuLoad {
-        array: DeviceArray {
-            buf: dst,
-            shape: [rs.rows, rs.cols, rplan.output.rows, rplan.output.cols],
-            dtype: params.result_dtype,
-            ordinal: e.gpu.info().ordinal,
-        },
+    let encoded = enc.map(|es| EncodedOut {
+        arena: es.arena,
+        index: es.index,
+        used: enc_used,
+        overflowed: enc_overflowed,
+    });
+    Ok(PipelineOut {
+        dense: dst,
+        encoded,
+        output: rplan.output,
         saturated,
         frames: n_result,
         bytes_read,
@@ -1113,12 +1780,11 @@ fn read_batch(
 /// consecutive result frames), else batches also limited by the decode scratch.
 fn plan_source(
     src: &Source,
-    scan_region: Region,
+    frames: &[u64],
     identity: bool,
     opts: &PipelineOptions,
 ) -> Result<(LoadPlan, bool)> {
     let frame_bytes = src.frame_bytes() as u64;
-    let frames = region_frames(src.scan_shape, scan_region);
     // Chunks are sorted by first frame; a frame not inside its candidate chunk gets the IO
     // crate's typed error (out of range, or a chunk that was never written).
     let locate = |n: u64| -> Result<usize> {
@@ -1134,37 +1800,36 @@ fn plan_source(
             "chunk index is not sorted by frame",
         ))
     };
-    let plan = plan_chunks(
-        &src.chunks,
-        &frames,
-        frame_bytes,
-        locate,
-        opts.batch_bytes,
-        None,
-    )?;
-    if identity && plan.chunks_map_contiguously() {
-        return Ok((plan, true));
+    if identity {
+        let plan = plan_chunks(
+            &src.chunks,
+            frames,
+            frame_bytes,
+            locate,
+            opts.batch_bytes,
+            None,
+        )?;
+        if plan.chunks_map_contiguously() {
+            return Ok((plan, true));
+        }
     }
-    let limit = opts
-        .max_scratch_bytes
-        .max(plan_max_chunk_decoded(&plan, frame_bytes));
+    // Scratch path: batches also bounded by the decode scratch (at least the largest chunk).
+    let largest = src
+        .chunks
+        .iter()
+        .map(|c| c.frames_in_chunk as u64 * frame_bytes)
+        .max()
+        .unwrap_or(0);
+    let limit = opts.max_scratch_bytes.max(largest);
     let plan = plan_chunks(
         &src.chunks,
-        &frames,
+        frames,
         frame_bytes,
         locate,
         opts.batch_bytes,
         Some(limit),
     )?;
     Ok((plan, false))
-}
-
-fn plan_max_chunk_decoded(plan: &LoadPlan, frame_bytes: u64) -> u64 {
-    plan.chunks
-        .iter()
-        .map(|p| p.rec.frames_in_chunk as u64 * frame_bytes)
-        .max()
-        .unwrap_or(0)
 }
 
 /// Upload an in-memory array `[scan, detector]` and run the same region/bin path.
@@ -1570,7 +2235,8 @@ mod tests {
             max_scratch_bytes: 4 * src.frame_bytes() as u64,
             ..PipelineOptions::default()
         };
-        let (plan, direct) = plan_source(src, region, identity, &opts)?;
+        let (plan, direct) =
+            plan_source(src, &region_frames(src.scan_shape, region), identity, &opts)?;
         let files: Vec<File> = src
             .files
             .iter()

@@ -25,6 +25,11 @@ impl PyDataset {
     pub fn new(inner: qem::Dataset) -> Self {
         PyDataset { inner }
     }
+
+    /// The library dataset.
+    pub fn inner(&self) -> &qem::Dataset {
+        &self.inner
+    }
 }
 
 fn numpy_dtype(py: Python<'_>, dtype: DType) -> Bound<'_, PyArrayDescr> {
@@ -97,7 +102,8 @@ impl PyDataset {
         to_py(py, self.inner.provenance())
     }
 
-    /// Bytes the data occupies where it lives (0 once closed).
+    /// Bytes the data occupies where it lives (0 once closed); for ENCODED data the streams,
+    /// their index and the model.
     #[getter]
     fn nbytes_resident(&self) -> u64 {
         self.inner.nbytes_resident()
@@ -175,6 +181,11 @@ impl PyDataset {
             return Err(PyAttributeError::new_err(format!(
                 "__cuda_array_interface__: this dataset is on backend \"{backend}\", not on the GPU; use to_numpy()"
             )));
+        }
+        if self.inner.representation() == qem::Representation::Encoded {
+            return Err(PyAttributeError::new_err(
+                "__cuda_array_interface__: this dataset is held ENCODED on the GPU (no dense array exists); load with representation=\"dense\" for a zero-copy CuPy view, or use ds[r, c] / to_numpy()",
+            ));
         }
         let view = crate::engine::device_view(&self.inner).ok_or_else(|| {
             PyAttributeError::new_err(

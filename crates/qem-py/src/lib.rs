@@ -22,16 +22,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 fn parse_representation(name: Option<&str>) -> PyResult<Option<Representation>> {
-    match name.map(str::to_ascii_lowercase).as_deref() {
-        None => Ok(None),
-        Some("dense") => Ok(Some(Representation::Dense)),
-        Some("encoded") => Ok(Some(Representation::Encoded)),
-        Some(other) => Err(to_pyerr(
-            Error::invalid("load", format!("unknown representation \"{other}\""))
-                .with_expected("\"dense\", \"encoded\" or None")
-                .with_found(other.to_string()),
-        )),
-    }
+    name.map(str::parse::<Representation>).transpose().py()
 }
 
 /// Load a source; see `quantem.gpu.io.load` for the documented signature.
@@ -91,9 +82,9 @@ fn load(
         if ds.representation() != r {
             // Never hand back another representation than the one asked for.
             return Err(to_pyerr(
-                Error::invalid(
+                Error::internal(
                     "load",
-                    format!("representation {r:?} is not available in this build yet"),
+                    format!("representation {r:?} was asked for but another came back"),
                 )
                 .with_expected(format!("{r:?}"))
                 .with_found(format!("{:?}", ds.representation())),
@@ -101,6 +92,18 @@ fn load(
         }
     }
     Ok(PyDataset::new(ds))
+}
+
+/// Write `dataset` as a `.qem` file; returns a summary dict. See `quantem.gpu.io.save`.
+#[pyfunction]
+fn save<'py>(
+    py: Python<'py>,
+    dataset: PyRef<'py, PyDataset>,
+    path: PathBuf,
+) -> PyResult<Bound<'py, PyAny>> {
+    let ds = dataset.inner();
+    let summary = py.detach(|| qem::save(ds, &path, &qem::NoProgress)).py()?;
+    to_py(py, &summary)
 }
 
 /// Readiness report of a source as a dict, without decoding pixels.
@@ -158,6 +161,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyDataset>()?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(inspect, m)?)?;
+    m.add_function(wrap_pyfunction!(save, m)?)?;
     m.add_function(wrap_pyfunction!(discover, m)?)?;
     m.add_function(wrap_pyfunction!(backends, m)?)?;
     m.add_function(wrap_pyfunction!(resolve_backend, m)?)?;

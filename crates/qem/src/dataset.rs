@@ -9,8 +9,33 @@ use qem_core::{DType, DenseArray, Error, Metadata, Provenance, Result, Shape2};
 pub enum Representation {
     /// Plain `u8`/`u16`/`u32` array.
     Dense,
-    /// rANS-coded counts (a later issue).
+    /// rANS-coded counts, decoded on the fly (one stream per frame).
     Encoded,
+}
+
+impl Representation {
+    /// Lower-case name (`"dense"`, `"encoded"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Representation::Dense => "dense",
+            Representation::Encoded => "encoded",
+        }
+    }
+}
+
+impl std::str::FromStr for Representation {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "dense" => Ok(Representation::Dense),
+            "encoded" => Ok(Representation::Encoded),
+            other => Err(
+                Error::invalid("load", format!("unknown representation \"{other}\""))
+                    .with_expected("dense or encoded")
+                    .with_found(other.to_string()),
+            ),
+        }
+    }
 }
 
 /// A dense array in GPU memory, for zero-copy hand-off (e.g. `__cuda_array_interface__` or
@@ -28,15 +53,32 @@ pub struct CudaArrayView {
     pub device_ordinal: usize,
 }
 
-/// Where the data lives.
+/// Where the data lives, and in which representation. A new form (e.g. `CudaEncoded`) adds a
+/// variant here and an arm in the few `match`es of this file; nothing else matches on it.
 #[derive(Debug)]
 pub(crate) enum Storage {
     /// Dense array in host memory (CPU engine).
     CpuDense(DenseArray),
     /// Dense array in GPU memory (CUDA engine).
     CudaDense(qem_cuda::DeviceArray),
+    /// rANS-coded frames in host memory (CPU engine). Frames are `u16`; a `u8` dataset
+    /// narrows them on decode ([`Dataset::dtype`] says which).
+    CpuEncoded(qem_cpu::EncodedFrames),
+    /// rANS-coded frames in GPU memory (CUDA engine; `u16` counts).
+    CudaEncoded(qem_cuda::DeviceEncoded),
     /// Released by [`Dataset::close`].
     Closed,
+}
+
+impl Storage {
+    /// The representation of live storage (`None` once closed).
+    pub(crate) fn representation(&self) -> Option<Representation> {
+        match self {
+            Storage::CpuEncoded(_) | Storage::CudaEncoded(_) => Some(Representation::Encoded),
+            Storage::CpuDense(_) | Storage::CudaDense(_) => Some(Representation::Dense),
+            Storage::Closed => None,
+        }
+    }
 }
 
 /// A loaded 4D-STEM acquisition.
@@ -90,16 +132,42 @@ impl Dataset {
     pub fn provenance(&self) -> &Provenance {
         &self.provenance
     }
-    /// Dense or encoded.
+    /// Dense or encoded (a closed dataset answers what it held).
     pub fn representation(&self) -> Representation {
-        Representation::Dense
+        self.storage
+            .representation()
+            .unwrap_or(match self.provenance.representation.as_deref() {
+                Some("encoded") => Representation::Encoded,
+                _ => Representation::Dense,
+            })
     }
-    /// Bytes the data occupies where it lives (0 once closed).
+    /// Bytes the data occupies where it lives (0 once closed): the dense array, or for ENCODED
+    /// data the streams, their index and the model.
     pub fn nbytes_resident(&self) -> u64 {
         match &self.storage {
             Storage::CpuDense(a) => a.nbytes() as u64,
             Storage::CudaDense(a) => a.nbytes(),
+            Storage::CpuEncoded(e) => e.nbytes(),
+            Storage::CudaEncoded(e) => e.nbytes(),
             Storage::Closed => 0,
+        }
+    }
+    /// Bytes a dense copy of the whole dataset takes.
+    pub fn nbytes_dense(&self) -> u64 {
+        self.shape().iter().map(|&n| n as u64).product::<u64>() * self.dtype.size() as u64
+    }
+    /// The host-resident encoded frames (`None` unless the dataset is ENCODED on the CPU).
+    pub fn encoded(&self) -> Option<&qem_cpu::EncodedFrames> {
+        match &self.storage {
+            Storage::CpuEncoded(e) => Some(e),
+            _ => None,
+        }
+    }
+    /// The GPU-resident encoded frames (`None` unless the dataset is ENCODED on CUDA).
+    pub fn encoded_cuda(&self) -> Option<&qem_cuda::DeviceEncoded> {
+        match &self.storage {
+            Storage::CudaEncoded(e) => Some(e),
+            _ => None,
         }
     }
     /// True after [`Dataset::close`].
@@ -117,14 +185,34 @@ impl Dataset {
                 op,
                 "the data is on the GPU (backend \"cuda\"); use to_host() for a host copy",
             )),
+            Storage::CpuEncoded(_) | Storage::CudaEncoded(_) => Err(Error::invalid(
+                op,
+                "the data is held ENCODED (rANS); use to_host() for a decoded copy or frame() for one frame",
+            )
+            .with_expected("representation dense")
+            .with_found("representation encoded")),
             Storage::Closed => Err(Error::invalid(op, "the dataset has been closed")),
         }
     }
-    /// A host copy of the whole dense array: a clone on the CPU, a download from the GPU.
+    /// A host copy of the whole dense array: a clone on the CPU, a download from the GPU, a
+    /// parallel decode of ENCODED data (admitted against the host's available memory first).
     pub fn to_host(&self) -> Result<DenseArray> {
         match &self.storage {
             Storage::CpuDense(a) => Ok(a.clone()),
             Storage::CudaDense(a) => a.download(),
+            Storage::CpuEncoded(e) => {
+                crate::load::admit(self.nbytes_dense(), None)
+                    .map_err(|err| err.with_op("to_host (decode ENCODED data)"))?;
+                let counts = e.decode_all()?;
+                Ok(narrow(counts, self.dtype))
+            }
+            Storage::CudaEncoded(e) => {
+                crate::load::admit(self.nbytes_dense(), None)
+                    .map_err(|err| err.with_op("to_host (decode ENCODED data on the GPU)"))?;
+                let eng = qem_cuda::engine()?;
+                let counts = e.download_frames(&eng.gpu, eng.rans()?, 0, e.n_frames())?;
+                Ok(narrow(counts, self.dtype))
+            }
             Storage::Closed => Err(Error::invalid("to_host", "the dataset has been closed")),
         }
     }
@@ -155,8 +243,19 @@ impl Dataset {
         }
         let frame_len = self.detector_shape.len();
         let index = row * self.scan_shape.cols + col;
-        if let Storage::CudaDense(a) = &self.storage {
-            return a.download_frame(index);
+        match &self.storage {
+            Storage::CudaDense(a) => return a.download_frame(index),
+            Storage::CpuEncoded(e) => {
+                let mut out = vec![0u16; frame_len];
+                e.decode_frame(index, &mut out)?;
+                return Ok(narrow(out, self.dtype));
+            }
+            Storage::CudaEncoded(e) => {
+                let eng = qem_cuda::engine()?;
+                let out = e.download_frames(&eng.gpu, eng.rans()?, index as u64, 1)?;
+                return Ok(narrow(out, self.dtype));
+            }
+            _ => {}
         }
         Ok(self.dense_ref("frame")?.slice(index * frame_len, frame_len))
     }
@@ -164,5 +263,14 @@ impl Dataset {
     /// dataset answers with an error pointing to [`Dataset::to_host`]).
     pub fn dense(&self) -> Result<&DenseArray> {
         self.dense_ref("dense")
+    }
+}
+
+/// Decoded `u16` counts in the dataset's dtype: `u8` datasets were stored widened from `u8`
+/// values, so narrowing is exact.
+pub(crate) fn narrow(counts: Vec<u16>, dtype: DType) -> DenseArray {
+    match dtype {
+        DType::U8 => DenseArray::U8(counts.into_iter().map(|v| v as u8).collect()),
+        _ => DenseArray::U16(counts),
     }
 }

@@ -2,18 +2,29 @@
 //!
 //! Users (the CLI, the Python module, Rust programs) call this crate only. It resolves a backend
 //! ([`backend`]), loads sources into a [`Dataset`] ([`load`]), and reports on sources without
-//! decoding them ([`inspect`], [`discover`]). Engines (`qem-cpu`, `qem-cuda`) sit below it;
+//! decoding them ([`inspect`], [`discover`]), and saves/reopens ENCODED datasets as `.qem`
+//! files ([`save`], [`read_qem`]). Engines (`qem-cpu`, `qem-cuda`) sit below it;
 //! composite operations are written once here over their primitives.
 
 pub mod backend;
 pub mod dataset;
+mod encode;
 pub mod load;
+pub mod qemfile;
 
 pub use backend::{available_backends, resolve_backend, Backend, BackendInfo, BackendRequest};
 pub use dataset::{CudaArrayView, Dataset, Representation};
-pub use load::{discover, inspect, load, Inspection, LoadParams, SourceArg, GIT_REVISION};
+pub use load::{
+    default_representation, discover, inspect, load, Inspection, LoadParams, SourceArg,
+    GIT_REVISION,
+};
+pub use qem_cpu::EncodedFrames;
+pub use qemfile::{
+    qem_file_error, read_qem, save, QemContents, QemReadParams, SaveSummary, QEM_FORMAT_NAME,
+};
 
 pub use qem_core::{
-    DType, DenseArray, DtypeRequest, Error, ErrorKind, MaskPolicy, MemoryReport, Metadata,
-    NoProgress, Progress, Provenance, Region, Result, ScanShapeOrigin, Shape2, StageTiming,
+    CodecInfo, DType, DenseArray, DtypeRequest, Error, ErrorKind, MaskPolicy, MemoryReport,
+    Metadata, NoProgress, Progress, Provenance, Region, Result, ScanShapeOrigin, Shape2,
+    StageTiming,
 };

@@ -3,8 +3,9 @@
 use crate::backend::{cpu_description, cuda_description, resolve_backend, Backend, BackendRequest};
 use crate::dataset::{Dataset, Representation, Storage};
 use qem_core::{
-    DType, DenseArray, DtypeRequest, Error, FileIdentity, MaskPolicy, Metadata, NoProgress,
-    Progress, Provenance, Region, Result, ScanShapeOrigin, Shape2, StageTiming, PACKAGE_VERSION,
+    CodecInfo, DType, DenseArray, DtypeRequest, Error, FileIdentity, MaskPolicy, Metadata,
+    NoProgress, Progress, Provenance, Region, Result, ScanShapeOrigin, Shape2, StageTiming,
+    PACKAGE_VERSION,
 };
 use qem_cpu::{FramePlan, LoadHooks};
 use std::path::{Path, PathBuf};
@@ -46,7 +47,7 @@ pub struct LoadParams {
     pub det_bin: usize,
     /// Result dtype policy.
     pub dtype: DtypeRequest,
-    /// Dense or encoded; `None` = the backend's default.
+    /// Dense or encoded; `None` = the backend's default ([`default_representation`]).
     pub representation: Option<Representation>,
     /// Zero bad pixels (from `pixel_mask`) before narrowing and binning.
     pub apply_mask: bool,
@@ -99,21 +100,42 @@ impl Default for LoadParams {
 /// every choice. Over budget is a typed `MemoryBudget` error, never a silent reduction.
 pub fn load(source: SourceArg, params: &LoadParams) -> Result<Dataset> {
     let backend = resolve_backend(params.backend)?;
-    if params.representation == Some(Representation::Encoded) {
-        return Err(Error::invalid(
-            "load",
-            "the ENCODED representation is not available in this build yet; use representation=\"dense\"",
-        )
-        .with_expected("dense")
-        .with_found("encoded"));
-    }
+    let representation = params
+        .representation
+        .unwrap_or_else(|| default_representation(backend));
     let progress: &dyn Progress = match &params.progress {
         Some(p) => p.as_ref(),
         None => &NoProgress,
     };
     match source {
-        SourceArg::Path(path) => load_path(&path, params, backend, progress),
-        SourceArg::Array { data, shape } => load_in_memory(data, &shape, params, backend, progress),
+        SourceArg::Path(path) => load_path(&path, params, backend, representation, progress),
+        SourceArg::Array { data, shape } => {
+            load_in_memory(data, &shape, params, backend, representation, progress)
+        }
+    }
+}
+
+/// The representation a load gets when the caller does not say: DENSE on the CPU engine,
+/// ENCODED on CUDA (DESIGN.md) — except where the result dtype is not `u16` (ENCODED holds
+/// `u16` counts on the GPU), where CUDA loads stay DENSE; provenance records the choice.
+pub fn default_representation(backend: Backend) -> Representation {
+    match backend {
+        Backend::Cpu => Representation::Dense,
+        Backend::Cuda => Representation::Encoded,
+    }
+}
+
+/// The representation a load actually gets for `result_dtype` (see [`default_representation`]);
+/// an explicit request is kept (and refused later if it cannot be honoured).
+pub(crate) fn effective_representation(
+    requested: Option<Representation>,
+    backend: Backend,
+    result_dtype: DType,
+) -> Representation {
+    match requested {
+        Some(r) => r,
+        None if backend == Backend::Cuda && result_dtype != DType::U16 => Representation::Dense,
+        None => default_representation(backend),
     }
 }
 
@@ -126,7 +148,7 @@ fn host_memory_available() -> Option<u64> {
 }
 
 /// Admit a result of `bytes` against the caller's budget and the host's available memory.
-fn admit(bytes: u64, budget: Option<u64>) -> Result<()> {
+pub(crate) fn admit(bytes: u64, budget: Option<u64>) -> Result<()> {
     let host = host_memory_available();
     let available = match (budget, host) {
         (Some(b), Some(h)) => b.min(h),
@@ -148,19 +170,24 @@ fn admit(bytes: u64, budget: Option<u64>) -> Result<()> {
     Ok(())
 }
 
-struct Planned {
-    plan: FramePlan,
-    scan_region: Region,
-    result_dtype: DType,
+pub(crate) struct Planned {
+    pub(crate) plan: FramePlan,
+    pub(crate) scan_region: Region,
+    pub(crate) result_dtype: DType,
+    /// The representation the load gets ([`effective_representation`]).
+    pub(crate) representation: Representation,
 }
 
-fn plan_load(
+/// Plan a load; a dense result is admitted against the memory budget here, an ENCODED one
+/// (whose size is known only once encoded) by the encoder.
+pub(crate) fn plan_load(
     source_dtype: DType,
     scan: Shape2,
     detector: Shape2,
     bad: Option<&[bool]>,
     params: &LoadParams,
     backend: Backend,
+    representation: Representation,
 ) -> Result<Planned> {
     let scan_region = params.scan_region.unwrap_or(scan.full());
     scan_region.validate(scan, "scan_region")?;
@@ -183,40 +210,50 @@ fn plan_load(
         bad,
     )?;
     let bytes = (scan_region.shape().len() * plan.output_len() * result_dtype.size()) as u64;
+    let representation = match params.representation {
+        Some(_) => representation,
+        None => effective_representation(None, backend, result_dtype),
+    };
+    if representation == Representation::Encoded && result_dtype == DType::U32 {
+        return Err(crate::encode::u32_refusal("load"));
+    }
     // The CUDA engine admits every device buffer itself (against the GPU's free memory).
-    if backend == Backend::Cpu {
+    if backend == Backend::Cpu && representation == Representation::Dense {
         admit(bytes, params.memory_budget)?;
     }
     Ok(Planned {
         plan,
         scan_region,
         result_dtype,
+        representation,
     })
 }
 
 /// What a load knows about its source, for the dataset and its provenance.
-struct SourceFacts {
-    kind: &'static str,
-    files: Vec<FileIdentity>,
-    dataset_path: Option<String>,
-    chunk_index_digest: Option<String>,
-    scan: Shape2,
-    detector: Shape2,
-    dtype: DType,
-    bad_pixels: usize,
-    metadata: Metadata,
+pub(crate) struct SourceFacts {
+    pub(crate) kind: &'static str,
+    pub(crate) files: Vec<FileIdentity>,
+    pub(crate) dataset_path: Option<String>,
+    pub(crate) chunk_index_digest: Option<String>,
+    pub(crate) scan: Shape2,
+    pub(crate) detector: Shape2,
+    pub(crate) dtype: DType,
+    pub(crate) bad_pixels: usize,
+    pub(crate) metadata: Metadata,
 }
 
 /// What an engine produced.
-struct Loaded {
-    storage: Storage,
-    saturated: u64,
-    memory: Option<qem_core::MemoryReport>,
-    timings: Vec<StageTiming>,
+pub(crate) struct Loaded {
+    pub(crate) storage: Storage,
+    pub(crate) saturated: u64,
+    pub(crate) memory: Option<qem_core::MemoryReport>,
+    pub(crate) timings: Vec<StageTiming>,
+    /// The codec of ENCODED storage.
+    pub(crate) codec: Option<CodecInfo>,
 }
 
 /// Assemble the dataset and its provenance (written once for every source kind and engine).
-fn finish(
+pub(crate) fn finish(
     facts: SourceFacts,
     planned: &Planned,
     params: &LoadParams,
@@ -257,6 +294,12 @@ fn finish(
         git_revision: GIT_REVISION.to_string(),
         timings: loaded.timings,
         memory: loaded.memory,
+        representation: loaded
+            .storage
+            .representation()
+            .map(|r| r.name().to_string()),
+        codec: loaded.codec,
+        converted_from: None,
     };
     Dataset {
         scan_shape: planned.scan_region.shape(),
@@ -270,7 +313,7 @@ fn finish(
     }
 }
 
-fn gpu_params<'a>(
+pub(crate) fn gpu_params<'a>(
     planned: &Planned,
     params: &LoadParams,
     bad: Option<&'a [bool]>,
@@ -293,18 +336,12 @@ fn load_path(
     path: &Path,
     params: &LoadParams,
     backend: Backend,
+    representation: Representation,
     progress: &dyn Progress,
 ) -> Result<Dataset> {
     let t_total = Instant::now();
-    if path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("qem"))
-    {
-        return Err(Error::invalid(
-            "load",
-            ".qem files arrive with the encoded-dataset issue and cannot be read by this build",
-        )
-        .with_file(path));
+    if crate::qemfile::is_qem_file(path)? {
+        return crate::qemfile::load_qem(path, params, backend, representation, progress);
     }
     let t = Instant::now();
     let src = qem_io::Source::open(
@@ -327,6 +364,7 @@ fn load_path(
         bad.as_deref(),
         params,
         backend,
+        representation,
     )?;
     let mut timings = vec![StageTiming {
         stage: if src.index_from_cache {
@@ -336,8 +374,8 @@ fn load_path(
         },
         seconds: t_open,
     }];
-    let loaded = match backend {
-        Backend::Cpu => {
+    let loaded = match (backend, planned.representation) {
+        (Backend::Cpu, Representation::Dense) => {
             let l = qem_cpu::load_dense(
                 &src,
                 planned.scan_region,
@@ -349,9 +387,59 @@ fn load_path(
                 saturated: l.saturated,
                 memory: None,
                 timings: l.timings,
+                codec: None,
             }
         }
-        Backend::Cuda => {
+        (Backend::Cpu, Representation::Encoded) => {
+            let e = crate::encode::encode_source(
+                &src,
+                planned.scan_region,
+                &planned.plan,
+                params.memory_budget,
+                progress,
+            )?;
+            let dense_bytes = (planned.scan_region.shape().len()
+                * planned.plan.output_len()
+                * planned.result_dtype.size()) as u64;
+            let codec =
+                crate::encode::codec_info(&e.frames, e.fit_frames, dense_bytes, Some(e.bytes_read));
+            Loaded {
+                storage: Storage::CpuEncoded(e.frames),
+                saturated: e.saturated,
+                memory: None,
+                timings: e.timings,
+                codec: Some(codec),
+            }
+        }
+        (Backend::Cuda, Representation::Encoded) => {
+            let frame_bytes = planned.plan.output_len() * 2;
+            let opts = qem_cuda::EncodeOptions {
+                model: qem_cpu::model_params(),
+                // The CPU engine's sample rule, so both engines fit the same model.
+                sample_frames: crate::encode::sample_count(frame_bytes) as u64,
+                ..qem_cuda::EncodeOptions::default()
+            };
+            let g = qem_cuda::load_source_encoded(
+                &src,
+                &gpu_params(&planned, params, bad.as_deref(), progress),
+                &opts,
+            )?;
+            let dense_bytes = (planned.scan_region.shape().len() * frame_bytes) as u64;
+            let codec = crate::encode::codec_info_device(
+                &g.encoded,
+                opts.sample_frames.min(g.frames),
+                dense_bytes,
+                Some(g.bytes_read),
+            );
+            Loaded {
+                storage: Storage::CudaEncoded(g.encoded),
+                saturated: 0,
+                memory: Some(g.memory),
+                timings: g.timings,
+                codec: Some(codec),
+            }
+        }
+        (Backend::Cuda, Representation::Dense) => {
             let g = qem_cuda::load_source(
                 &src,
                 &gpu_params(&planned, params, bad.as_deref(), progress),
@@ -361,6 +449,7 @@ fn load_path(
                 saturated: g.saturated,
                 memory: Some(g.memory),
                 timings: g.timings,
+                codec: None,
             }
         }
     };
@@ -389,7 +478,7 @@ fn load_path(
     ))
 }
 
-fn device_of(backend: Backend) -> String {
+pub(crate) fn device_of(backend: Backend) -> String {
     match backend {
         Backend::Cpu => cpu_description(),
         Backend::Cuda => cuda_description(),
@@ -406,6 +495,7 @@ fn load_in_memory(
     shape: &[usize],
     params: &LoadParams,
     backend: Backend,
+    representation: Representation,
     progress: &dyn Progress,
 ) -> Result<Dataset> {
     let t_total = Instant::now();
@@ -453,7 +543,15 @@ fn load_in_memory(
         );
     }
     let source_dtype = data.dtype();
-    let planned = plan_load(source_dtype, scan, detector, None, params, backend)?;
+    let planned = plan_load(
+        source_dtype,
+        scan,
+        detector,
+        None,
+        params,
+        backend,
+        representation,
+    )?;
     let mut loaded = match backend {
         Backend::Cpu => {
             let l = qem_cpu::load_array(
@@ -463,11 +561,39 @@ fn load_in_memory(
                 &planned.plan,
                 LoadHooks { progress },
             )?;
-            Loaded {
-                storage: Storage::CpuDense(l.data),
-                saturated: l.saturated,
-                memory: None,
-                timings: l.timings,
+            if planned.representation == Representation::Encoded {
+                drop(data);
+                let t = Instant::now();
+                let dense_bytes = l.data.nbytes() as u64;
+                let (frames, fit_frames) =
+                    crate::encode::encode_dense(&l.data, planned.plan.output_shape(), progress)?;
+                drop(l.data);
+                if let Some(b) = params.memory_budget {
+                    if frames.nbytes() > b {
+                        return Err(Error::memory_budget("load (ENCODED)", frames.nbytes(), b));
+                    }
+                }
+                let codec = crate::encode::codec_info(&frames, fit_frames, dense_bytes, None);
+                let mut timings = l.timings;
+                timings.push(StageTiming {
+                    stage: "fit+encode (wall)".into(),
+                    seconds: t.elapsed().as_secs_f64(),
+                });
+                Loaded {
+                    storage: Storage::CpuEncoded(frames),
+                    saturated: l.saturated,
+                    memory: None,
+                    timings,
+                    codec: Some(codec),
+                }
+            } else {
+                Loaded {
+                    storage: Storage::CpuDense(l.data),
+                    saturated: l.saturated,
+                    memory: None,
+                    timings: l.timings,
+                    codec: None,
+                }
             }
         }
         Backend::Cuda => {
@@ -477,11 +603,39 @@ fn load_in_memory(
                 detector,
                 &gpu_params(&planned, params, None, progress),
             )?;
-            Loaded {
-                storage: Storage::CudaDense(g.array),
-                saturated: g.saturated,
-                memory: Some(g.memory),
-                timings: g.timings,
+            if planned.representation == Representation::Encoded {
+                let frame_bytes = planned.plan.output_len() * 2;
+                let opts = qem_cuda::EncodeOptions {
+                    model: qem_cpu::model_params(),
+                    sample_frames: crate::encode::sample_count(frame_bytes) as u64,
+                    ..qem_cuda::EncodeOptions::default()
+                };
+                let en = qem_cuda::encode_device_array(&g.array, &opts)?;
+                let dense_bytes = g.array.nbytes();
+                drop(g.array);
+                let codec = crate::encode::codec_info_device(
+                    &en.encoded,
+                    opts.sample_frames.min(en.frames),
+                    dense_bytes,
+                    None,
+                );
+                let mut timings = g.timings;
+                timings.extend(en.timings);
+                Loaded {
+                    storage: Storage::CudaEncoded(en.encoded),
+                    saturated: g.saturated,
+                    memory: Some(en.memory),
+                    timings,
+                    codec: Some(codec),
+                }
+            } else {
+                Loaded {
+                    storage: Storage::CudaDense(g.array),
+                    saturated: g.saturated,
+                    memory: Some(g.memory),
+                    timings: g.timings,
+                    codec: None,
+                }
             }
         }
     };

@@ -98,7 +98,8 @@ def load(
     ----------
     source : str, os.PathLike or numpy.ndarray
         A Dectris ``*_master.h5``, a plain HDF5 file with a 3-D ``(N, k_r, k_c)`` or 4-D dataset,
-        or a uint8/uint16/uint32 array of shape ``(R_r, R_c, k_r, k_c)`` or ``(N, k_r, k_c)``
+        a ``.qem`` file written by :func:`save` (recognised by its content; regions, binning and
+        dtype changes are refused for it), or a uint8/uint16/uint32 array of shape ``(R_r, R_c, k_r, k_c)`` or ``(N, k_r, k_c)``
         (copied).
     backend : {"auto", "cpu", "cuda", "mps"}
         ``"auto"`` picks CUDA when usable, else the CPU; an explicit backend that cannot run
@@ -117,7 +118,12 @@ def load(
         :class:`~quantem.gpu.DtypeOverflowError`); ``"u8"`` saturates at 255 and records how many
         values were clipped in the provenance.
     representation : {"dense", "encoded"}, DataRepresentation or None
-        ``None`` = the backend's default.
+        ``None`` = the backend's default: DENSE on the CPU; ENCODED on CUDA when the result is
+        uint16 (else DENSE). ENCODED holds every frame rANS-coded (``ds.nbytes_resident`` is
+        the coded size; on CUDA it lives on the GPU, built batch by batch so the dense
+        acquisition never exists there) and decodes on access; it holds counts up to 65535,
+        so a uint32 result is refused (use ``dtype="u16"``); on CUDA also uint8. A CuPy view
+        (``__cuda_array_interface__``) needs ``representation="dense"``.
     apply_mask : bool
         Set the detector's bad pixels (``pixel_mask & 0xFFFF != 0``) to 0.
     memory_budget : int, optional
@@ -193,22 +199,29 @@ def discover(folder: str | os.PathLike[str]) -> list[str]:
     return list(_native.discover(os.fspath(folder)))
 
 
-def save(dataset: Dataset, path: str | os.PathLike[str]) -> None:
-    """Write a dataset as a ``.qem`` file (not available in this build).
+def save(dataset: Dataset, path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Write a dataset as a ``.qem`` file (its ENCODED form; reopen with :func:`load`).
+
+    An ENCODED dataset is written as it is; a dense uint8/uint16 one is encoded first. The
+    file is written to a temporary name and renamed into place, so ``path`` is either the old
+    file or the complete new one. The GIL is released while writing.
+
+    Parameters
+    ----------
+    dataset : Dataset
+        A loaded dataset (uint8 or uint16 counts; uint32 is refused, as ENCODED holds counts up
+        to 65535).
+    path : str or os.PathLike
+        The file to write (conventionally ``*.qem``; it is recognised by its content).
+
+    Returns
+    -------
+    dict
+        ``path``, ``file_bytes``, ``n_frames``, ``encoded_bytes``, ``dense_bytes``,
+        ``encode_seconds``, ``seconds``.
 
     Raises
     ------
-    QuantemError
-        Always, for now: the ``.qem`` container arrives with its own issue.
+    InvalidArgumentError, QuantemIOError
     """
-    err = _native.QuantemError(
-        "save: writing .qem files arrives with the .qem issue; not available in this build"
-    )
-    err.kind = "not_implemented"
-    err.op = "save"
-    err.file = os.fspath(path)
-    err.frame = None
-    err.expected = None
-    err.found = None
-    err.detail = "writing .qem files arrives with the .qem issue"
-    raise err
+    return _native.save(dataset, os.fspath(path))

@@ -1,0 +1,663 @@
+// The rANS counts codec on the GPU (qem_codec::rans, format v2, is the specification):
+//
+// * decode: one warp per stream, the model's tables in shared memory, fused with a reduction
+//   through a functor (`rans_decode_stream<Op>`): each decoded value goes to `op.value(p, v)`
+//   and never to global memory unless the functor writes it there;
+// * encode: one warp per frame over a batch of dense u16 frames, words staged in a per-warp
+//   scratch in encoder order and written reversed (decoder order) at an atomically allocated
+//   arena offset;
+// * fitting statistics over a dense sample: per-pixel sums, per-frame statistics, and the
+//   [table set][context][symbol] histogram. The host finishes the fit with the CPU code, so
+//   CPU and GPU models are identical for the same sample.
+//
+// Tables (built by the Rust wrapper, rans.rs): `tab[(set·C + ctx)·S + s] = freq << 16 | cum`
+// and a coarse lookup `lut[(set·C + ctx)·256 + (slot >> 4)]` = the symbol whose range holds
+// slot `16·(slot >> 4)`; the decoder walks forward from it to the symbol holding `slot`.
+//
+// Every read of a stream is bounds-checked against its header counts and the stream length
+// from the index; a corrupt stream sets an error record naming the frame and never reads or
+// writes out of bounds.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define FULL_MASK 0xffffffffu
+#define RANS_L 65536u
+#define PROB_BITS 12u
+#define PROB_MASK 4095u
+#define HDR_BYTES 144u
+#define LUT_PER_ROW 256u
+
+// Error codes; the wrapper (rans.rs) maps them to messages.
+#define R_OK 0u
+#define R_INDEX 1u          // index entry outside the arena
+#define R_LENGTH 2u         // stream length != the length its header implies
+#define R_COUNTS 3u         // n_words > n or n_extra_bits > 15 n
+#define R_SET 4u            // table_set >= T
+#define R_RESERVED 5u       // reserved header word != 0
+#define R_START_STATE 6u    // an initial state < L
+#define R_PAD 7u            // pad word != 0
+#define R_TAIL_BITS 8u      // unused high bits of the last extra word != 0
+#define R_WORD_OVERRUN 9u   // a word needed past n_words
+#define R_BIT_OVERRUN 10u   // extra bits needed past n_extra_bits
+#define R_FINAL_STATE 11u   // a final state != L
+#define R_WORDS_LEFT 12u    // words left unread
+#define R_BITS_LEFT 13u     // extra bits left unread
+#define R_SET_MISMATCH 14u  // the decoded frame's statistic maps to another table set
+#define R_UNCODABLE 15u     // encode: a value whose symbol has frequency 0 in its context
+#define R_OVERFLOW 16u      // encode: the arena was full (the host retries with more room)
+
+// err: [0] flag, [1] code, [2..4) frame (u64 lo, hi), [4] a, [5] b, [6] count of failing streams,
+// [7] overflowing frames (encode).
+__device__ __forceinline__ void rans_report(u32* err, u64 frame, u32 code, u32 a, u32 b) {
+    atomicAdd(&err[6], 1u);
+    if (atomicCAS(&err[0], 0u, 1u) == 0u) {
+        err[1] = code;
+        err[2] = (u32)frame;
+        err[3] = (u32)(frame >> 32);
+        err[4] = a;
+        err[5] = b;
+    }
+}
+
+__device__ __forceinline__ u32 lanemask_lt() {
+    u32 m;
+    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+    return m;
+}
+
+__device__ __forceinline__ u64 warp_sum_u64(u64 v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ u32 symbol_of(u32 v, u32 K) {
+    return v < K ? v : K + (31u - __clz(v - K + 1u));
+}
+
+// The model as the kernels see it (tab and lut point to shared memory once staged).
+struct RansModel {
+    const u8* __restrict__ ctx;   // frame_len context classes (global, read through L1)
+    const u32* tab;               // T*C*S packed entries
+    const u8* lut;                // T*C*256 coarse lookup
+    const u64* __restrict__ thr;  // T-1 thresholds (global)
+    u32 n, K, S, C, T, split;
+};
+
+__device__ __forceinline__ u32 table_set_of(const RansModel& m, u64 stat) {
+    u32 s = 0;
+    for (u32 i = 0; i + 1 < m.T; ++i) s += (u32)(__ldg(m.thr + i) <= stat);
+    return s;
+}
+
+// Stage the tables of `m` (global) into dynamic shared memory: tab first (u32), then lut.
+// Returns the model pointing at shared memory. Call from every thread of the block.
+__device__ RansModel stage_model(RansModel m, u32* smem) {
+    const u32 rows = m.T * m.C;
+    const u32 tab_words = rows * m.S;
+    for (u32 i = threadIdx.x; i < tab_words; i += blockDim.x) smem[i] = __ldg(m.tab + i);
+    u8* lut_s = (u8*)(smem + tab_words);
+    const u32 lut_bytes = rows * LUT_PER_ROW;
+    for (u32 i = threadIdx.x; i < lut_bytes; i += blockDim.x) lut_s[i] = __ldg(m.lut + i);
+    __syncthreads();
+    m.tab = smem;
+    m.lut = lut_s;
+    return m;
+}
+
+// Decode one stream with the whole warp; every lane returns the same code. `op.value(p, v)` is
+// called for every pixel p of the frame (by the lane holding it), in steps of 32 pixels.
+// `a`/`b` carry detail for the error record.
+template <class Op>
+__device__ u32 rans_decode_stream(const u8* __restrict__ st, u64 len, const RansModel& m,
+                                  u32 lane, Op& op, u32& a, u32& b) {
+    if (len < HDR_BYTES) {
+        a = HDR_BYTES;
+        b = (u32)len;
+        return R_LENGTH;
+    }
+    const u32* h = (const u32*)st;
+    const u32 n_words = __ldg(h), n_bits = __ldg(h + 1), set = __ldg(h + 2), resv = __ldg(h + 3);
+    const u32 n = m.n;
+    if (n_words > n || (u64)n_bits > 15ull * n) {
+        a = n_words;
+        b = n_bits;
+        return R_COUNTS;
+    }
+    const u32 word_bytes = 4u * ((n_words + 1u) >> 1);
+    const u32 n_ex = (n_bits + 31u) >> 5;
+    const u64 want = (u64)HDR_BYTES + word_bytes + 4ull * n_ex;
+    if (len != want) {
+        a = (u32)want;
+        b = (u32)len;
+        return R_LENGTH;
+    }
+    if (set >= m.T) {
+        a = m.T;
+        b = set;
+        return R_SET;
+    }
+    if (resv != 0u) {
+        a = 0u;
+        b = resv;
+        return R_RESERVED;
+    }
+    u32 x = __ldg(h + 4 + lane);
+    {
+        const u32 lo = __ballot_sync(FULL_MASK, x < RANS_L);
+        if (lo) {
+            a = __ffs(lo) - 1u;
+            b = __shfl_sync(FULL_MASK, x, __ffs(lo) - 1u);
+            return R_START_STATE;
+        }
+    }
+    const u16* __restrict__ w = (const u16*)(st + HDR_BYTES);
+    const u32* __restrict__ ex = (const u32*)(st + HDR_BYTES + word_bytes);
+    if ((n_words & 1u) && __ldg(w + n_words) != 0u) {
+        a = 0u;
+        b = __ldg(w + n_words);
+        return R_PAD;
+    }
+    if ((n_bits & 31u) && (__ldg(ex + n_ex - 1u) >> (n_bits & 31u)) != 0u) {
+        a = n_bits;
+        b = __ldg(ex + n_ex - 1u);
+        return R_TAIL_BITS;
+    }
+    const u32 rows_off = set * m.C;
+    const u32 lt = lanemask_lt();
+    u32 base = 0u;
+    u64 bitpos = 0u;
+    u64 stat = 0u;
+    bool word_overrun = false, bit_overrun = false;
+    const u32 steps = (n + 31u) >> 5;
+    for (u32 t = 0; t < steps; ++t) {
+        const u32 p = (t << 5) + lane;
+        const bool act = p < n;
+        u32 s = 0u, c = 0u;
+        if (act) {
+            c = __ldg(m.ctx + p);
+            const u32 slot = x & PROB_MASK;
+            const u32 row = rows_off + c;
+            const u32* tr = m.tab + row * m.S;
+            s = m.lut[row * LUT_PER_ROW + (slot >> 4)];
+            u32 e = tr[s];
+            // Terminates: a row's ranges tile [0, 4096) and slot < 4096.
+            while (slot >= (e & 0xffffu) + (e >> 16)) e = tr[++s];
+            x = (e >> 16) * (x >> PROB_BITS) + slot - (e & 0xffffu);
+        }
+        const bool need = act && x < RANS_L;
+        const u32 mk = __ballot_sync(FULL_MASK, need);
+        if (need) {
+            const u32 idx = base + __popc(mk & lt);
+            if (idx < n_words) {
+                x = (x << 16) | (u32)__ldg(w + idx);
+            } else {
+                word_overrun = true;
+            }
+        }
+        base += __popc(mk);
+        u32 v = s;
+        const bool bk = act && s >= m.K;
+        if (__any_sync(FULL_MASK, bk)) {
+            const u32 nb = bk ? s - m.K : 0u;
+            u32 incl = nb;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const u32 y = __shfl_up_sync(FULL_MASK, incl, o);
+                if ((int)lane >= o) incl += y;
+            }
+            const u32 tot = __shfl_sync(FULL_MASK, incl, 31);
+            if (bk) {
+                const u64 off = bitpos + incl - nb;
+                if (off + nb > n_bits) {
+                    bit_overrun = true;
+                } else {
+                    const u32 wi = (u32)(off >> 5);
+                    u64 win = __ldg(ex + wi);
+                    if (wi + 1u < n_ex) win |= (u64)__ldg(ex + wi + 1u) << 32;
+                    const u32 e = (u32)(win >> (off & 31u)) & ((1u << nb) - 1u);
+                    v = m.K - 1u + (1u << nb) + e;
+                }
+            }
+            bitpos += tot;
+        }
+        if (act) {
+            if (c < m.split) stat += v;
+            op.value(p, v);
+        }
+    }
+    if (__any_sync(FULL_MASK, word_overrun)) {
+        a = n_words;
+        b = base;
+        return R_WORD_OVERRUN;
+    }
+    if (__any_sync(FULL_MASK, bit_overrun)) {
+        a = n_bits;
+        b = (u32)bitpos;
+        return R_BIT_OVERRUN;
+    }
+    {
+        const u32 bad = __ballot_sync(FULL_MASK, x != RANS_L);
+        if (bad) {
+            a = __ffs(bad) - 1u;
+            b = __shfl_sync(FULL_MASK, x, __ffs(bad) - 1u);
+            return R_FINAL_STATE;
+        }
+    }
+    if (base != n_words) {
+        a = n_words;
+        b = base;
+        return R_WORDS_LEFT;
+    }
+    if (bitpos != n_bits) {
+        a = n_bits;
+        b = (u32)bitpos;
+        return R_BITS_LEFT;
+    }
+    if (m.T > 1u) {
+        const u64 total = warp_sum_u64(stat);
+        const u32 want_set = table_set_of(m, total);
+        if (want_set != set) {
+            a = want_set;
+            b = set;
+            return R_SET_MISMATCH;
+        }
+    }
+    return R_OK;
+}
+
+// Index entry i (16 bytes): u64 offset, u32 length, u32 tag.
+__device__ __forceinline__ bool stream_at(const u8* arena, u64 arena_len, const u32* index, u64 i,
+                                          const u8*& st, u64& len) {
+    const u32* e = index + 4 * i;
+    const u64 off = (u64)__ldg(e) | ((u64)__ldg(e + 1) << 32);
+    len = __ldg(e + 2);
+    st = arena + off;
+    return off <= arena_len && len <= arena_len - off && (off & 15ull) == 0ull;
+}
+
+// ---- Functors (reductions fused with decode)
+
+// Write the frame as u16 to out[local * n + p].
+struct DenseOut {
+    u16* out;
+    __device__ __forceinline__ void value(u32 p, u32 v) { out[p] = (u16)v; }
+};
+
+// Per-frame total count (exact, u64), the smallest fused reduction; the products issue adds the
+// virtual detectors, moments and diffraction sums on the same template.
+struct FrameSum {
+    u64 acc;
+    __device__ __forceinline__ void value(u32, u32 v) { acc += v; }
+};
+
+// Streams [first, first + count) of the index, warps over streams.
+#define QEM_RANS_WARP_LOOP(body)                                                                 \
+    const u32 lane = threadIdx.x & 31u;                                                         \
+    const u64 warps = (u64)gridDim.x * (blockDim.x >> 5);                                        \
+    for (u64 k = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); k < count;            \
+         k += warps) {                                                                           \
+        const u64 i = first + k;                                                                 \
+        const u8* st;                                                                            \
+        u64 len;                                                                                 \
+        u32 a = 0u, b = 0u, code;                                                                \
+        if (!stream_at(arena, arena_len, index, i, st, len)) {                                   \
+            code = R_INDEX;                                                                      \
+        } else {                                                                                 \
+            body                                                                                 \
+        }                                                                                        \
+        if (code != R_OK && lane == 0u) rans_report(err, i, code, a, b);                         \
+    }
+
+// Decode streams [first, first + count) to dense u16 frames out[(i - first) * n + p].
+extern "C" __global__ void qem_rans_decode_dense(const u8* __restrict__ arena, u64 arena_len,
+                                                 const u32* __restrict__ index, u64 first,
+                                                 u64 count, RansModel m, u16* __restrict__ out,
+                                                 u32* err) {
+    extern __shared__ __align__(16) u32 smem_d[];
+    m = stage_model(m, smem_d);
+    QEM_RANS_WARP_LOOP({
+        DenseOut op{out + k * (u64)m.n};
+        code = rans_decode_stream(st, len, m, lane, op, a, b);
+    })
+}
+
+__device__ __forceinline__ u64 splitmix64(u64 z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// Per-frame position-weighted hash Σ v_p · splitmix64(p) (wrapping): equal frames give equal
+// hashes, and any changed pixel changes it unless the differences cancel modulo 2^64. Lets a
+// check compare every decoded frame with the CPU's without moving frames.
+struct FrameHash {
+    u64 acc;
+    __device__ __forceinline__ void value(u32 p, u32 v) { acc += (u64)v * splitmix64(p); }
+};
+
+// One u64 per stream from a per-lane accumulating functor (u64::MAX for a failed stream).
+template <class Op>
+__device__ __forceinline__ void frame_reduce(const u8* __restrict__ arena, u64 arena_len,
+                                             const u32* __restrict__ index, u64 first, u64 count,
+                                             RansModel m, u64* __restrict__ out, u32* err,
+                                             u32* smem) {
+    m = stage_model(m, smem);
+    QEM_RANS_WARP_LOOP({
+        Op op{0ull};
+        code = rans_decode_stream(st, len, m, lane, op, a, b);
+        const u64 t = warp_sum_u64(op.acc);
+        if (lane == 0u) out[k] = code == R_OK ? t : ~0ull;
+    })
+}
+
+// Per-frame sums of streams [first, first + count) to sums[k].
+extern "C" __global__ void qem_rans_frame_sums(const u8* __restrict__ arena, u64 arena_len,
+                                               const u32* __restrict__ index, u64 first,
+                                               u64 count, RansModel m, u64* __restrict__ sums,
+                                               u32* err) {
+    extern __shared__ __align__(16) u32 smem_s[];
+    frame_reduce<FrameSum>(arena, arena_len, index, first, count, m, sums, err, smem_s);
+}
+
+// Per-frame hashes (FrameHash) of streams [first, first + count) to hashes[k].
+extern "C" __global__ void qem_rans_frame_hashes(const u8* __restrict__ arena, u64 arena_len,
+                                                 const u32* __restrict__ index, u64 first,
+                                                 u64 count, RansModel m,
+                                                 u64* __restrict__ hashes, u32* err) {
+    extern __shared__ __align__(16) u32 smem_s[];
+    frame_reduce<FrameHash>(arena, arena_len, index, first, count, m, hashes, err, smem_s);
+}
+
+// ---- Encoder
+
+// Divide by a table frequency with a precomputed reciprocal: q = ⌊x / f⌋ = umulhi64(x, m) with
+// m = ⌈2^64 / f⌉ (exact for x < 2^32, f ≤ 4096: the error x·(m − 2^64/f)/2^64 < 2^-32 is
+// smaller than the gap 1/f between a fractional part and 1); f = 1 is stored as m = 0.
+__device__ __forceinline__ u32 div_freq(u32 x, u32 f, u64 m) {
+    return f == 1u ? x : (u32)__umul64hi((u64)x, m);
+}
+
+// Encode n_frames dense frames (u16, frame stride m.n) with one warp per frame. Frame k goes to
+// index entry `dst[k]` (or `dst_base + k` when dst is null; u32 max = skip). Bad pixels
+// (bad[p] != 0, when bad is not null) are coded as 0. Per-warp scratch: `sw`, n u16 words, for
+// `scratch_warps` warps (the grid must not have more). `rcp` holds the reciprocal of every
+// table entry (T·C·S u64), staged into shared memory after the tables.
+//
+// Per frame: (1) the frame statistic → table set; (2) rANS from the last step to the first,
+// words stored in encoder order in the warp's scratch, extra-bit count and codability summed
+// on the way; (3) the stream's place from the arena cursor; (4) header, states and the words
+// reversed (decoder order); (5) the extra bits in raster order, packed through a small shared
+// window straight into the stream.
+extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n_frames,
+                                           const u32* __restrict__ dst, u64 dst_base,
+                                           const u8* __restrict__ bad, RansModel m,
+                                           const u64* __restrict__ rcp,
+                                           u8* __restrict__ arena, u64 capacity, u64* cursor,
+                                           u32* __restrict__ index, u16* __restrict__ sw,
+                                           u64 scratch_warps, u32* err) {
+    extern __shared__ __align__(16) u32 smem_e[];
+    const u32 warps_per_block = blockDim.x >> 5;
+    const u32 entries = m.T * m.C * m.S;
+    const u32 lut_words = (m.T * m.C * LUT_PER_ROW) >> 2;
+    u64* rcp_s = (u64*)(smem_e + ((entries + lut_words + 1u) & ~1u));
+    for (u32 i = threadIdx.x; i < entries; i += blockDim.x) rcp_s[i] = __ldg(rcp + i);
+    const u32 steps = (m.n + 31u) >> 5;
+    const u32 map_words = (steps + 31u) >> 5;  // one bit per step: "has a bucket symbol"
+    u32* win_all = (u32*)(rcp_s + entries);
+    u32* map_all = win_all + warps_per_block * 20u;
+    m = stage_model(m, smem_e);  // syncs the block (also for rcp_s)
+    const u32 lane = threadIdx.x & 31u;
+    const u32 wib = threadIdx.x >> 5;
+    u32* win = win_all + wib * 20u;  // bit staging window of this warp
+    u32* bmap = map_all + wib * map_words;
+    const u64 gw = (u64)blockIdx.x * warps_per_block + wib;
+    if (gw >= scratch_warps) return;
+    u16* my_w = sw + gw * (u64)m.n;
+    const u64 warps = (u64)gridDim.x * warps_per_block;
+    const u32 n = m.n;
+    const u32 lt = lanemask_lt();
+    // 16-byte loads for the statistic when frames allow it.
+    const bool vec8 = (n & 7u) == 0u && ((u64)frames & 15ull) == 0ull && ((u64)m.ctx & 7ull) == 0ull;
+    for (u64 k = gw; k < n_frames; k += warps) {
+        const u64 fi = dst ? (u64)__ldg(dst + k) : dst_base + k;
+        if (dst && fi == 0xffffffffull) continue;
+        const u16* __restrict__ fr = frames + k * (u64)n;
+        // 1. The frame statistic and its table set.
+        u32 set = 0u;
+        if (m.T > 1u) {
+            u64 stat = 0u;
+            if (vec8 && !bad) {
+                const uint4* f8 = (const uint4*)fr;
+                const uint2* c8 = (const uint2*)m.ctx;
+                for (u32 g = lane; g < (n >> 3); g += 32u) {
+                    const uint4 v = __ldg(f8 + g);
+                    const uint2 c = __ldg(c8 + g);
+                    const u32 vs[4] = {v.x, v.y, v.z, v.w};
+                    const u32 cs[2] = {c.x, c.y};
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        const u32 vv = (vs[i >> 1] >> (16 * (i & 1))) & 0xffffu;
+                        const u32 cc = (cs[i >> 2] >> (8 * (i & 3))) & 0xffu;
+                        if (cc < m.split) stat += vv;
+                    }
+                }
+            } else {
+                for (u32 p = lane; p < n; p += 32u) {
+                    const u32 v = (bad && __ldg(bad + p)) ? 0u : (u32)__ldg(fr + p);
+                    if (__ldg(m.ctx + p) < m.split) stat += v;
+                }
+            }
+            set = table_set_of(m, warp_sum_u64(stat));
+        }
+        for (u32 i = lane; i < map_words; i += 32u) bmap[i] = 0u;
+        __syncwarp();
+        const u32 row0 = set * m.C;
+        // 2. rANS, steps last to first (loads of the next step issued before this one's math).
+        u32 x = RANS_L;
+        u32 cnt = 0u;
+        u32 nbits = 0u;
+        bool uncodable = false;
+        u32 bad_p = 0u, bad_v = 0u;
+        u32 tt = steps - 1u;
+        u32 p = (tt << 5) + lane;
+        u32 v_next = 0u, c_next = 0u;
+        if (p < n) {
+            v_next = (bad && __ldg(bad + p)) ? 0u : (u32)__ldg(fr + p);
+            c_next = __ldg(m.ctx + p);
+        }
+        while (true) {
+            const bool act = p < n;
+            const u32 v = v_next, c = c_next;
+            if (tt > 0u) {
+                const u32 pn = p - 32u;  // always < n
+                v_next = (bad && __ldg(bad + pn)) ? 0u : (u32)__ldg(fr + pn);
+                c_next = __ldg(m.ctx + pn);
+            }
+            u32 f = 1u, cu = 0u;
+            u64 mf = 0u;
+            bool emit = false;
+            bool bk_any = false;
+            if (act) {
+                const u32 s = symbol_of(v, m.K);
+                const u32 ei = (row0 + c) * m.S + s;
+                const u32 e = m.tab[ei];
+                f = e >> 16;
+                cu = e & 0xffffu;
+                mf = rcp_s[ei];
+                if (s >= m.K) {
+                    nbits += s - m.K;
+                    bk_any = true;
+                }
+                if (f == 0u) {
+                    if (!uncodable) {
+                        uncodable = true;
+                        bad_p = p;
+                        bad_v = v;
+                    }
+                    f = 1u;  // keep the arithmetic defined; the frame is reported, not stored
+                }
+                emit = (u64)x >= ((u64)f << 20);
+            }
+            if (__any_sync(FULL_MASK, bk_any) && lane == 0u) bmap[tt >> 5] |= 1u << (tt & 31u);
+            const u32 mk = __ballot_sync(FULL_MASK, emit);
+            if (emit) {
+                my_w[cnt + __popc(mk) - 1u - __popc(mk & lt)] = (u16)(x & 0xffffu);
+                x >>= 16;
+            }
+            cnt += __popc(mk);
+            if (act) {
+                const u32 q = div_freq(x, f, mf);
+                x = q * 4096u + (x - q * f) + cu;
+            }
+            if (tt == 0u) break;
+            --tt;
+            p -= 32u;
+        }
+        const u32 unc = __ballot_sync(FULL_MASK, uncodable);
+        if (unc) {
+            const u32 l = __ffs(unc) - 1u;
+            const u32 pp = __shfl_sync(FULL_MASK, bad_p, l);
+            const u32 vv = __shfl_sync(FULL_MASK, bad_v, l);
+            if (lane == 0u) rans_report(err, fi, R_UNCODABLE, pp, vv);
+            continue;
+        }
+        for (int o = 16; o > 0; o >>= 1) nbits += __shfl_xor_sync(FULL_MASK, nbits, o);
+        __syncwarp();
+        // 3. Place the stream.
+        const u32 n_ex = (nbits + 31u) >> 5;
+        const u32 word_bytes = 4u * ((cnt + 1u) >> 1);
+        const u64 len = (u64)HDR_BYTES + word_bytes + 4ull * n_ex;
+        u64 off = 0u;
+        if (lane == 0u) off = atomicAdd((unsigned long long*)cursor, (len + 15ull) & ~15ull);
+        off = __shfl_sync(FULL_MASK, off, 0);
+        u32* ie = index + 4ull * fi;
+        if (off + len > capacity) {
+            if (lane == 0u) {
+                ie[0] = 0xffffffffu;
+                ie[1] = 0xffffffffu;
+                ie[2] = (u32)len;
+                ie[3] = 0u;
+                atomicAdd(&err[7], 1u);
+            }
+            continue;
+        }
+        // 4. Header, states, words in decoder order.
+        u8* st = arena + off;
+        u32* h = (u32*)st;
+        if (lane == 0u) {
+            h[0] = cnt;
+            h[1] = nbits;
+            h[2] = set;
+            h[3] = 0u;
+        }
+        h[4 + lane] = x;
+        u16* wo = (u16*)(st + HDR_BYTES);
+        for (u32 i = lane; i < cnt; i += 32u) wo[i] = my_w[cnt - 1u - i];
+        if ((cnt & 1u) && lane == 0u) wo[cnt] = 0u;
+        // 5. Extra bits, raster order, through the window into the stream.
+        if (nbits > 0u) {
+            u32* xo = (u32*)(st + HDR_BYTES + word_bytes);
+            u64 bitpos = 0u;
+            if (lane < 20u) win[lane] = 0u;
+            __syncwarp();
+            __syncwarp();
+            for (u32 t = 0; t < steps; ++t) {
+                if (((bmap[t >> 5] >> (t & 31u)) & 1u) == 0u) continue;  // no bucket symbol
+                const u32 q = (t << 5) + lane;
+                u32 v = 0u, s = 0u;
+                if (q < n) {
+                    v = (bad && __ldg(bad + q)) ? 0u : (u32)__ldg(fr + q);
+                    s = symbol_of(v, m.K);
+                }
+                const bool bk = q < n && s >= m.K;
+                if (!__any_sync(FULL_MASK, bk)) continue;
+                const u32 nb = bk ? s - m.K : 0u;
+                u32 incl = nb;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    const u32 y = __shfl_up_sync(FULL_MASK, incl, o);
+                    if ((int)lane >= o) incl += y;
+                }
+                const u32 tot = __shfl_sync(FULL_MASK, incl, 31);
+                const u32 o0 = (u32)(bitpos & 31u) + incl - nb;
+                if (bk && nb > 0u) {
+                    const u32 e = v - m.K + 1u - (1u << nb);
+                    atomicOr(&win[o0 >> 5], e << (o0 & 31u));
+                    if ((o0 & 31u) + nb > 32u) atomicOr(&win[(o0 >> 5) + 1u], e >> (32u - (o0 & 31u)));
+                }
+                __syncwarp();
+                const u32 full = ((u32)(bitpos & 31u) + tot) >> 5;
+                const u32 wbase = (u32)(bitpos >> 5);
+                const u32 carry = win[full];
+                if (lane < full) xo[wbase + lane] = win[lane];
+                __syncwarp();
+                if (lane < 20u) win[lane] = lane == 0u ? carry : 0u;
+                __syncwarp();
+                bitpos += tot;
+            }
+            if ((bitpos & 31u) && lane == 0u) xo[bitpos >> 5] = win[0];
+            __syncwarp();
+        }
+        if (lane == 0u) {
+            ie[0] = (u32)off;
+            ie[1] = (u32)(off >> 32);
+            ie[2] = (u32)len;
+            ie[3] = 1u;
+        }
+    }
+}
+
+// ---- Fitting statistics over a dense sample (frames already masked)
+
+// sums[p] += Σ_k frames[k][p]; grid.y splits the frames.
+extern "C" __global__ void qem_rans_pixel_sums(const u16* __restrict__ frames, u64 n_frames, u32 n,
+                                               u64* __restrict__ sums) {
+    const u32 p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= n) return;
+    u64 acc = 0u;
+    for (u64 k = blockIdx.y; k < n_frames; k += gridDim.y) acc += __ldg(frames + k * n + p);
+    atomicAdd((unsigned long long*)(sums + p), (unsigned long long)acc);
+}
+
+// stats[k] = Σ_{p : ctx[p] < split} frames[k][p]; one warp per frame.
+extern "C" __global__ void qem_rans_frame_stats(const u16* __restrict__ frames, u64 n_frames, u32 n,
+                                                const u8* __restrict__ ctx, u32 split,
+                                                u64* __restrict__ stats) {
+    const u32 lane = threadIdx.x & 31u;
+    const u64 warps = (u64)gridDim.x * (blockDim.x >> 5);
+    for (u64 k = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); k < n_frames;
+         k += warps) {
+        u64 acc = 0u;
+        for (u32 p = lane; p < n; p += 32u)
+            if (__ldg(ctx + p) < split) acc += __ldg(frames + k * n + p);
+        acc = warp_sum_u64(acc);
+        if (lane == 0u) stats[k] = acc;
+    }
+}
+
+// hist[(set[k]·C + ctx[p])·S + symbol(frames[k][p])] += 1 over all k, p; block-local u32
+// counters in shared memory (rows = T·C·S entries), merged with 64-bit atomics.
+extern "C" __global__ void qem_rans_histogram(const u16* __restrict__ frames, u64 n_frames, u32 n,
+                                              const u8* __restrict__ ctx,
+                                              const u8* __restrict__ frame_set, u32 K, u32 S,
+                                              u32 C, u32 entries, u64* __restrict__ hist) {
+    extern __shared__ __align__(16) u32 smem_h[];
+    for (u32 i = threadIdx.x; i < entries; i += blockDim.x) smem_h[i] = 0u;
+    __syncthreads();
+    const u64 total = n_frames * (u64)n;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 q = (u64)blockIdx.x * blockDim.x + threadIdx.x; q < total; q += stride) {
+        const u64 k = q / n;
+        const u32 p = (u32)(q - k * n);
+        const u32 s = symbol_of(__ldg(frames + q), K);
+        const u32 e = ((u32)__ldg(frame_set + k) * C + __ldg(ctx + p)) * S + s;
+        atomicAdd(&smem_h[e], 1u);
+    }
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < entries; i += blockDim.x)
+        if (smem_h[i]) atomicAdd((unsigned long long*)(hist + i), (unsigned long long)smem_h[i]);
+}
