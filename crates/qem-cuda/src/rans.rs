@@ -175,7 +175,7 @@ pub fn reciprocals(model: &CountsModel) -> Vec<u64> {
             if f <= 1 {
                 0
             } else {
-                (((1u128 << 64) + u128::from(f) - 1) / u128::from(f)) as u64
+                (1u128 << 64).div_ceil(u128::from(f)) as u64
             }
         })
         .collect()
@@ -1082,7 +1082,7 @@ mod tests {
             let m = if f <= 1 {
                 0
             } else {
-                (((1u128 << 64) + u128::from(f) - 1) / u128::from(f)) as u64
+                (1u128 << 64).div_ceil(u128::from(f)) as u64
             };
             for x in [
                 0u64,
@@ -1139,6 +1139,7 @@ mod tests {
 /// The kernels' algorithms replayed on the host, lane by lane, against the CPU specification:
 /// catches ordering and bit-packing mistakes without a GPU.
 #[cfg(test)]
+#[allow(clippy::needless_range_loop, clippy::precedence)]
 mod warp_emulation {
     use super::*;
 

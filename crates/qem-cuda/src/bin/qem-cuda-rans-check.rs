@@ -372,7 +372,7 @@ fn run_mutations(k: &RansKernels) -> Result<(Value, bool)> {
     ))
 }
 
-fn run_load(k: &RansKernels, a: &Args, master: &PathBuf) -> Result<(Value, bool)> {
+fn run_load(k: &RansKernels, a: &Args, master: &std::path::Path) -> Result<(Value, bool)> {
     let e = engine()?;
     let t = Instant::now();
     let src = Source::open(master, &OpenOptions::default())?;
