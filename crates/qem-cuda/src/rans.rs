@@ -27,7 +27,7 @@ use cudarc::driver::{
 };
 use qem_codec::qem_file::StreamEntry;
 pub use qem_codec::rans::STREAM_HEADER_BYTES;
-use qem_codec::rans::{self, CountsModel, ModelParams, LANES, PROB_SCALE};
+use qem_codec::rans::{self, CountsModel, ModelParams};
 use qem_core::{Error, Result, Shape2};
 
 use crate::device::{driver_error, Gpu};
@@ -678,13 +678,6 @@ impl DeviceEncoded {
         Ok(f64::from(ms) / 1e3)
     }
 
-    /// Time the fused per-frame sum over every frame (seconds). For benchmarks.
-    pub fn time_frame_sums(&self, gpu: &Gpu, k: &RansKernels) -> Result<f64> {
-        let t = std::time::Instant::now();
-        self.frame_sums(gpu, k)?;
-        Ok(t.elapsed().as_secs_f64())
-    }
-
     /// The index and streams on the host, streams in frame order, packed at 16-byte
     /// boundaries (the `.qem` writer's layout).
     pub fn to_host(&self) -> Result<(Vec<StreamEntry>, Vec<u8>)> {
@@ -1020,11 +1013,6 @@ pub fn sample_frames(total: u64, target: u64) -> Vec<u64> {
         .collect()
 }
 
-/// Lanes per stream, re-exported for callers sizing stream headers.
-pub const RANS_LANES: usize = LANES;
-/// Probability scale, re-exported.
-pub const RANS_PROB_SCALE: u32 = PROB_SCALE;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1055,7 +1043,7 @@ mod tests {
         let m = model(&row, k);
         let (tab, lut) = device_tables(&m);
         assert_eq!(tab.len(), s);
-        for slot in 0..PROB_SCALE {
+        for slot in 0..rans::PROB_SCALE {
             // The kernel's walk.
             let mut sym = lut[(slot >> 4) as usize] as usize;
             while slot >= (tab[sym] & 0xffff) + (tab[sym] >> 16) {
