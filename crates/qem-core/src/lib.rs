@@ -11,6 +11,7 @@ pub mod geometry;
 pub mod metadata;
 pub mod progress;
 pub mod provenance;
+pub mod reduce;
 
 pub use dense::DenseArray;
 pub use dtype::{DType, DtypeRequest};
@@ -21,6 +22,7 @@ pub use progress::{NoProgress, Progress};
 pub use provenance::{
     fnv1a64, CodecInfo, FileIdentity, MemoryReport, Provenance, StageTiming, FNV_OFFSET,
 };
+pub use reduce::{DetectorMask, Moments, ReduceRequest, ReduceResult, VirtualImage};
 
 /// The package version, recorded in every provenance.
 pub const PACKAGE_VERSION: &str = env!("CARGO_PKG_VERSION");

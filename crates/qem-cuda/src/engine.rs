@@ -9,6 +9,7 @@ use qem_core::Result;
 use crate::bslz4::Bslz4Kernels;
 use crate::device::{DeviceInfo, Gpu};
 use crate::mem::PinnedBuf;
+use crate::products::ProductKernels;
 use crate::rans::RansKernels;
 use crate::transform::TransformKernels;
 
@@ -26,6 +27,8 @@ pub struct Engine {
     pinned: Mutex<Vec<PinnedBuf>>,
     /// rANS kernels, compiled on first use (a dense-only process never pays for them).
     rans: OnceLock<Result<RansKernels>>,
+    /// Detector-reduction kernels, compiled on first use.
+    products: OnceLock<Result<ProductKernels>>,
 }
 
 /// Most pinned buffers kept for reuse.
@@ -36,6 +39,15 @@ impl Engine {
     pub fn rans(&self) -> Result<&RansKernels> {
         self.rans
             .get_or_init(|| RansKernels::load(&self.gpu))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The fused detector-reduction kernels (compiled or fetched from the cache on the first
+    /// call).
+    pub fn products(&self) -> Result<&ProductKernels> {
+        self.products
+            .get_or_init(|| ProductKernels::load(&self.gpu))
             .as_ref()
             .map_err(Clone::clone)
     }
@@ -93,6 +105,7 @@ pub fn engine() -> Result<&'static Engine> {
                 transform,
                 pinned: Mutex::new(Vec::new()),
                 rans: OnceLock::new(),
+                products: OnceLock::new(),
             })
         })
         .as_ref()

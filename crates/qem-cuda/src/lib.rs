@@ -27,6 +27,7 @@ pub mod engine;
 pub mod load;
 pub mod mem;
 pub mod nvrtc;
+pub mod products;
 pub mod rans;
 pub mod transform;
 
@@ -37,4 +38,5 @@ pub use load::{
     encode_device_array, load_array, load_source, load_source_encoded, DeviceArray, EncodeOptions,
     GpuEncodedLoad, GpuLoad, GpuLoadParams, LoadPlan, PipelineOptions,
 };
+pub use products::{reduce_dense, reduce_encoded};
 pub use rans::{DeviceEncoded, DeviceModel, RansKernels};

@@ -57,7 +57,7 @@ const ENCODE_WINDOW_WORDS: u32 = 20;
 /// The model argument of every kernel (`RansModel` in rans.cu: 4 pointers then 6 u32).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-struct ModelArg {
+pub(crate) struct ModelArg {
     ctx: u64,
     tab: u64,
     lut: u64,
@@ -165,22 +165,6 @@ pub fn device_tables(model: &CountsModel) -> (Vec<u32>, Vec<u8>) {
     (tab, lut)
 }
 
-/// The encoder's reciprocal of every table entry: `⌈2^64 / f⌉` (0 for f ≤ 1), so that
-/// `⌊x / f⌋ = umulhi64(x, m)` exactly for every `x < 2^32` (rans.cu `div_freq`).
-pub fn reciprocals(model: &CountsModel) -> Vec<u64> {
-    model
-        .freq()
-        .iter()
-        .map(|&f| {
-            if f <= 1 {
-                0
-            } else {
-                (1u128 << 64).div_ceil(u128::from(f)) as u64
-            }
-        })
-        .collect()
-}
-
 /// A [`CountsModel`] in device memory.
 #[derive(Debug)]
 pub struct DeviceModel {
@@ -189,7 +173,6 @@ pub struct DeviceModel {
     tab: DevBuf,
     lut: DevBuf,
     thr: DevBuf,
-    rcp: DevBuf,
     tab_bytes: u32,
     lut_bytes: u32,
 }
@@ -208,9 +191,6 @@ impl DeviceModel {
         d_tab.write(0, bytemuck::cast_slice(&tab))?;
         let d_lut = DevBuf::alloc(ctx, lut.len(), counter, "rANS lookup")?;
         d_lut.write(0, &lut)?;
-        let rcp = reciprocals(&model);
-        let d_rcp = DevBuf::alloc(ctx, rcp.len() * 8, counter, "rANS reciprocals")?;
-        d_rcp.write(0, bytemuck::cast_slice(&rcp))?;
         let thr = model.thresholds();
         let d_thr = DevBuf::alloc(ctx, thr.len().max(1) * 8, counter, "rANS thresholds")?;
         if !thr.is_empty() {
@@ -224,7 +204,6 @@ impl DeviceModel {
             tab: d_tab,
             lut: d_lut,
             thr: d_thr,
-            rcp: d_rcp,
         })
     }
 
@@ -235,31 +214,23 @@ impl DeviceModel {
 
     /// Device bytes held.
     pub fn nbytes(&self) -> u64 {
-        (self.ctx.bytes()
-            + self.tab.bytes()
-            + self.lut.bytes()
-            + self.thr.bytes()
-            + self.rcp.bytes()) as u64
+        (self.ctx.bytes() + self.tab.bytes() + self.lut.bytes() + self.thr.bytes()) as u64
     }
 
     /// Shared memory every CTA stages the tables into.
-    fn smem_tables(&self) -> u32 {
+    pub(crate) fn smem_tables(&self) -> u32 {
         self.tab_bytes + self.lut_bytes
     }
 
-    /// Shared memory of an encoder CTA: tables, reciprocals (8-byte aligned), the warps' bit
-    /// windows and their per-step bucket maps.
+    /// Shared memory of an encoder CTA: tables, the warps' bit windows and their per-step
+    /// bucket maps (the divisions need no table: rans.cu `div_freq`).
     fn smem_encoder(&self) -> u32 {
-        let before_rcp = (self.smem_tables() + 7) & !7;
         let steps = (self.model.frame_len() as u32).div_ceil(32);
         let map_words = steps.div_ceil(32);
-        before_rcp
-            + 2 * self.tab_bytes
-            + ENCODE_WARPS * ENCODE_WINDOW_WORDS * 4
-            + ENCODE_WARPS * map_words * 4
+        self.smem_tables() + ENCODE_WARPS * ENCODE_WINDOW_WORDS * 4 + ENCODE_WARPS * map_words * 4
     }
 
-    fn arg(&self) -> ModelArg {
+    pub(crate) fn arg(&self) -> ModelArg {
         let m = &self.model;
         ModelArg {
             ctx: self.ctx.ptr(),
@@ -361,13 +332,16 @@ pub fn fault_error(f: &RansFaultRecord, frame: u64) -> Error {
     e
 }
 
-fn new_err_record(ctx: &Arc<CudaContext>, counter: Option<&Arc<MemCounter>>) -> Result<DevBuf> {
+pub(crate) fn new_err_record(
+    ctx: &Arc<CudaContext>,
+    counter: Option<&Arc<MemCounter>>,
+) -> Result<DevBuf> {
     let b = DevBuf::alloc(ctx, ERR_WORDS * 4, counter, "rANS error record")?;
     b.write(0, &[0u8; ERR_WORDS * 4])?;
     Ok(b)
 }
 
-fn read_err(b: &DevBuf) -> Result<Option<RansFaultRecord>> {
+pub(crate) fn read_err(b: &DevBuf) -> Result<Option<RansFaultRecord>> {
     let mut w = [0u8; ERR_WORDS * 4];
     b.read(0, &mut w)?;
     let v: &[u32] = bytemuck::cast_slice(&w);
@@ -461,6 +435,18 @@ impl DeviceEncoded {
     /// Frames held.
     pub fn n_frames(&self) -> u64 {
         self.n_frames
+    }
+
+    /// What a fused decode kernel needs: arena address and used length, index address, the
+    /// model argument and the shared memory its tables take.
+    pub(crate) fn kernel_view(&self) -> (u64, u64, u64, ModelArg, u32) {
+        (
+            self.arena.ptr(),
+            self.arena_used,
+            self.index.ptr(),
+            self.model.arg(),
+            self.model.smem_tables(),
+        )
     }
 
     /// Detector frame shape.
@@ -831,7 +817,6 @@ pub unsafe fn launch_encode(
     let max_ctas = (a.scratch_warps / ENCODE_WARPS as u64).max(1) as u32;
     cfg.grid_dim.0 = cfg.grid_dim.0.min(max_ctas);
     let m = model.arg();
-    let rcp = model.rcp.ptr();
     let mut b = stream.launch_builder(&k.encode);
     b.arg(&a.frames)
         .arg(&a.n_frames)
@@ -839,7 +824,6 @@ pub unsafe fn launch_encode(
         .arg(&a.dst_base)
         .arg(&a.bad)
         .arg(&m)
-        .arg(&rcp)
         .arg(&a.arena)
         .arg(&a.capacity)
         .arg(&a.cursor)
@@ -848,8 +832,7 @@ pub unsafe fn launch_encode(
         .arg(&a.scratch_warps)
         .arg(&a.err);
     // SAFETY: matches `qem_rans_encode(const u16*, u64, const u32*, u64, const u8*, RansModel,
-    // const u64*, u8*, u64, u64*, u32*, u16*, u64, u32*)`; the reciprocals are the model's
-    // T·C·S entries; the grid has at most `scratch_warps`
+    // u8*, u64, u64*, u32*, u16*, u64, u32*)`; the grid has at most `scratch_warps`
     // warps; buffers per the function's contract; the kernel checks every arena write against
     // `capacity`.
     unsafe { b.launch(cfg) }.map_err(|e| driver_error("launch rANS encode", e))?;
@@ -1064,32 +1047,39 @@ mod tests {
     }
 
     #[test]
-    fn reciprocal_division_is_exact_where_the_encoder_uses_it() {
-        // The encoder divides x < 2^32 (in fact x < f·2^20) by f ≤ 4096.
-        for f in 1u64..=4096 {
-            let m = if f <= 1 {
-                0
-            } else {
-                (1u128 << 64).div_ceil(u128::from(f)) as u64
-            };
-            for x in [
-                0u64,
-                1,
-                f - 1,
-                f,
-                f + 1,
-                (f << 20) - 1,
-                (1 << 32) - 1,
-                0xdead_beef,
-            ] {
-                let q = if f == 1 {
-                    x
-                } else {
-                    ((u128::from(x) * u128::from(m)) >> 64) as u64
-                };
-                assert_eq!(q, x / f, "x {x} f {f}");
+    fn float_division_is_exact_where_the_encoder_uses_it() {
+        // rans.cu `div_freq`, step by step: u32 → f32 and 1/f rounded to nearest, the product
+        // rounded to nearest, truncated, then one remainder correction. The encoder divides
+        // x < f·2^20 by 1 ≤ f ≤ 4096; test both ends of every quotient range near multiples of
+        // f, the largest x, and a spread of x for every f.
+        fn div_freq(x: u32, f: u32) -> u32 {
+            let mut q = ((x as f32) * (1.0f32 / f as f32)) as u32;
+            let r = i64::from(x) - i64::from(q) * i64::from(f);
+            if r < 0 {
+                q -= 1;
+            } else if r >= i64::from(f) {
+                q += 1;
+            }
+            q
+        }
+        let mut checked = 0u64;
+        for f in 1u32..=4096 {
+            let top = (u64::from(f) << 20) - 1;
+            let mut xs: Vec<u64> = vec![0, 1, top, top - 1, top.saturating_sub(u64::from(f))];
+            for q in (0u64..(1 << 20)).step_by(997).chain([(1 << 20) - 1]) {
+                let base = q * u64::from(f);
+                xs.extend([base, base + u64::from(f) - 1, base + u64::from(f) / 2]);
+                if base > 0 {
+                    xs.push(base - 1);
+                }
+            }
+            for x in xs.into_iter().filter(|&x| x <= top) {
+                let x = x as u32;
+                assert_eq!(div_freq(x, f), x / f, "x {x} f {f}");
+                checked += 1;
             }
         }
+        assert!(checked > 4096 * 4000, "{checked}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod dataset;
 mod encode;
 pub mod load;
 pub mod qemfile;
+pub mod result;
 
 pub use backend::{available_backends, resolve_backend, Backend, BackendInfo, BackendRequest};
 pub use dataset::{CudaArrayView, Dataset, Representation};
@@ -22,6 +23,7 @@ pub use qem_cpu::EncodedFrames;
 pub use qemfile::{
     qem_file_error, read_qem, save, QemContents, QemReadParams, SaveSummary, QEM_FORMAT_NAME,
 };
+pub use result::ResultProvenance;
 
 pub use qem_core::{
     CodecInfo, DType, DenseArray, DtypeRequest, Error, ErrorKind, MaskPolicy, MemoryReport,

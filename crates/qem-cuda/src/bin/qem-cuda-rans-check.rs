@@ -43,11 +43,15 @@ struct Args {
     load: Option<PathBuf>,
     repeats: usize,
     qem: PathBuf,
+    /// Model overrides for Part B (A/B runs of speed against size): contexts, literals, rule.
+    contexts: Option<u8>,
+    literals: Option<u8>,
+    quantiles: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: qem-cuda-rans-check [--out DIR] [--frames N] [--load MASTER [--repeats R] [--qem PATH]]"
+        "usage: qem-cuda-rans-check [--out DIR] [--frames N] [--load MASTER [--repeats R] [--qem PATH] [--contexts C] [--literals K] [--rule quantiles|logbins]]"
     );
     std::process::exit(2)
 }
@@ -59,6 +63,9 @@ fn parse_args() -> Args {
         load: None,
         repeats: 5,
         qem: PathBuf::from("/tmp/rans_check.qem"),
+        contexts: None,
+        literals: None,
+        quantiles: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -70,6 +77,15 @@ fn parse_args() -> Args {
             "--load" => a.load = Some(PathBuf::from(v)),
             "--repeats" => a.repeats = v.parse::<usize>().unwrap_or_else(|_| usage()).max(1),
             "--qem" => a.qem = PathBuf::from(v),
+            "--contexts" => a.contexts = Some(v.parse().unwrap_or_else(|_| usage())),
+            "--literals" => a.literals = Some(v.parse().unwrap_or_else(|_| usage())),
+            "--rule" => {
+                a.quantiles = match v.as_str() {
+                    "quantiles" => true,
+                    "logbins" => false,
+                    _ => usage(),
+                }
+            }
             _ => usage(),
         }
         i += 2;
@@ -389,7 +405,16 @@ fn run_load(k: &RansKernels, a: &Args, master: &std::path::Path) -> Result<(Valu
         options: PipelineOptions::default(),
         progress: None,
     };
-    let opts = EncodeOptions::default();
+    let mut opts = EncodeOptions::default();
+    if let Some(c) = a.contexts {
+        opts.model.contexts = c;
+    }
+    if let Some(k) = a.literals {
+        opts.model.literals = k;
+    }
+    if a.quantiles {
+        opts.model.context_rule = rans::ContextRule::Quantiles;
+    }
     let t = Instant::now();
     let warm = load_source_encoded(&src, &params, &opts)?;
     let warm_s = t.elapsed().as_secs_f64();
@@ -567,7 +592,7 @@ fn run_load(k: &RansKernels, a: &Args, master: &std::path::Path) -> Result<(Valu
             "open_s": open_s, "cache_state": "warm page cache, warm process (one untimed warm-up load)",
             "encode_options": {"sample_frames": opts.sample_frames, "headroom": opts.headroom,
                 "contexts": opts.model.contexts, "literals": opts.model.literals, "table_sets": opts.model.table_sets,
-                "floor": format!("{:?}", opts.model.floor)},
+                "floor": format!("{:?}", opts.model.floor), "context_rule": format!("{:?}", opts.model.context_rule)},
             "load_wall_s": walls, "load_p50_s": mid, "warmup_s": warm_s,
             "stages_of_p50_run": p50_timings.iter().map(|t| json!({"stage": t.stage, "seconds": t.seconds})).collect::<Vec<_>>(),
             "retries": p50_retries,

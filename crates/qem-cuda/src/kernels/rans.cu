@@ -374,18 +374,28 @@ extern "C" __global__ void qem_rans_frame_hashes(const u8* __restrict__ arena, u
 
 // ---- Encoder
 
-// Divide by a table frequency with a precomputed reciprocal: q = ⌊x / f⌋ = umulhi64(x, m) with
-// m = ⌈2^64 / f⌉ (exact for x < 2^32, f ≤ 4096: the error x·(m − 2^64/f)/2^64 < 2^-32 is
-// smaller than the gap 1/f between a fractional part and 1); f = 1 is stored as m = 0.
-__device__ __forceinline__ u32 div_freq(u32 x, u32 f, u64 m) {
-    return f == 1u ? x : (u32)__umul64hi((u64)x, m);
+// q = ⌊x / f⌋ for the encoder's x < f·2^20 (so x/f < 2^20) and 1 ≤ f ≤ 4096, with no table:
+// the f32 estimate x·(1/f) (x and 1/f rounded to nearest, then the product) has a relative
+// error below 3·2^-24, so an absolute error below 2^20·3·2^-24 = 3/16 < 1, and its truncation is
+// q − 1, q or q + 1; one exact remainder check (64-bit, so q·f cannot wrap) corrects it. The
+// host test `float_division_is_exact_where_the_encoder_uses_it` replays this arithmetic.
+// (An earlier version read a u64 reciprocal per table entry from shared memory: with C16 K64
+// T4 tables that was 41 KB per CTA and cut the encoder to 2 CTAs per SM.)
+__device__ __forceinline__ u32 div_freq(u32 x, u32 f) {
+    u32 q = __float2uint_rz(__fmul_rn(__uint2float_rn(x), __frcp_rn((float)f)));
+    const long long r = (long long)x - (long long)q * (long long)f;
+    if (r < 0) {
+        q -= 1u;
+    } else if (r >= (long long)f) {
+        q += 1u;
+    }
+    return q;
 }
 
 // Encode n_frames dense frames (u16, frame stride m.n) with one warp per frame. Frame k goes to
 // index entry `dst[k]` (or `dst_base + k` when dst is null; u32 max = skip). Bad pixels
 // (bad[p] != 0, when bad is not null) are coded as 0. Per-warp scratch: `sw`, n u16 words, for
-// `scratch_warps` warps (the grid must not have more). `rcp` holds the reciprocal of every
-// table entry (T·C·S u64), staged into shared memory after the tables.
+// `scratch_warps` warps (the grid must not have more).
 //
 // Per frame: (1) the frame statistic → table set; (2) rANS from the last step to the first,
 // words stored in encoder order in the warp's scratch, extra-bit count and codability summed
@@ -395,7 +405,6 @@ __device__ __forceinline__ u32 div_freq(u32 x, u32 f, u64 m) {
 extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n_frames,
                                            const u32* __restrict__ dst, u64 dst_base,
                                            const u8* __restrict__ bad, RansModel m,
-                                           const u64* __restrict__ rcp,
                                            u8* __restrict__ arena, u64 capacity, u64* cursor,
                                            u32* __restrict__ index, u16* __restrict__ sw,
                                            u64 scratch_warps, u32* err) {
@@ -403,13 +412,11 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
     const u32 warps_per_block = blockDim.x >> 5;
     const u32 entries = m.T * m.C * m.S;
     const u32 lut_words = (m.T * m.C * LUT_PER_ROW) >> 2;
-    u64* rcp_s = (u64*)(smem_e + ((entries + lut_words + 1u) & ~1u));
-    for (u32 i = threadIdx.x; i < entries; i += blockDim.x) rcp_s[i] = __ldg(rcp + i);
     const u32 steps = (m.n + 31u) >> 5;
     const u32 map_words = (steps + 31u) >> 5;  // one bit per step: "has a bucket symbol"
-    u32* win_all = (u32*)(rcp_s + entries);
+    u32* win_all = smem_e + entries + lut_words;
     u32* map_all = win_all + warps_per_block * 20u;
-    m = stage_model(m, smem_e);  // syncs the block (also for rcp_s)
+    m = stage_model(m, smem_e);  // syncs the block
     const u32 lane = threadIdx.x & 31u;
     const u32 wib = threadIdx.x >> 5;
     u32* win = win_all + wib * 20u;  // bit staging window of this warp
@@ -478,7 +485,6 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
                 c_next = __ldg(m.ctx + pn);
             }
             u32 f = 1u, cu = 0u;
-            u64 mf = 0u;
             bool emit = false;
             bool bk_any = false;
             if (act) {
@@ -487,7 +493,6 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
                 const u32 e = m.tab[ei];
                 f = e >> 16;
                 cu = e & 0xffffu;
-                mf = rcp_s[ei];
                 if (s >= m.K) {
                     nbits += s - m.K;
                     bk_any = true;
@@ -510,7 +515,7 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
             }
             cnt += __popc(mk);
             if (act) {
-                const u32 q = div_freq(x, f, mf);
+                const u32 q = div_freq(x, f);
                 x = q * 4096u + (x - q * f) + cu;
             }
             if (tt == 0u) break;

@@ -1,0 +1,562 @@
+//! One-pass detector reductions on the GPU ([`qem_core::ReduceRequest`] →
+//! [`qem_core::ReduceResult`]), the wrapper of `kernels/products.cu` (the only place that knows
+//! its kernel names and launch shapes). Over ENCODED data the rANS decode feeds the reductions
+//! directly (`rans_decode_stream<Op>`, no dense frame in global memory); over dense data the
+//! kernels read `u8`/`u16`/`u32` frames directly, and when only masks are asked for they read
+//! only the pixel range that holds the masks' support (a BF disk reads about a third of each
+//! 192×192 frame). Integer results are byte-exact against the CPU engine (`qem_cpu::products`);
+//! float images are f64 sums in another order, equal to rounding.
+//!
+//! Shape of a launch: one warp per frame. The sum DP (and the max DP when it fits too) is
+//! accumulated per CTA in shared `u32` and added to the `u64` result at the CTA's end; a CTA sums
+//! at most [`MAX_FRAMES_PER_CTA`] frames of `u16` values, so its `u32`s cannot wrap. Data of
+//! `u32` counts, or detectors too large for shared memory, use global atomics instead.
+//! A request with more masks than one launch takes ([`MAX_BIN`] binary, [`MAX_WINT`] integer,
+//! [`MAX_FLT`] float) is split into several launches over the same frames.
+
+use cudarc::driver::{
+    sys::CUfunction_attribute_enum, CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use qem_core::{
+    DType, DetectorMask, Error, Moments, ReduceRequest, ReduceResult, Result, VirtualImage,
+};
+
+use crate::device::{driver_error, Gpu};
+use crate::engine::engine;
+use crate::load::DeviceArray;
+use crate::mem::DevBuf;
+use crate::nvrtc::{load_module, ModuleInfo};
+use crate::rans::{self, fault_error, new_err_record, read_err, DeviceEncoded};
+
+const KERNEL_SOURCE: &str = include_str!("kernels/products.cu");
+const KERNEL_FILE: &str = "products.cu";
+/// Binary masks one launch accumulates (bits of a per-pixel byte).
+pub const MAX_BIN: usize = 8;
+/// Integer-weighted masks one launch accumulates.
+pub const MAX_WINT: usize = 2;
+/// Float masks one launch accumulates.
+pub const MAX_FLT: usize = 2;
+/// Frames one CTA may add into its shared `u32` sum DP (65537 · 65535 < 2^32).
+pub const MAX_FRAMES_PER_CTA: u64 = 65_536;
+const SUM_SHARED: u32 = 1;
+const MAX_SHARED: u32 = 2;
+/// Warps per CTA without shared accumulators (occupancy is limited by the model tables).
+const WARPS_PLAIN: u32 = 8;
+/// Warps per CTA with shared accumulators (one CTA per SM).
+const WARPS_SHARED: u32 = 16;
+
+/// `ProdArgs` in products.cu: 9 pointers, 2 u64, 6 u32 (112 bytes, 8-byte aligned).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct ProdArgs {
+    bits: u64,
+    wint: u64,
+    wflt: u64,
+    frames: u64,
+    img_int: u64,
+    img_flt: u64,
+    mom: u64,
+    sum_dp: u64,
+    max_dp: u64,
+    first: u64,
+    count: u64,
+    n: u32,
+    kc: u32,
+    n_bin: u32,
+    n_wint: u32,
+    n_flt: u32,
+    flags: u32,
+}
+
+// SAFETY: `ProdArgs` is `repr(C)` plain data with the exact layout of `struct ProdArgs` in
+// products.cu.
+unsafe impl DeviceRepr for ProdArgs {}
+
+/// The product kernels loaded into one context.
+#[derive(Debug, Clone)]
+pub struct ProductKernels {
+    encoded: CudaFunction,
+    dense_u8: CudaFunction,
+    dense_u16: CudaFunction,
+    dense_u32: CudaFunction,
+    /// How the module was obtained (compiled or cached).
+    pub module: ModuleInfo,
+    sms: u32,
+    max_smem_optin: u32,
+}
+
+impl ProductKernels {
+    /// Compile (or fetch from the cache) and load the kernels for `gpu`'s device. The source
+    /// is rans.cu followed by products.cu (one program, so the fused decode is inlined).
+    pub fn load(gpu: &Gpu) -> Result<ProductKernels> {
+        let src = format!("{}\n{}", rans::KERNEL_SOURCE, KERNEL_SOURCE);
+        let m = load_module(gpu, KERNEL_FILE, &src, &[])?;
+        let f = |name: &str| {
+            m.module
+                .load_function(name)
+                .map_err(|e| driver_error(&format!("load kernel {name}"), e))
+        };
+        Ok(ProductKernels {
+            encoded: f("qem_products_encoded")?,
+            dense_u8: f("qem_products_dense_u8")?,
+            dense_u16: f("qem_products_dense_u16")?,
+            dense_u32: f("qem_products_dense_u32")?,
+            module: m.info,
+            sms: gpu.info().multiprocessors.max(1) as u32,
+            max_smem_optin: gpu.info().max_shared_per_block_optin.max(48 * 1024) as u32,
+        })
+    }
+
+    fn config(
+        &self,
+        f: &CudaFunction,
+        smem: u32,
+        count: u64,
+        shared: bool,
+    ) -> Result<LaunchConfig> {
+        let warps = if shared { WARPS_SHARED } else { WARPS_PLAIN };
+        f.set_attribute(
+            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(|e| driver_error("set kernel shared memory", e))?;
+        let ctas = if shared {
+            // One CTA per SM, but enough that no CTA sums more than MAX_FRAMES_PER_CTA frames.
+            (self.sms as u64).max(count.div_ceil(MAX_FRAMES_PER_CTA))
+        } else {
+            count.div_ceil(warps as u64).clamp(1, self.sms as u64 * 16)
+        };
+        Ok(LaunchConfig {
+            grid_dim: (ctas.max(1) as u32, 1, 1),
+            block_dim: (warps * 32, 1, 1),
+            shared_mem_bytes: smem,
+        })
+    }
+}
+
+/// One launch's share of a request: which masks, and whether it also carries the
+/// frame-independent outputs (sum/max DP, moments: the first launch only).
+struct Part {
+    bin: Vec<usize>,
+    wint: Vec<usize>,
+    flt: Vec<usize>,
+    carries_rest: bool,
+}
+
+/// Split the masks of `req` into launches of at most MAX_BIN/MAX_WINT/MAX_FLT masks.
+fn partition(req: &ReduceRequest) -> Vec<Part> {
+    let (mut bin, mut wint, mut flt) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, m) in req.masks.iter().enumerate() {
+        match m {
+            m if m.is_binary() => bin.push(i),
+            DetectorMask::Int(_) => wint.push(i),
+            DetectorMask::Float(_) => flt.push(i),
+        }
+    }
+    let launches = [
+        bin.len().div_ceil(MAX_BIN),
+        wint.len().div_ceil(MAX_WINT),
+        flt.len().div_ceil(MAX_FLT),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0)
+    .max(1);
+    (0..launches)
+        .map(|l| Part {
+            bin: bin
+                .iter()
+                .skip(l * MAX_BIN)
+                .take(MAX_BIN)
+                .copied()
+                .collect(),
+            wint: wint
+                .iter()
+                .skip(l * MAX_WINT)
+                .take(MAX_WINT)
+                .copied()
+                .collect(),
+            flt: flt
+                .iter()
+                .skip(l * MAX_FLT)
+                .take(MAX_FLT)
+                .copied()
+                .collect(),
+            carries_rest: l == 0,
+        })
+        .collect()
+}
+
+/// The data a pass reads.
+enum Data<'a> {
+    Encoded(&'a DeviceEncoded),
+    Dense { ptr: u64, dtype: DType },
+}
+
+/// Device buffers of one launch, kept alive until its results are read.
+struct PartBufs {
+    part: Part,
+    /// Mask uploads the launch reads (held until the synchronize).
+    _bufs: Vec<DevBuf>,
+    img_int: Option<DevBuf>,
+    img_flt: Option<DevBuf>,
+}
+
+fn upload<T: bytemuck::Pod>(gpu: &Gpu, v: &[T], what: &str) -> Result<DevBuf> {
+    let bytes: &[u8] = bytemuck::cast_slice(v);
+    let b = DevBuf::alloc(gpu.ctx(), bytes.len(), None, what)?;
+    b.write(0, bytes)?;
+    Ok(b)
+}
+
+fn zeroed(gpu: &Gpu, bytes: usize, what: &str) -> Result<DevBuf> {
+    let b = DevBuf::alloc(gpu.ctx(), bytes, None, what)?;
+    b.write(0, &vec![0u8; b.bytes()])?;
+    Ok(b)
+}
+
+fn read_vec<T: bytemuck::Pod + Default + Clone>(b: &DevBuf, n: usize) -> Result<Vec<T>> {
+    let mut v = vec![T::default(); n];
+    b.read(0, bytemuck::cast_slice_mut(&mut v))?;
+    Ok(v)
+}
+
+/// The pixel range `[lo, hi)` a dense pass must read: the whole frame unless only masks are
+/// requested, then the span of their support, widened to multiples of 8 for 16-byte loads.
+fn pixel_range(req: &ReduceRequest, n: usize) -> (u32, u32) {
+    if req.sum_dp || req.max_dp || req.moments {
+        return (0, n as u32);
+    }
+    let (mut lo, mut hi) = (n, 0usize);
+    for m in &req.masks {
+        let s = m.support();
+        if let (Some(&a), Some(&b)) = (s.first(), s.last()) {
+            lo = lo.min(a as usize);
+            hi = hi.max(b as usize + 1);
+        }
+    }
+    if lo >= hi {
+        return (0, 0);
+    }
+    let lo = lo & !7;
+    let hi = hi.next_multiple_of(8).min(n);
+    (lo as u32, hi as u32)
+}
+
+fn run(
+    data: Data<'_>,
+    n_frames: u64,
+    n: usize,
+    kc: usize,
+    req: &ReduceRequest,
+) -> Result<ReduceResult> {
+    let op = "detector reduction (CUDA)";
+    req.validate(n_frames, n)?;
+    let e = engine()?;
+    let k = e.products()?;
+    let gpu = &e.gpu;
+    gpu.ctx()
+        .bind_to_thread()
+        .map_err(|err| driver_error("bind CUDA context", err))?;
+    let count = req.n_selected(n_frames);
+    let frames_buf = match &req.frames {
+        Some(f) => Some(upload(gpu, f, "frame selection")?),
+        None => None,
+    };
+    // The shared-memory plan: sums in shared u32 for u8/u16 values when they fit with the
+    // model tables; the max too when there is room left.
+    let (kernel, table_smem, small_values) = match &data {
+        Data::Encoded(enc) => (&k.encoded, enc.kernel_view().4, true),
+        Data::Dense { dtype, .. } => (
+            match dtype {
+                DType::U8 => &k.dense_u8,
+                DType::U16 => &k.dense_u16,
+                DType::U32 => &k.dense_u32,
+            },
+            0u32,
+            *dtype != DType::U32,
+        ),
+    };
+    let frame_smem = (n * 4) as u32;
+    let budget = k.max_smem_optin;
+    let sum_shared = req.sum_dp && small_values && table_smem + frame_smem <= budget;
+    let max_shared = req.max_dp && table_smem + frame_smem * (1 + u32::from(sum_shared)) <= budget;
+    let flags = u32::from(sum_shared) * SUM_SHARED | u32::from(max_shared) * MAX_SHARED;
+    let smem = table_smem + frame_smem * (u32::from(sum_shared) + u32::from(max_shared));
+    let (p_lo, p_hi) = pixel_range(req, n);
+
+    let sum_dp = if req.sum_dp {
+        Some(zeroed(gpu, n * 8, "sum DP")?)
+    } else {
+        None
+    };
+    let max_dp = if req.max_dp {
+        Some(zeroed(gpu, n * 4, "max DP")?)
+    } else {
+        None
+    };
+    let mom = if req.moments {
+        Some(DevBuf::alloc(
+            gpu.ctx(),
+            (3 * count as usize * 8).max(8),
+            None,
+            "moments",
+        )?)
+    } else {
+        None
+    };
+    let err = new_err_record(gpu.ctx(), None)?;
+    let stream = gpu.stream();
+    let mut parts = Vec::new();
+    for part in partition(req) {
+        let mut bufs = Vec::new();
+        let mut a = ProdArgs {
+            frames: frames_buf.as_ref().map_or(0, |b| b.ptr()),
+            first: 0,
+            count,
+            n: n as u32,
+            kc: kc as u32,
+            n_bin: part.bin.len() as u32,
+            n_wint: part.wint.len() as u32,
+            n_flt: part.flt.len() as u32,
+            ..Default::default()
+        };
+        if !part.bin.is_empty() {
+            let mut bits = vec![0u8; n];
+            for (j, &mi) in part.bin.iter().enumerate() {
+                if let DetectorMask::Int(w) = &req.masks[mi] {
+                    for (b, &x) in bits.iter_mut().zip(w) {
+                        *b |= u8::from(x != 0) << j;
+                    }
+                }
+            }
+            let b = upload(gpu, &bits, "mask bits")?;
+            a.bits = b.ptr();
+            bufs.push(b);
+        }
+        if !part.wint.is_empty() {
+            let mut w16 = Vec::with_capacity(n * part.wint.len());
+            for &mi in &part.wint {
+                if let DetectorMask::Int(w) = &req.masks[mi] {
+                    // validate() bounds integer weights by 65535.
+                    w16.extend(w.iter().map(|&x| x as u16));
+                }
+            }
+            let b = upload(gpu, &w16, "integer mask weights")?;
+            a.wint = b.ptr();
+            bufs.push(b);
+        }
+        if !part.flt.is_empty() {
+            let mut wf = Vec::with_capacity(n * part.flt.len());
+            for &mi in &part.flt {
+                if let DetectorMask::Float(w) = &req.masks[mi] {
+                    wf.extend_from_slice(w);
+                }
+            }
+            let b = upload(gpu, &wf, "float mask weights")?;
+            a.wflt = b.ptr();
+            bufs.push(b);
+        }
+        let n_int = part.bin.len() + part.wint.len();
+        let img_int = if n_int > 0 {
+            Some(DevBuf::alloc(
+                gpu.ctx(),
+                n_int * count as usize * 8,
+                None,
+                "images",
+            )?)
+        } else {
+            None
+        };
+        let img_flt = if !part.flt.is_empty() {
+            Some(DevBuf::alloc(
+                gpu.ctx(),
+                part.flt.len() * count as usize * 8,
+                None,
+                "float images",
+            )?)
+        } else {
+            None
+        };
+        a.img_int = img_int.as_ref().map_or(0, |b| b.ptr());
+        a.img_flt = img_flt.as_ref().map_or(0, |b| b.ptr());
+        let shared = part.carries_rest && (sum_shared || max_shared);
+        if part.carries_rest {
+            a.mom = mom.as_ref().map_or(0, |b| b.ptr());
+            a.sum_dp = sum_dp.as_ref().map_or(0, |b| b.ptr());
+            a.max_dp = max_dp.as_ref().map_or(0, |b| b.ptr());
+            a.flags = flags;
+        }
+        let this_smem = if part.carries_rest { smem } else { table_smem };
+        let cfg = k.config(kernel, this_smem, count, shared)?;
+        let mut b = stream.launch_builder(kernel);
+        let errp = err.ptr();
+        match &data {
+            Data::Encoded(enc) => {
+                let (arena, alen, index, m, _) = enc.kernel_view();
+                b.arg(&arena)
+                    .arg(&alen)
+                    .arg(&index)
+                    .arg(&m)
+                    .arg(&a)
+                    .arg(&errp);
+                // SAFETY: matches `qem_products_encoded(const u8*, u64, const u32*, RansModel,
+                // ProdArgs, u32*)`. The arena, index and tables are the dataset's live buffers
+                // and every stream access is bounds-checked by the decoder; every ProdArgs
+                // pointer is a buffer above sized for `count` frames of `n` pixels (masks: n
+                // bytes / n_wint·n u16 / n_flt·n f64; images count u64/f64 per mask; moments
+                // 3·count u64; sum n u64; max n u32; frames count u64 < n_frames, checked by
+                // validate); shared memory = tables + the shared accumulators the flags name.
+                // All stay alive until the synchronize below.
+                unsafe { b.launch(cfg) }
+                    .map_err(|er| driver_error("launch products (encoded)", er))?;
+            }
+            Data::Dense { ptr, .. } => {
+                b.arg(ptr).arg(&a).arg(&p_lo).arg(&p_hi);
+                // SAFETY: matches `qem_products_dense_<T>(const T*, ProdArgs, u32, u32)`; the
+                // data holds n_frames·n elements of T (the dataset's live array), p_lo ≤ p_hi ≤
+                // n with p_lo a multiple of 8; ProdArgs buffers as for the encoded launch.
+                unsafe { b.launch(cfg) }
+                    .map_err(|er| driver_error("launch products (dense)", er))?;
+            }
+        }
+        parts.push(PartBufs {
+            part,
+            _bufs: bufs,
+            img_int,
+            img_flt,
+        });
+    }
+    stream
+        .synchronize()
+        .map_err(|er| driver_error("synchronize products", er))?;
+    if let Some(f) = read_err(&err)? {
+        return Err(fault_error(&f, f.frame).with_op(op));
+    }
+    let c = count as usize;
+    let mut images: Vec<Option<VirtualImage>> = vec![None; req.masks.len()];
+    for p in &parts {
+        if let Some(b) = &p.img_int {
+            let v: Vec<u64> = read_vec(b, (p.part.bin.len() + p.part.wint.len()) * c)?;
+            for (j, &mi) in p.part.bin.iter().chain(&p.part.wint).enumerate() {
+                images[mi] = Some(VirtualImage::U64(v[j * c..(j + 1) * c].to_vec()));
+            }
+        }
+        if let Some(b) = &p.img_flt {
+            let v: Vec<f64> = read_vec(b, p.part.flt.len() * c)?;
+            for (j, &mi) in p.part.flt.iter().enumerate() {
+                images[mi] = Some(VirtualImage::F64(v[j * c..(j + 1) * c].to_vec()));
+            }
+        }
+    }
+    let images = images
+        .into_iter()
+        .map(|x| x.ok_or_else(|| Error::internal(op, "a mask's image was not computed")))
+        .collect::<Result<Vec<_>>>()?;
+    let moments = match &mom {
+        Some(b) => {
+            let v: Vec<u64> = read_vec(b, 3 * c)?;
+            Some(Moments {
+                sum: v[..c].to_vec(),
+                m_row: v[c..2 * c].to_vec(),
+                m_col: v[2 * c..].to_vec(),
+            })
+        }
+        None => None,
+    };
+    Ok(ReduceResult {
+        images,
+        sum_dp: sum_dp.as_ref().map(|b| read_vec(b, n)).transpose()?,
+        max_dp: max_dp.as_ref().map(|b| read_vec(b, n)).transpose()?,
+        moments,
+        n_frames: count,
+    })
+}
+
+/// Run `req` over the frames of an ENCODED dataset on the GPU: one fused decode→reduce pass
+/// (more only when the request has more masks than one launch takes).
+pub fn reduce_encoded(enc: &DeviceEncoded, req: &ReduceRequest) -> Result<ReduceResult> {
+    let shape = enc.frame_shape();
+    run(
+        Data::Encoded(enc),
+        enc.n_frames(),
+        shape.len(),
+        shape.cols,
+        req,
+    )
+}
+
+/// Run `req` over the frames of a dense GPU-resident dataset.
+pub fn reduce_dense(arr: &DeviceArray, req: &ReduceRequest) -> Result<ReduceResult> {
+    let [r, c, kr, kc] = arr.shape();
+    run(
+        Data::Dense {
+            ptr: arr.device_ptr(),
+            dtype: arr.dtype(),
+        },
+        (r * c) as u64,
+        kr * kc,
+        kc,
+        req,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_are_split_by_kind_and_launch_capacity() {
+        let bin = DetectorMask::Int(vec![1, 0]);
+        let wint = DetectorMask::Int(vec![3, 0]);
+        let flt = DetectorMask::Float(vec![0.5, 0.0]);
+        let mut req = ReduceRequest {
+            masks: vec![bin.clone(); 9],
+            ..Default::default()
+        };
+        req.masks.push(wint.clone());
+        req.masks.push(flt.clone());
+        let parts = partition(&req);
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[0].bin, (0..8).collect::<Vec<_>>());
+        assert_eq!(parts[1].bin, vec![8]);
+        assert_eq!(parts[0].wint, vec![9]);
+        assert_eq!(parts[0].flt, vec![10]);
+        assert!(parts[0].carries_rest && !parts[1].carries_rest);
+        let all: usize = parts
+            .iter()
+            .map(|p| p.bin.len() + p.wint.len() + p.flt.len())
+            .sum();
+        assert_eq!(all, req.masks.len());
+        // No masks: still one launch (sum/max/moments).
+        assert_eq!(partition(&ReduceRequest::default()).len(), 1);
+    }
+
+    #[test]
+    fn only_masks_read_only_their_pixel_span() {
+        let mut w = vec![0u32; 100];
+        w[21] = 1;
+        w[50] = 1;
+        let mut req = ReduceRequest {
+            masks: vec![DetectorMask::Int(w)],
+            ..Default::default()
+        };
+        assert_eq!(pixel_range(&req, 100), (16, 56));
+        req.moments = true;
+        assert_eq!(pixel_range(&req, 100), (0, 100));
+        let req = ReduceRequest {
+            masks: vec![DetectorMask::Int(vec![0; 100])],
+            ..Default::default()
+        };
+        assert_eq!(pixel_range(&req, 100), (0, 0));
+    }
+
+    #[test]
+    fn kernels_compile_with_nvrtc_when_present() {
+        let src = format!("{}\n{}", rans::KERNEL_SOURCE, KERNEL_SOURCE);
+        match crate::nvrtc::compile_cubin(KERNEL_FILE, &src, "sm_90", &[]) {
+            Ok((cubin, _log)) => assert!(!cubin.is_empty()),
+            Err(e) => assert_eq!(e.kind, qem_core::ErrorKind::BackendUnavailable, "{e}"),
+        }
+    }
+}
