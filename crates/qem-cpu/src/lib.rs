@@ -6,12 +6,15 @@
 //! [`load_dense`] runs that plan over the frames of a source in parallel with rayon, reading each
 //! chunk's bytes once with a positional read and decoding it in the worker thread.
 //! [`EncodedFrames`] holds frames in the ENCODED representation (rANS counts streams).
+//! [`dpc`] holds the centre-of-mass, DPC alignment and iDPC integration math on scan-grid arrays.
 //!
 //! Depends on `qem-core`, `qem-codec` and `qem-io`; the façade `qem` depends on it.
 
+pub mod dpc;
 mod encoded;
 mod frame;
 mod load;
+pub mod products;
 
 pub use encoded::{
     fit_model, model_params, rans_error, sample_indices, EncodedFrames, CODEC_NAME, CODEC_VERSION,
@@ -19,3 +22,4 @@ pub use encoded::{
 };
 pub use frame::{FramePlan, OutElem, PixelOverflow, SrcFrame};
 pub use load::{load_array, load_dense, DenseLoad, LoadHooks};
+pub use products::{reduce_dense, reduce_encoded};

@@ -92,6 +92,8 @@ pub struct Dataset {
     pub(crate) metadata: Metadata,
     pub(crate) provenance: Provenance,
     pub(crate) storage: Storage,
+    /// Results a detector operation may reuse (the sum DP behind the BF disk fit).
+    pub(crate) detector_cache: crate::detector::DetectorCache,
 }
 
 impl Dataset {

@@ -8,6 +8,8 @@
 
 pub mod backend;
 pub mod dataset;
+pub mod detector;
+pub mod dpc;
 mod encode;
 pub mod load;
 pub mod qemfile;

@@ -310,6 +310,7 @@ pub(crate) fn finish(
         metadata: facts.metadata,
         provenance,
         storage: loaded.storage,
+        detector_cache: Default::default(),
     }
 }
 

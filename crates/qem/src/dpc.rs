@@ -1,0 +1,445 @@
+//! `qem::dpc`: centre of mass, DPC and iDPC phase of a [`Dataset`] (SCIENCE.md "Centre of
+//! mass, DPC, iDPC").
+//!
+//! Both operations get their integers from one detector reduction (exact `u64` moments, and
+//! for [`run`] the ADF image in the same pass); the arithmetic on the scan grid is the CPU
+//! reference in `qem_cpu::dpc`, whatever engine holds the data (the scan-grid work is small
+//! next to the pass over the frames).
+//!
+//! Units. CoM is in detector pixels of the loaded (possibly binned) grid, or in mrad when the
+//! metadata gives the detector angular sampling (`Metadata::angular_sampling_mrad`, per source
+//! pixel; multiplied by the dataset's `det_bin`). The phase is in radians when the angular
+//! sampling, the electron wavelength (`Metadata::wavelength_a`, else from
+//! `Metadata::energy_ev`) and the scan step (`Metadata::scan_step_a`) are all known: a
+//! deflection θ (rad) is then a phase gradient `2π θ / λ` per Å. Otherwise the phase is the
+//! plain inverse gradient of the aligned CoM field per scan step, in "CoM unit × scan step"
+//! (e.g. `px·step`), and [`DpcResult::phase_unit`] says which.
+
+use crate::dataset::Dataset;
+use crate::detector::{self, DetectorKind, DetectorParams, Product};
+use crate::result::ResultProvenance;
+use qem_core::{Error, Moments, Result, Shape2};
+use qem_cpu::dpc as cpu;
+use serde_json::json;
+use std::f64::consts::PI;
+use std::time::Instant;
+
+pub use qem_cpu::dpc::{EdgeMode, SIGN_MIN_ADF_CORRELATION, SIGN_MIN_SKEWNESS};
+
+/// Centre of mass per scan position.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CenterOfMass {
+    /// `μ_r` per scan position, row-major `[R_r, R_c]`, in [`CenterOfMass::unit`].
+    pub com_row: Vec<f64>,
+    /// `μ_c` per scan position.
+    pub com_col: Vec<f64>,
+    /// Scan grid.
+    pub scan_shape: Shape2,
+    /// Whether the scan mean of each component was subtracted (zero frames included in it).
+    pub centered: bool,
+    /// Frames with no counts (`S = 0`): their CoM is 0 before centring.
+    pub zero_frames: u64,
+    /// `"px"` (detector pixels of the loaded grid, origin pixel (0, 0)) or `"mrad"`.
+    pub unit: String,
+    /// How it was computed.
+    pub provenance: ResultProvenance,
+}
+
+/// CoM `(μ_r, μ_c, zero_frames)` from exact moments, in detector pixels: `μ = m / S` in f64,
+/// `S = 0` → 0 (counted), scan mean removed when `centered`. `scan_shape` is the scan grid the
+/// moments cover (one value per position, as [`detector::moments`] returns them); the
+/// arithmetic does not need it beyond that.
+pub fn com_from_moments(
+    m: &Moments,
+    scan_shape: Shape2,
+    centered: bool,
+) -> (Vec<f64>, Vec<f64>, u64) {
+    debug_assert_eq!(m.sum.len(), scan_shape.len());
+    let c = cpu::com_from_moments(m, centered);
+    (c.com_row, c.com_col, c.zero_frames)
+}
+
+/// What the metadata says about units.
+#[derive(Debug, Clone, Copy, Default)]
+struct Calibration {
+    /// Angular sampling of a loaded detector pixel, mrad (source sampling × `det_bin`).
+    det_mrad: Option<(f64, f64)>,
+    /// Electron wavelength, Å.
+    wavelength_a: Option<f64>,
+    /// Scan step, Å.
+    scan_step_a: Option<(f64, f64)>,
+}
+
+fn positive(x: f64) -> Option<f64> {
+    (x.is_finite() && x > 0.0).then_some(x)
+}
+
+fn positive_pair((a, b): (f64, f64)) -> Option<(f64, f64)> {
+    Some((positive(a)?, positive(b)?))
+}
+
+impl Calibration {
+    fn of(ds: &Dataset) -> Calibration {
+        let md = ds.metadata();
+        let bin = ds.provenance().det_bin.max(1) as f64;
+        Calibration {
+            det_mrad: md
+                .angular_sampling_mrad
+                .and_then(positive_pair)
+                .map(|(r, c)| (r * bin, c * bin)),
+            wavelength_a: md.wavelength_a.and_then(positive).or_else(|| {
+                md.energy_ev
+                    .and_then(positive)
+                    .map(|ev| cpu::electron_wavelength_a(ev * 1e-3))
+            }),
+            scan_step_a: md.scan_step_a.and_then(positive_pair),
+        }
+    }
+
+    /// CoM unit name.
+    fn unit(&self) -> &'static str {
+        if self.det_mrad.is_some() {
+            "mrad"
+        } else {
+            "px"
+        }
+    }
+
+    /// Scale CoM from pixels into [`Calibration::unit`].
+    fn apply(&self, com_row: &mut [f64], com_col: &mut [f64]) {
+        if let Some((sr, sc)) = self.det_mrad {
+            com_row.iter_mut().for_each(|v| *v *= sr);
+            com_col.iter_mut().for_each(|v| *v *= sc);
+        }
+    }
+
+    /// Factors turning the aligned field (in [`Calibration::unit`]) into a phase gradient per
+    /// scan step, and the phase unit they give: `2π · 10⁻³ · step / λ` (rad) when fully
+    /// calibrated, else 1.
+    fn phase_scale(&self) -> ((f64, f64), String) {
+        match (self.det_mrad, self.wavelength_a, self.scan_step_a) {
+            (Some(_), Some(lam), Some((sr, sc))) => (
+                (2.0 * PI * 1e-3 * sr / lam, 2.0 * PI * 1e-3 * sc / lam),
+                "rad".to_string(),
+            ),
+            _ => ((1.0, 1.0), format!("{}·scan step", self.unit())),
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "detector_angular_sampling_mrad": self.det_mrad.map(|(r, c)| [r, c]),
+            "wavelength_a": self.wavelength_a,
+            "scan_step_a": self.scan_step_a.map(|(r, c)| [r, c]),
+        })
+    }
+}
+
+/// Centre of mass of every frame (SCIENCE.md): exact `u64` moments over the whole detector in
+/// one pass, `μ = m / S`, zero frames counted, centred by default; pixels, or mrad when the
+/// metadata gives the detector angular sampling.
+pub fn center_of_mass(ds: &Dataset, centered: bool) -> Result<CenterOfMass> {
+    let t0 = Instant::now();
+    let m = detector::moments(ds).map_err(|e| e.with_op("dpc center_of_mass"))?;
+    let t_reduce = t0.elapsed().as_secs_f64();
+    let shape = ds.scan_shape();
+    let (mut com_row, mut com_col, zero_frames) = com_from_moments(&m, shape, centered);
+    let cal = Calibration::of(ds);
+    cal.apply(&mut com_row, &mut com_col);
+    let mut provenance = ResultProvenance::new(
+        ds,
+        "dpc.center_of_mass",
+        json!({
+            "centered": centered,
+            "unit": cal.unit(),
+            "origin": "detector pixel (0, 0)",
+            "zero_frames": zero_frames,
+            "det_bin": ds.provenance().det_bin,
+            "calibration": cal.json(),
+        }),
+    );
+    provenance.stage("reduce (moments)", t_reduce);
+    provenance.stage("total (wall)", t0.elapsed().as_secs_f64());
+    Ok(CenterOfMass {
+        com_row,
+        com_col,
+        scan_shape: shape,
+        centered,
+        zero_frames,
+        unit: cal.unit().to_string(),
+        provenance,
+    })
+}
+
+/// Options of [`run`]. `Default`: rotation and transpose found from the data, periodic edges.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct DpcParams {
+    /// Rotation θ of the CoM field into the scan frame, degrees (`g = R(θ)·μ`). `None` = the
+    /// angle of least curl, with its 180° ambiguity resolved by the sign criterion. An explicit
+    /// angle is used as given (no sign flip; the result still reports what the criterion says).
+    pub rotation_deg: Option<f64>,
+    /// Exchange `(μ_r, μ_c)` before the rotation (a mirrored detector). `None` = found with the
+    /// rotation, or `false` when `rotation_deg` is given.
+    pub transpose: Option<bool>,
+    /// Edge handling of the integration.
+    pub edge: EdgeMode,
+}
+
+impl DpcParams {
+    /// Check the parameters.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(deg) = self.rotation_deg {
+            if !deg.is_finite() {
+                return Err(Error::invalid("dpc run", "rotation_deg is not finite")
+                    .with_expected("a finite angle in degrees")
+                    .with_found(deg.to_string()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The result of [`run`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DpcResult {
+    /// Centred CoM `μ_r` per scan position, in [`DpcResult::unit`].
+    pub com_row: Vec<f64>,
+    /// Centred CoM `μ_c`.
+    pub com_col: Vec<f64>,
+    /// The aligned field in the scan frame (row component), in [`DpcResult::unit`]: the CoM
+    /// exchanged if [`DpcResult::transpose`], rotated by [`DpcResult::rotation_deg`].
+    pub dpc_row: Vec<f64>,
+    /// The aligned field, column component.
+    pub dpc_col: Vec<f64>,
+    /// iDPC phase (zero mean), in [`DpcResult::phase_unit`].
+    pub phase: Vec<f64>,
+    /// Scan grid.
+    pub scan_shape: Shape2,
+    /// Rotation used, degrees; found ones lie in `[0, 360)`.
+    pub rotation_deg: f64,
+    /// Whether the CoM components were exchanged before the rotation.
+    pub transpose: bool,
+    /// |statistic| of the criterion that fixed the 180° ambiguity: |Pearson r| of phase and
+    /// ADF image for `"adf_correlation"`, |skewness| of the phase for `"phase_skewness"`.
+    pub sign_confidence: f64,
+    /// `"adf_correlation"`, `"phase_skewness"`, `"explicit_rotation"` (the given angle was kept;
+    /// the statistic is the ADF criterion's, else the skewness's) or `"none"` (the rotation
+    /// could not be determined: scan smaller than 3 × 3, or a field without direction).
+    pub sign_criterion: String,
+    /// Whether the sign is trustworthy: the statistic reached its threshold
+    /// ([`SIGN_MIN_ADF_CORRELATION`], [`SIGN_MIN_SKEWNESS`]) and, for an explicit rotation, it
+    /// agrees with the given orientation. Always false when the rotation was not determined.
+    pub confident: bool,
+    /// Mean squared interior curl of the aligned field over its `⟨curl² + div²⟩` (0 for a
+    /// pure gradient, at most ½ after a search).
+    pub curl_score: f64,
+    /// Frames with no counts.
+    pub zero_frames: u64,
+    /// Unit of the CoM and aligned fields: `"px"` or `"mrad"`.
+    pub unit: String,
+    /// Unit of the phase: `"rad"` when calibrated, else e.g. `"px·scan step"`.
+    pub phase_unit: String,
+    /// How it was computed (rotation candidates, sign statistics, ADF detector, calibration).
+    pub provenance: ResultProvenance,
+}
+
+/// Centre of mass, alignment and iDPC phase in one call.
+///
+/// One reduction pass gives the exact moments and the default ADF image (`[r, 2r]` around the
+/// fitted BF disk). The CoM is centred and converted to mrad when calibrated; the rotation
+/// θ ∈ `[0, π)` and transpose minimise the mean squared interior curl (closed form, grid
+/// checked); the aligned field is integrated ([`integrate`]); then the sign is chosen so that
+/// the phase correlates positively with the ADF image (atom columns: high ADF and positive
+/// phase), falling back to positive skewness of the phase when the correlation is below
+/// [`SIGN_MIN_ADF_CORRELATION`] — choosing the negative sign adds 180° to θ.
+pub fn run(ds: &Dataset, p: &DpcParams) -> Result<DpcResult> {
+    const OP: &str = "dpc run";
+    p.validate()?;
+    let t0 = Instant::now();
+    let prods = detector::products(
+        ds,
+        &[Product::Det(DetectorKind::Adf), Product::Moments],
+        &DetectorParams::default(),
+    )
+    .map_err(|e| e.with_op(OP))?;
+    let t_reduce = t0.elapsed().as_secs_f64();
+    let moments = prods
+        .moments
+        .as_ref()
+        .ok_or_else(|| Error::internal(OP, "the reduction returned no moments"))?;
+    let adf_image = prods.images.first();
+    let adf: Option<Vec<f64>> = adf_image.map(|im| im.image.iter().map(|&v| v as f64).collect());
+    let adf_json = adf_image.map(|im| {
+        json!({
+            "inner_px": im.inner_px,
+            "outer_px": im.outer_px,
+            "mask_pixels": im.mask_pixels,
+            "disk_center_px": [im.disk.center_px.0, im.disk.center_px.1],
+            "disk_radius_px": im.disk.radius_px,
+        })
+    });
+
+    let shape = ds.scan_shape();
+    let (mut com_row, mut com_col, zero_frames) = com_from_moments(moments, shape, true);
+    let cal = Calibration::of(ds);
+    cal.apply(&mut com_row, &mut com_col);
+
+    // Rotation and transpose.
+    let t1 = Instant::now();
+    let (theta, transpose, determined, curl_score, rotation_json) = match p.rotation_deg {
+        Some(deg) => {
+            let transpose = p.transpose.unwrap_or(false);
+            let theta = deg.to_radians();
+            let curl_score = if shape.rows >= 3 && shape.cols >= 3 {
+                let (a, b) = if transpose {
+                    (&com_col, &com_row)
+                } else {
+                    (&com_row, &com_col)
+                };
+                let m = cpu::CurlMoments::of(a, b, shape)?;
+                if m.total() > 0.0 {
+                    m.score(theta) / m.total()
+                } else {
+                    0.0
+                }
+            } else {
+                0.0
+            };
+            (
+                theta,
+                transpose,
+                true,
+                curl_score,
+                json!({ "method": "explicit rotation_deg", "transpose_given": p.transpose }),
+            )
+        }
+        None => {
+            let fit = cpu::fit_rotation(&com_row, &com_col, shape, p.transpose)?;
+            let candidates: Vec<serde_json::Value> = fit
+                .candidates
+                .iter()
+                .map(|c| {
+                    json!({
+                        "transpose": c.transpose,
+                        "rotation_deg_mod_180": c.rotation_rad.to_degrees(),
+                        "mean_sq_curl": c.score,
+                        "curl2": c.moments.curl2,
+                        "div2": c.moments.div2,
+                        "curl_div": c.moments.curl_div,
+                        "method": c.method,
+                    })
+                })
+                .collect();
+            (
+                fit.rotation_rad,
+                fit.transpose,
+                fit.determined,
+                fit.curl_score,
+                json!({
+                    "method": fit.method,
+                    "determined": fit.determined,
+                    "grid_step_deg": cpu::ROTATION_GRID_STEP_DEG,
+                    "candidates": candidates,
+                }),
+            )
+        }
+    };
+    let (mut dpc_row, mut dpc_col) = cpu::align(&com_row, &com_col, theta, transpose);
+    let t_rotation = t1.elapsed().as_secs_f64();
+
+    // Integration.
+    let t2 = Instant::now();
+    let ((kr, kc), phase_unit) = cal.phase_scale();
+    let g_row: Vec<f64> = dpc_row.iter().map(|v| v * kr).collect();
+    let g_col: Vec<f64> = dpc_col.iter().map(|v| v * kc).collect();
+    let mut phase = cpu::integrate(&g_row, &g_col, shape, p.edge)?;
+    let t_integrate = t2.elapsed().as_secs_f64();
+
+    // The 180° ambiguity.
+    let decision = cpu::resolve_sign(&phase, adf.as_deref());
+    let (flip, criterion, confident) = if !determined {
+        (false, "none".to_string(), false)
+    } else if p.rotation_deg.is_some() {
+        (
+            false,
+            "explicit_rotation".to_string(),
+            decision.confident && !decision.flip,
+        )
+    } else {
+        (
+            decision.flip,
+            decision.criterion.name().to_string(),
+            decision.confident,
+        )
+    };
+    let mut rotation_deg = match p.rotation_deg {
+        Some(deg) => deg,
+        None => theta.to_degrees(),
+    };
+    if flip {
+        phase.iter_mut().for_each(|v| *v = -*v);
+        dpc_row.iter_mut().for_each(|v| *v = -*v);
+        dpc_col.iter_mut().for_each(|v| *v = -*v);
+        rotation_deg = (rotation_deg + 180.0).rem_euclid(360.0);
+    }
+
+    let mut provenance = ResultProvenance::new(
+        ds,
+        "dpc.run",
+        json!({
+            "rotation_deg": rotation_deg,
+            "transpose": transpose,
+            "rotation_deg_requested": p.rotation_deg,
+            "transpose_requested": p.transpose,
+            "rotation": rotation_json,
+            "rotation_convention": "g_r = cosθ·a − sinθ·b, g_c = sinθ·a + cosθ·b, (a, b) = (μ_r, μ_c), or (μ_c, μ_r) when transposed",
+            "curl_score": curl_score,
+            "edge": p.edge.name(),
+            "integration": "phi_hat = -i (nu . g_hat) / (2 pi |nu|^2), DC = 0, nu in cycles per scan step",
+            "sign": {
+                "criterion": criterion,
+                "flipped": flip,
+                "confident": confident,
+                "adf_correlation_before_flip": decision.adf_correlation,
+                "skewness_before_flip": decision.skewness,
+                "min_adf_correlation": SIGN_MIN_ADF_CORRELATION,
+                "min_skewness": SIGN_MIN_SKEWNESS,
+            },
+            "adf": adf_json,
+            "unit": cal.unit(),
+            "phase_unit": phase_unit,
+            "calibration": cal.json(),
+            "det_bin": ds.provenance().det_bin,
+            "zero_frames": zero_frames,
+        }),
+    );
+    provenance.stage("reduce (adf + moments)", t_reduce);
+    provenance.stage("rotation", t_rotation);
+    provenance.stage("integrate", t_integrate);
+    provenance.stage("total (wall)", t0.elapsed().as_secs_f64());
+    Ok(DpcResult {
+        com_row,
+        com_col,
+        dpc_row,
+        dpc_col,
+        phase,
+        scan_shape: shape,
+        rotation_deg,
+        transpose,
+        sign_confidence: decision.confidence,
+        sign_criterion: criterion,
+        confident,
+        curl_score,
+        zero_frames,
+        unit: cal.unit().to_string(),
+        phase_unit,
+        provenance,
+    })
+}
+
+/// The least-squares inverse gradient of `(g_row, g_col)` on `shape`:
+/// `φ̂ = −i (ν·ĝ) / (2π |ν|²)`, `φ̂(0) = 0`, ν in cycles per scan step, periodic or mirrored
+/// edges. The phase has zero mean and the unit of `g` times one scan step.
+pub fn integrate(g_row: &[f64], g_col: &[f64], shape: Shape2, edge: EdgeMode) -> Result<Vec<f64>> {
+    cpu::integrate(g_row, g_col, shape, edge)
+}
