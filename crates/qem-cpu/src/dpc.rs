@@ -529,6 +529,24 @@ fn integrate_periodic(g_row: &[f64], g_col: &[f64], rows: usize, cols: usize) ->
 /// in the row-mirrored half, column component in the column-mirrored half, as the gradient of
 /// the mirrored phase is) and returns its top-left quarter with the mean removed.
 pub fn integrate(g_row: &[f64], g_col: &[f64], shape: Shape2, edge: EdgeMode) -> Result<Vec<f64>> {
+    integrate_with(g_row, g_col, shape, edge, |a, b, r, c| {
+        Ok(integrate_periodic(a, b, r, c))
+    })
+}
+
+/// [`integrate`] with another periodic solver `periodic(g_row, g_col, rows, cols)` (e.g. the
+/// GPU's cuFFT one, `qem_cuda::fft::integrate_periodic`), which must compute what this module's
+/// periodic solver computes; the checks and the mirror extension stay here.
+pub fn integrate_with<F>(
+    g_row: &[f64],
+    g_col: &[f64],
+    shape: Shape2,
+    edge: EdgeMode,
+    periodic: F,
+) -> Result<Vec<f64>>
+where
+    F: FnOnce(&[f64], &[f64], usize, usize) -> Result<Vec<f64>>,
+{
     const OP: &str = "dpc integrate";
     check_field(OP, g_row, g_col, shape)?;
     if shape.is_empty() {
@@ -538,7 +556,7 @@ pub fn integrate(g_row: &[f64], g_col: &[f64], shape: Shape2, edge: EdgeMode) ->
     }
     let (rows, cols) = (shape.rows, shape.cols);
     match edge {
-        EdgeMode::Periodic => Ok(integrate_periodic(g_row, g_col, rows, cols)),
+        EdgeMode::Periodic => periodic(g_row, g_col, rows, cols),
         EdgeMode::Mirror => {
             let (er, ec) = (2 * rows, 2 * cols);
             let mut xr = vec![0.0; er * ec];
@@ -559,7 +577,7 @@ pub fn integrate(g_row: &[f64], g_col: &[f64], shape: Shape2, edge: EdgeMode) ->
                     xc[i * ec + j] = sc * g_col[si * cols + sj];
                 }
             }
-            let ext = integrate_periodic(&xr, &xc, er, ec);
+            let ext = periodic(&xr, &xc, er, ec)?;
             let mut phi: Vec<f64> = (0..rows)
                 .flat_map(|i| ext[i * ec..i * ec + cols].iter().copied())
                 .collect();

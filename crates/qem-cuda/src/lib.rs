@@ -24,6 +24,7 @@
 pub mod bslz4;
 pub mod device;
 pub mod engine;
+pub mod fft;
 pub mod load;
 pub mod mem;
 pub mod nvrtc;

@@ -281,7 +281,7 @@ fn run(
     let budget = k.max_smem_optin;
     let sum_shared = req.sum_dp && small_values && table_smem + frame_smem <= budget;
     let max_shared = req.max_dp && table_smem + frame_smem * (1 + u32::from(sum_shared)) <= budget;
-    let flags = u32::from(sum_shared) * SUM_SHARED | u32::from(max_shared) * MAX_SHARED;
+    let flags = (u32::from(sum_shared) * SUM_SHARED) | (u32::from(max_shared) * MAX_SHARED);
     let smem = table_smem + frame_smem * (u32::from(sum_shared) + u32::from(max_shared));
     let (p_lo, p_hi) = pixel_range(req, n);
 

@@ -15,6 +15,7 @@
 //! plain inverse gradient of the aligned CoM field per scan step, in "CoM unit × scan step"
 //! (e.g. `px·step`), and [`DpcResult::phase_unit`] says which.
 
+use crate::backend::Backend;
 use crate::dataset::Dataset;
 use crate::detector::{self, DetectorKind, DetectorParams, Product};
 use crate::result::ResultProvenance;
@@ -352,7 +353,7 @@ pub fn run(ds: &Dataset, p: &DpcParams) -> Result<DpcResult> {
     let ((kr, kc), phase_unit) = cal.phase_scale();
     let g_row: Vec<f64> = dpc_row.iter().map(|v| v * kr).collect();
     let g_col: Vec<f64> = dpc_col.iter().map(|v| v * kc).collect();
-    let mut phase = cpu::integrate(&g_row, &g_col, shape, p.edge)?;
+    let mut phase = integrate_on(ds.backend(), &g_row, &g_col, shape, p.edge)?;
     let t_integrate = t2.elapsed().as_secs_f64();
 
     // The 180° ambiguity.
@@ -442,4 +443,21 @@ pub fn run(ds: &Dataset, p: &DpcParams) -> Result<DpcResult> {
 /// edges. The phase has zero mean and the unit of `g` times one scan step.
 pub fn integrate(g_row: &[f64], g_col: &[f64], shape: Shape2, edge: EdgeMode) -> Result<Vec<f64>> {
     cpu::integrate(g_row, g_col, shape, edge)
+}
+
+/// [`integrate`] on a chosen engine: the CPU (rustfft) or CUDA (cuFFT, the same solver to
+/// rounding; the mirror extension is built on the host either way).
+pub fn integrate_on(
+    backend: Backend,
+    g_row: &[f64],
+    g_col: &[f64],
+    shape: Shape2,
+    edge: EdgeMode,
+) -> Result<Vec<f64>> {
+    match backend {
+        Backend::Cpu => cpu::integrate(g_row, g_col, shape, edge),
+        Backend::Cuda => {
+            cpu::integrate_with(g_row, g_col, shape, edge, qem_cuda::fft::integrate_periodic)
+        }
+    }
 }

@@ -37,21 +37,27 @@ struct ProdArgs {
     u32 n, kc, n_bin, n_wint, n_flt, flags;
 };
 
-// The per-warp accumulators, fed one value at a time. `row`/`col` of the lane's pixel are
-// tracked incrementally by the caller.
+// The per-lane accumulators, fed one value at a time; `row`/`col` of the lane's pixel are
+// tracked incrementally by the caller. `A` holds the plain sums (binary masks, S): u32 for
+// u8/u16 values — a lane sees at most ⌈n/32⌉ ≤ 2048 pixels (n ≤ 2^16, checked by the host), and
+// 2048 · 65535 < 2^32 — saving registers, u64 for u32 values. Weighted sums and the moments
+// are u64 per lane; every sum is widened to u64 before the warp reduction.
+template <class A>
 struct ProdAcc {
-    u64 bin[MAX_BIN];
+    A bin[MAX_BIN];
     u64 wi[MAX_WINT];
     double fl[MAX_FLT];
-    u64 s, mr, mc;
+    A s;
+    u64 mr, mc;
     __device__ __forceinline__ void zero() {
 #pragma unroll
-        for (int j = 0; j < MAX_BIN; ++j) bin[j] = 0ull;
+        for (int j = 0; j < MAX_BIN; ++j) bin[j] = 0;
 #pragma unroll
         for (int j = 0; j < MAX_WINT; ++j) wi[j] = 0ull;
 #pragma unroll
         for (int j = 0; j < MAX_FLT; ++j) fl[j] = 0.0;
-        s = mr = mc = 0ull;
+        s = 0;
+        mr = mc = 0ull;
     }
     __device__ __forceinline__ void add(const ProdArgs& a, u32* ssum, u32* smax, u32 p, u32 row,
                                         u32 col, u32 v) {
@@ -59,7 +65,7 @@ struct ProdAcc {
             const u32 b = __ldg(a.bits + p);
 #pragma unroll
             for (int j = 0; j < MAX_BIN; ++j)
-                if ((b >> j) & 1u) bin[j] += v;
+                if ((b >> j) & 1u) bin[j] += (A)v;
         }
 #pragma unroll
         for (int j = 0; j < MAX_WINT; ++j)
@@ -68,7 +74,7 @@ struct ProdAcc {
         for (int j = 0; j < MAX_FLT; ++j)
             if ((u32)j < a.n_flt) fl[j] += (double)v * __ldg(a.wflt + (u64)j * a.n + p);
         if (a.mom) {
-            s += v;
+            s += (A)v;
             mr += (u64)row * v;
             mc += (u64)col * v;
         }
@@ -90,7 +96,7 @@ struct ProdAcc {
 #pragma unroll
         for (int j = 0; j < MAX_BIN; ++j) {
             if ((u32)j < a.n_bin) {
-                const u64 t = warp_sum_u64(bin[j]);
+                const u64 t = warp_sum_u64((u64)bin[j]);
                 if (lane == 0u) a.img_int[(u64)j * a.count + k] = t;
             }
         }
@@ -110,7 +116,7 @@ struct ProdAcc {
             }
         }
         if (a.mom) {
-            const u64 ts = warp_sum_u64(s), tr = warp_sum_u64(mr), tc = warp_sum_u64(mc);
+            const u64 ts = warp_sum_u64((u64)s), tr = warp_sum_u64(mr), tc = warp_sum_u64(mc);
             if (lane == 0u) {
                 a.mom[k] = ts;
                 a.mom[a.count + k] = tr;
@@ -143,7 +149,7 @@ __device__ __forceinline__ void prod_shared_flush(const ProdArgs& a, const u32* 
 // per lane, so row/col advance by 32 pixels per call).
 struct ProdDecodeOp {
     const ProdArgs* a;
-    ProdAcc* acc;
+    ProdAcc<u32>* acc;
     u32* ssum;
     u32* smax;
     u32 row, col;
@@ -173,7 +179,7 @@ extern "C" __global__ void qem_products_encoded(const u8* __restrict__ arena, u6
         const u8* st;
         u64 len;
         u32 ea = 0u, eb = 0u, code;
-        ProdAcc acc;
+        ProdAcc<u32> acc;
         acc.zero();
         if (!stream_at(arena, arena_len, index, i, st, len)) {
             code = R_INDEX;
@@ -187,7 +193,10 @@ extern "C" __global__ void qem_products_encoded(const u8* __restrict__ arena, u6
     prod_shared_flush(a, ssum, smax);
 }
 
-// Dense frames of T (u16 or u32), frame stride n, pixels [p_lo, p_hi) of each frame (the
+template <class T> struct AccOf { typedef u32 type; };
+template <> struct AccOf<u32> { typedef u64 type; };
+
+// Dense frames of T (u8, u16 or u32), frame stride n, pixels [p_lo, p_hi) of each frame (the
 // union of the masks' support when nothing else needs the whole frame). One warp per frame.
 template <class T>
 __device__ __forceinline__ void products_dense(const T* __restrict__ data, ProdArgs& a,
@@ -201,7 +210,7 @@ __device__ __forceinline__ void products_dense(const T* __restrict__ data, ProdA
          k += warps) {
         const u64 i = a.frames ? __ldg(a.frames + k) : a.first + k;
         const T* __restrict__ fr = data + i * (u64)a.n;
-        ProdAcc acc;
+        ProdAcc<typename AccOf<T>::type> acc;
         acc.zero();
         if (sizeof(T) == 2 && (a.n & 7u) == 0u && (p_lo & 7u) == 0u && ((u64)data & 15ull) == 0ull) {
             // 16-byte loads of 8 pixels per lane.

@@ -1,0 +1,143 @@
+//! iDPC integration with cuFFT: the periodic least-squares inverse gradient of
+//! `qem_cpu::dpc::integrate` on the GPU — two real-to-complex transforms (D2Z, f64), the
+//! `qem_idpc_combine` kernel (kernels/dpc.cu), one complex-to-real transform (Z2D). The mirror
+//! edge mode is the CPU code's even extension around this solver (`qem_cpu::dpc::integrate_with`).
+//!
+//! cuFFT is loaded on first use; a machine without libcufft gets `BackendUnavailable`.
+
+use cudarc::cufft::{result as cufft, sys as cufft_sys};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use qem_core::{Error, ErrorKind, Result};
+
+use crate::device::driver_error;
+use crate::engine::engine;
+use crate::mem::DevBuf;
+use crate::nvrtc::load_module;
+
+const KERNEL_SOURCE: &str = include_str!("kernels/dpc.cu");
+
+fn fft_error(what: &str, e: cufft::CufftError) -> Error {
+    Error::new(
+        ErrorKind::Internal,
+        "iDPC (cuFFT)",
+        format!("{what}: {e:?}"),
+    )
+}
+
+/// A cuFFT plan, destroyed on drop.
+struct Plan(cufft_sys::cufftHandle);
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from plan_2d and is destroyed once.
+        let _ = unsafe { cufft::destroy(self.0) };
+    }
+}
+
+/// `φ` with `∂φ/∂(scan step) ≈ (g_row, g_col)` on a periodic `rows × cols` grid (row-major),
+/// zero mean — the GPU twin of the CPU's periodic solver (equal to rounding).
+pub fn integrate_periodic(
+    g_row: &[f64],
+    g_col: &[f64],
+    rows: usize,
+    cols: usize,
+) -> Result<Vec<f64>> {
+    let op = "iDPC (cuFFT)";
+    let n = rows * cols;
+    if g_row.len() != n || g_col.len() != n || n == 0 {
+        return Err(Error::invalid(op, "field size does not match the grid")
+            .with_expected(format!("{rows} x {cols} = {n} values per component"))
+            .with_found(format!("{} and {}", g_row.len(), g_col.len())));
+    }
+    // SAFETY: only tries to dlopen libcufft and drops the handle.
+    if !unsafe { cufft_sys::is_culib_present() } {
+        return Err(Error::new(
+            ErrorKind::BackendUnavailable,
+            op,
+            "libcufft was not found on the library path",
+        ));
+    }
+    let e = engine()?;
+    let gpu = &e.gpu;
+    gpu.ctx()
+        .bind_to_thread()
+        .map_err(|err| driver_error("bind CUDA context", err))?;
+    let half = cols / 2 + 1;
+    let spec = rows * half * 16;
+    let d_gr = DevBuf::alloc(gpu.ctx(), n * 8, None, "iDPC g_row")?;
+    let d_gc = DevBuf::alloc(gpu.ctx(), n * 8, None, "iDPC g_col")?;
+    let d_a = DevBuf::alloc(gpu.ctx(), spec, None, "iDPC spectrum A")?;
+    let d_b = DevBuf::alloc(gpu.ctx(), spec, None, "iDPC spectrum B")?;
+    d_gr.write(0, bytemuck::cast_slice(g_row))?;
+    d_gc.write(0, bytemuck::cast_slice(g_col))?;
+    let fwd = Plan(
+        cufft::plan_2d(rows as i32, cols as i32, cufft_sys::cufftType::CUFFT_D2Z)
+            .map_err(|er| fft_error("plan D2Z", er))?,
+    );
+    let inv = Plan(
+        cufft::plan_2d(rows as i32, cols as i32, cufft_sys::cufftType::CUFFT_Z2D)
+            .map_err(|er| fft_error("plan Z2D", er))?,
+    );
+    let stream = gpu.stream();
+    for p in [&fwd, &inv] {
+        // SAFETY: a live plan and this context's stream.
+        unsafe { cufft::set_stream(p.0, stream.cu_stream() as _) }
+            .map_err(|er| fft_error("set stream", er))?;
+    }
+    let m = load_module(gpu, "dpc.cu", KERNEL_SOURCE, &[])?;
+    let combine = m
+        .module
+        .load_function("qem_idpc_combine")
+        .map_err(|er| driver_error("load kernel qem_idpc_combine", er))?;
+    // SAFETY: the plans are rows × cols D2Z/Z2D; inputs hold n f64, spectra rows·half double2,
+    // all live until the synchronize below.
+    unsafe {
+        cufft::exec_d2z(
+            fwd.0,
+            d_gr.ptr() as *mut f64,
+            d_a.ptr() as *mut cufft_sys::double2,
+        )
+        .map_err(|er| fft_error("D2Z g_row", er))?;
+        cufft::exec_d2z(
+            fwd.0,
+            d_gc.ptr() as *mut f64,
+            d_b.ptr() as *mut cufft_sys::double2,
+        )
+        .map_err(|er| fft_error("D2Z g_col", er))?;
+    }
+    let total = (rows * half) as u64;
+    let cfg = LaunchConfig {
+        grid_dim: (total.div_ceil(256).clamp(1, 4096) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (pa, pb) = (d_a.ptr(), d_b.ptr());
+    let (r32, c32, h32) = (rows as u32, cols as u32, half as u32);
+    let scale = 1.0 / n as f64;
+    let mut b = stream.launch_builder(&combine);
+    b.arg(&pa)
+        .arg(&pb)
+        .arg(&r32)
+        .arg(&c32)
+        .arg(&h32)
+        .arg(&scale);
+    // SAFETY: matches `qem_idpc_combine(double2*, const double2*, u32, u32, u32, double)`; both
+    // spectra hold rows·half double2, the grid-stride loop stays below that.
+    unsafe { b.launch(cfg) }.map_err(|er| driver_error("launch iDPC combine", er))?;
+    // SAFETY: inverse of the combined half spectrum into d_gr (n f64), live until the
+    // synchronize below.
+    unsafe {
+        cufft::exec_z2d(
+            inv.0,
+            d_a.ptr() as *mut cufft_sys::double2,
+            d_gr.ptr() as *mut f64,
+        )
+        .map_err(|er| fft_error("Z2D", er))?;
+    }
+    stream
+        .synchronize()
+        .map_err(|er| driver_error("synchronize iDPC", er))?;
+    let mut phi = vec![0f64; n];
+    d_gr.read(0, bytemuck::cast_slice_mut(&mut phi))?;
+    Ok(phi)
+}
