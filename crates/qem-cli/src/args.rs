@@ -1,7 +1,9 @@
 //! The command-line grammar (clap derive).
 
 use clap::{Args, Parser, Subcommand};
-use qem::{BackendRequest, DtypeRequest, Shape2};
+use qem::detector::{Product, Unit};
+use qem::dpc::EdgeMode;
+use qem::{BackendRequest, DtypeRequest, Representation, Shape2};
 use std::path::PathBuf;
 
 /// quantem.gpu: load 4D-STEM acquisitions onto the GPU (or CPU) and compute images from them.
@@ -16,8 +18,7 @@ pub struct Cli {
 /// The subcommands.
 ///
 /// Later ones (DESIGN.md "CLI surface") get a variant here and a module of their own:
-/// `products PATH --out DIR`, `dpc PATH --out DIR`, `ssb PATH --out DIR` and (wave 2)
-/// `serve PATH`.
+/// `ssb PATH --out DIR` and (wave 2) `serve PATH`.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// List the compute backends and whether each can run here.
@@ -27,8 +28,14 @@ pub enum Command {
     /// Load a source as ENCODED (rANS counts) and write it as a .qem file that reopens without
     /// re-encoding.
     Convert(ConvertArgs),
+    /// Virtual-detector images, diffraction patterns, moments and centre of mass of a source in
+    /// one pass: a PNG (with a grey-level bar) and a .npy per product, and products.json.
+    Products(ProductsArgs),
+    /// Centre of mass, rotation/transpose, and the integrated DPC phase (iDPC) of a source:
+    /// PNGs and .npy arrays of com_row, com_col and phase, and dpc.json.
+    Dpc(DpcArgs),
     /// Simulate a small SrTiO3 acquisition, write it as Dectris files, load it, and write
-    /// bright-field and annular dark-field images with a JSON report.
+    /// detector images, diffraction patterns and the DPC phase with a JSON report.
     Demo(DemoArgs),
     /// Write the reference benchmark acquisition (Dectris master + bitshuffle/LZ4 shards):
     /// by default 512x512 scan x 192x192 u16, 200,000 e-/frame (about 6x compression).
@@ -122,6 +129,90 @@ pub struct ConvertArgs {
     pub json: bool,
 }
 
+/// Products written by default by `quantem-gpu products`.
+pub const DEFAULT_PRODUCTS: &str = "bf,abf,adf,haadf,df,sum_dp,mean_dp,max_dp,com";
+
+/// `quantem-gpu products`
+#[derive(Debug, Args)]
+pub struct ProductsArgs {
+    /// A Dectris master file, a plain HDF5 file or a .qem file.
+    pub path: PathBuf,
+    /// Output folder (created if needed); existing files of the same names are replaced.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Engine: auto (CUDA when usable, else CPU), cpu or cuda.
+    #[arg(long, default_value = "auto", value_parser = parse_backend)]
+    pub backend: BackendRequest,
+    /// Scan shape (rows, columns) when the file does not say.
+    #[arg(long, num_args = 2, value_names = ["R", "C"], value_parser = clap::value_parser!(u64).range(1..))]
+    pub scan_shape: Option<Vec<u64>>,
+    /// How the loaded counts are held: dense or encoded (default: the backend's).
+    #[arg(long, value_parser = parse_representation)]
+    pub representation: Option<Representation>,
+    /// Comma-separated products: bf, abf, adf, haadf, df, annular, sum_dp, mean_dp, max_dp,
+    /// moments, com.
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_PRODUCTS, value_parser = parse_product)]
+    pub products: Vec<Product>,
+    /// BF-disk centre (row, column) in detector pixels (default: fitted from the mean DP).
+    #[arg(long, num_args = 2, value_names = ["ROW", "COL"], allow_negative_numbers = true)]
+    pub center: Option<Vec<f64>>,
+    /// BF-disk radius in detector pixels (default: fitted from the mean DP).
+    #[arg(long)]
+    pub radius: Option<f64>,
+    /// Inner radius of the annular detectors in --unit (default: each detector's definition).
+    #[arg(long)]
+    pub inner: Option<f64>,
+    /// Outer radius of the annular detectors in --unit.
+    #[arg(long)]
+    pub outer: Option<f64>,
+    /// Unit of --inner and --outer: px or mrad.
+    #[arg(long, default_value = "px", value_parser = parse_unit)]
+    pub unit: Unit,
+    /// Convergence semi-angle, mrad (converts mrad with the disk radius when the detector
+    /// sampling is not known).
+    #[arg(long)]
+    pub semiangle_mrad: Option<f64>,
+    /// Detector angular sampling, mrad per (loaded) pixel.
+    #[arg(long)]
+    pub det_sampling_mrad: Option<f64>,
+    /// Print products.json to stdout instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `quantem-gpu dpc`
+#[derive(Debug, Args)]
+pub struct DpcArgs {
+    /// A Dectris master file, a plain HDF5 file or a .qem file.
+    pub path: PathBuf,
+    /// Output folder (created if needed); existing files of the same names are replaced.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Engine: auto (CUDA when usable, else CPU), cpu or cuda.
+    #[arg(long, default_value = "auto", value_parser = parse_backend)]
+    pub backend: BackendRequest,
+    /// Scan shape (rows, columns) when the file does not say.
+    #[arg(long, num_args = 2, value_names = ["R", "C"], value_parser = clap::value_parser!(u64).range(1..))]
+    pub scan_shape: Option<Vec<u64>>,
+    /// How the loaded counts are held: dense or encoded (default: the backend's).
+    #[arg(long, value_parser = parse_representation)]
+    pub representation: Option<Representation>,
+    /// Rotation of the CoM field into the scan frame, degrees (default: found by minimising
+    /// the curl, its 180° ambiguity resolved by the sign criterion).
+    #[arg(long, allow_negative_numbers = true)]
+    pub rotation_deg: Option<f64>,
+    /// Exchange the CoM components before the rotation: true or false (default: found with
+    /// the rotation; false with --rotation-deg).
+    #[arg(long)]
+    pub transpose: Option<bool>,
+    /// Edge handling of the integration: periodic or mirror.
+    #[arg(long, default_value = "periodic", value_parser = parse_edge)]
+    pub edge: EdgeMode,
+    /// Print dpc.json to stdout instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// `quantem-gpu demo`
 #[derive(Debug, Args)]
 pub struct DemoArgs {
@@ -201,6 +292,22 @@ pub struct BenchLoadArgs {
 
 fn parse_dtype(s: &str) -> Result<DtypeRequest, String> {
     s.parse::<DtypeRequest>().map_err(|e| e.to_string())
+}
+
+fn parse_product(s: &str) -> Result<Product, String> {
+    s.trim().parse::<Product>().map_err(|e| e.to_string())
+}
+
+fn parse_unit(s: &str) -> Result<Unit, String> {
+    s.parse::<Unit>().map_err(|e| e.to_string())
+}
+
+fn parse_edge(s: &str) -> Result<EdgeMode, String> {
+    s.parse::<EdgeMode>().map_err(|e| e.to_string())
+}
+
+fn parse_representation(s: &str) -> Result<Representation, String> {
+    s.parse::<Representation>().map_err(|e| e.to_string())
 }
 
 fn parse_backend(s: &str) -> Result<BackendRequest, String> {

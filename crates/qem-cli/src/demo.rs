@@ -1,14 +1,22 @@
-//! `quantem-gpu demo`: simulate → write Dectris files → load → BF/ADF images and a report.
+//! `quantem-gpu demo`: simulate → write Dectris files → load → detector products, DPC phase
+//! and a report.
 //!
 //! Runs anywhere (`--backend auto` falls back to the CPU) in a few seconds. The acquisition is
 //! `qem_sim::SimParams::default()`; a few detector pixels are marked bad in the `pixel_mask` and
-//! read 65535 in the data (as on an ARINA), so the load's masking is exercised.
+//! read 65535 in the data (as on an ARINA), so the load's masking is exercised. The products
+//! are the `products` command's (one reduction pass: BF, ABF, ADF, HAADF, DF, sum/mean/max DP,
+//! CoM) and the DPC phase the `dpc` command's, written into the same folder with the same
+//! file names; the report adds how each image correlates with the simulated projected
+//! potential.
 
 use crate::args::DemoArgs;
-use crate::image::{correlation, write_png, ImageStats};
-use crate::products;
+use crate::dpc_cmd::write_dpc;
+use crate::image::correlation;
+use crate::products_cmd::{disk_json, write_products};
 use crate::progress::TermProgress;
 use anyhow::Context;
+use qem::detector::{DetectorKind, DetectorParams, Product};
+use qem::dpc::DpcParams;
 use qem::{DType, DenseArray, LoadParams, SourceArg};
 use qem_io::writer::{self, WriteCompression, WriteLayout, WriteParams};
 use serde_json::json;
@@ -112,40 +120,69 @@ pub fn run(a: &DemoArgs, command_line: &str) -> anyhow::Result<()> {
         _ => false,
     };
 
-    // 4. Products (temporary CLI-side implementation, see products.rs).
+    // 4. Detector products, one reduction pass (plus the disk fit's sum-DP pass).
+    let which = [
+        Product::Det(DetectorKind::Bf),
+        Product::Det(DetectorKind::Abf),
+        Product::Det(DetectorKind::Adf),
+        Product::Det(DetectorKind::Haadf),
+        Product::Det(DetectorKind::Df),
+        Product::SumDp,
+        Product::MeanDp,
+        Product::MaxDp,
+        Product::Com,
+    ];
     let t = Instant::now();
-    let prod = products::bf_adf(data, ds.detector_shape());
+    let (prod, mut products_record, mut files) =
+        write_products(&ds, &which, &DetectorParams::default(), &a.out)?;
     let t_products = t.elapsed().as_secs_f64();
+    let disk = prod
+        .disk
+        .ok_or_else(|| anyhow::anyhow!("the products came back without the BF disk"))?;
 
-    // 5. Images and report.
+    // 5. DPC: rotation (the simulation has none), sign, iDPC phase.
+    let t = Instant::now();
+    let (dpc, mut dpc_record, dpc_files) = write_dpc(&ds, &DpcParams::default(), &a.out)?;
+    let t_dpc = t.elapsed().as_secs_f64();
+    files.extend(dpc_files);
+
+    // 6. How the images follow the specimen.
     let t = Instant::now();
     let truth: Vec<f64> = sim.projected_potential.iter().map(|&v| v as f64).collect();
     let mut images = serde_json::Map::new();
     let mut summaries = Vec::new();
-    for (name, img, mask_pixels) in [
-        ("bf", &prod.bf, prod.mask_pixels.0),
-        ("adf", &prod.adf, prod.mask_pixels.1),
-    ] {
-        let img: Vec<f64> = img.iter().map(|&v| v as f64).collect();
-        let file = format!("{name}.png");
-        let (stats, upscale): (ImageStats, usize) = write_png(&a.out.join(&file), &img, scan)?;
+    for im in &prod.images {
+        let name = im.kind.name();
+        let img: Vec<f64> = im.image.iter().map(|&v| v as f64).collect();
         let corr = correlation(&img, &truth);
-        images.insert(
-            name.into(),
-            json!({
-                "file": file,
-                "shape": [scan.rows, scan.cols],
-                "upscale": upscale,
-                "mask_pixels": mask_pixels,
-                "stats": stats,
-                "correlation_with_projected_potential": corr,
-            }),
-        );
-        summaries.push((name, stats, corr));
+        let mut entry = products_record["products"][name].clone();
+        entry["file"] = json!(format!("{name}.png"));
+        entry["correlation_with_projected_potential"] = json!(corr);
+        summaries.push((
+            name,
+            entry["stats"]["mean"].as_f64(),
+            entry["stats"]["std"].as_f64(),
+            corr,
+        ));
+        images.insert(name.into(), entry);
+    }
+    let phase_corr = correlation(&dpc.phase, &truth);
+    dpc_record["correlation_with_projected_potential"] = json!(phase_corr);
+    dpc_record["expected_rotation_deg"] = json!(0.0);
+    dpc_record["expected_transpose"] = json!(false);
+    // The report holds the provenance once (under "load"); drop the copies.
+    if let Some(o) = dpc_record.as_object_mut() {
+        o.remove("provenance");
+    }
+    if let Some(o) = products_record.as_object_mut() {
+        o.remove("provenance");
     }
     let t_images = t.elapsed().as_secs_f64();
 
     let ab = params.aberrations;
+    let mut disk_fit = disk_json(&disk);
+    disk_fit["expected_center_px"] = json!([cal.beam_center_px.0, cal.beam_center_px.1]);
+    disk_fit["expected_radius_px"] = json!(cal.bf_radius_px);
     let report = json!({
         "command": command_line,
         "package_version": env!("CARGO_PKG_VERSION"),
@@ -181,18 +218,14 @@ pub fn run(a: &DemoArgs, command_line: &str) -> anyhow::Result<()> {
             "write": t_write,
             "load": t_load,
             "products": t_products,
+            "dpc": t_dpc,
             "images": t_images,
         },
-        "disk_fit": {
-            "center_px": [prod.disk.center_px.0, prod.disk.center_px.1],
-            "radius_px": prod.disk.radius_px,
-            "threshold": prod.disk.threshold,
-            "n_pixels": prod.disk.n_pixels,
-            "expected_center_px": [cal.beam_center_px.0, cal.beam_center_px.1],
-            "expected_radius_px": cal.bf_radius_px,
-            "method": "mean DP > mean + std (population), unweighted centroid, equal-area radius",
-        },
+        "disk_fit": disk_fit,
         "images": images,
+        "products": products_record,
+        "dpc": dpc_record,
+        "output_files": files,
     });
     let report_path = a.out.join("report.json");
     std::fs::write(
@@ -252,25 +285,38 @@ pub fn run(a: &DemoArgs, command_line: &str) -> anyhow::Result<()> {
     ));
     s.push_str(&format!(
         "  BF disk    centre ({:.2}, {:.2}) px, radius {:.2} px (expected ({}, {}), {:.2})\n",
-        prod.disk.center_px.0,
-        prod.disk.center_px.1,
-        prod.disk.radius_px,
+        disk.center_px.0,
+        disk.center_px.1,
+        disk.radius_px,
         cal.beam_center_px.0,
         cal.beam_center_px.1,
         cal.bf_radius_px
     ));
-    for (name, st, corr) in &summaries {
+    for (name, mean, std, corr) in &summaries {
         s.push_str(&format!(
             "  {:<10} {}.png: mean {:.0}, std {:.0} counts; correlation with V_proj {:+.2}\n",
             name.to_uppercase(),
             name,
-            st.mean,
-            st.std,
+            mean.unwrap_or(f64::NAN),
+            std.unwrap_or(f64::NAN),
             corr
         ));
     }
     s.push_str(&format!(
-        "  timings    simulate {t_simulate:.2} s, write {t_write:.2} s, load {t_load:.2} s, products {t_products:.3} s\n"
+        "  DPC        phase.png: rotation {:.2}° (expected 0), transpose {}, sign by {} ({:.2}, {}); correlation with V_proj {:+.2}\n",
+        dpc.rotation_deg,
+        dpc.transpose,
+        dpc.sign_criterion,
+        dpc.sign_confidence,
+        if dpc.confident { "confident" } else { "not confident" },
+        phase_corr
+    ));
+    s.push_str(&format!(
+        "  outputs    {} PNG/NPY files (sum_dp, mean_dp, max_dp, com_row, com_col, phase, ...)\n",
+        files.len()
+    ));
+    s.push_str(&format!(
+        "  timings    simulate {t_simulate:.2} s, write {t_write:.2} s, load {t_load:.2} s, products {t_products:.3} s, dpc {t_dpc:.3} s\n"
     ));
     s.push_str(&format!("  report     {}\n", report_path.display()));
     crate::print_out(&s)

@@ -1,8 +1,4 @@
-//! 8-bit grayscale PNG output of scan images.
-
-use anyhow::Context;
-use qem::Shape2;
-use std::path::Path;
+//! Statistics of scan images (the PNG writer with its scale bar is `output.rs`).
 
 /// Summary statistics of an image, as written to reports.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -49,49 +45,6 @@ pub fn stats(img: &[f64]) -> ImageStats {
     }
 }
 
-/// Write `img` (`shape`, row-major) as an 8-bit grayscale PNG: linear between the 0.5 and 99.5
-/// percentiles (equal limits give mid-grey), upscaled by an integer nearest-neighbour factor so
-/// that the short side is at least 256 pixels. Returns the statistics and the factor.
-pub fn write_png(path: &Path, img: &[f64], shape: Shape2) -> anyhow::Result<(ImageStats, usize)> {
-    let st = stats(img);
-    let (lo, hi) = (st.p0_5, st.p99_5);
-    let to_u8 = |v: f64| -> u8 {
-        if !v.is_finite() {
-            return 0;
-        }
-        if hi > lo {
-            ((v - lo) / (hi - lo) * 255.0).round().clamp(0.0, 255.0) as u8
-        } else {
-            128
-        }
-    };
-    let short = shape.rows.min(shape.cols).max(1);
-    let scale = 256usize.div_ceil(short).max(1);
-    let (h, w) = (shape.rows * scale, shape.cols * scale);
-    let mut pixels = Vec::with_capacity(h * w);
-    for r in 0..h {
-        for c in 0..w {
-            pixels.push(to_u8(img[(r / scale) * shape.cols + c / scale]));
-        }
-    }
-    let file = std::fs::File::create(path)
-        .map_err(|e| qem::Error::io("write image", path, &e))
-        .with_context(|| format!("cannot create {}", path.display()))?;
-    let mut enc = png::Encoder::new(std::io::BufWriter::new(file), w as u32, h as u32);
-    enc.set_color(png::ColorType::Grayscale);
-    enc.set_depth(png::BitDepth::Eight);
-    let mut writer = enc
-        .write_header()
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    writer
-        .write_image_data(&pixels)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    writer
-        .finish()
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok((st, scale))
-}
-
 /// Pearson correlation of two equally long images (NaN when either is constant).
 pub fn correlation(a: &[f64], b: &[f64]) -> f64 {
     let n = a.len().min(b.len()).max(1) as f64;
@@ -118,16 +71,5 @@ mod tests {
         assert!((s.p0_5 - 1.0).abs() < 1e-12 && (s.p99_5 - 199.0).abs() < 1e-12);
         let w: Vec<f64> = v.iter().map(|x| -2.0 * x + 1.0).collect();
         assert!((correlation(&v, &w) + 1.0).abs() < 1e-12);
-    }
-
-    #[test]
-    fn png_is_upscaled_to_256() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let p = dir.path().join("x.png");
-        let img: Vec<f64> = (0..48 * 40).map(|i| (i % 7) as f64).collect();
-        let (_, scale) = write_png(&p, &img, Shape2::new(48, 40)).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(scale, 7); // 40 * 7 = 280 >= 256
-        let bytes = std::fs::read(&p).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(&bytes[1..4], b"PNG");
     }
 }

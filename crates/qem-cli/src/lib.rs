@@ -20,12 +20,14 @@ mod bench_source;
 mod convert;
 mod demo;
 mod device;
+mod dpc_cmd;
 mod engine;
 mod generate;
 mod image;
 mod inspect;
 mod machine;
-mod products;
+mod output;
+mod products_cmd;
 mod progress;
 
 use clap::Parser;
@@ -49,6 +51,8 @@ pub fn run(args: Vec<OsString>) -> i32 {
         args::Command::Device(a) => device::run(&a),
         args::Command::Inspect(a) => inspect::run(&a),
         args::Command::Convert(a) => convert::run(&a, &command_line),
+        args::Command::Products(a) => products_cmd::run(&a, &command_line),
+        args::Command::Dpc(a) => dpc_cmd::run(&a, &command_line),
         args::Command::Demo(a) => demo::run(&a, &command_line),
         args::Command::GenerateReference(a) => generate::run(&a, &command_line),
         args::Command::Bench(args::BenchCommand::Load(a)) => bench::run_load(&a, &command_line),

@@ -118,11 +118,46 @@ fn demo_writes_images_and_a_sane_report_then_inspect_sees_it() {
         serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
     assert_eq!(printed, report);
 
-    for name in ["bf.png", "adf.png"] {
-        let (w, h) = png_size(&out.join(name));
+    for name in [
+        "bf", "abf", "adf", "haadf", "df", "com_row", "com_col", "phase",
+    ] {
+        let (w, h) = png_size(&out.join(format!("{name}.png")));
         assert!(w.min(h) >= 256, "{name}: {w} x {h}");
-        assert_eq!(h * 40, w * 48, "{name}: aspect of the 48 x 40 scan");
+        // The 48 x 40 scan, upscaled 7x, then the scale bar (8 + 16 pixels).
+        assert_eq!((w, h), (40 * 7 + 24, 48 * 7), "{name}");
+        let shape = npy_shape(&out.join(format!("{name}.npy")));
+        assert_eq!(shape, vec![48, 40], "{name}");
     }
+    for name in ["sum_dp", "mean_dp", "max_dp"] {
+        assert_eq!(
+            npy_shape(&out.join(format!("{name}.npy"))),
+            vec![64, 64],
+            "{name}"
+        );
+        assert!(out.join(format!("{name}.png")).exists(), "{name}");
+    }
+    // Products and DPC of the simulated SrTiO3: no scan rotation, no transpose, positive phase
+    // on the atom columns.
+    let d = &report["dpc"];
+    let rot = d["rotation_deg"].as_f64().unwrap();
+    assert!(rot.min(360.0 - rot) < 5.0, "rotation {rot}");
+    assert_eq!(d["transpose"], false, "{d}");
+    assert!(
+        d["correlation_with_projected_potential"].as_f64().unwrap() > 0.5,
+        "{d}"
+    );
+    assert_eq!(
+        d["unit"], "mrad",
+        "the demo files record the angular sampling"
+    );
+    for name in ["abf", "haadf", "df"] {
+        assert!(
+            report["images"][name]["stats"]["std"].as_f64().unwrap() > 0.0,
+            "{name}"
+        );
+    }
+    assert_eq!(report["images"]["df"]["outer_px"], Value::Null);
+    assert!(report["output_files"].as_array().unwrap().len() >= 25);
     // Provenance and the round trip through the files.
     assert_eq!(report["load"]["provenance"]["backend"], "cpu");
     assert_eq!(report["load"]["backend"], "cpu");
@@ -130,7 +165,7 @@ fn demo_writes_images_and_a_sane_report_then_inspect_sees_it() {
     assert_eq!(report["load"]["shape"], serde_json::json!([48, 40, 64, 64]));
     assert!(report["files"]["compression_ratio"].as_f64().unwrap() > 1.5);
     assert_eq!(report["files"]["data_files"].as_array().unwrap().len(), 2);
-    for stage in ["simulate", "write", "load", "products"] {
+    for stage in ["simulate", "write", "load", "products", "dpc"] {
         assert!(
             report["timings_s"][stage].as_f64().unwrap() >= 0.0,
             "{stage}"
@@ -387,4 +422,572 @@ fn bench_cupy_snippet_checksums_agree_with_ours_using_a_numpy_stand_in() {
     assert_eq!(rec["cupy"]["masked_pixels"], 2, "{}", rec["cupy"]);
     assert_eq!(rec["cupy"]["seconds"].as_array().unwrap().len(), 1);
     assert_eq!(rec["passed"], true);
+}
+
+// ------------------------------------------------------------------ products and dpc
+
+/// The shape, descr and data bytes of a `.npy` file (NPY v1.0, as our writer makes them).
+fn read_npy(path: &Path) -> (Vec<usize>, String, Vec<u8>) {
+    let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(&b[..8], b"\x93NUMPY\x01\x00", "{}", path.display());
+    let hl = u16::from_le_bytes([b[8], b[9]]) as usize;
+    assert_eq!((10 + hl) % 64, 0, "header padding of {}", path.display());
+    let header = std::str::from_utf8(&b[10..10 + hl]).unwrap();
+    assert!(header.contains("'fortran_order': False"), "{header}");
+    let descr = header.split("'descr': '").nth(1).unwrap();
+    let descr = descr[..descr.find('\'').unwrap()].to_string();
+    let dims = header.split("'shape': (").nth(1).unwrap();
+    let dims = &dims[..dims.find(')').unwrap()];
+    let shape: Vec<usize> = dims
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap())
+        .collect();
+    (shape, descr, b[10 + hl..].to_vec())
+}
+
+fn npy_shape(path: &Path) -> Vec<usize> {
+    read_npy(path).0
+}
+
+fn npy_u64(path: &Path) -> (Vec<usize>, Vec<u64>) {
+    let (shape, descr, data) = read_npy(path);
+    assert_eq!(descr, "<u8", "{}", path.display());
+    let v = data
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    (shape, v)
+}
+
+fn npy_f64(path: &Path) -> (Vec<usize>, Vec<f64>) {
+    let (shape, descr, data) = read_npy(path);
+    let v = match descr.as_str() {
+        "<f8" => data
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+        "<f4" => data
+            .chunks_exact(4)
+            .map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap())))
+            .collect(),
+        other => panic!("{}: descr {other}", path.display()),
+    };
+    (shape, v)
+}
+
+/// Write a Dectris acquisition of u16 `frames` (`scan.len()` frames of `det.len()` pixels).
+fn write_acq(dir: &Path, scan: (usize, usize), det: (usize, usize), frames: &[u16]) -> String {
+    use qem_io::writer::{self, WriteCompression, WriteLayout, WriteParams};
+    let det_len = det.0 * det.1;
+    assert_eq!(frames.len(), scan.0 * scan.1 * det_len);
+    let params = WriteParams {
+        prefix: dir.join("acq"),
+        scan_shape: qem::Shape2::new(scan.0, scan.1),
+        detector_shape: qem::Shape2::new(det.0, det.1),
+        dtype: qem::DType::U16,
+        frames_per_file: 16,
+        frames_per_chunk: 1,
+        block_elems: 0,
+        compression: WriteCompression::Bslz4,
+        layout: WriteLayout::Shards,
+        pixel_mask: None,
+        calibration: writer::Calibration::default(),
+        skip_frames: Vec::new(),
+        write_scan_shape: true,
+    };
+    let written = writer::write_acquisition(&params, |n, buf| {
+        let f = &frames[n as usize * det_len..(n as usize + 1) * det_len];
+        for (dst, v) in buf.chunks_exact_mut(2).zip(f) {
+            dst.copy_from_slice(&v.to_le_bytes());
+        }
+    })
+    .unwrap();
+    written.master.to_str().unwrap().to_string()
+}
+
+const P_SCAN: (usize, usize) = (5, 7);
+const P_DET: (usize, usize) = (11, 13);
+
+/// Frames with a bright disk of radius 3 around (5.2, 6.4), deterministic "noise", a few
+/// all-zero frames.
+fn disk_frames() -> Vec<u16> {
+    let (n, k) = (P_SCAN.0 * P_SCAN.1, P_DET.0 * P_DET.1);
+    let mut v = Vec::with_capacity(n * k);
+    for f in 0..n {
+        for p in 0..k {
+            let (i, j) = ((p / P_DET.1) as f64, (p % P_DET.1) as f64);
+            let inside = (i - 5.2).powi(2) + (j - 6.4).powi(2) <= 9.0;
+            let noise = ((f * 31 + p * 17) % 7) as u16;
+            v.push(if f == 3 || f == 20 {
+                0
+            } else if inside {
+                900 + 10 * noise + f as u16
+            } else {
+                noise
+            });
+        }
+    }
+    v
+}
+
+/// The BF disk of the naive mean DP (f32 values, statistics in f64, SCIENCE.md).
+fn naive_disk(frames: &[u16], n: usize, det: (usize, usize)) -> ((f64, f64), f64) {
+    let k = det.0 * det.1;
+    let mut sum = vec![0u64; k];
+    for f in 0..n {
+        for p in 0..k {
+            sum[p] += u64::from(frames[f * k + p]);
+        }
+    }
+    let mean: Vec<f64> = sum
+        .iter()
+        .map(|&s| f64::from((s as f64 / n as f64) as f32))
+        .collect();
+    let mu = mean.iter().sum::<f64>() / k as f64;
+    let sd = (mean.iter().map(|v| (v - mu).powi(2)).sum::<f64>() / k as f64).sqrt();
+    let (mut c, mut sr, mut sc) = (0usize, 0.0, 0.0);
+    for (p, &v) in mean.iter().enumerate() {
+        if v > mu + sd {
+            c += 1;
+            sr += (p / det.1) as f64;
+            sc += (p % det.1) as f64;
+        }
+    }
+    (
+        (sr / c as f64, sc / c as f64),
+        (c as f64 / std::f64::consts::PI).sqrt(),
+    )
+}
+
+fn naive_ring(
+    frames: &[u16],
+    n: usize,
+    det: (usize, usize),
+    c: (f64, f64),
+    lo: f64,
+    hi: f64,
+) -> Vec<u64> {
+    let k = det.0 * det.1;
+    (0..n)
+        .map(|f| {
+            let mut s = 0u64;
+            for p in 0..k {
+                let (dr, dc) = ((p / det.1) as f64 - c.0, (p % det.1) as f64 - c.1);
+                let d2 = dr * dr + dc * dc;
+                if lo * lo <= d2 && d2 <= hi * hi {
+                    s += u64::from(frames[f * k + p]);
+                }
+            }
+            s
+        })
+        .collect()
+}
+
+#[test]
+fn products_writes_exact_arrays_pngs_and_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let frames = disk_frames();
+    let master = write_acq(dir.path(), P_SCAN, P_DET, &frames);
+    let out = dir.path().join("out");
+    let o = qg(&[
+        "products",
+        &master,
+        "--out",
+        out.to_str().unwrap(),
+        "--backend",
+        "cpu",
+        "--json",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let printed = json_stdout(&o);
+    let rec: Value =
+        serde_json::from_slice(&std::fs::read(out.join("products.json")).unwrap()).unwrap();
+    assert_eq!(printed, rec);
+    let n = P_SCAN.0 * P_SCAN.1;
+    let k = P_DET.0 * P_DET.1;
+
+    // The disk against the naive fit.
+    let (c, r) = naive_disk(&frames, n, P_DET);
+    let disk = &rec["disk"];
+    assert!(
+        (disk["center_px"][0].as_f64().unwrap() - c.0).abs() < 1e-9,
+        "{disk}"
+    );
+    assert!(
+        (disk["center_px"][1].as_f64().unwrap() - c.1).abs() < 1e-9,
+        "{disk}"
+    );
+    assert!(
+        (disk["radius_px"].as_f64().unwrap() - r).abs() < 1e-9,
+        "{disk}"
+    );
+    assert_eq!(disk["fitted"], true);
+
+    // Every default detector, exact.
+    for (name, lo, hi) in [
+        ("bf", 0.0, r),
+        ("abf", 0.5 * r, r),
+        ("adf", r, 2.0 * r),
+        ("haadf", 2.0 * r, 4.0 * r),
+        ("df", r, f64::INFINITY),
+    ] {
+        let (shape, img) = npy_u64(&out.join(format!("{name}.npy")));
+        assert_eq!(shape, vec![P_SCAN.0, P_SCAN.1], "{name}");
+        assert_eq!(img, naive_ring(&frames, n, P_DET, c, lo, hi), "{name}");
+        let e = &rec["products"][name];
+        assert_eq!(e["dtype"], "uint64");
+        assert_eq!(e["png"], format!("{name}.png"));
+        assert_eq!(
+            e["stats"]["max"].as_f64().unwrap(),
+            *img.iter().max().unwrap() as f64,
+            "{name}"
+        );
+        assert!(e["display"]["hi"].as_f64().unwrap() >= e["display"]["lo"].as_f64().unwrap());
+        let (w, h) = png_size(&out.join(format!("{name}.png")));
+        let scale = 256u32.div_ceil(5);
+        assert_eq!((w, h), (7 * scale + 24, 5 * scale), "{name}");
+    }
+    assert_eq!(rec["products"]["df"]["outer_px"], Value::Null);
+
+    // Diffraction patterns.
+    let mut sum = vec![0u64; k];
+    let mut max = vec![0u64; k];
+    for f in 0..n {
+        for p in 0..k {
+            sum[p] += u64::from(frames[f * k + p]);
+            max[p] = max[p].max(u64::from(frames[f * k + p]));
+        }
+    }
+    let (shape, got) = npy_u64(&out.join("sum_dp.npy"));
+    assert_eq!((shape, got), (vec![P_DET.0, P_DET.1], sum.clone()));
+    let (_, mean) = npy_f64(&out.join("mean_dp.npy"));
+    for p in 0..k {
+        assert_eq!(
+            mean[p],
+            f64::from((sum[p] as f64 / n as f64) as f32),
+            "pixel {p}"
+        );
+    }
+    let (shape, descr, bytes) = read_npy(&out.join("max_dp.npy"));
+    assert_eq!((shape, descr.as_str()), (vec![P_DET.0, P_DET.1], "<u4"));
+    let got: Vec<u64> = bytes
+        .chunks_exact(4)
+        .map(|c| u64::from(u32::from_le_bytes(c.try_into().unwrap())))
+        .collect();
+    assert_eq!(got, max);
+    assert_eq!(rec["products"]["sum_dp"]["display"]["scale"], "log1p");
+
+    // Centre of mass (centred, zero frames counted).
+    let (mut mr, mut mc) = (vec![0.0; n], vec![0.0; n]);
+    for f in 0..n {
+        let (mut s, mut a, mut b) = (0u64, 0u64, 0u64);
+        for p in 0..k {
+            let v = u64::from(frames[f * k + p]);
+            s += v;
+            a += (p / P_DET.1) as u64 * v;
+            b += (p % P_DET.1) as u64 * v;
+        }
+        if s > 0 {
+            mr[f] = a as f64 / s as f64;
+            mc[f] = b as f64 / s as f64;
+        }
+    }
+    for v in [&mut mr, &mut mc] {
+        let m = v.iter().sum::<f64>() / n as f64;
+        v.iter_mut().for_each(|x| *x -= m);
+    }
+    let (_, got_r) = npy_f64(&out.join("com_row.npy"));
+    let (_, got_c) = npy_f64(&out.join("com_col.npy"));
+    for f in 0..n {
+        assert!(
+            (got_r[f] - mr[f]).abs() < 1e-9 && (got_c[f] - mc[f]).abs() < 1e-9,
+            "frame {f}"
+        );
+    }
+    assert_eq!(rec["products"]["com"]["zero_frames"], 2);
+    assert_eq!(rec["products"]["com"]["unit"], "px");
+
+    // Provenance and parameters.
+    assert_eq!(rec["dataset"]["shape"], serde_json::json!([5, 7, 11, 13]));
+    assert_eq!(rec["dataset"]["backend"], "cpu");
+    assert_eq!(rec["provenance"]["backend"], "cpu");
+    assert_eq!(rec["params"]["unit"], "px");
+    assert!(rec["command"].as_str().unwrap().contains("products"));
+    let requested: Vec<&str> = rec["requested"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        requested,
+        ["bf", "abf", "adf", "haadf", "df", "sum_dp", "mean_dp", "max_dp", "com"]
+    );
+}
+
+#[test]
+fn products_with_a_given_disk_and_a_subset_then_the_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let frames = disk_frames();
+    let master = write_acq(dir.path(), P_SCAN, P_DET, &frames);
+    let out = dir.path().join("subset");
+    let o = qg(&[
+        "products",
+        &master,
+        "--out",
+        out.to_str().unwrap(),
+        "--products",
+        "bf,moments",
+        "--center",
+        "0",
+        "12.5",
+        "--radius",
+        "4",
+        "--representation",
+        "encoded",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("BF disk") && text.contains("given"), "{text}");
+    let mut names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "bf.npy",
+            "bf.png",
+            "moments_m_col.npy",
+            "moments_m_col.png",
+            "moments_m_row.npy",
+            "moments_m_row.png",
+            "moments_sum.npy",
+            "moments_sum.png",
+            "products.json"
+        ]
+    );
+    let n = P_SCAN.0 * P_SCAN.1;
+    // A disk in the corner touches two detector edges.
+    let (_, bf) = npy_u64(&out.join("bf.npy"));
+    assert_eq!(bf, naive_ring(&frames, n, P_DET, (0.0, 12.5), 0.0, 4.0));
+    let (_, s) = npy_u64(&out.join("moments_sum.npy"));
+    let k = P_DET.0 * P_DET.1;
+    let want: Vec<u64> = (0..n)
+        .map(|f| {
+            frames[f * k..(f + 1) * k]
+                .iter()
+                .map(|&v| u64::from(v))
+                .sum()
+        })
+        .collect();
+    assert_eq!(s, want);
+    let rec: Value =
+        serde_json::from_slice(&std::fs::read(out.join("products.json")).unwrap()).unwrap();
+    assert_eq!(rec["disk"]["fitted"], false);
+    assert_eq!(rec["dataset"]["representation"], "encoded");
+    assert_eq!(rec["params"]["center"], serde_json::json!([0.0, 12.5]));
+}
+
+#[test]
+fn products_and_dpc_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = write_acq(dir.path(), P_SCAN, P_DET, &disk_frames());
+    let out = dir.path().join("o");
+    let out_s = out.to_str().unwrap();
+    // Usage: unknown product, unit, edge; missing --out.
+    for args in [
+        &["products", &master, "--out", out_s, "--products", "bf,ssb"][..],
+        &["products", &master, "--out", out_s, "--unit", "furlong"],
+        &["products", &master],
+        &["dpc", &master, "--out", out_s, "--edge", "wrap"],
+        &["dpc", &master, "--out", out_s, "--transpose", "maybe"],
+    ] {
+        let o = qg(args);
+        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+    }
+    // Invalid parameters the library refuses (exit 2 too: invalid argument), named.
+    let o = qg(&[
+        "products", &master, "--out", out_s, "--inner", "5", "--outer", "1",
+    ]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    let o = qg(&[
+        "products",
+        &master,
+        "--out",
+        out_s,
+        "--products",
+        "adf",
+        "--inner",
+        "1",
+        "--outer",
+        "2",
+        "--unit",
+        "mrad",
+    ]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("mrad"), "{}", stderr(&o));
+    // A missing source: 3, naming it.
+    let o = qg(&["products", "/not/here_master.h5", "--out", out_s]);
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    assert!(stderr(&o).contains("here_master.h5"));
+    let o = qg(&["dpc", "/not/here_master.h5", "--out", out_s]);
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    // An unusable explicit backend: 4, before anything is written.
+    for cmd in ["products", "dpc"] {
+        let o = qg(&[cmd, &master, "--out", out_s, "--backend", "mps"]);
+        assert_eq!(code(&o), 4, "{cmd}: {}", stderr(&o));
+    }
+    assert!(!out.exists());
+}
+
+/// Frames whose centre of mass is the gradient of a positive potential rotated by −θ into the
+/// detector (components exchanged when `transpose`), and a dark-field ring following the
+/// potential (what the sign criterion reads). Returns (frames, potential).
+fn dpc_frames(scan: (usize, usize), theta_deg: f64, transpose: bool) -> (Vec<u16>, Vec<f64>) {
+    let det = (31usize, 33usize);
+    let c0 = (15.0, 16.0);
+    let (sigma, spot) = (1.5f64, 20000.0f64);
+    let w = 2.2f64;
+    let bumps = [(3.5, 4.0), (3.5, 12.0), (10.5, 4.5), (10.5, 12.5)];
+    let n = scan.0 * scan.1;
+    let potential = |r: f64, c: f64| -> f64 {
+        bumps
+            .iter()
+            .map(|&(r0, c0)| (-((r - r0).powi(2) + (c - c0).powi(2)) / (2.0 * w * w)).exp())
+            .sum()
+    };
+    // The field is the central-difference gradient of φ (evaluated past the edges too), so
+    // the central-difference curl the rotation search minimises is exactly zero at 23°.
+    let mut phi = vec![0.0; n];
+    let mut g = vec![(0.0, 0.0); n];
+    for f in 0..n {
+        let (r, c) = ((f / scan.1) as f64, (f % scan.1) as f64);
+        phi[f] = potential(r, c);
+        g[f] = (
+            potential(r + 1.0, c) - potential(r - 1.0, c),
+            potential(r, c + 1.0) - potential(r, c - 1.0),
+        );
+    }
+    let pmax = phi.iter().cloned().fold(0.0, f64::max);
+    let (s, co) = (-theta_deg.to_radians()).sin_cos();
+    let mut frames = Vec::with_capacity(n * det.0 * det.1);
+    let mut spot_sum = 0.0;
+    for i in 0..det.0 {
+        for j in 0..det.1 {
+            spot_sum += (-((i as f64 - c0.0).powi(2) + (j as f64 - c0.1).powi(2))
+                / (2.0 * sigma * sigma))
+                .exp();
+        }
+    }
+    spot_sum *= spot;
+    for f in 0..n {
+        let (a, b) = (co * g[f].0 - s * g[f].1, s * g[f].0 + co * g[f].1);
+        let (mu_r, mu_c) = if transpose { (b, a) } else { (a, b) };
+        let ring_i = 400.0 * phi[f] / pmax;
+        let mut ring_sum = 0.0;
+        for i in 0..det.0 {
+            for j in 0..det.1 {
+                let d2 = (i as f64 - c0.0).powi(2) + (j as f64 - c0.1).powi(2);
+                if (4.2f64 * 4.2..=5.8 * 5.8).contains(&d2) {
+                    ring_sum += ring_i;
+                }
+            }
+        }
+        let k = (spot_sum + ring_sum) / spot_sum;
+        for i in 0..det.0 {
+            for j in 0..det.1 {
+                let (x, y) = (i as f64, j as f64);
+                let d2 = (x - c0.0).powi(2) + (y - c0.1).powi(2);
+                let ring = if (4.2f64 * 4.2..=5.8 * 5.8).contains(&d2) {
+                    ring_i
+                } else {
+                    0.0
+                };
+                let e = (-((x - c0.0 - k * mu_r).powi(2) + (y - c0.1 - k * mu_c).powi(2))
+                    / (2.0 * sigma * sigma))
+                    .exp();
+                frames.push((spot * e + ring).round() as u16);
+            }
+        }
+    }
+    (frames, phi)
+}
+
+fn pearson(a: &[f64], b: &[f64]) -> f64 {
+    let n = a.len() as f64;
+    let (ma, mb) = (a.iter().sum::<f64>() / n, b.iter().sum::<f64>() / n);
+    let (mut ab, mut aa, mut bb) = (0.0, 0.0, 0.0);
+    for (x, y) in a.iter().zip(b) {
+        ab += (x - ma) * (y - mb);
+        aa += (x - ma).powi(2);
+        bb += (y - mb).powi(2);
+    }
+    ab / (aa * bb).sqrt()
+}
+
+#[test]
+fn dpc_recovers_a_known_rotation_and_writes_its_files() {
+    let scan = (15usize, 17usize);
+    for transpose in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (frames, phi) = dpc_frames(scan, 23.0, transpose);
+        let master = write_acq(dir.path(), scan, (31, 33), &frames);
+        let out = dir.path().join("dpc");
+        let o = qg(&["dpc", &master, "--out", out.to_str().unwrap(), "--json"]);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        let rec = json_stdout(&o);
+        let on_disk: Value =
+            serde_json::from_slice(&std::fs::read(out.join("dpc.json")).unwrap()).unwrap();
+        assert_eq!(rec, on_disk);
+        let rot = rec["rotation_deg"].as_f64().unwrap();
+        assert!(
+            (rot - 23.0).abs() < 0.1,
+            "transpose {transpose}: rotation {rot}"
+        );
+        assert_eq!(rec["transpose"], transpose);
+        assert_eq!(rec["confident"], true, "{rec}");
+        assert_eq!(rec["sign_criterion"], "adf_correlation");
+        assert!(rec["sign_confidence"].as_f64().unwrap() > 0.5);
+        assert_eq!(rec["unit"], "px");
+        assert_eq!(rec["provenance"]["operation"], "dpc.run");
+        for name in ["com_row", "com_col", "phase"] {
+            let (w, h) = png_size(&out.join(format!("{name}.png")));
+            let s = 256u32.div_ceil(15);
+            assert_eq!((w, h), (17 * s + 24, 15 * s), "{name}");
+            assert_eq!(rec["arrays"][name]["dtype"], "float64");
+        }
+        let (shape, phase) = npy_f64(&out.join("phase.npy"));
+        assert_eq!(shape, vec![15, 17]);
+        assert!(pearson(&phase, &phi) > 0.99, "{}", pearson(&phase, &phi));
+        for name in ["com_row", "com_col", "dpc_row", "dpc_col"] {
+            assert_eq!(npy_shape(&out.join(format!("{name}.npy"))), vec![15, 17]);
+        }
+    }
+    // An explicit (negative) rotation is used as given.
+    let dir = tempfile::tempdir().unwrap();
+    let (frames, _) = dpc_frames(scan, 23.0, false);
+    let master = write_acq(dir.path(), scan, (31, 33), &frames);
+    let out = dir.path().join("dpc");
+    let o = qg(&[
+        "dpc",
+        &master,
+        "--out",
+        out.to_str().unwrap(),
+        "--rotation-deg",
+        "-10",
+        "--transpose",
+        "false",
+        "--edge",
+        "mirror",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("rotation  -10.00°"));
+    let rec: Value = serde_json::from_slice(&std::fs::read(out.join("dpc.json")).unwrap()).unwrap();
+    assert_eq!(rec["rotation_deg"], -10.0);
+    assert_eq!(rec["sign_criterion"], "explicit_rotation");
+    assert_eq!(rec["params"]["edge"], "mirror");
 }

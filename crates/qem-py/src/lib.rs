@@ -10,6 +10,7 @@ mod convert;
 mod dataset;
 mod engine;
 mod errors;
+mod products;
 mod watch;
 
 use crate::convert::{numpy_to_source, region, shape2, to_py};
@@ -166,5 +167,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(backends, m)?)?;
     m.add_function(wrap_pyfunction!(resolve_backend, m)?)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
+    products::register(m)?;
     Ok(())
 }

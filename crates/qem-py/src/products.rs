@@ -1,0 +1,565 @@
+//! The native functions behind `quantem.gpu.detector` and `quantem.gpu.dpc`.
+//!
+//! Each one converts its arguments into [`qem::detector`] / [`qem::dpc`] parameters, runs the
+//! façade call with the GIL released (a pass over every frame can take seconds on a large
+//! scan), and returns numpy arrays of the documented shapes and plain dicts; the Python modules
+//! build the result classes from those. Shapes of masks and gradient fields are checked here,
+//! so that the error names the expected and the found shape rather than a flat length.
+
+use crate::convert::{dense_to_numpy, to_py};
+use crate::dataset::PyDataset;
+use crate::errors::{to_pyerr, IntoPyResult};
+use numpy::ndarray::{ArrayD, IxDyn};
+use numpy::{IntoPyArray, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use qem::detector::{
+    self, DetectorImage, DetectorKind, DetectorMask, DetectorParams, DiskFit, Product, ScanRoi,
+    Unit, VirtualImage,
+};
+use qem::dpc::{self, CenterOfMass, DpcParams, DpcResult, EdgeMode};
+use qem::{Error, Region, Shape2};
+
+/// The largest integer mask weight the engines accept (`qem_core::reduce::MAX_INT_WEIGHT`,
+/// which the façade re-checks): checked here too so that a value that does not even fit the
+/// engine's `u32` weights is reported as it was given.
+const MAX_INT_WEIGHT: u32 = 65535;
+
+/// `v` as a numpy array of `shape` (no copy of the data).
+fn array<T: numpy::Element>(py: Python<'_>, v: Vec<T>, shape: &[usize]) -> PyResult<Py<PyAny>> {
+    let arr = ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| {
+        to_pyerr(Error::internal(
+            "convert to numpy",
+            format!("shape {shape:?} does not fit the data: {e}"),
+        ))
+    })?;
+    Ok(arr.into_pyarray(py).into_any().unbind())
+}
+
+fn grid<T: numpy::Element>(py: Python<'_>, v: Vec<T>, s: Shape2) -> PyResult<Py<PyAny>> {
+    array(py, v, &[s.rows, s.cols])
+}
+
+fn shape_text(shape: &[usize]) -> String {
+    let parts: Vec<String> = shape.iter().map(|n| n.to_string()).collect();
+    if parts.len() == 1 {
+        format!("({},)", parts[0])
+    } else {
+        format!("({})", parts.join(", "))
+    }
+}
+
+fn non_negative(op: &str, what: &str, v: i64) -> PyResult<usize> {
+    usize::try_from(v).map_err(|_| {
+        to_pyerr(
+            Error::invalid(op, format!("{what} must not be negative"))
+                .with_expected("integers >= 0")
+                .with_found(v.to_string()),
+        )
+    })
+}
+
+fn positions(op: &str, p: Vec<(i64, i64)>) -> PyResult<Vec<(usize, usize)>> {
+    p.into_iter()
+        .map(|(r, c)| {
+            Ok((
+                non_negative(op, "a scan row", r)?,
+                non_negative(op, "a scan column", c)?,
+            ))
+        })
+        .collect()
+}
+
+fn disk_dict<'py>(py: Python<'py>, d: &DiskFit) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    out.set_item("center_px", (d.center_px.0, d.center_px.1))?;
+    out.set_item("radius_px", d.radius_px)?;
+    out.set_item("threshold", d.threshold)?;
+    out.set_item("n_pixels", d.n_pixels)?;
+    out.set_item("fitted", d.fitted)?;
+    Ok(out)
+}
+
+fn image_dict<'py>(py: Python<'py>, im: DetectorImage) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    out.set_item("kind", im.kind.name())?;
+    out.set_item("inner_px", im.inner_px)?;
+    // Python's float("inf") for DF; a None would read as "no bound given".
+    out.set_item("outer_px", im.outer_px)?;
+    out.set_item("disk", disk_dict(py, &im.disk)?)?;
+    out.set_item("mask_pixels", im.mask_pixels)?;
+    out.set_item("provenance", to_py(py, &im.provenance)?)?;
+    out.set_item("image", grid(py, im.image, im.scan_shape)?)?;
+    Ok(out)
+}
+
+fn moments_dict<'py>(
+    py: Python<'py>,
+    m: qem::detector::Moments,
+    scan: Shape2,
+) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    out.set_item("sum", grid(py, m.sum, scan)?)?;
+    out.set_item("m_row", grid(py, m.m_row, scan)?)?;
+    out.set_item("m_col", grid(py, m.m_col, scan)?)?;
+    Ok(out)
+}
+
+fn com_dict<'py>(py: Python<'py>, c: CenterOfMass) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    out.set_item("zero_frames", c.zero_frames)?;
+    out.set_item("centered", c.centered)?;
+    out.set_item("unit", &c.unit)?;
+    out.set_item("provenance", to_py(py, &c.provenance)?)?;
+    out.set_item("com_row", grid(py, c.com_row, c.scan_shape)?)?;
+    out.set_item("com_col", grid(py, c.com_col, c.scan_shape)?)?;
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn detector_params(
+    inner: Option<f64>,
+    outer: Option<f64>,
+    center: Option<Vec<f64>>,
+    radius: Option<f64>,
+    unit: &str,
+    semiangle_mrad: Option<f64>,
+    det_sampling_mrad: Option<f64>,
+) -> PyResult<DetectorParams> {
+    let center = match center.as_deref() {
+        None => None,
+        Some(&[r, c]) => Some((r, c)),
+        Some(other) => {
+            return Err(to_pyerr(
+                Error::invalid("detector", "center is a detector position")
+                    .with_expected("(row, col)")
+                    .with_found(format!("{other:?}")),
+            ))
+        }
+    };
+    Ok(DetectorParams {
+        inner,
+        outer,
+        center,
+        radius,
+        unit: unit.parse::<Unit>().py()?,
+        semiangle_mrad,
+        det_sampling_mrad,
+    })
+}
+
+/// Exact `u64` sum of every frame, `(k_r, k_c)`.
+#[pyfunction]
+fn detector_sum_dp(py: Python<'_>, dataset: PyRef<'_, PyDataset>) -> PyResult<Py<PyAny>> {
+    let ds = dataset.inner();
+    let v = py.detach(|| detector::sum_dp(ds)).py()?;
+    grid(py, v, ds.detector_shape())
+}
+
+/// Mean DP, `f32` `(k_r, k_c)`.
+#[pyfunction]
+fn detector_mean_dp(py: Python<'_>, dataset: PyRef<'_, PyDataset>) -> PyResult<Py<PyAny>> {
+    let ds = dataset.inner();
+    let v = py.detach(|| detector::mean_dp(ds)).py()?;
+    grid(py, v, ds.detector_shape())
+}
+
+/// Max DP, `u32` `(k_r, k_c)`.
+#[pyfunction]
+fn detector_max_dp(py: Python<'_>, dataset: PyRef<'_, PyDataset>) -> PyResult<Py<PyAny>> {
+    let ds = dataset.inner();
+    let v = py.detach(|| detector::max_dp(ds)).py()?;
+    grid(py, v, ds.detector_shape())
+}
+
+/// The BF disk fitted from the mean DP, as a dict.
+#[pyfunction]
+fn detector_fit_disk<'py>(
+    py: Python<'py>,
+    dataset: PyRef<'py, PyDataset>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let ds = dataset.inner();
+    let d = py.detach(|| detector::fit_disk(ds)).py()?;
+    disk_dict(py, &d)
+}
+
+/// Frames at `positions` `[(row, col), ...]`, `(n, k_r, k_c)` in the dataset's dtype.
+#[pyfunction]
+fn detector_frames(
+    py: Python<'_>,
+    dataset: PyRef<'_, PyDataset>,
+    positions: Vec<(i64, i64)>,
+) -> PyResult<Py<PyAny>> {
+    let ds = dataset.inner();
+    let pos = self::positions("detector frames", positions)?;
+    let n = pos.len();
+    let a = py.detach(|| detector::frames(ds, &pos)).py()?;
+    let det = ds.detector_shape();
+    dense_to_numpy(py, a, &[n, det.rows, det.cols])
+}
+
+/// Sum and max DP over a scan ROI: dict `sum` (`u64`), `max` (`u32`), `n_frames`,
+/// `provenance`. Exactly one of `rect`, `circle` (`[row, col, radius]`), `positions`.
+#[pyfunction]
+#[pyo3(signature = (dataset, *, rect = None, circle = None, positions = None))]
+fn detector_roi_dp<'py>(
+    py: Python<'py>,
+    dataset: PyRef<'py, PyDataset>,
+    rect: Option<Vec<i64>>,
+    circle: Option<Vec<f64>>,
+    positions: Option<Vec<(i64, i64)>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    const OP: &str = "detector.roi_dp";
+    let roi = match (rect, circle, positions) {
+        (Some(r), None, None) => {
+            let [a, b, c, d] = r.as_slice() else {
+                return Err(to_pyerr(
+                    Error::invalid(OP, "rect is a half-open scan region")
+                        .with_expected("(row_start, row_stop, col_start, col_stop)")
+                        .with_found(format!("{r:?}")),
+                ));
+            };
+            ScanRoi::Rect(Region::new(
+                non_negative(OP, "rect", *a)?,
+                non_negative(OP, "rect", *b)?,
+                non_negative(OP, "rect", *c)?,
+                non_negative(OP, "rect", *d)?,
+            ))
+        }
+        (None, Some(c), None) => {
+            let [r0, c0, radius] = c.as_slice() else {
+                return Err(to_pyerr(
+                    Error::invalid(OP, "circle is a disk of scan positions")
+                        .with_expected("(center_row, center_col, radius)")
+                        .with_found(format!("{c:?}")),
+                ));
+            };
+            ScanRoi::Circle {
+                center: (*r0, *c0),
+                radius: *radius,
+            }
+        }
+        (None, None, Some(p)) => ScanRoi::Positions(self::positions(OP, p)?),
+        _ => {
+            return Err(to_pyerr(
+                Error::invalid(OP, "give exactly one scan region")
+                    .with_expected("one of rect=, circle=, positions="),
+            ))
+        }
+    };
+    let ds = dataset.inner();
+    let r = py.detach(|| detector::roi_dp(ds, &roi)).py()?;
+    let det = ds.detector_shape();
+    let out = PyDict::new(py);
+    out.set_item("n_frames", r.n_frames)?;
+    out.set_item("provenance", to_py(py, &r.provenance)?)?;
+    out.set_item("sum", grid(py, r.sum, det)?)?;
+    out.set_item("max", grid(py, r.max, det)?)?;
+    Ok(out)
+}
+
+/// The weights of a `(k_r, k_c)` mask array: `uint64`/`int64` → integer weights (checked
+/// `0..=65535`), `float64` → float weights.
+fn mask_weights(mask: &Bound<'_, PyAny>, det: Shape2) -> PyResult<DetectorMask> {
+    const OP: &str = "detector virtual_image";
+    let untyped = mask.cast::<PyUntypedArray>().map_err(|_| {
+        to_pyerr(
+            Error::invalid(OP, "the mask must be a numpy array")
+                .with_expected(format!(
+                    "an array of shape {}",
+                    shape_text(&[det.rows, det.cols])
+                ))
+                .with_found("another object"),
+        )
+    })?;
+    let shape = untyped.shape().to_vec();
+    if shape != [det.rows, det.cols] {
+        return Err(to_pyerr(
+            Error::invalid(OP, "the mask does not match the detector")
+                .with_expected(format!("shape {}", shape_text(&[det.rows, det.cols])))
+                .with_found(format!("shape {}", shape_text(&shape))),
+        ));
+    }
+    let too_large = |p: usize, v: String| {
+        to_pyerr(
+            Error::invalid(
+                OP,
+                format!("integer mask weight at pixel {p} is out of range"),
+            )
+            .with_expected(format!(
+                "0..={} (use a float mask for other weights)",
+                MAX_INT_WEIGHT
+            ))
+            .with_found(v),
+        )
+    };
+    if let Ok(a) = mask.extract::<PyReadonlyArray2<'_, u64>>() {
+        let a = a.as_array();
+        let mut w = Vec::with_capacity(det.len());
+        for (p, &v) in a.iter().enumerate() {
+            if v > u64::from(MAX_INT_WEIGHT) {
+                return Err(too_large(p, v.to_string()));
+            }
+            w.push(v as u32);
+        }
+        return Ok(DetectorMask::Int(w));
+    }
+    if let Ok(a) = mask.extract::<PyReadonlyArray2<'_, i64>>() {
+        let a = a.as_array();
+        let mut w = Vec::with_capacity(det.len());
+        for (p, &v) in a.iter().enumerate() {
+            if !(0..=i64::from(MAX_INT_WEIGHT)).contains(&v) {
+                return Err(too_large(p, v.to_string()));
+            }
+            w.push(v as u32);
+        }
+        return Ok(DetectorMask::Int(w));
+    }
+    if let Ok(a) = mask.extract::<PyReadonlyArray2<'_, f64>>() {
+        return Ok(DetectorMask::Float(a.as_array().iter().copied().collect()));
+    }
+    let found = mask
+        .getattr("dtype")
+        .and_then(|d| d.str())
+        .map(|s| s.to_string())
+        .unwrap_or_default();
+    Err(to_pyerr(
+        Error::invalid(OP, "unsupported mask dtype")
+            .with_expected("bool, integer (as uint64/int64) or float64 weights")
+            .with_found(found),
+    ))
+}
+
+/// Virtual image of `mask` (`(k_r, k_c)`; `uint64`/`int64` exact, `float64` float), `(R_r, R_c)`.
+#[pyfunction]
+fn detector_virtual_image(
+    py: Python<'_>,
+    dataset: PyRef<'_, PyDataset>,
+    mask: &Bound<'_, PyAny>,
+) -> PyResult<Py<PyAny>> {
+    let ds = dataset.inner();
+    let m = mask_weights(mask, ds.detector_shape())?;
+    let img = py.detach(|| detector::virtual_image(ds, &m)).py()?;
+    match img {
+        VirtualImage::U64(v) => grid(py, v, ds.scan_shape()),
+        VirtualImage::F64(v) => grid(py, v, ds.scan_shape()),
+    }
+}
+
+/// One named detector image as a dict (`kind`, `image`, `inner_px`, `outer_px`, `disk`,
+/// `mask_pixels`, `provenance`).
+#[pyfunction]
+#[pyo3(signature = (
+    dataset, kind, *, inner = None, outer = None, center = None, radius = None, unit = "px",
+    semiangle_mrad = None, det_sampling_mrad = None
+))]
+#[allow(clippy::too_many_arguments)]
+fn detector_image<'py>(
+    py: Python<'py>,
+    dataset: PyRef<'py, PyDataset>,
+    kind: &str,
+    inner: Option<f64>,
+    outer: Option<f64>,
+    center: Option<Vec<f64>>,
+    radius: Option<f64>,
+    unit: &str,
+    semiangle_mrad: Option<f64>,
+    det_sampling_mrad: Option<f64>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let kind = kind.parse::<DetectorKind>().py()?;
+    let p = detector_params(
+        inner,
+        outer,
+        center,
+        radius,
+        unit,
+        semiangle_mrad,
+        det_sampling_mrad,
+    )?;
+    let ds = dataset.inner();
+    let im = py.detach(|| detector::detector_image(ds, kind, &p)).py()?;
+    image_dict(py, im)
+}
+
+/// Exact per-frame moments: dict `sum`, `m_row`, `m_col` (`u64` `(R_r, R_c)`).
+#[pyfunction]
+fn detector_moments<'py>(
+    py: Python<'py>,
+    dataset: PyRef<'py, PyDataset>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let ds = dataset.inner();
+    let m = py.detach(|| detector::moments(ds)).py()?;
+    moments_dict(py, m, ds.scan_shape())
+}
+
+/// Several products in one pass: dict `images` (list of image dicts), `sum_dp`, `mean_dp`,
+/// `max_dp`, `moments`, `com`, `disk` (each `None` unless asked), `provenance`.
+#[pyfunction]
+#[pyo3(signature = (
+    dataset, names, *, inner = None, outer = None, center = None, radius = None, unit = "px",
+    semiangle_mrad = None, det_sampling_mrad = None
+))]
+#[allow(clippy::too_many_arguments)]
+fn detector_products<'py>(
+    py: Python<'py>,
+    dataset: PyRef<'py, PyDataset>,
+    names: Vec<String>,
+    inner: Option<f64>,
+    outer: Option<f64>,
+    center: Option<Vec<f64>>,
+    radius: Option<f64>,
+    unit: &str,
+    semiangle_mrad: Option<f64>,
+    det_sampling_mrad: Option<f64>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let which = names
+        .iter()
+        .map(|n| n.parse::<Product>())
+        .collect::<qem::Result<Vec<_>>>()
+        .py()?;
+    let p = detector_params(
+        inner,
+        outer,
+        center,
+        radius,
+        unit,
+        semiangle_mrad,
+        det_sampling_mrad,
+    )?;
+    let ds = dataset.inner();
+    let r = py.detach(|| detector::products(ds, &which, &p)).py()?;
+    let (scan, det) = (ds.scan_shape(), ds.detector_shape());
+    let out = PyDict::new(py);
+    out.set_item("provenance", to_py(py, &r.provenance)?)?;
+    out.set_item(
+        "disk",
+        r.disk.as_ref().map(|d| disk_dict(py, d)).transpose()?,
+    )?;
+    let images = PyList::empty(py);
+    for im in r.images {
+        images.append(image_dict(py, im)?)?;
+    }
+    out.set_item("images", images)?;
+    out.set_item("sum_dp", r.sum_dp.map(|v| grid(py, v, det)).transpose()?)?;
+    out.set_item("mean_dp", r.mean_dp.map(|v| grid(py, v, det)).transpose()?)?;
+    out.set_item("max_dp", r.max_dp.map(|v| grid(py, v, det)).transpose()?)?;
+    out.set_item(
+        "moments",
+        r.moments.map(|m| moments_dict(py, m, scan)).transpose()?,
+    )?;
+    out.set_item("com", r.com.map(|c| com_dict(py, c)).transpose()?)?;
+    Ok(out)
+}
+
+/// Centre of mass as a dict (`com_row`, `com_col` `f64` `(R_r, R_c)`, `zero_frames`,
+/// `centered`, `unit`, `provenance`).
+#[pyfunction]
+#[pyo3(signature = (dataset, centered = true))]
+fn dpc_center_of_mass<'py>(
+    py: Python<'py>,
+    dataset: PyRef<'py, PyDataset>,
+    centered: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let ds = dataset.inner();
+    let c = py.detach(|| dpc::center_of_mass(ds, centered)).py()?;
+    com_dict(py, c)
+}
+
+fn dpc_dict<'py>(py: Python<'py>, r: DpcResult) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    let s = r.scan_shape;
+    out.set_item("rotation_deg", r.rotation_deg)?;
+    out.set_item("transpose", r.transpose)?;
+    out.set_item("sign_confidence", r.sign_confidence)?;
+    out.set_item("sign_criterion", &r.sign_criterion)?;
+    out.set_item("confident", r.confident)?;
+    out.set_item("curl_score", r.curl_score)?;
+    out.set_item("zero_frames", r.zero_frames)?;
+    out.set_item("unit", &r.unit)?;
+    out.set_item("phase_unit", &r.phase_unit)?;
+    out.set_item("provenance", to_py(py, &r.provenance)?)?;
+    out.set_item("com_row", grid(py, r.com_row, s)?)?;
+    out.set_item("com_col", grid(py, r.com_col, s)?)?;
+    out.set_item("dpc_row", grid(py, r.dpc_row, s)?)?;
+    out.set_item("dpc_col", grid(py, r.dpc_col, s)?)?;
+    out.set_item("phase", grid(py, r.phase, s)?)?;
+    Ok(out)
+}
+
+/// DPC: CoM, rotation/transpose, sign, aligned field and phase, as a dict.
+#[pyfunction]
+#[pyo3(signature = (dataset, *, rotation_deg = None, transpose = None, edge = "periodic"))]
+fn dpc_run<'py>(
+    py: Python<'py>,
+    dataset: PyRef<'py, PyDataset>,
+    rotation_deg: Option<f64>,
+    transpose: Option<bool>,
+    edge: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    let p = DpcParams {
+        rotation_deg,
+        transpose,
+        edge: edge.parse::<EdgeMode>().py()?,
+    };
+    let ds = dataset.inner();
+    let r = py.detach(|| dpc::run(ds, &p)).py()?;
+    dpc_dict(py, r)
+}
+
+/// The least-squares inverse gradient of a 2-D field `(g_row, g_col)` (`float64`, same shape).
+#[pyfunction]
+#[pyo3(signature = (g_row, g_col, edge = "periodic"))]
+fn dpc_integrate(
+    py: Python<'_>,
+    g_row: &Bound<'_, PyAny>,
+    g_col: &Bound<'_, PyAny>,
+    edge: &str,
+) -> PyResult<Py<PyAny>> {
+    const OP: &str = "dpc.integrate";
+    let field = |a: &Bound<'_, PyAny>| -> PyResult<(Vec<f64>, Vec<usize>)> {
+        let arr = a.extract::<PyReadonlyArray2<'_, f64>>().map_err(|_| {
+            let found = a
+                .cast::<PyUntypedArray>()
+                .map(|u| format!("{} array of shape {}", u.dtype(), shape_text(u.shape())))
+                .unwrap_or_else(|_| "another object".to_string());
+            to_pyerr(
+                Error::invalid(OP, "a gradient component must be a 2-D float64 array")
+                    .with_expected("float64 (R_r, R_c)")
+                    .with_found(found),
+            )
+        })?;
+        let shape = arr.shape().to_vec();
+        Ok((arr.as_array().iter().copied().collect(), shape))
+    };
+    let (gr, sr) = field(g_row)?;
+    let (gc, sc) = field(g_col)?;
+    if sr != sc {
+        return Err(to_pyerr(
+            Error::invalid(OP, "g_row and g_col differ in shape")
+                .with_expected(format!("both {}", shape_text(&sr)))
+                .with_found(shape_text(&sc)),
+        ));
+    }
+    let shape = Shape2::new(sr[0], sr[1]);
+    let edge = edge.parse::<EdgeMode>().py()?;
+    let phase = py.detach(|| dpc::integrate(&gr, &gc, shape, edge)).py()?;
+    grid(py, phase, shape)
+}
+
+/// Add the functions to the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(detector_sum_dp, m)?)?;
+    m.add_function(wrap_pyfunction!(detector_mean_dp, m)?)?;
+    m.add_function(wrap_pyfunction!(detector_max_dp, m)?)?;
+    m.add_function(wrap_pyfunction!(detector_fit_disk, m)?)?;
+    m.add_function(wrap_pyfunction!(detector_frames, m)?)?;
+    m.add_function(wrap_pyfunction!(detector_roi_dp, m)?)?;
+    m.add_function(wrap_pyfunction!(detector_virtual_image, m)?)?;
+    m.add_function(wrap_pyfunction!(detector_image, m)?)?;
+    m.add_function(wrap_pyfunction!(detector_moments, m)?)?;
+    m.add_function(wrap_pyfunction!(detector_products, m)?)?;
+    m.add_function(wrap_pyfunction!(dpc_center_of_mass, m)?)?;
+    m.add_function(wrap_pyfunction!(dpc_run, m)?)?;
+    m.add_function(wrap_pyfunction!(dpc_integrate, m)?)?;
+    Ok(())
+}

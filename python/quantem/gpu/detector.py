@@ -1,0 +1,547 @@
+"""Detector products of a loaded dataset: diffraction sums, virtual detectors, moments.
+
+Every integer product is exact: sums accumulate in 64 bits, so ``sum_dp``, virtual images of
+bool/integer masks, the ``bf``/``adf``/... images and the moments are ``uint64`` arrays equal to a
+float-free NumPy reference. Each call is one pass over the frames on the dataset's backend (CPU
+or CUDA, DENSE or ENCODED); :func:`products` computes several products in that one pass.
+
+Definitions (``SCIENCE.md``): a detector pixel ``k = (k_r, k_c)`` belongs to the annulus
+``[lo, hi]`` around the centre ``c`` when ``lo² ≤ |k − c|² ≤ hi²`` (float64, both bounds
+inclusive). BF is ``[0, r]``, ABF ``[r/2, r]``, ADF ``[r, 2r]``, HAADF ``[2r, 4r]``, DF
+``[r, ∞)``, where the BF disk (centre ``c``, radius ``r``) is fitted from the mean diffraction
+pattern (threshold at mean + std, unweighted centroid, equal-area radius) unless ``center=`` and
+``radius=`` are given.
+
+>>> from quantem.gpu import io, detector
+>>> ds = io.load("scan_master.h5")
+>>> adf = detector.adf(ds)                  # inner/outer default to [r, 2r]
+>>> img = np.asarray(adf)                   # uint64 (R_r, R_c)
+>>> out = detector.products(ds, ["bf", "adf", "com", "sum_dp"])   # one pass
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from quantem.gpu import _native
+
+__all__ = [
+    "DetectorImage",
+    "DiskFit",
+    "Products",
+    "abf",
+    "adf",
+    "annular",
+    "bf",
+    "df",
+    "fit_disk",
+    "frames",
+    "haadf",
+    "max_dp",
+    "mean_dp",
+    "moments",
+    "products",
+    "roi_dp",
+    "sum_dp",
+    "virtual_image",
+]
+
+#: Product names accepted by :func:`products`.
+PRODUCT_NAMES = (
+    "bf",
+    "abf",
+    "adf",
+    "haadf",
+    "df",
+    "annular",
+    "sum_dp",
+    "mean_dp",
+    "max_dp",
+    "moments",
+    "com",
+)
+
+_DETECTOR_KINDS = ("bf", "abf", "adf", "haadf", "df", "annular")
+
+
+def _invalid(op: str, message: str, expected: str | None = None, found: str | None = None):
+    """An :class:`~quantem.gpu.InvalidArgumentError` shaped like the engine's own errors."""
+    text = f"{op}: {message}"
+    if expected is not None:
+        text += f" (expected {expected}"
+        text += f", found {found})" if found is not None else ")"
+    err = _native.InvalidArgumentError(text)
+    for name, value in (
+        ("kind", "invalid_argument"),
+        ("op", op),
+        ("file", None),
+        ("frame", None),
+        ("expected", expected),
+        ("found", found),
+        ("detail", message),
+    ):
+        setattr(err, name, value)
+    return err
+
+
+def _shape(a: np.ndarray) -> str:
+    return "(" + ", ".join(str(n) for n in a.shape) + ")"
+
+
+@dataclass(frozen=True, repr=False)
+class DiskFit:
+    """The bright-field disk used by the virtual detectors.
+
+    Attributes
+    ----------
+    center_px : (float, float)
+        Centre ``(row, col)`` in detector pixels (sub-pixel).
+    radius_px : float
+        Radius in detector pixels.
+    threshold : float
+        The mean-DP threshold ``mean + std`` of the fit (NaN when both centre and radius were
+        given, so no fit ran).
+    n_pixels : int
+        Mean-DP pixels above the threshold (0 when none: the fit then falls back to the
+        detector centre and a quarter of the short side).
+    fitted : bool
+        True when the disk came from the fit, False when ``center=``/``radius=`` overrode it.
+    """
+
+    center_px: tuple[float, float]
+    radius_px: float
+    threshold: float
+    n_pixels: int
+    fitted: bool
+
+    @classmethod
+    def _from_native(cls, d: dict[str, Any]) -> DiskFit:
+        return cls(
+            center_px=(float(d["center_px"][0]), float(d["center_px"][1])),
+            radius_px=float(d["radius_px"]),
+            threshold=float(d["threshold"]),
+            n_pixels=int(d["n_pixels"]),
+            fitted=bool(d["fitted"]),
+        )
+
+    def __repr__(self) -> str:
+        r, c = self.center_px
+        how = f"fitted, {self.n_pixels} px above {self.threshold:.4g}" if self.fitted else "given"
+        return f"DiskFit(center_px=({r:.3f}, {c:.3f}), radius_px={self.radius_px:.3f}, {how})"
+
+
+@dataclass(frozen=True, repr=False)
+class DetectorImage:
+    """One virtual-detector image (``bf``, ``abf``, ``adf``, ``haadf``, ``df`` or ``annular``).
+
+    ``np.asarray(result)`` is :attr:`image`.
+
+    Attributes
+    ----------
+    kind : str
+        The detector (``"bf"``, ``"adf"``, ...).
+    image : numpy.ndarray
+        ``uint64`` ``(R_r, R_c)``: the exact sum of the counts inside the annulus per frame.
+    inner_px, outer_px : float
+        The annulus bounds actually used, in detector pixels (``outer_px`` is ``inf`` for DF).
+    center : (float, float)
+        The annulus centre ``(row, col)`` used, in detector pixels.
+    radius : float
+        The BF-disk radius ``r`` the default bounds were derived from, in detector pixels.
+    disk : DiskFit
+        The disk (fitted or given).
+    mask_pixels : int
+        Detector pixels inside the annulus.
+    provenance : dict
+        Operation, resolved parameters, backend, device, stage times and the dataset's own
+        provenance.
+    """
+
+    kind: str
+    image: np.ndarray
+    inner_px: float
+    outer_px: float
+    center: tuple[float, float]
+    radius: float
+    disk: DiskFit
+    mask_pixels: int
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _from_native(cls, d: dict[str, Any]) -> DetectorImage:
+        disk = DiskFit._from_native(d["disk"])
+        outer = d["outer_px"]
+        return cls(
+            kind=str(d["kind"]),
+            image=d["image"],
+            inner_px=float(d["inner_px"]),
+            outer_px=float("inf") if outer is None else float(outer),
+            center=disk.center_px,
+            radius=disk.radius_px,
+            disk=disk,
+            mask_pixels=int(d["mask_pixels"]),
+            provenance=d["provenance"],
+        )
+
+    def __array__(self, dtype=None, copy=None):
+        if copy is False:
+            # The image is a numpy array already; a view of it is what "no copy" means.
+            return self.image if dtype is None else self.image.astype(dtype, copy=False)
+        a = self.image if dtype is None else self.image.astype(dtype)
+        return np.array(a, copy=True) if copy else a
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of :attr:`image`, ``(R_r, R_c)``."""
+        return self.image.shape
+
+    def __repr__(self) -> str:
+        r, c = self.center
+        return (
+            f"DetectorImage(kind={self.kind!r}, image={_shape(self.image)} {self.image.dtype}, "
+            f"inner_px={self.inner_px:.3f}, outer_px={self.outer_px:.3f}, "
+            f"center=({r:.3f}, {c:.3f}), radius={self.radius:.3f}, "
+            f"mask_pixels={self.mask_pixels})"
+        )
+
+
+class Products(dict):
+    """What :func:`products` returns: a dict ``name → result`` with two extra attributes.
+
+    Values: :class:`DetectorImage` for detectors, ``numpy.ndarray`` for ``sum_dp`` (uint64),
+    ``mean_dp`` (float32) and ``max_dp`` (uint32), a dict of uint64 arrays for ``moments``, a
+    :class:`quantem.gpu.dpc.CoM` for ``com``.
+
+    Attributes
+    ----------
+    disk : DiskFit or None
+        The disk the detectors used (None when no detector was asked for).
+    provenance : dict
+        The provenance of the one pass.
+    """
+
+    disk: DiskFit | None
+    provenance: dict[str, Any]
+
+    def __init__(self, items, disk: DiskFit | None, provenance: dict[str, Any]):
+        super().__init__(items)
+        self.disk = disk
+        self.provenance = provenance
+
+    def __repr__(self) -> str:
+        return f"Products({list(self)}, disk={self.disk!r})"
+
+
+def _det_shape(ds) -> tuple[int, int]:
+    return (int(ds.shape[2]), int(ds.shape[3]))
+
+
+def sum_dp(ds) -> np.ndarray:
+    """Exact sum of every frame: ``uint64`` ``(k_r, k_c)``."""
+    return _native.detector_sum_dp(ds)
+
+
+def mean_dp(ds) -> np.ndarray:
+    """Mean diffraction pattern: the exact uint64 sum divided by the frame count in float64,
+    returned as ``float32`` ``(k_r, k_c)``."""
+    return _native.detector_mean_dp(ds)
+
+
+def max_dp(ds) -> np.ndarray:
+    """Element-wise maximum over every frame: ``uint32`` ``(k_r, k_c)`` (exact)."""
+    return _native.detector_max_dp(ds)
+
+
+def fit_disk(ds) -> DiskFit:
+    """The bright-field disk fitted from the mean diffraction pattern (cached per dataset)."""
+    return DiskFit._from_native(_native.detector_fit_disk(ds))
+
+
+def _positions(positions: Iterable[Sequence[int]]) -> list[tuple[int, int]]:
+    out = []
+    for p in positions:
+        if len(p) != 2:
+            raise _invalid(
+                "detector.frames", "a scan position is (row, col)", "2 integers", repr(tuple(p))
+            )
+        out.append((int(p[0]), int(p[1])))
+    return out
+
+
+def frames(ds, positions: Iterable[Sequence[int]]) -> np.ndarray:
+    """The frames at scan positions ``[(row, col), ...]``: ``(n, k_r, k_c)`` in the dataset's dtype.
+
+    Positions are 0-based and must lie inside the scan (no negative indices).
+    """
+    return _native.detector_frames(ds, _positions(positions))
+
+
+def roi_dp(
+    ds,
+    rect: Sequence[int] | None = None,
+    circle: Sequence[float] | None = None,
+    positions: Iterable[Sequence[int]] | None = None,
+    reduce: str = "sum",
+) -> np.ndarray:
+    """Diffraction pattern over a region of scan positions.
+
+    Give exactly one of ``rect``, ``circle`` and ``positions``.
+
+    Parameters
+    ----------
+    rect : (int, int, int, int), optional
+        Half-open scan region ``(row_start, row_stop, col_start, col_stop)``.
+    circle : (float, float, float), optional
+        ``(center_row, center_col, radius)`` in scan positions: the positions ``(r, c)`` with
+        ``(r − center_row)² + (c − center_col)² ≤ radius²``.
+    positions : list of (int, int), optional
+        Explicit scan positions (each counted once).
+    reduce : {"sum", "mean", "max"}
+        ``"sum"``: exact ``uint64``; ``"mean"``: the sum divided by the number of positions
+        (float64 division, returned as ``float32``, as :func:`mean_dp`); ``"max"``: ``uint32``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(k_r, k_c)``.
+    """
+    given = [x is not None for x in (rect, circle, positions)]
+    if sum(given) != 1:
+        raise _invalid(
+            "detector.roi_dp",
+            "give exactly one scan region",
+            "one of rect=, circle=, positions=",
+            f"{sum(given)} of them",
+        )
+    if reduce not in ("sum", "mean", "max"):
+        raise _invalid("detector.roi_dp", "unknown reduction", "sum, mean or max", repr(reduce))
+    if rect is not None:
+        if len(rect) != 4:
+            raise _invalid(
+                "detector.roi_dp",
+                "rect is a half-open scan region",
+                "(row_start, row_stop, col_start, col_stop)",
+                repr(tuple(rect)),
+            )
+        res = _native.detector_roi_dp(ds, rect=[int(v) for v in rect])
+    elif circle is not None:
+        if len(circle) != 3:
+            raise _invalid(
+                "detector.roi_dp",
+                "circle is a disk of scan positions",
+                "(center_row, center_col, radius)",
+                repr(tuple(circle)),
+            )
+        res = _native.detector_roi_dp(ds, circle=[float(v) for v in circle])
+    else:
+        res = _native.detector_roi_dp(ds, positions=_positions(positions))
+    if reduce == "sum":
+        return res["sum"]
+    if reduce == "max":
+        return res["max"]
+    return (res["sum"].astype(np.float64) / float(res["n_frames"])).astype(np.float32)
+
+
+def _mask_array(mask, det: tuple[int, int]) -> np.ndarray:
+    m = np.asarray(mask)
+    if m.dtype.kind == "b":
+        return np.ascontiguousarray(m, dtype=np.uint64)
+    if m.dtype.kind == "u":
+        return np.ascontiguousarray(m, dtype=np.uint64)
+    if m.dtype.kind == "i":
+        return np.ascontiguousarray(m, dtype=np.int64)
+    if m.dtype.kind == "f":
+        return np.ascontiguousarray(m, dtype=np.float64)
+    raise TypeError(
+        f"a detector mask must be bool, integer or float {det}, not dtype {m.dtype} "
+        f"(shape {_shape(m)})"
+    )
+
+
+def virtual_image(ds, mask) -> np.ndarray:
+    """Virtual image ``V[R] = Σ_k mask[k] · I[R, k]`` for a mask over the detector.
+
+    Parameters
+    ----------
+    mask : numpy.ndarray (k_r, k_c)
+        bool or non-negative integer weights (at most 65535) give an exact ``uint64`` image;
+        float weights give a ``float64`` image. Its shape must equal the detector's.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(R_r, R_c)``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        (a ``ValueError``) for a mask of the wrong shape, a negative or too large integer
+        weight, or a non-finite float weight; the message names what was expected and found.
+    """
+    return _native.detector_virtual_image(ds, _mask_array(mask, _det_shape(ds)))
+
+
+def _center(center) -> list[float] | None:
+    if center is None:
+        return None
+    if len(center) != 2:
+        raise _invalid(
+            "detector", "center is a detector position", "(row, col)", repr(tuple(center))
+        )
+    return [float(center[0]), float(center[1])]
+
+
+def _opt(v) -> float | None:
+    return None if v is None else float(v)
+
+
+def _detector(kind: str, ds, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad):
+    d = _native.detector_image(
+        ds,
+        kind,
+        inner=_opt(inner),
+        outer=_opt(outer),
+        center=_center(center),
+        radius=_opt(radius),
+        unit=str(unit),
+        semiangle_mrad=_opt(semiangle_mrad),
+        det_sampling_mrad=_opt(det_sampling_mrad),
+    )
+    return DetectorImage._from_native(d)
+
+
+_DETECTOR_DOC = """{title} image: the exact ``uint64`` sum over {what} per frame.
+
+    Parameters
+    ----------
+    ds : Dataset
+    inner, outer : float, optional
+        Annulus bounds in ``unit``; {default}, from the BF-disk radius ``r``.
+    center : (float, float), optional
+        Disk centre ``(row, col)`` in detector pixels; default the fitted centre.
+    radius : float, optional
+        BF-disk radius ``r`` in detector pixels; default the fitted radius.
+    unit : {{"px", "mrad"}}
+        Unit of ``inner`` and ``outer``. ``"mrad"`` converts with the detector's angular
+        sampling (``det_sampling_mrad``, else the metadata's), else with ``semiangle_mrad``
+        (argument or metadata) over the disk radius; with neither it raises
+        ``InvalidArgumentError``.
+    semiangle_mrad, det_sampling_mrad : float, optional
+        Convergence semi-angle and detector sampling (mrad per pixel) for ``unit="mrad"``.
+
+    Returns
+    -------
+    DetectorImage
+        ``.image`` ``uint64`` ``(R_r, R_c)``; ``np.asarray(result)`` is the image.
+    """
+
+
+def _make_detector(kind: str, title: str, what: str, default: str):
+    def fn(
+        ds,
+        inner: float | None = None,
+        outer: float | None = None,
+        center: Sequence[float] | None = None,
+        radius: float | None = None,
+        unit: str = "px",
+        semiangle_mrad: float | None = None,
+        det_sampling_mrad: float | None = None,
+    ) -> DetectorImage:
+        return _detector(
+            kind, ds, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad
+        )
+
+    fn.__name__ = fn.__qualname__ = kind
+    fn.__doc__ = _DETECTOR_DOC.format(title=title, what=what, default=default)
+    return fn
+
+
+bf = _make_detector("bf", "Bright-field", "the disk ``[0, r]``", "default ``[0, r]``")
+abf = _make_detector("abf", "Annular bright-field", "``[r/2, r]``", "default ``[r/2, r]``")
+adf = _make_detector("adf", "Annular dark-field", "``[r, 2r]``", "default ``[r, 2r]``")
+haadf = _make_detector(
+    "haadf", "High-angle annular dark-field", "``[2r, 4r]``", "default ``[2r, 4r]``"
+)
+df = _make_detector(
+    "df", "Dark-field", "everything outside the disk, ``[r, ∞)``", "default ``[r, ∞)``"
+)
+annular = _make_detector(
+    "annular", "Annular", "the annulus ``[inner, outer]``", "both required (no default)"
+)
+
+
+def moments(ds) -> dict[str, np.ndarray]:
+    """Exact per-frame moments over the whole detector: ``dict(sum=, m_row=, m_col=)``.
+
+    ``sum = Σ_k I``, ``m_row = Σ_k k_r I``, ``m_col = Σ_k k_c I``; each ``uint64`` ``(R_r, R_c)``.
+    The centre of mass is ``m_row / sum`` (see :func:`quantem.gpu.dpc.center_of_mass`).
+    """
+    return _native.detector_moments(ds)
+
+
+def products(
+    ds,
+    which: Sequence[str] | str,
+    inner: float | None = None,
+    outer: float | None = None,
+    center: Sequence[float] | None = None,
+    radius: float | None = None,
+    unit: str = "px",
+    semiangle_mrad: float | None = None,
+    det_sampling_mrad: float | None = None,
+) -> Products:
+    """Several products in one pass over the frames.
+
+    Parameters
+    ----------
+    which : list of str, or a comma-separated str
+        Any of ``"bf", "abf", "adf", "haadf", "df", "annular", "sum_dp", "mean_dp", "max_dp",
+        "moments", "com"``.
+    inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad
+        As for :func:`adf`; they apply to every detector asked for. ``inner``/``outer`` are
+        accepted only with exactly one detector (with several it is ambiguous which they mean:
+        ``InvalidArgumentError``).
+
+    Returns
+    -------
+    Products
+        A dict ``name → result`` (see :class:`Products`), with ``.disk`` and ``.provenance``.
+    """
+    from quantem.gpu.dpc import CoM
+
+    names = [w.strip() for w in which.split(",")] if isinstance(which, str) else list(which)
+    names = [str(n).lower() for n in names if str(n)]
+    unknown = [n for n in names if n not in PRODUCT_NAMES]
+    if unknown:
+        raise _invalid(
+            "detector.products", "unknown product", ", ".join(PRODUCT_NAMES), ", ".join(unknown)
+        )
+    if not names:
+        raise _invalid("detector.products", "nothing requested", "at least one product name")
+    res = _native.detector_products(
+        ds,
+        names,
+        inner=_opt(inner),
+        outer=_opt(outer),
+        center=_center(center),
+        radius=_opt(radius),
+        unit=str(unit),
+        semiangle_mrad=_opt(semiangle_mrad),
+        det_sampling_mrad=_opt(det_sampling_mrad),
+    )
+    items: dict[str, Any] = {}
+    for d in res["images"]:
+        img = DetectorImage._from_native(d)
+        items[img.kind] = img
+    for name in ("sum_dp", "mean_dp", "max_dp", "moments"):
+        if res.get(name) is not None:
+            items[name] = res[name]
+    if res.get("com") is not None:
+        items["com"] = CoM._from_native(res["com"])
+    ordered = {n: items[n] for n in dict.fromkeys(names) if n in items}
+    disk = None if res.get("disk") is None else DiskFit._from_native(res["disk"])
+    return Products(ordered, disk=disk, provenance=res["provenance"])

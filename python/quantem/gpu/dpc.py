@@ -1,0 +1,226 @@
+"""Centre of mass, differential phase contrast (DPC) and its integration (iDPC).
+
+Definitions (``SCIENCE.md``): per frame the exact moments ``S = Σ I``, ``m_r = Σ k_r I``,
+``m_c = Σ k_c I`` give the centre of mass ``μ = m / S`` in float64 (a frame with ``S = 0`` gives 0
+and is counted in ``zero_frames``), in detector pixels from pixel (0, 0). The public CoM is
+centred (the scan mean of each component removed) unless ``centered=False``.
+
+:func:`run` finds the rotation between scan and detector (and whether the two CoM components are
+exchanged, ``transpose``) by minimising the mean squared curl of the rotated field, resolves the
+180° ambiguity by a stated criterion (``sign_criterion``, ``sign_confidence``, ``confident``), and
+integrates the field into a phase with the least-squares inverse gradient
+``φ̂ = −i (ν·ĝ) / (2π |ν|²)`` (ν in cycles per scan step, DC = 0).
+
+>>> from quantem.gpu import io, dpc
+>>> ds = io.load("scan_master.h5")
+>>> res = dpc.run(ds)
+>>> res.rotation_deg, res.transpose, res.phase.shape
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from quantem.gpu import _native
+from quantem.gpu.detector import _invalid
+
+__all__ = ["CoM", "DPCResult", "center_of_mass", "integrate", "run"]
+
+_EDGES = ("periodic", "mirror")
+
+
+def _shape(a: np.ndarray) -> str:
+    return "(" + ", ".join(str(n) for n in a.shape) + ")"
+
+
+@dataclass(frozen=True, repr=False)
+class CoM:
+    """Centre of mass per scan position.
+
+    Attributes
+    ----------
+    com_row, com_col : numpy.ndarray
+        ``float64`` ``(R_r, R_c)``: the CoM components, in ``unit``.
+    zero_frames : int
+        Frames whose counts sum to 0 (their CoM is 0).
+    centered : bool
+        True when the scan mean of each component was removed.
+    unit : str
+        ``"px"`` (detector pixels) or ``"mrad"``.
+    provenance : dict
+    """
+
+    com_row: np.ndarray
+    com_col: np.ndarray
+    zero_frames: int
+    centered: bool = True
+    unit: str = "px"
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _from_native(cls, d: dict[str, Any]) -> CoM:
+        return cls(
+            com_row=d["com_row"],
+            com_col=d["com_col"],
+            zero_frames=int(d["zero_frames"]),
+            centered=bool(d["centered"]),
+            unit=str(d["unit"]),
+            provenance=d["provenance"],
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"CoM(com_row={_shape(self.com_row)}, com_col={_shape(self.com_col)}, "
+            f"unit={self.unit!r}, centered={self.centered}, zero_frames={self.zero_frames})"
+        )
+
+
+@dataclass(frozen=True, repr=False)
+class DPCResult:
+    """What :func:`run` returns.
+
+    Attributes
+    ----------
+    com_row, com_col : numpy.ndarray
+        ``float64`` ``(R_r, R_c)``: the centred CoM, as measured (before rotation).
+    rotation_deg : float
+        Rotation from detector to scan axes, degrees (given, or found by the curl search).
+    transpose : bool
+        Whether the CoM components were exchanged before the rotation.
+    sign_confidence : float
+        How strongly the 180° criterion preferred the chosen sign (see ``sign_criterion``).
+    sign_criterion : str
+        The physical criterion that fixed the 180° ambiguity.
+    confident : bool
+        False when the criterion could not decide: the sign may then be wrong.
+    dpc_row, dpc_col : numpy.ndarray
+        ``float64`` ``(R_r, R_c)``: the rotated field, the phase gradient that was integrated.
+    phase : numpy.ndarray
+        ``float64`` ``(R_r, R_c)``: the integrated phase (iDPC), mean 0.
+    curl_score : float
+        Mean squared curl of the rotated field (lower is better).
+    provenance : dict
+    """
+
+    com_row: np.ndarray
+    com_col: np.ndarray
+    rotation_deg: float
+    transpose: bool
+    sign_confidence: float
+    sign_criterion: str
+    confident: bool
+    dpc_row: np.ndarray
+    dpc_col: np.ndarray
+    phase: np.ndarray
+    curl_score: float = float("nan")
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _from_native(cls, d: dict[str, Any]) -> DPCResult:
+        return cls(
+            com_row=d["com_row"],
+            com_col=d["com_col"],
+            rotation_deg=float(d["rotation_deg"]),
+            transpose=bool(d["transpose"]),
+            sign_confidence=float(d["sign_confidence"]),
+            sign_criterion=str(d["sign_criterion"]),
+            confident=bool(d["confident"]),
+            dpc_row=d["dpc_row"],
+            dpc_col=d["dpc_col"],
+            phase=d["phase"],
+            curl_score=float(d["curl_score"]),
+            provenance=d["provenance"],
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"DPCResult(phase={_shape(self.phase)}, rotation_deg={self.rotation_deg:.3f}, "
+            f"transpose={self.transpose}, sign_confidence={self.sign_confidence:.3g}, "
+            f"confident={self.confident}, curl_score={self.curl_score:.3g})"
+        )
+
+
+def _edge(edge: str) -> str:
+    e = str(edge).lower()
+    if e not in _EDGES:
+        raise _invalid("dpc", "unknown edge mode", expected="periodic or mirror", found=str(edge))
+    return e
+
+
+def center_of_mass(ds, centered: bool = True) -> CoM:
+    """Centre of mass of every frame, in detector pixels.
+
+    Parameters
+    ----------
+    centered : bool
+        Remove the scan mean of each component (zero frames included in the mean).
+
+    Returns
+    -------
+    CoM
+    """
+    return CoM._from_native(_native.dpc_center_of_mass(ds, bool(centered)))
+
+
+def run(
+    ds,
+    rotation_deg: float | None = None,
+    transpose: bool | None = None,
+    edge: str = "periodic",
+) -> DPCResult:
+    """DPC: the CoM field rotated onto the scan axes and integrated into a phase.
+
+    Parameters
+    ----------
+    rotation_deg : float, optional
+        The scan–detector rotation; found by minimising the mean squared curl when omitted.
+    transpose : bool, optional
+        Whether to exchange the CoM components; found with the rotation when omitted (False
+        when ``rotation_deg`` is given and this is not).
+    edge : {"periodic", "mirror"}
+        Edge handling of the integration: periodic, or mirrored padding.
+
+    Returns
+    -------
+    DPCResult
+    """
+    d = _native.dpc_run(
+        ds,
+        rotation_deg=None if rotation_deg is None else float(rotation_deg),
+        transpose=None if transpose is None else bool(transpose),
+        edge=_edge(edge),
+    )
+    return DPCResult._from_native(d)
+
+
+def integrate(g_row, g_col, edge: str = "periodic") -> np.ndarray:
+    """Phase ``φ`` whose gradient is closest (least squares) to ``(g_row, g_col)``.
+
+    ``φ̂ = −i (ν·ĝ) / (2π |ν|²)`` with ν in cycles per scan step; the mean of ``φ`` is 0. A
+    gradient in radians per scan step gives a phase in radians.
+
+    Parameters
+    ----------
+    g_row, g_col : array_like (R_r, R_c)
+        Gradient components along scan rows and columns (same shape, 2-D).
+    edge : {"periodic", "mirror"}
+        Treat the field as periodic, or pad it by mirroring first.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``float64`` ``(R_r, R_c)``.
+    """
+    gr = np.ascontiguousarray(g_row, dtype=np.float64)
+    gc = np.ascontiguousarray(g_col, dtype=np.float64)
+    if gr.ndim != 2 or gr.shape != gc.shape:
+        raise _invalid(
+            "dpc.integrate",
+            "g_row and g_col must be 2-D arrays of the same shape",
+            expected="two (R_r, R_c) arrays",
+            found=f"{_shape(gr)} and {_shape(gc)}",
+        )
+    return _native.dpc_integrate(gr, gc, _edge(edge))
