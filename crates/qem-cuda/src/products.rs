@@ -14,6 +14,9 @@
 //! A request with more masks than one launch takes ([`MAX_BIN`] binary, [`MAX_WINT`] integer,
 //! [`MAX_FLT`] float) is split into several launches over the same frames.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use cudarc::driver::{
     sys::CUfunction_attribute_enum, CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg,
 };
@@ -25,7 +28,7 @@ use crate::device::{driver_error, Gpu};
 use crate::engine::engine;
 use crate::load::DeviceArray;
 use crate::mem::DevBuf;
-use crate::nvrtc::{load_module, ModuleInfo};
+use crate::nvrtc::load_module;
 use crate::rans::{self, fault_error, new_err_record, read_err, DeviceEncoded};
 
 const KERNEL_SOURCE: &str = include_str!("kernels/products.cu");
@@ -38,14 +41,13 @@ pub const MAX_WINT: usize = 2;
 pub const MAX_FLT: usize = 2;
 /// Frames one CTA may add into its shared `u32` sum DP (65537 · 65535 < 2^32).
 pub const MAX_FRAMES_PER_CTA: u64 = 65_536;
-const SUM_SHARED: u32 = 1;
-const MAX_SHARED: u32 = 2;
-/// Warps per CTA without shared accumulators (occupancy is limited by the model tables).
+/// Warps per CTA without shared accumulators.
 const WARPS_PLAIN: u32 = 8;
-/// Warps per CTA with shared accumulators (one CTA per SM).
-const WARPS_SHARED: u32 = 16;
+/// Warps per CTA with shared accumulators (one CTA per SM; launch bounds cap registers at 64).
+const WARPS_SHARED: u32 = 32;
 
-/// `ProdArgs` in products.cu: 9 pointers, 2 u64, 6 u32 (112 bytes, 8-byte aligned).
+/// `ProdArgs` in products.cu: 9 pointers, 2 u64, 6 u32 (112 bytes, 8-byte aligned). What
+/// the kernel computes comes from its module's defines ([`Shape`]), not from these fields.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct ProdArgs {
@@ -62,49 +64,109 @@ struct ProdArgs {
     count: u64,
     n: u32,
     kc: u32,
-    n_bin: u32,
-    n_wint: u32,
-    n_flt: u32,
-    flags: u32,
+    pad: [u32; 4],
 }
 
 // SAFETY: `ProdArgs` is `repr(C)` plain data with the exact layout of `struct ProdArgs` in
 // products.cu.
 unsafe impl DeviceRepr for ProdArgs {}
 
-/// The product kernels loaded into one context.
-#[derive(Debug, Clone)]
-pub struct ProductKernels {
+/// What one launch computes: the products.cu defines of its module (one module per shape,
+/// compiled on first use and kept, in memory and in NVRTC's on-disk CUBIN cache).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Shape {
+    nbin: u32,
+    nwint: u32,
+    nflt: u32,
+    mom: bool,
+    /// 0 none, 1 shared u32 per CTA, 2 global atomics.
+    sum: u32,
+    /// 0 none, 1 shared u32 per CTA, 2 global atomics.
+    max: u32,
+    /// u32 values: u64 lane sums.
+    wide: bool,
+    /// Moments summed per detector row (u32), see products.cu.
+    rowacc: bool,
+    warps: u32,
+}
+
+impl Shape {
+    fn defines(&self) -> Vec<(String, String)> {
+        let b = |x: bool| u32::from(x).to_string();
+        vec![
+            ("PROD_NBIN".into(), self.nbin.to_string()),
+            ("PROD_NWINT".into(), self.nwint.to_string()),
+            ("PROD_NFLT".into(), self.nflt.to_string()),
+            ("PROD_MOM".into(), b(self.mom)),
+            ("PROD_SUM".into(), self.sum.to_string()),
+            ("PROD_MAX".into(), self.max.to_string()),
+            ("PROD_WIDE".into(), b(self.wide)),
+            ("PROD_ROWACC".into(), b(self.rowacc)),
+            ("PROD_WARPS".into(), self.warps.to_string()),
+        ]
+    }
+    fn shared(&self) -> bool {
+        self.sum == 1 || self.max == 1
+    }
+}
+
+/// The kernels of one [`Shape`].
+#[derive(Debug)]
+struct Variant {
     encoded: CudaFunction,
     dense_u8: CudaFunction,
     dense_u16: CudaFunction,
     dense_u32: CudaFunction,
-    /// How the module was obtained (compiled or cached).
-    pub module: ModuleInfo,
+}
+
+/// The product kernels of one context: a module per request shape, compiled on first use.
+#[derive(Debug)]
+pub struct ProductKernels {
+    variants: Mutex<HashMap<Shape, Arc<Variant>>>,
     sms: u32,
     max_smem_optin: u32,
 }
 
 impl ProductKernels {
-    /// Compile (or fetch from the cache) and load the kernels for `gpu`'s device. The source
-    /// is rans.cu followed by products.cu (one program, so the fused decode is inlined).
+    /// An empty cache for `gpu`'s device; modules are compiled (or fetched from the disk cache)
+    /// per request shape. The source is rans.cu followed by products.cu (one program, so the
+    /// fused decode is inlined).
     pub fn load(gpu: &Gpu) -> Result<ProductKernels> {
+        Ok(ProductKernels {
+            variants: Mutex::new(HashMap::new()),
+            sms: gpu.info().multiprocessors.max(1) as u32,
+            max_smem_optin: gpu.info().max_shared_per_block_optin.max(48 * 1024) as u32,
+        })
+    }
+
+    fn variant(&self, gpu: &Gpu, shape: Shape) -> Result<Arc<Variant>> {
+        if let Some(v) = self
+            .variants
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&shape).cloned())
+        {
+            return Ok(v);
+        }
         let src = format!("{}\n{}", rans::KERNEL_SOURCE, KERNEL_SOURCE);
-        let m = load_module(gpu, KERNEL_FILE, &src, &[])?;
+        let defs = shape.defines();
+        let refs: Vec<(&str, &str)> = defs.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+        let m = load_module(gpu, KERNEL_FILE, &src, &refs)?;
         let f = |name: &str| {
             m.module
                 .load_function(name)
                 .map_err(|e| driver_error(&format!("load kernel {name}"), e))
         };
-        Ok(ProductKernels {
+        let v = Arc::new(Variant {
             encoded: f("qem_products_encoded")?,
             dense_u8: f("qem_products_dense_u8")?,
             dense_u16: f("qem_products_dense_u16")?,
             dense_u32: f("qem_products_dense_u32")?,
-            module: m.info,
-            sms: gpu.info().multiprocessors.max(1) as u32,
-            max_smem_optin: gpu.info().max_shared_per_block_optin.max(48 * 1024) as u32,
-        })
+        });
+        if let Ok(mut map) = self.variants.lock() {
+            map.insert(shape, v.clone());
+        }
+        Ok(v)
     }
 
     fn config(
@@ -112,23 +174,24 @@ impl ProductKernels {
         f: &CudaFunction,
         smem: u32,
         count: u64,
-        shared: bool,
+        shape: &Shape,
     ) -> Result<LaunchConfig> {
-        let warps = if shared { WARPS_SHARED } else { WARPS_PLAIN };
         f.set_attribute(
             CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             smem as i32,
         )
         .map_err(|e| driver_error("set kernel shared memory", e))?;
-        let ctas = if shared {
+        let ctas = if shape.shared() {
             // One CTA per SM, but enough that no CTA sums more than MAX_FRAMES_PER_CTA frames.
             (self.sms as u64).max(count.div_ceil(MAX_FRAMES_PER_CTA))
         } else {
-            count.div_ceil(warps as u64).clamp(1, self.sms as u64 * 16)
+            count
+                .div_ceil(shape.warps as u64)
+                .clamp(1, self.sms as u64 * 16)
         };
         Ok(LaunchConfig {
             grid_dim: (ctas.max(1) as u32, 1, 1),
-            block_dim: (warps * 32, 1, 1),
+            block_dim: (shape.warps * 32, 1, 1),
             shared_mem_bytes: smem,
         })
     }
@@ -265,26 +328,21 @@ fn run(
     };
     // The shared-memory plan: sums in shared u32 for u8/u16 values when they fit with the
     // model tables; the max too when there is room left.
-    let (kernel, table_smem, small_values) = match &data {
-        Data::Encoded(enc) => (&k.encoded, enc.kernel_view().4, true),
-        Data::Dense { dtype, .. } => (
-            match dtype {
-                DType::U8 => &k.dense_u8,
-                DType::U16 => &k.dense_u16,
-                DType::U32 => &k.dense_u32,
-            },
-            0u32,
-            *dtype != DType::U32,
-        ),
+    let (table_smem, small_values) = match &data {
+        Data::Encoded(enc) => (enc.kernel_view().4, true),
+        Data::Dense { dtype, .. } => (0u32, *dtype != DType::U32),
     };
     let frame_smem = (n * 4) as u32;
     let budget = k.max_smem_optin;
     let sum_shared = req.sum_dp && small_values && table_smem + frame_smem <= budget;
     let max_shared = req.max_dp && table_smem + frame_smem * (1 + u32::from(sum_shared)) <= budget;
-    let flags = (u32::from(sum_shared) * SUM_SHARED) | (u32::from(max_shared) * MAX_SHARED);
     let smem = table_smem + frame_smem * (u32::from(sum_shared) + u32::from(max_shared));
     let (p_lo, p_hi) = pixel_range(req, n);
-
+    let mode = |want: bool, shared: bool| match (want, shared) {
+        (false, _) => 0,
+        (true, true) => 1,
+        (true, false) => 2,
+    };
     let sum_dp = if req.sum_dp {
         Some(zeroed(gpu, n * 8, "sum DP")?)
     } else {
@@ -316,10 +374,40 @@ fn run(
             count,
             n: n as u32,
             kc: kc as u32,
-            n_bin: part.bin.len() as u32,
-            n_wint: part.wint.len() as u32,
-            n_flt: part.flt.len() as u32,
             ..Default::default()
+        };
+        let rest = part.carries_rest;
+        let shape = Shape {
+            nbin: part.bin.len() as u32,
+            nwint: part.wint.len() as u32,
+            nflt: part.flt.len() as u32,
+            mom: rest && req.moments,
+            sum: if rest {
+                mode(req.sum_dp, sum_shared)
+            } else {
+                0
+            },
+            max: if rest {
+                mode(req.max_dp, max_shared)
+            } else {
+                0
+            },
+            wide: !small_values,
+            rowacc: small_values && kc <= 1024,
+            warps: if rest && (sum_shared || max_shared) {
+                WARPS_SHARED
+            } else {
+                WARPS_PLAIN
+            },
+        };
+        let var = k.variant(gpu, shape)?;
+        let kernel = match &data {
+            Data::Encoded(_) => &var.encoded,
+            Data::Dense { dtype, .. } => match dtype {
+                DType::U8 => &var.dense_u8,
+                DType::U16 => &var.dense_u16,
+                DType::U32 => &var.dense_u32,
+            },
         };
         if !part.bin.is_empty() {
             let mut bits = vec![0u8; n];
@@ -380,15 +468,13 @@ fn run(
         };
         a.img_int = img_int.as_ref().map_or(0, |b| b.ptr());
         a.img_flt = img_flt.as_ref().map_or(0, |b| b.ptr());
-        let shared = part.carries_rest && (sum_shared || max_shared);
-        if part.carries_rest {
+        if rest {
             a.mom = mom.as_ref().map_or(0, |b| b.ptr());
             a.sum_dp = sum_dp.as_ref().map_or(0, |b| b.ptr());
             a.max_dp = max_dp.as_ref().map_or(0, |b| b.ptr());
-            a.flags = flags;
         }
-        let this_smem = if part.carries_rest { smem } else { table_smem };
-        let cfg = k.config(kernel, this_smem, count, shared)?;
+        let this_smem = if shape.shared() { smem } else { table_smem };
+        let cfg = k.config(kernel, this_smem, count, &shape)?;
         let mut b = stream.launch_builder(kernel);
         let errp = err.ptr();
         match &data {
@@ -553,10 +639,44 @@ mod tests {
 
     #[test]
     fn kernels_compile_with_nvrtc_when_present() {
+        // Every feature at once (narrow and wide values), and the smallest shape.
         let src = format!("{}\n{}", rans::KERNEL_SOURCE, KERNEL_SOURCE);
-        match crate::nvrtc::compile_cubin(KERNEL_FILE, &src, "sm_90", &[]) {
-            Ok((cubin, _log)) => assert!(!cubin.is_empty()),
-            Err(e) => assert_eq!(e.kind, qem_core::ErrorKind::BackendUnavailable, "{e}"),
+        let all = Shape {
+            nbin: MAX_BIN as u32,
+            nwint: MAX_WINT as u32,
+            nflt: MAX_FLT as u32,
+            mom: true,
+            sum: 1,
+            max: 2,
+            wide: false,
+            rowacc: true,
+            warps: WARPS_SHARED,
+        };
+        let wide = Shape {
+            sum: 2,
+            max: 1,
+            wide: true,
+            rowacc: false,
+            ..all
+        };
+        let small = Shape {
+            nbin: 1,
+            nwint: 0,
+            nflt: 0,
+            mom: false,
+            sum: 0,
+            max: 0,
+            warps: WARPS_PLAIN,
+            ..all
+        };
+        for shape in [all, wide, small] {
+            let defs = shape.defines();
+            let refs: Vec<(&str, &str)> =
+                defs.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+            match crate::nvrtc::compile_cubin(KERNEL_FILE, &src, "sm_90", &refs) {
+                Ok((cubin, _log)) => assert!(!cubin.is_empty(), "{shape:?}"),
+                Err(e) => assert_eq!(e.kind, qem_core::ErrorKind::BackendUnavailable, "{e}"),
+            }
         }
     }
 }

@@ -614,8 +614,6 @@ fn main() {
             }
         };
         println!("device: {}", info.summary());
-        let k = engine()?.products()?;
-        println!("product kernels: {:?}", k.module);
         let odd = Shape2::new(13, 11);
         let scan = Shape2::new(9, 7);
         let cases = vec![

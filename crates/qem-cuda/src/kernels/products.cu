@@ -3,169 +3,242 @@
 // the sources), so the ENCODED kernel reuses `rans_decode_stream<Op>`: each decoded value goes
 // straight from the rANS state into the reductions and no dense frame exists in global memory.
 //
-// Per frame (one warp):
-//   * up to MAX_BIN binary masks, given as one bit per mask in `bits[p]` (u8 per pixel): exact
-//     u64 sums of the pixels whose bit is set;
-//   * up to MAX_WINT integer-weighted masks, `wint[j·n + p]` (u16 weights): exact u64 sums;
-//   * up to MAX_FLT float masks, `wflt[j·n + p]` (f64 weights): f64 sums;
-//   * moments S = Σ v, m_row = Σ row·v, m_col = Σ col·v (u64);
-// and over all frames:
-//   * the sum DP, accumulated per CTA in shared u32 (`SUM_SHARED`: a CTA sums at most 65537
-//     frames of u16 values, checked by the host, so a u32 cannot wrap) and added to the u64
-//     result once at the end, or straight into the u64 result with global atomics;
-//   * the max DP, per CTA in shared u32 (`MAX_SHARED`) or with global atomics after a plain
-//     read (the result only grows, so a stale read costs an atomic, never a wrong answer).
+// The module is specialised per request shape by defines (products.rs compiles each shape
+// once; NVRTC's CUBIN cache keeps it on disk), so a value costs only the work asked for:
+//   PROD_NBIN  0..8  binary masks, one bit per mask in `bits[p]`: exact sums
+//   PROD_NWINT 0..2  integer-weighted masks `wint[j·n + p]` (u16 weights): exact u64 sums
+//   PROD_NFLT  0..2  float masks `wflt[j·n + p]` (f64 weights): f64 sums
+//   PROD_MOM   0/1   moments S = Σ v, m_row = Σ row·v, m_col = Σ col·v
+//   PROD_SUM   0/1/2 sum DP: none / per CTA in shared u32, added to the u64 result at the
+//                    CTA's end (a CTA sums at most 65536 frames of u16 values — the host sizes
+//                    the grid — so a u32 cannot wrap) / global u64 atomics
+//   PROD_MAX   0/1/2 max DP: none / per CTA in shared u32 / global atomics after a plain read
+//                    (the result only grows: a stale read costs an atomic, never a wrong answer)
+//   PROD_WIDE  0/1   1 for u32 values: lane sums in u64 (else u32, see ProdAcc)
+//   PROD_ROWACC 0/1  moments summed per detector row in u32 and flushed to u64 when the lane's
+//                    row changes (the host allows it for ≤ u16 values and k_c ≤ 1024: a lane then
+//                    sees at most 40 values of a row — ⌈k_c/32⌉ one at a time, or 8 per 16-byte
+//                    group with at most ⌈k_c/256⌉ + 1 groups — so Σ col·v < 40·1023·65535 < 2^32)
+//   PROD_WARPS       warps per CTA (launch bounds)
 // Per-frame results go to slot k of each output (k = position in the visited list).
 
-#define MAX_BIN 8
-#define MAX_WINT 2
-#define MAX_FLT 2
-#define SUM_SHARED 1u
-#define MAX_SHARED 2u
+#ifndef PROD_NBIN
+#define PROD_NBIN 0
+#endif
+#ifndef PROD_NWINT
+#define PROD_NWINT 0
+#endif
+#ifndef PROD_NFLT
+#define PROD_NFLT 0
+#endif
+#ifndef PROD_MOM
+#define PROD_MOM 0
+#endif
+#ifndef PROD_SUM
+#define PROD_SUM 0
+#endif
+#ifndef PROD_MAX
+#define PROD_MAX 0
+#endif
+#ifndef PROD_WIDE
+#define PROD_WIDE 0
+#endif
+#ifndef PROD_ROWACC
+#define PROD_ROWACC 0
+#endif
+#ifndef PROD_WARPS
+#define PROD_WARPS 8
+#endif
+
+#define PROD_ARR(n) ((n) > 0 ? (n) : 1)
 
 struct ProdArgs {
-    const u8* __restrict__ bits;     // n bytes, bit j = binary mask j (null when n_bin = 0)
-    const u16* __restrict__ wint;    // n_wint × n weights
-    const double* __restrict__ wflt; // n_flt × n weights
+    const u8* __restrict__ bits;     // n bytes, bit j = binary mask j
+    const u16* __restrict__ wint;    // PROD_NWINT × n weights
+    const double* __restrict__ wflt; // PROD_NFLT × n weights
     const u64* __restrict__ frames;  // visited frame indices (null: first + k)
-    u64* img_int;                    // (n_bin + n_wint) × count
-    double* img_flt;                 // n_flt × count
-    u64* mom;                        // 3 × count (S, m_row, m_col), or null
-    u64* sum_dp;                     // n, or null
-    u32* max_dp;                     // n, or null
+    u64* img_int;                    // (PROD_NBIN + PROD_NWINT) × count
+    double* img_flt;                 // PROD_NFLT × count
+    u64* mom;                        // 3 × count (S, m_row, m_col)
+    u64* sum_dp;                     // n
+    u32* max_dp;                     // n
     u64 first, count;
-    u32 n, kc, n_bin, n_wint, n_flt, flags;
+    u32 n, kc, pad0, pad1, pad2, pad3;
 };
 
-// The per-lane accumulators, fed one value at a time; `row`/`col` of the lane's pixel are
-// tracked incrementally by the caller. `A` holds the plain sums (binary masks, S): u32 for
-// u8/u16 values — a lane sees at most ⌈n/32⌉ ≤ 2048 pixels (n ≤ 2^16, checked by the host), and
-// 2048 · 65535 < 2^32 — saving registers, u64 for u32 values. Weighted sums and the moments
-// are u64 per lane; every sum is widened to u64 before the warp reduction.
-template <class A>
+#if PROD_WIDE
+typedef u64 acc_t;
+#else
+// A lane sees at most ⌈n/32⌉ ≤ 2048 pixels of a frame (n ≤ 2^16, checked by the host) and
+// 2048 · 65535 < 2^32, so u32 lane sums of u8/u16 values are exact; fewer registers.
+typedef u32 acc_t;
+#endif
+
+// The per-lane accumulators, fed one value at a time with the lane's pixel (row, col).
 struct ProdAcc {
-    A bin[MAX_BIN];
-    u64 wi[MAX_WINT];
-    double fl[MAX_FLT];
-    A s;
-    u64 mr, mc;
+    acc_t bin[PROD_ARR(PROD_NBIN)];
+    u64 wi[PROD_ARR(PROD_NWINT)];
+    double fl[PROD_ARR(PROD_NFLT)];
+    u64 s, mr, mc;
+#if PROD_ROWACC
+    u32 rs, cs, cur;
+#endif
     __device__ __forceinline__ void zero() {
 #pragma unroll
-        for (int j = 0; j < MAX_BIN; ++j) bin[j] = 0;
+        for (int j = 0; j < PROD_NBIN; ++j) bin[j] = 0;
 #pragma unroll
-        for (int j = 0; j < MAX_WINT; ++j) wi[j] = 0ull;
+        for (int j = 0; j < PROD_NWINT; ++j) wi[j] = 0ull;
 #pragma unroll
-        for (int j = 0; j < MAX_FLT; ++j) fl[j] = 0.0;
-        s = 0;
-        mr = mc = 0ull;
+        for (int j = 0; j < PROD_NFLT; ++j) fl[j] = 0.0;
+        s = mr = mc = 0ull;
+#if PROD_ROWACC
+        rs = cs = 0u;
+        cur = 0u;
+#endif
     }
+#if PROD_ROWACC
+    __device__ __forceinline__ void flush_row() {
+        s += rs;
+        mr += (u64)cur * rs;
+        mc += cs;
+        rs = cs = 0u;
+    }
+#endif
     __device__ __forceinline__ void add(const ProdArgs& a, u32* ssum, u32* smax, u32 p, u32 row,
                                         u32 col, u32 v) {
-        if (a.n_bin) {
-            const u32 b = __ldg(a.bits + p);
+#if PROD_NBIN > 0
+        const u32 b = __ldg(a.bits + p);
 #pragma unroll
-            for (int j = 0; j < MAX_BIN; ++j)
-                if ((b >> j) & 1u) bin[j] += (A)v;
-        }
+        for (int j = 0; j < PROD_NBIN; ++j)
+            if ((b >> j) & 1u) bin[j] += (acc_t)v;
+#endif
 #pragma unroll
-        for (int j = 0; j < MAX_WINT; ++j)
-            if ((u32)j < a.n_wint) wi[j] += (u64)v * __ldg(a.wint + (u64)j * a.n + p);
+        for (int j = 0; j < PROD_NWINT; ++j) wi[j] += (u64)v * __ldg(a.wint + (u64)j * a.n + p);
 #pragma unroll
-        for (int j = 0; j < MAX_FLT; ++j)
-            if ((u32)j < a.n_flt) fl[j] += (double)v * __ldg(a.wflt + (u64)j * a.n + p);
-        if (a.mom) {
-            s += (A)v;
-            mr += (u64)row * v;
-            mc += (u64)col * v;
+        for (int j = 0; j < PROD_NFLT; ++j) fl[j] += (double)v * __ldg(a.wflt + (u64)j * a.n + p);
+#if PROD_MOM
+#if PROD_ROWACC
+        if (row != cur) {
+            flush_row();
+            cur = row;
         }
-        if (v) {
-            if (ssum) {
-                atomicAdd(ssum + p, v);
-            } else if (a.sum_dp) {
-                atomicAdd((unsigned long long*)(a.sum_dp + p), (unsigned long long)v);
-            }
-            if (smax) {
-                atomicMax(smax + p, v);
-            } else if (a.max_dp && v > *((volatile u32*)(a.max_dp + p))) {
-                atomicMax(a.max_dp + p, v);
-            }
-        }
+        rs += v;
+        cs += col * v;
+#else
+        s += v;
+        mr += (u64)row * v;
+        mc += (u64)col * v;
+#endif
+#endif
+#if PROD_SUM == 1
+        if (v) atomicAdd(ssum + p, v);
+#elif PROD_SUM == 2
+        if (v) atomicAdd((unsigned long long*)(a.sum_dp + p), (unsigned long long)v);
+#endif
+#if PROD_MAX == 1
+        if (v) atomicMax(smax + p, v);
+#elif PROD_MAX == 2
+        if (v && v > *((volatile u32*)(a.max_dp + p))) atomicMax(a.max_dp + p, v);
+#endif
+        (void)ssum;
+        (void)smax;
+        (void)row;
+        (void)col;
     }
     // Warp-reduce and store slot k (lane 0 writes).
     __device__ __forceinline__ void store(const ProdArgs& a, u64 k, u32 lane) {
 #pragma unroll
-        for (int j = 0; j < MAX_BIN; ++j) {
-            if ((u32)j < a.n_bin) {
-                const u64 t = warp_sum_u64((u64)bin[j]);
-                if (lane == 0u) a.img_int[(u64)j * a.count + k] = t;
-            }
+        for (int j = 0; j < PROD_NBIN; ++j) {
+            const u64 t = warp_sum_u64((u64)bin[j]);
+            if (lane == 0u) a.img_int[(u64)j * a.count + k] = t;
         }
 #pragma unroll
-        for (int j = 0; j < MAX_WINT; ++j) {
-            if ((u32)j < a.n_wint) {
-                const u64 t = warp_sum_u64(wi[j]);
-                if (lane == 0u) a.img_int[(u64)(a.n_bin + j) * a.count + k] = t;
-            }
+        for (int j = 0; j < PROD_NWINT; ++j) {
+            const u64 t = warp_sum_u64(wi[j]);
+            if (lane == 0u) a.img_int[(u64)(PROD_NBIN + j) * a.count + k] = t;
         }
 #pragma unroll
-        for (int j = 0; j < MAX_FLT; ++j) {
-            if ((u32)j < a.n_flt) {
-                double t = fl[j];
-                for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(FULL_MASK, t, o);
-                if (lane == 0u) a.img_flt[(u64)j * a.count + k] = t;
-            }
+        for (int j = 0; j < PROD_NFLT; ++j) {
+            double t = fl[j];
+            for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(FULL_MASK, t, o);
+            if (lane == 0u) a.img_flt[(u64)j * a.count + k] = t;
         }
-        if (a.mom) {
-            const u64 ts = warp_sum_u64((u64)s), tr = warp_sum_u64(mr), tc = warp_sum_u64(mc);
-            if (lane == 0u) {
-                a.mom[k] = ts;
-                a.mom[a.count + k] = tr;
-                a.mom[2ull * a.count + k] = tc;
-            }
+#if PROD_MOM
+#if PROD_ROWACC
+        flush_row();
+#endif
+        const u64 ts = warp_sum_u64(s), tr = warp_sum_u64(mr), tc = warp_sum_u64(mc);
+        if (lane == 0u) {
+            a.mom[k] = ts;
+            a.mom[a.count + k] = tr;
+            a.mom[2ull * a.count + k] = tc;
         }
+#endif
+        (void)a;
+        (void)k;
+        (void)lane;
     }
 };
 
-// Shared accumulators after the model tables (ENCODED) or at the start (dense).
+// Shared accumulators at `base`: the sum DP first (PROD_SUM == 1), then the max DP.
 __device__ __forceinline__ void prod_shared_init(const ProdArgs& a, u32* base, u32*& ssum,
                                                  u32*& smax) {
-    ssum = (a.flags & SUM_SHARED) ? base : nullptr;
-    smax = (a.flags & MAX_SHARED) ? base + ((a.flags & SUM_SHARED) ? a.n : 0u) : nullptr;
-    const u32 words = ((a.flags & SUM_SHARED) ? a.n : 0u) + ((a.flags & MAX_SHARED) ? a.n : 0u);
+    ssum = nullptr;
+    smax = nullptr;
+    u32 words = 0u;
+#if PROD_SUM == 1
+    ssum = base;
+    words += a.n;
+#endif
+#if PROD_MAX == 1
+    smax = base + words;
+    words += a.n;
+#endif
     for (u32 i = threadIdx.x; i < words; i += blockDim.x) base[i] = 0u;
-    __syncthreads();
+    if (words) __syncthreads();
 }
 
 __device__ __forceinline__ void prod_shared_flush(const ProdArgs& a, const u32* ssum,
                                                   const u32* smax) {
+#if PROD_SUM == 1 || PROD_MAX == 1
     __syncthreads();
     for (u32 p = threadIdx.x; p < a.n; p += blockDim.x) {
-        if (ssum && ssum[p]) atomicAdd((unsigned long long*)(a.sum_dp + p), (unsigned long long)ssum[p]);
-        if (smax && smax[p]) atomicMax(a.max_dp + p, smax[p]);
+#if PROD_SUM == 1
+        if (ssum[p]) atomicAdd((unsigned long long*)(a.sum_dp + p), (unsigned long long)ssum[p]);
+#endif
+#if PROD_MAX == 1
+        if (smax[p]) atomicMax(a.max_dp + p, smax[p]);
+#endif
     }
+#endif
+    (void)a;
+    (void)ssum;
+    (void)smax;
 }
 
 // The functor `rans_decode_stream` calls for each decoded pixel p (p = 32·t + lane, ascending
-// per lane, so row/col advance by 32 pixels per call).
+// per lane, so (row, col) advance by 32 pixels per call).
 struct ProdDecodeOp {
     const ProdArgs* a;
-    ProdAcc<u32>* acc;
+    ProdAcc* acc;
     u32* ssum;
     u32* smax;
     u32 row, col;
     __device__ __forceinline__ void value(u32 p, u32 v) {
         acc->add(*a, ssum, smax, p, row, col, v);
+#if PROD_MOM
         col += 32u;
         while (col >= a->kc) {
             col -= a->kc;
             ++row;
         }
+#endif
     }
 };
 
-extern "C" __global__ void qem_products_encoded(const u8* __restrict__ arena, u64 arena_len,
-                                                const u32* __restrict__ index, RansModel m,
-                                                ProdArgs a, u32* err) {
+extern "C" __global__ void __launch_bounds__(PROD_WARPS * 32)
+    qem_products_encoded(const u8* __restrict__ arena, u64 arena_len,
+                         const u32* __restrict__ index, RansModel m, ProdArgs a, u32* err) {
     extern __shared__ __align__(16) u32 smem_p[];
     m = stage_model(m, smem_p);
     const u32 tab_words = m.T * m.C * m.S + ((m.T * m.C * LUT_PER_ROW) >> 2);
@@ -179,12 +252,15 @@ extern "C" __global__ void qem_products_encoded(const u8* __restrict__ arena, u6
         const u8* st;
         u64 len;
         u32 ea = 0u, eb = 0u, code;
-        ProdAcc<u32> acc;
+        ProdAcc acc;
         acc.zero();
         if (!stream_at(arena, arena_len, index, i, st, len)) {
             code = R_INDEX;
         } else {
             ProdDecodeOp op{&a, &acc, ssum, smax, lane / a.kc, lane % a.kc};
+#if PROD_ROWACC
+            acc.cur = op.row;
+#endif
             code = rans_decode_stream(st, len, m, lane, op, ea, eb);
         }
         if (code != R_OK && lane == 0u) rans_report(err, i, code, ea, eb);
@@ -193,47 +269,68 @@ extern "C" __global__ void qem_products_encoded(const u8* __restrict__ arena, u6
     prod_shared_flush(a, ssum, smax);
 }
 
-template <class T> struct AccOf { typedef u32 type; };
-template <> struct AccOf<u32> { typedef u64 type; };
-
-// Dense frames of T (u8, u16 or u32), frame stride n, pixels [p_lo, p_hi) of each frame (the
-// union of the masks' support when nothing else needs the whole frame). One warp per frame.
+// Dense frames of T, pixels [p_lo, p_hi) of each frame (the union of the masks' support when
+// nothing else needs the whole frame; p_lo a multiple of 8). One warp per frame; u16 frames
+// whose stride allows it are read with 16-byte loads, PROD_UNROLL of them in flight per lane.
+#define PROD_UNROLL 4
 template <class T>
-__device__ __forceinline__ void products_dense(const T* __restrict__ data, ProdArgs& a,
+__device__ __forceinline__ void products_dense(const T* __restrict__ data, const ProdArgs& a,
                                                u32 p_lo, u32 p_hi) {
     extern __shared__ __align__(16) u32 smem_q[];
     u32 *ssum, *smax;
     prod_shared_init(a, smem_q, ssum, smax);
     const u32 lane = threadIdx.x & 31u;
     const u64 warps = (u64)gridDim.x * (blockDim.x >> 5);
+    const bool vec = sizeof(T) == 2 && (a.n & 7u) == 0u && ((u64)data & 15ull) == 0ull;
     for (u64 k = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); k < a.count;
          k += warps) {
         const u64 i = a.frames ? __ldg(a.frames + k) : a.first + k;
         const T* __restrict__ fr = data + i * (u64)a.n;
-        ProdAcc<typename AccOf<T>::type> acc;
+        ProdAcc acc;
         acc.zero();
-        if (sizeof(T) == 2 && (a.n & 7u) == 0u && (p_lo & 7u) == 0u && ((u64)data & 15ull) == 0ull) {
-            // 16-byte loads of 8 pixels per lane.
+        if (vec) {
             const uint4* f8 = (const uint4*)fr;
-            const u32 g_hi = (p_hi + 7u) >> 3;
-            for (u32 g = (p_lo >> 3) + lane; g < g_hi; g += 32u) {
-                const uint4 q = __ldcs(f8 + g);
-                const u32 w[4] = {q.x, q.y, q.z, q.w};
-                const u32 p0 = g << 3;
-                u32 row = p0 / a.kc, col = p0 - row * a.kc;
+            const u32 g_lo = p_lo >> 3, g_hi = (p_hi + 7u) >> 3;
+#if PROD_ROWACC
+            acc.cur = (g_lo + lane) * 8u / a.kc;
+#endif
+            for (u32 g0 = g_lo + lane; g0 < g_hi; g0 += 32u * PROD_UNROLL) {
+                uint4 q[PROD_UNROLL];
 #pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    const u32 v = (w[e >> 1] >> (16 * (e & 1))) & 0xffffu;
-                    acc.add(a, ssum, smax, p0 + e, row, col, v);
-                    if (++col == a.kc) {
-                        col = 0u;
-                        ++row;
+                for (int u = 0; u < PROD_UNROLL; ++u) {
+                    const u32 g = g0 + 32u * u;
+                    q[u] = g < g_hi ? __ldcs(f8 + g) : make_uint4(0u, 0u, 0u, 0u);
+                }
+#pragma unroll
+                for (int u = 0; u < PROD_UNROLL; ++u) {
+                    const u32 g = g0 + 32u * u;
+                    if (g >= g_hi) break;
+                    const u32 w[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
+                    const u32 p0 = g << 3;
+                    u32 row = 0u, col = 0u;
+#if PROD_MOM
+                    row = p0 / a.kc;
+                    col = p0 - row * a.kc;
+#endif
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        const u32 v = (w[e >> 1] >> (16 * (e & 1))) & 0xffffu;
+                        acc.add(a, ssum, smax, p0 + e, row, col, v);
+#if PROD_MOM
+                        if (++col == a.kc) {
+                            col = 0u;
+                            ++row;
+                        }
+#endif
                     }
                 }
             }
         } else {
             u32 p = p_lo + lane;
             u32 row = p / a.kc, col = p - row * a.kc;
+#if PROD_ROWACC
+            acc.cur = row;
+#endif
             for (; p < p_hi; p += 32u) {
                 acc.add(a, ssum, smax, p, row, col, (u32)__ldcs(fr + p));
                 col += 32u;
@@ -248,17 +345,17 @@ __device__ __forceinline__ void products_dense(const T* __restrict__ data, ProdA
     prod_shared_flush(a, ssum, smax);
 }
 
-extern "C" __global__ void qem_products_dense_u8(const u8* __restrict__ data, ProdArgs a,
-                                                 u32 p_lo, u32 p_hi) {
+extern "C" __global__ void __launch_bounds__(PROD_WARPS * 32)
+    qem_products_dense_u8(const u8* __restrict__ data, ProdArgs a, u32 p_lo, u32 p_hi) {
     products_dense<u8>(data, a, p_lo, p_hi);
 }
 
-extern "C" __global__ void qem_products_dense_u16(const u16* __restrict__ data, ProdArgs a,
-                                                  u32 p_lo, u32 p_hi) {
+extern "C" __global__ void __launch_bounds__(PROD_WARPS * 32)
+    qem_products_dense_u16(const u16* __restrict__ data, ProdArgs a, u32 p_lo, u32 p_hi) {
     products_dense<u16>(data, a, p_lo, p_hi);
 }
 
-extern "C" __global__ void qem_products_dense_u32(const u32* __restrict__ data, ProdArgs a,
-                                                  u32 p_lo, u32 p_hi) {
+extern "C" __global__ void __launch_bounds__(PROD_WARPS * 32)
+    qem_products_dense_u32(const u32* __restrict__ data, ProdArgs a, u32 p_lo, u32 p_hi) {
     products_dense<u32>(data, a, p_lo, p_hi);
 }
