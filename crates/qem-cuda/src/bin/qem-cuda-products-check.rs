@@ -549,6 +549,92 @@ fn run_load(master: &Path, repeats: usize) -> Result<(Value, bool)> {
     ))
 }
 
+/// Corrupt ENCODED data must give a typed decode error naming a corrupted frame, on every
+/// request shape, never a result: byte flips in the middle of chosen streams, a truncated index
+/// length, and an index pointing outside the arena.
+fn run_corrupt() -> Result<(Value, bool)> {
+    let e = engine()?;
+    let det = Shape2::new(13, 11);
+    let scan = Shape2::new(9, 7);
+    let v: Vec<u16> = odd_values(scan, det, 65535, 9)
+        .into_iter()
+        .map(|x| x as u16)
+        .collect();
+    let model = qem_cpu::fit_model(v.chunks_exact(det.len()), det.len())?;
+    let enc = EncodedFrames::encode(model, det, &v)?;
+    let reqs = requests(det, scan.len() as u64, &vec![1u64; det.len()]);
+    let mut rows = Vec::new();
+    let mut ok = true;
+    let targets = [4usize, 17, 40];
+    for (what, mutate) in [
+        ("flip a byte in the word/bit area", 0u8),
+        ("length one word short", 1),
+        ("offset outside the arena", 2),
+    ] {
+        let mut streams = enc.streams().to_vec();
+        let mut index = enc.index().to_vec();
+        for &f in &targets {
+            let ent = &mut index[f];
+            match mutate {
+                0 => {
+                    let at = ent.offset as usize + 144 + (ent.length as usize - 144) / 2;
+                    streams[at] ^= 0x5a;
+                }
+                1 => ent.length -= 4,
+                _ => ent.offset = (streams.len() as u64 + 4096).next_multiple_of(16),
+            }
+        }
+        let up = DeviceEncoded::upload(&e.gpu, enc.model().clone(), &index, &streams, det, None);
+        let dev = match (mutate, up) {
+            // The upload itself refuses an index outside the arena: that is the typed error.
+            (2, Err(er)) => {
+                rows.push(json!({"mutation": what, "verdict": "refused at upload", "error": er.to_string()}));
+                continue;
+            }
+            (_, Err(er)) => return Err(er),
+            (_, Ok(d)) => d,
+        };
+        for (name, req) in &reqs {
+            let r = reduce_encoded(&dev, req);
+            let (pass, msg) = match &r {
+                Err(er) => (
+                    er.kind == qem_core::ErrorKind::Decode
+                        && er.frame.is_some_and(|f| {
+                            targets.contains(&(f as usize)) || req.frames.is_some()
+                        }),
+                    er.to_string(),
+                ),
+                Ok(_) => (false, "returned a result".to_string()),
+            };
+            // A byte flip may leave a stream decodable (the codec cannot see every flip): the
+            // CPU decoder is the judge of which frames really are corrupt.
+            let cpu_verdict = match EncodedFrames::from_parts(
+                enc.model().clone(),
+                det,
+                index.clone(),
+                streams.clone(),
+            ) {
+                Err(_) => true,
+                Ok(c) => qem_cpu::reduce_encoded(&c, req).is_err(),
+            };
+            let pass = pass || (!cpu_verdict && r.is_ok());
+            ok &= pass;
+            rows.push(json!({"mutation": what, "request": name, "gpu_error": msg,
+                "cpu_rejects": cpu_verdict, "pass": pass}));
+        }
+    }
+    println!(
+        "corrupt ENCODED data: {} verdicts, {}",
+        rows.len(),
+        if ok {
+            "all typed errors where the CPU rejects"
+        } else {
+            "SOME DIFFER"
+        }
+    );
+    Ok((json!({"rows": rows, "pass": ok}), ok))
+}
+
 /// cuFFT iDPC against the CPU solver (periodic and mirror, odd and even grids), and its time.
 fn run_idpc() -> Result<(Value, bool)> {
     use qem_cpu::dpc::{integrate, integrate_with, EdgeMode};
@@ -661,6 +747,8 @@ fn main() {
         }
         let (idpc_v, idpc_ok) = run_idpc()?;
         all &= idpc_ok;
+        let (corrupt_v, corrupt_ok) = run_corrupt()?;
+        all &= corrupt_ok;
         let load_v = match &load {
             Some(m) => {
                 let (v, ok) = run_load(m, repeats)?;
@@ -673,7 +761,7 @@ fn main() {
             json!({"tool": "qem-cuda-products-check", "device": info,
                 "git_revision": std::env::var("QEM_GIT_REVISION").unwrap_or_else(|_| "unknown".into()),
                 "command": std::env::args().collect::<Vec<_>>().join(" "),
-                "cases": out_cases, "idpc": idpc_v, "load": load_v, "pass": all}),
+                "cases": out_cases, "idpc": idpc_v, "corrupt": corrupt_v, "load": load_v, "pass": all}),
             all,
         ))
     };
