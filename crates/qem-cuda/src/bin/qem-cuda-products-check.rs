@@ -573,15 +573,27 @@ fn run_corrupt() -> Result<(Value, bool)> {
     ] {
         let mut streams = enc.streams().to_vec();
         let mut index = enc.index().to_vec();
+        // The frames whose bytes the mutation really touches (a flip placed past the end of a
+        // short stream lands in the next stream's header).
+        let mut touched: Vec<usize> = Vec::new();
         for &f in &targets {
             let ent = &mut index[f];
             match mutate {
                 0 => {
                     let at = ent.offset as usize + 144 + (ent.length as usize - 144) / 2;
                     streams[at] ^= 0x5a;
+                    touched.extend(enc.index().iter().position(|e| {
+                        (e.offset as usize..e.offset as usize + e.length as usize).contains(&at)
+                    }));
                 }
-                1 => ent.length -= 4,
-                _ => ent.offset = (streams.len() as u64 + 4096).next_multiple_of(16),
+                1 => {
+                    ent.length -= 4;
+                    touched.push(f);
+                }
+                _ => {
+                    ent.offset = (streams.len() as u64 + 4096).next_multiple_of(16);
+                    touched.push(f);
+                }
             }
         }
         let up = DeviceEncoded::upload(&e.gpu, enc.model().clone(), &index, &streams, det, None);
@@ -620,7 +632,7 @@ fn run_corrupt() -> Result<(Value, bool)> {
             let pass = pass || (!cpu_verdict && r.is_ok());
             ok &= pass;
             rows.push(json!({"mutation": what, "request": name, "gpu_error": msg,
-                "cpu_rejects": cpu_verdict, "pass": pass}));
+                "touched_frames": touched, "cpu_rejects": cpu_verdict, "pass": pass}));
         }
     }
     println!(
