@@ -728,6 +728,18 @@ fn main() {
                 ),
             },
             Case {
+                // 120 pixels (16-byte loads) in rows of 10: groups of 8 cross rows.
+                name: "12x10 u16, 8-pixel groups across rows",
+                scan,
+                det: Shape2::new(12, 10),
+                data: DenseArray::U16(
+                    odd_values(scan, Shape2::new(12, 10), 65535, 4)
+                        .into_iter()
+                        .map(|x| x as u16)
+                        .collect(),
+                ),
+            },
+            Case {
                 name: "odd 13x11 u32 (dense only)",
                 scan,
                 det: odd,

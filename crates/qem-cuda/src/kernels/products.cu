@@ -106,16 +106,11 @@ struct ProdAcc {
 #endif
     __device__ __forceinline__ void add(const ProdArgs& a, u32* ssum, u32* smax, u32 p, u32 row,
                                         u32 col, u32 v) {
-#if PROD_NBIN > 0
-        const u32 b = __ldg(a.bits + p);
-#pragma unroll
-        for (int j = 0; j < PROD_NBIN; ++j)
-            if ((b >> j) & 1u) bin[j] += (acc_t)v;
-#endif
-#pragma unroll
-        for (int j = 0; j < PROD_NWINT; ++j) wi[j] += (u64)v * __ldg(a.wint + (u64)j * a.n + p);
-#pragma unroll
-        for (int j = 0; j < PROD_NFLT; ++j) fl[j] += (double)v * __ldg(a.wflt + (u64)j * a.n + p);
+        mom_value(row, col, v);
+        add_rest(a, ssum, smax, p, v);
+    }
+    // The moments of one value.
+    __device__ __forceinline__ void mom_value(u32 row, u32 col, u32 v) {
 #if PROD_MOM
 #if PROD_ROWACC
         if (row != cur) {
@@ -130,6 +125,44 @@ struct ProdAcc {
         mc += (u64)col * v;
 #endif
 #endif
+        (void)row;
+        (void)col;
+        (void)v;
+    }
+    // The moments of 8 consecutive pixels starting at (row, col) in one detector row:
+    // Σ (col + e)·v_e = col·Σ v_e + Σ e·v_e, one row check for the group.
+    __device__ __forceinline__ void mom_group(u32 row, u32 col, const u32* v) {
+#if PROD_MOM && PROD_ROWACC
+        u32 s8 = 0u, c8 = 0u;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            s8 += v[e];
+            c8 += (u32)e * v[e];
+        }
+        if (row != cur) {
+            flush_row();
+            cur = row;
+        }
+        rs += s8;
+        cs += col * s8 + c8;
+#endif
+        (void)row;
+        (void)col;
+        (void)v;
+    }
+    // Everything but the moments.
+    __device__ __forceinline__ void add_rest(const ProdArgs& a, u32* ssum, u32* smax, u32 p,
+                                             u32 v) {
+#if PROD_NBIN > 0
+        const u32 b = __ldg(a.bits + p);
+#pragma unroll
+        for (int j = 0; j < PROD_NBIN; ++j)
+            if ((b >> j) & 1u) bin[j] += (acc_t)v;
+#endif
+#pragma unroll
+        for (int j = 0; j < PROD_NWINT; ++j) wi[j] += (u64)v * __ldg(a.wint + (u64)j * a.n + p);
+#pragma unroll
+        for (int j = 0; j < PROD_NFLT; ++j) fl[j] += (double)v * __ldg(a.wflt + (u64)j * a.n + p);
 #if PROD_SUM == 1
         if (v) atomicAdd(ssum + p, v);
 #elif PROD_SUM == 2
@@ -142,8 +175,6 @@ struct ProdAcc {
 #endif
         (void)ssum;
         (void)smax;
-        (void)row;
-        (void)col;
     }
     // Warp-reduce and store slot k (lane 0 writes).
     __device__ __forceinline__ void store(const ProdArgs& a, u64 k, u32 lane) {
@@ -312,10 +343,20 @@ __device__ __forceinline__ void products_dense(const T* __restrict__ data, const
                     row = p0 / a.kc;
                     col = p0 - row * a.kc;
 #endif
+                    u32 v8[8];
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) v8[e] = (w[e >> 1] >> (16 * (e & 1))) & 0xffffu;
+#if PROD_MOM && PROD_ROWACC
+                    if (col + 8u <= a.kc) {
+                        acc.mom_group(row, col, v8);
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) acc.add_rest(a, ssum, smax, p0 + e, v8[e]);
+                        continue;
+                    }
+#endif
 #pragma unroll
                     for (int e = 0; e < 8; ++e) {
-                        const u32 v = (w[e >> 1] >> (16 * (e & 1))) & 0xffffu;
-                        acc.add(a, ssum, smax, p0 + e, row, col, v);
+                        acc.add(a, ssum, smax, p0 + e, row, col, v8[e]);
 #if PROD_MOM
                         if (++col == a.kc) {
                             col = 0u;
