@@ -15,6 +15,7 @@ mod encoded;
 mod frame;
 mod load;
 pub mod products;
+pub mod ssb;
 
 pub use encoded::{
     fit_model, model_params, rans_error, sample_indices, EncodedFrames, CODEC_NAME, CODEC_VERSION,

@@ -14,6 +14,7 @@ mod encode;
 pub mod load;
 pub mod qemfile;
 pub mod result;
+pub mod ssb;
 
 pub use backend::{available_backends, resolve_backend, Backend, BackendInfo, BackendRequest};
 pub use dataset::{CudaArrayView, Dataset, Representation};

@@ -1,0 +1,1010 @@
+//! Single-sideband (SSB) ptychography on plain arrays: the CPU reference of SCIENCE.md
+//! "SSB ptychography" (anchor-science.md §7–8, with the deviations SCIENCE.md lists).
+//!
+//! Units: aberrations in Å (coefficients) and rad (angles), wavelengths in Å, spatial
+//! frequencies in Å⁻¹, angles of the optics in rad. Everything is `f64` (the anchor's `f32`
+//! loss is not copied: the objective's differences near the optimum are below `f32` noise).
+//!
+//! The steps, for BF pixel `b` with reciprocal vector `k_b` and scan frequency `ν`:
+//!
+//! 1. [`chi`]: the Krivanek aberration function
+//!    `χ = (2π/λ) Σ C_nm α^(n+1)/(n+1) cos(m(φ − φ_nm))`, so defocus enters as `π C10 α²/λ`.
+//! 2. [`Optics::probe`]: `P(v) = A(v) exp(−iχ(v))` with the anchor's soft aperture `A`.
+//! 3. [`Prepared::new`]: `G_b(ν)` = unnormalised forward 2-D DFT over the scan of pixel b's
+//!    image (the full plane, any scan shape: no crop, no pad).
+//! 4. [`gamma`]: the double-overlap ("trotter") transfer
+//!    `Γ_b(ν) = P(k_b − ν) P*(k_b) − P(k_b) P*(k_b + ν)`. For a weak phase object
+//!    `t = 1 + iφ`, a probe `p(r − R)` with `p = IFT[P]` and frames `|FT[p(r − R) t(r)]|²`,
+//!    `G_b(ν) = iΦ(ν) Γ_b(ν)` exactly at first order (Φ = DFT of φ over the scan). The anchor
+//!    writes the first factor as `P(ν − k_b)`; that is the same for the centrosymmetric terms
+//!    (C10, C12, C30) but breaks the Hermitian symmetry `Γ(−ν) = −Γ(ν)*` that `G` has for
+//!    odd terms (C21, C23), so we use the derived form (a test checks the symmetry).
+//! 5. [`Prepared::corrected`]: phase-only correction `C_b = G_b Γ_b* / |Γ_b|` (or
+//!    `G_b Γ_b* 10⁸` where `|Γ|² ≤ 10⁻¹⁶`), DC replaced by `d = mean_b G_b(0)`.
+//! 6. [`Prepared::object`]: `O = IFFT(mean_b C_b)` (normalised by 1/N), phase `arg O`.
+//! 7. Objectives ([`Objective`]): the anchor's mean per-position variance of the per-pixel
+//!    phases, and the spectral coherence (see [`Objective::Coherence`]).
+//! 8. [`fit`]: seeded scrambled-Halton global search, then Nelder–Mead from the best few
+//!    candidates.
+
+use qem_core::{DenseArray, Error, Result, Shape2};
+use rayon::prelude::*;
+use rustfft::num_complex::Complex64;
+use rustfft::{Fft, FftDirection, FftPlanner};
+use std::collections::BTreeMap;
+use std::f64::consts::PI;
+use std::sync::Arc;
+
+use crate::EncodedFrames;
+
+/// Below this `|Γ|²` the phase-only correction is not defined; the anchor then multiplies by
+/// `10⁸` instead of dividing by `|Γ|` (which keeps such terms negligible, not exploded).
+pub const GAMMA_FLOOR_SQ: f64 = 1e-16;
+
+/// Aberration coefficients (Krivanek notation). Coefficients in Å, angles in rad; `Default`
+/// is the aberration-free probe.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Aberrations {
+    /// Defocus C10, Å (χ ⊃ π C10 α²/λ; abTEM's `defocus` is −C10).
+    pub c10: f64,
+    /// Two-fold astigmatism C12, Å.
+    pub c12: f64,
+    /// Angle φ12 of C12, rad.
+    pub phi12: f64,
+    /// Axial coma C21, Å.
+    pub c21: f64,
+    /// Angle φ21 of C21, rad.
+    pub phi21: f64,
+    /// Three-fold astigmatism C23, Å.
+    pub c23: f64,
+    /// Angle φ23 of C23, rad.
+    pub phi23: f64,
+    /// Spherical aberration C30, Å.
+    pub c30: f64,
+}
+
+/// Names of the [`Aberrations`] fields, in the order of [`Aberrations::to_map`].
+pub const ABERRATION_NAMES: [&str; 8] =
+    ["C10", "C12", "phi12", "C21", "phi21", "C23", "phi23", "C30"];
+
+impl Aberrations {
+    /// Unit of a named parameter (`"Å"` or `"rad"`), `None` for an unknown name.
+    pub fn unit(name: &str) -> Option<&'static str> {
+        match name {
+            "C10" | "C12" | "C21" | "C23" | "C30" => Some("Å"),
+            "phi12" | "phi21" | "phi23" => Some("rad"),
+            _ => None,
+        }
+    }
+
+    /// Value of a named parameter.
+    pub fn get(&self, name: &str) -> Option<f64> {
+        Some(match name {
+            "C10" => self.c10,
+            "C12" => self.c12,
+            "phi12" => self.phi12,
+            "C21" => self.c21,
+            "phi21" => self.phi21,
+            "C23" => self.c23,
+            "phi23" => self.phi23,
+            "C30" => self.c30,
+            _ => return None,
+        })
+    }
+
+    /// Set a named parameter; an unknown name or a non-finite value is an error.
+    pub fn set(&mut self, name: &str, value: f64) -> Result<()> {
+        if !value.is_finite() {
+            return Err(
+                Error::invalid("ssb aberrations", format!("{name} is not finite"))
+                    .with_expected("a finite value")
+                    .with_found(value.to_string()),
+            );
+        }
+        let slot = match name {
+            "C10" => &mut self.c10,
+            "C12" => &mut self.c12,
+            "phi12" => &mut self.phi12,
+            "C21" => &mut self.c21,
+            "phi21" => &mut self.phi21,
+            "C23" => &mut self.c23,
+            "phi23" => &mut self.phi23,
+            "C30" => &mut self.c30,
+            _ => {
+                return Err(Error::invalid("ssb aberrations", "unknown aberration name")
+                    .with_expected(ABERRATION_NAMES.join(", "))
+                    .with_found(name.to_string()))
+            }
+        };
+        *slot = value;
+        Ok(())
+    }
+
+    /// From a name → value map (missing names are 0).
+    pub fn from_map(map: &BTreeMap<String, f64>) -> Result<Aberrations> {
+        let mut ab = Aberrations::default();
+        for (k, &v) in map {
+            ab.set(k, v)?;
+        }
+        Ok(ab)
+    }
+
+    /// All parameters as a name → value map.
+    pub fn to_map(&self) -> BTreeMap<String, f64> {
+        ABERRATION_NAMES
+            .iter()
+            .filter_map(|&n| self.get(n).map(|v| (n.to_string(), v)))
+            .collect()
+    }
+}
+
+/// Krivanek aberration function χ (rad) at the reciprocal vector `(v_r, v_c)` (Å⁻¹):
+/// `α = λ|v|`, `φ = atan2(v_c, v_r)` (from the row axis towards the column axis).
+pub fn chi(ab: &Aberrations, lambda_a: f64, v_r: f64, v_c: f64) -> f64 {
+    let a = lambda_a * (v_r * v_r + v_c * v_c).sqrt();
+    if a == 0.0 {
+        return 0.0;
+    }
+    let phi = v_c.atan2(v_r);
+    let a2 = a * a;
+    let sum = ab.c10 * a2 / 2.0
+        + ab.c12 * a2 / 2.0 * (2.0 * (phi - ab.phi12)).cos()
+        + ab.c21 * a2 * a / 3.0 * (phi - ab.phi21).cos()
+        + ab.c23 * a2 * a / 3.0 * (3.0 * (phi - ab.phi23)).cos()
+        + ab.c30 * a2 * a2 / 4.0;
+    2.0 * PI / lambda_a * sum
+}
+
+/// Probe optics: wavelength, aperture semi-angle and detector angular sampling.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Optics {
+    /// Electron wavelength, Å.
+    pub lambda_a: f64,
+    /// Aperture semi-angle, rad.
+    pub alpha_rad: f64,
+    /// Detector angular sampling per pixel `(row, col)`, rad (sets the soft edge width).
+    pub dtheta_rad: (f64, f64),
+}
+
+impl Optics {
+    /// Soft aperture `A(v) = clip((α − λ|v|)/δ + ½, 0, 1)`, `δ = √((cosφ Δθ_r)² + (sinφ Δθ_c)²)`
+    /// (one detector pixel wide, so the BF disk edge is anti-aliased); δ ≈ 0 → hard edge.
+    pub fn aperture(&self, v_r: f64, v_c: f64) -> f64 {
+        let norm = (v_r * v_r + v_c * v_c).sqrt();
+        let a = self.lambda_a * norm;
+        let delta = if norm > 0.0 {
+            let (c, s) = (v_r / norm, v_c / norm);
+            ((c * self.dtheta_rad.0).powi(2) + (s * self.dtheta_rad.1).powi(2)).sqrt()
+        } else {
+            0.0
+        };
+        if delta <= 1e-300 {
+            return if a <= self.alpha_rad { 1.0 } else { 0.0 };
+        }
+        ((self.alpha_rad - a) / delta + 0.5).clamp(0.0, 1.0)
+    }
+
+    /// Probe in reciprocal space `P(v) = A(v) exp(−iχ(v))`.
+    pub fn probe(&self, ab: &Aberrations, v_r: f64, v_c: f64) -> Complex64 {
+        let amp = self.aperture(v_r, v_c);
+        if amp == 0.0 {
+            return Complex64::new(0.0, 0.0);
+        }
+        Complex64::from_polar(amp, -chi(ab, self.lambda_a, v_r, v_c))
+    }
+}
+
+/// Double-overlap transfer `Γ(k, ν) = P(k − ν) P*(k) − P(k) P*(k + ν)` (module docs, step 4).
+pub fn gamma(o: &Optics, ab: &Aberrations, k: (f64, f64), nu: (f64, f64)) -> Complex64 {
+    let pk = o.probe(ab, k.0, k.1);
+    o.probe(ab, k.0 - nu.0, k.1 - nu.1) * pk.conj()
+        - pk * o.probe(ab, k.0 + nu.0, k.1 + nu.1).conj()
+}
+
+/// `fftfreq(n, d)`: frequencies of an `n`-point DFT with sample spacing `d` (cycles per unit).
+pub fn fftfreq(n: usize, d: f64) -> Vec<f64> {
+    (0..n)
+        .map(|i| {
+            let s = if i < n.div_ceil(2) {
+                i as f64
+            } else {
+                i as f64 - n as f64
+            };
+            s / (n as f64 * d)
+        })
+        .collect()
+}
+
+/// BF pixels (anchor §8.2): pixels of the mean DP with `mean > threshold·max(mean)` (all
+/// positive pixels at threshold 0) inside the disk `(k_r − c_r)² + (k_c − c_c)² ≤ r²`, as
+/// flat detector indices in row-major order.
+pub fn select_bf(
+    mean_dp: &[f32],
+    det: Shape2,
+    center: (f64, f64),
+    radius: f64,
+    threshold: f64,
+) -> Vec<usize> {
+    let max = mean_dp.iter().fold(0.0f64, |m, &v| m.max(f64::from(v)));
+    let t = threshold * max;
+    (0..det.len().min(mean_dp.len()))
+        .filter(|&i| {
+            let (r, c) = ((i / det.cols) as f64, (i % det.cols) as f64);
+            let v = f64::from(mean_dp[i]);
+            v > t && v > 0.0 && (r - center.0).powi(2) + (c - center.1).powi(2) <= radius * radius
+        })
+        .collect()
+}
+
+/// Reciprocal vectors (Å⁻¹) of detector pixels: `k⁰ = ((i − c_r)Δk_r, (j − c_c)Δk_c)`, then the
+/// passive rotation `k = R(θ)k⁰`, `R = [[cos, −sin], [sin, cos]]` on (row, col), the same sense
+/// as `dpc` (so the angle `dpc.run` reports can be passed on).
+pub fn pixel_k_vectors(
+    pixels: &[usize],
+    det: Shape2,
+    center: (f64, f64),
+    dk: (f64, f64),
+    rotation_deg: f64,
+) -> Vec<(f64, f64)> {
+    let (s, c) = rotation_deg.to_radians().sin_cos();
+    pixels
+        .iter()
+        .map(|&p| {
+            let kr = ((p / det.cols) as f64 - center.0) * dk.0;
+            let kc = ((p % det.cols) as f64 - center.1) * dk.1;
+            (c * kr - s * kc, s * kr + c * kc)
+        })
+        .collect()
+}
+
+/// Per-pixel images of the BF pixels of a dense `[N][frame_len]` array: `[B][N]` counts.
+pub fn gather_dense(data: &DenseArray, frame_len: usize, pixels: &[usize]) -> Result<Vec<u32>> {
+    const OP: &str = "ssb gather_pixels";
+    if frame_len == 0 || data.len() % frame_len != 0 {
+        return Err(
+            Error::invalid(OP, "data length is not a whole number of frames")
+                .with_found(format!("{} elements, frame {frame_len}", data.len())),
+        );
+    }
+    if let Some(&p) = pixels.iter().find(|&&p| p >= frame_len) {
+        return Err(Error::invalid(OP, "pixel index outside the frame")
+            .with_expected(format!("< {frame_len}"))
+            .with_found(p.to_string()));
+    }
+    let n = data.len() / frame_len;
+    let mut out = vec![0u32; pixels.len() * n];
+    out.par_chunks_mut(n.max(1))
+        .zip(pixels.par_iter())
+        .for_each(|(img, &p)| {
+            for (f, v) in img.iter_mut().enumerate() {
+                let i = f * frame_len + p;
+                *v = match data {
+                    DenseArray::U8(a) => u32::from(a[i]),
+                    DenseArray::U16(a) => u32::from(a[i]),
+                    DenseArray::U32(a) => a[i],
+                };
+            }
+        });
+    Ok(out)
+}
+
+/// Per-pixel images of the BF pixels of ENCODED frames: every frame decoded once (in
+/// parallel), `[B][N]` counts.
+pub fn gather_encoded(enc: &EncodedFrames, pixels: &[usize]) -> Result<Vec<u32>> {
+    let frame_len = enc.frame_shape().len();
+    if let Some(&p) = pixels.iter().find(|&&p| p >= frame_len) {
+        return Err(
+            Error::invalid("ssb gather_pixels", "pixel index outside the frame")
+                .with_expected(format!("< {frame_len}"))
+                .with_found(p.to_string()),
+        );
+    }
+    let n = enc.n_frames();
+    let b = pixels.len();
+    // Frame-major first (each worker decodes its frames into a scratch frame), then transposed.
+    let per_frame: Vec<Vec<u32>> = (0..n)
+        .into_par_iter()
+        .map_init(
+            || vec![0u16; frame_len],
+            |buf, f| {
+                enc.decode_frame(f, buf)?;
+                Ok(pixels.iter().map(|&p| u32::from(buf[p])).collect())
+            },
+        )
+        .collect::<Result<_>>()?;
+    let mut out = vec![0u32; b * n];
+    for (f, vals) in per_frame.iter().enumerate() {
+        for (j, &v) in vals.iter().enumerate() {
+            out[j * n + f] = v;
+        }
+    }
+    Ok(out)
+}
+
+/// 2-D FFT plans for one scan shape.
+#[derive(Clone)]
+struct Fft2 {
+    shape: Shape2,
+    fwd: (Arc<dyn Fft<f64>>, Arc<dyn Fft<f64>>),
+    inv: (Arc<dyn Fft<f64>>, Arc<dyn Fft<f64>>),
+}
+
+impl std::fmt::Debug for Fft2 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Fft2({})", self.shape)
+    }
+}
+
+impl Fft2 {
+    fn new(shape: Shape2) -> Fft2 {
+        let mut pl = FftPlanner::new();
+        Fft2 {
+            shape,
+            fwd: (
+                pl.plan_fft(shape.rows, FftDirection::Forward),
+                pl.plan_fft(shape.cols, FftDirection::Forward),
+            ),
+            inv: (
+                pl.plan_fft(shape.rows, FftDirection::Inverse),
+                pl.plan_fft(shape.cols, FftDirection::Inverse),
+            ),
+        }
+    }
+
+    /// Unnormalised 2-D DFT in place (row-major), forward or inverse.
+    fn run(&self, data: &mut [Complex64], forward: bool) {
+        let (fr, fc) = if forward { &self.fwd } else { &self.inv };
+        let (nr, nc) = (self.shape.rows, self.shape.cols);
+        for row in data.chunks_exact_mut(nc) {
+            fc.process(row);
+        }
+        let mut col = vec![Complex64::new(0.0, 0.0); nr];
+        for c in 0..nc {
+            for r in 0..nr {
+                col[r] = data[r * nc + c];
+            }
+            fr.process(&mut col);
+            for r in 0..nr {
+                data[r * nc + c] = col[r];
+            }
+        }
+    }
+}
+
+/// SSB loss functions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Objective {
+    /// The anchor's loss: `mean_R var_b φ_b(R)`, the per-position variance over BF pixels of
+    /// the per-pixel phases `φ_b = arg O_b` (no unwrapping), B counting every BF pixel.
+    #[default]
+    PhaseVariance,
+    /// Spectral coherence, negated so that lower is better:
+    /// `L = −Σ_{ν≠0} |Σ_b C_b(ν)|² / (B Σ_{ν≠0} Σ_b |C_b(ν)|²)` ∈ [−1, 0]. With the right
+    /// aberrations every pixel's corrected spectrum carries the same object spectrum, so they
+    /// add in phase. Why it is more robust: it never takes `arg`, so strong (thick-sample)
+    /// phases that wrap past ±π do not scramble it, and each term is weighted by its own signal
+    /// `|G_b(ν)|`, so noise-dominated frequencies weigh little (and shot noise only adds an
+    /// aberration-independent incoherent floor). It also needs no per-pixel inverse FFT.
+    Coherence,
+}
+
+impl Objective {
+    /// Name used in provenance and by the Python/CLI surfaces.
+    pub fn name(self) -> &'static str {
+        match self {
+            Objective::PhaseVariance => "phase_variance",
+            Objective::Coherence => "coherence",
+        }
+    }
+}
+
+/// Prepared SSB data: BF k vectors and `G_b(ν)` for every BF pixel.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// Scan grid.
+    pub scan: Shape2,
+    /// Scan step `(row, col)`, Å.
+    pub scan_step_a: (f64, f64),
+    /// Optics.
+    pub optics: Optics,
+    /// BF pixel reciprocal vectors (after rotation), Å⁻¹.
+    pub k: Vec<(f64, f64)>,
+    /// `G_b(ν)`, `[B][N_r·N_c]` row-major, unnormalised forward DFT of each pixel's image.
+    pub g: Vec<Vec<Complex64>>,
+    /// `d = mean_b G_b(0)`: the DC every corrected spectrum gets.
+    pub dc: f64,
+    nu_r: Vec<f64>,
+    nu_c: Vec<f64>,
+    fft: Fft2,
+}
+
+impl Prepared {
+    /// Bytes [`Prepared::new`] holds for `b` pixels over `scan` (G as complex f64).
+    pub fn bytes_for(b: usize, scan: Shape2) -> u64 {
+        b as u64 * scan.len() as u64 * 16
+    }
+
+    /// FFT every BF pixel's image (`images` = `[B][N]` counts from [`gather_dense`] /
+    /// [`gather_encoded`]).
+    pub fn new(
+        images: &[u32],
+        scan: Shape2,
+        scan_step_a: (f64, f64),
+        optics: Optics,
+        k: Vec<(f64, f64)>,
+    ) -> Result<Prepared> {
+        const OP: &str = "ssb prepare";
+        let n = scan.len();
+        if n == 0 || k.is_empty() || images.len() != k.len() * n {
+            return Err(
+                Error::invalid(OP, "images do not match the BF pixels and the scan")
+                    .with_expected(format!("{} × {n} values (B × scan), B > 0", k.len()))
+                    .with_found(images.len().to_string()),
+            );
+        }
+        let fft = Fft2::new(scan);
+        let g: Vec<Vec<Complex64>> = images
+            .par_chunks(n)
+            .map(|img| {
+                let mut buf: Vec<Complex64> = img
+                    .iter()
+                    .map(|&v| Complex64::new(f64::from(v), 0.0))
+                    .collect();
+                fft.run(&mut buf, true);
+                buf
+            })
+            .collect();
+        let dc = g.iter().map(|gb| gb[0].re).sum::<f64>() / g.len() as f64;
+        Ok(Prepared {
+            scan,
+            scan_step_a,
+            optics,
+            k,
+            g,
+            dc,
+            nu_r: fftfreq(scan.rows, scan_step_a.0),
+            nu_c: fftfreq(scan.cols, scan_step_a.1),
+            fft,
+        })
+    }
+
+    /// Number of BF pixels.
+    pub fn n_pixels(&self) -> usize {
+        self.k.len()
+    }
+
+    /// Scan frequency `ν` (Å⁻¹) of flat index `i`.
+    fn nu(&self, i: usize) -> (f64, f64) {
+        (self.nu_r[i / self.scan.cols], self.nu_c[i % self.scan.cols])
+    }
+
+    /// Corrected spectrum `C_b(ν)` of pixel `b` (module docs, step 5).
+    pub fn corrected(&self, b: usize, ab: &Aberrations) -> Vec<Complex64> {
+        let k = self.k[b];
+        let o = &self.optics;
+        let pk = o.probe(ab, k.0, k.1);
+        let gb = &self.g[b];
+        let mut out = Vec::with_capacity(gb.len());
+        for (i, &gv) in gb.iter().enumerate() {
+            if i == 0 {
+                out.push(Complex64::new(self.dc, 0.0));
+                continue;
+            }
+            if pk.norm_sqr() == 0.0 {
+                // Zero-aperture pixel: Γ ≡ 0, its spectrum is DC only.
+                out.push(Complex64::new(0.0, 0.0));
+                continue;
+            }
+            let nu = self.nu(i);
+            let gam = o.probe(ab, k.0 - nu.0, k.1 - nu.1) * pk.conj()
+                - pk * o.probe(ab, k.0 + nu.0, k.1 + nu.1).conj();
+            let n2 = gam.norm_sqr();
+            out.push(if n2 > GAMMA_FLOOR_SQ {
+                gv * gam.conj() / n2.sqrt()
+            } else {
+                gv * gam.conj() * 1e8
+            });
+        }
+        out
+    }
+
+    /// The object `O(R) = (1/B) Σ_b O_b(R)` = IFFT of the mean corrected spectrum, 1/N
+    /// normalised, row-major over the scan.
+    pub fn object(&self, ab: &Aberrations) -> Vec<Complex64> {
+        let n = self.scan.len();
+        let b = self.n_pixels();
+        let sum = ordered_sum(b, n, Complex64::new(0.0, 0.0), |j, acc| {
+            let c = self.corrected(j, ab);
+            acc.iter_mut().zip(&c).for_each(|(x, y)| *x += y);
+        });
+        let mut spec: Vec<Complex64> = sum.into_iter().map(|v| v / b as f64).collect();
+        self.fft.run(&mut spec, false);
+        spec.iter().map(|v| v / n as f64).collect()
+    }
+
+    /// The loss `kind` at `ab` (lower is better).
+    pub fn objective(&self, ab: &Aberrations, kind: Objective) -> f64 {
+        match kind {
+            Objective::PhaseVariance => self.phase_variance(ab),
+            Objective::Coherence => self.coherence(ab),
+        }
+    }
+
+    /// `mean_R [(1/B) Σ_b φ_b² − ((1/B) Σ_b φ_b)²]`, `φ_b = arg IFFT(C_b)`.
+    fn phase_variance(&self, ab: &Aberrations) -> f64 {
+        let n = self.scan.len();
+        let b = self.n_pixels();
+        // s[R] = Σ_b φ_b, s[N + R] = Σ_b φ_b².
+        let s = ordered_sum(b, 2 * n, 0.0, |j, acc| {
+            let mut c = self.corrected(j, ab);
+            self.fft.run(&mut c, false);
+            // The 1/N normalisation does not change arg, so it is skipped.
+            for (r, v) in c.iter().enumerate() {
+                let ph = v.im.atan2(v.re);
+                acc[r] += ph;
+                acc[n + r] += ph * ph;
+            }
+        });
+        let (s1, s2) = s.split_at(n);
+        let bf = b as f64;
+        s1.iter()
+            .zip(s2)
+            .map(|(m1, m2)| m2 / bf - (m1 / bf).powi(2))
+            .sum::<f64>()
+            / n as f64
+    }
+
+    /// [`Objective::Coherence`].
+    fn coherence(&self, ab: &Aberrations) -> f64 {
+        let n = self.scan.len();
+        let b = self.n_pixels();
+        // acc[0..n] = Σ_b C_b, acc[n].re = Σ_b Σ_{ν≠0} |C_b|².
+        let acc = ordered_sum(b, n + 1, Complex64::new(0.0, 0.0), |j, acc| {
+            let c = self.corrected(j, ab);
+            acc[n].re += c.iter().skip(1).map(|v| v.norm_sqr()).sum::<f64>();
+            acc[..n].iter_mut().zip(&c).for_each(|(x, y)| *x += y);
+        });
+        let (sum, power) = (&acc[..n], acc[n].re);
+        if power <= 0.0 {
+            return 0.0;
+        }
+        let coh: f64 = sum.iter().skip(1).map(|v| v.norm_sqr()).sum();
+        -coh / (b as f64 * power)
+    }
+}
+
+/// BF pixels per summation block of [`ordered_sum`].
+const SUM_BLOCK: usize = 32;
+
+/// `Σ_j term(j)` over `0..b` into a vector of `len`, in parallel but in a fixed order: blocks
+/// of [`SUM_BLOCK`] pixels are summed sequentially, then the blocks in order. The result so
+/// does not depend on the thread count or scheduling (rayon's `reduce` does, in the last
+/// bits), which the fit's determinism needs; memory stays at one vector per block.
+fn ordered_sum<T, F>(b: usize, len: usize, zero: T, term: F) -> Vec<T>
+where
+    T: Copy + Send + Sync + std::ops::AddAssign,
+    F: Fn(usize, &mut [T]) + Sync,
+{
+    let blocks: Vec<Vec<T>> = (0..b.div_ceil(SUM_BLOCK))
+        .into_par_iter()
+        .map(|blk| {
+            let mut acc = vec![zero; len];
+            for j in blk * SUM_BLOCK..((blk + 1) * SUM_BLOCK).min(b) {
+                term(j, &mut acc);
+            }
+            acc
+        })
+        .collect();
+    let mut out = vec![zero; len];
+    for blk in &blocks {
+        out.iter_mut().zip(blk).for_each(|(x, &y)| *x += y);
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fit.
+
+/// Default search range of a parameter (name → `(lo, hi)`): C10 ±400 Å (the anchor's box; an
+/// uncorrected-focus error of ±40 nm), C12 0…100 Å, φ12 ±π/2 (C12's period is π), C21 and C23
+/// 0…1000 Å, φ21 ±π, φ23 ±π/3, C30 ±5·10⁴ Å (±5 µm, a corrected instrument).
+pub fn default_range(name: &str) -> Option<(f64, f64)> {
+    Some(match name {
+        "C10" => (-400.0, 400.0),
+        "C12" => (0.0, 100.0),
+        "phi12" => (-PI / 2.0, PI / 2.0),
+        "C21" => (0.0, 1000.0),
+        "phi21" => (-PI, PI),
+        "C23" => (0.0, 1000.0),
+        "phi23" => (-PI / 3.0, PI / 3.0),
+        "C30" => (-5e4, 5e4),
+        _ => return None,
+    })
+}
+
+/// Resolved fit settings (the façade validates and fills defaults).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FitSpec {
+    /// Seed of the global search.
+    pub seed: u64,
+    /// Fitted parameter names with their search ranges.
+    pub params: Vec<(String, (f64, f64))>,
+    /// Loss.
+    pub objective: Objective,
+    /// Global search points (besides the start point).
+    pub global_evals: usize,
+    /// Nelder–Mead iterations per start, at most.
+    pub local_max_iter: usize,
+    /// Nelder–Mead starts (best distinct global candidates).
+    pub local_starts: usize,
+    /// Values of the parameters that are not fitted, and the first global point.
+    pub start: Aberrations,
+}
+
+/// What [`fit`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FitOutcome {
+    /// Best parameters.
+    pub aberrations: Aberrations,
+    /// Loss at them.
+    pub loss: f64,
+    /// Objective evaluations in all.
+    pub evaluations: usize,
+    /// Loss of every evaluation, in evaluation order.
+    pub loss_curve: Vec<f64>,
+    /// Loss of the best global candidate (before refinement).
+    pub global_best_loss: f64,
+}
+
+/// SplitMix64: a small, fully specified generator so the seed → points map is reproducible.
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Radical inverse of `i` in `base` (the Halton coordinate).
+fn radical_inverse(mut i: u64, base: u64) -> f64 {
+    let (mut f, mut r) = (1.0, 0.0);
+    while i > 0 {
+        f /= base as f64;
+        r += f * (i % base) as f64;
+        i /= base;
+    }
+    r
+}
+
+const PRIMES: [u64; 8] = [2, 3, 5, 7, 11, 13, 17, 19];
+
+/// Seeded global search then Nelder–Mead (module docs, step 8). Why this scheme: Halton points
+/// cover the box evenly (better than random for a few hundred points in ≤ 8 dimensions), a
+/// seeded Cranley–Patterson shift makes the points depend on the seed only, and because the
+/// points do not depend on earlier losses they are evaluated in parallel without changing the
+/// result (TPE's trajectory changes with batching). Nelder–Mead then runs in coordinates
+/// scaled to the box, clamped to it, from the best `local_starts` candidates.
+pub fn fit(p: &Prepared, spec: &FitSpec) -> Result<FitOutcome> {
+    const OP: &str = "ssb fit";
+    let d = spec.params.len();
+    if d == 0 || d > PRIMES.len() {
+        return Err(Error::invalid(OP, "number of fitted parameters")
+            .with_expected("1 to 8")
+            .with_found(d.to_string()));
+    }
+    let to_ab = |u: &[f64]| -> Result<Aberrations> {
+        let mut ab = spec.start;
+        for ((name, (lo, hi)), &ui) in spec.params.iter().zip(u) {
+            ab.set(name, lo + ui.clamp(0.0, 1.0) * (hi - lo))?;
+        }
+        Ok(ab)
+    };
+    let eval = |u: &[f64]| -> Result<f64> {
+        let l = p.objective(&to_ab(u)?, spec.objective);
+        Ok(if l.is_finite() { l } else { f64::INFINITY })
+    };
+    // The start point in box coordinates (clamped into the box).
+    let u0: Vec<f64> = spec
+        .params
+        .iter()
+        .map(|(name, (lo, hi))| {
+            let v = spec.start.get(name).unwrap_or(0.0);
+            ((v - lo) / (hi - lo)).clamp(0.0, 1.0)
+        })
+        .collect();
+    let mut state = spec.seed;
+    let shift: Vec<f64> = (0..d)
+        .map(|_| (splitmix64(&mut state) >> 11) as f64 / (1u64 << 53) as f64)
+        .collect();
+    let mut points = vec![u0];
+    for i in 1..=spec.global_evals as u64 {
+        points.push(
+            (0..d)
+                .map(|j| (radical_inverse(i, PRIMES[j]) + shift[j]).fract())
+                .collect(),
+        );
+    }
+    let losses: Vec<f64> = points.par_iter().map(|u| eval(u)).collect::<Result<_>>()?;
+    let mut curve = losses.clone();
+    let mut order: Vec<usize> = (0..points.len()).collect();
+    order.sort_by(|&a, &b| losses[a].total_cmp(&losses[b]).then(a.cmp(&b)));
+    let global_best_loss = losses[order[0]];
+    // Distinct starts: skip candidates closer than 5 % of the box to a chosen one, so the
+    // starts explore different basins.
+    let mut starts: Vec<usize> = Vec::new();
+    for &i in &order {
+        if starts.len() >= spec.local_starts.max(1) {
+            break;
+        }
+        let far = starts.iter().all(|&s| {
+            points[s]
+                .iter()
+                .zip(&points[i])
+                .map(|(a, b)| (a - b).powi(2))
+                .sum::<f64>()
+                .sqrt()
+                > 0.05
+        });
+        if far {
+            starts.push(i);
+        }
+    }
+    let mut best = (points[order[0]].clone(), global_best_loss);
+    for &s in &starts {
+        let (u, l) = nelder_mead(
+            &eval,
+            &points[s],
+            losses[s],
+            0.05,
+            spec.local_max_iter,
+            &mut curve,
+        )?;
+        if l < best.1 {
+            best = (u, l);
+        }
+    }
+    Ok(FitOutcome {
+        aberrations: to_ab(&best.0)?,
+        loss: best.1,
+        evaluations: curve.len(),
+        loss_curve: curve,
+        global_best_loss,
+    })
+}
+
+/// Nelder–Mead (reflection 1, expansion 2, contraction ½, shrink ½) in box coordinates,
+/// vertices clamped to [0, 1]; stops after `max_iter` iterations or when the simplex spans
+/// < 10⁻⁵ of the box and its losses agree to 10⁻¹⁰ (relative). Every evaluation's loss is
+/// appended to `curve`.
+fn nelder_mead(
+    f: &dyn Fn(&[f64]) -> Result<f64>,
+    x0: &[f64],
+    f0: f64,
+    step: f64,
+    max_iter: usize,
+    curve: &mut Vec<f64>,
+) -> Result<(Vec<f64>, f64)> {
+    let d = x0.len();
+    let ev = |x: &[f64], curve: &mut Vec<f64>| -> Result<f64> {
+        let v = f(x)?;
+        curve.push(v);
+        Ok(v)
+    };
+    let clamp = |mut x: Vec<f64>| {
+        x.iter_mut().for_each(|v| *v = v.clamp(0.0, 1.0));
+        x
+    };
+    let mut simplex: Vec<(Vec<f64>, f64)> = vec![(x0.to_vec(), f0)];
+    for i in 0..d {
+        let mut x = x0.to_vec();
+        // Step inwards when the start lies near the upper edge, so the vertex stays distinct.
+        x[i] = if x[i] + step <= 1.0 {
+            x[i] + step
+        } else {
+            x[i] - step
+        };
+        let fx = ev(&x, curve)?;
+        simplex.push((x, fx));
+    }
+    for _ in 0..max_iter {
+        simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let (fb, fw) = (simplex[0].1, simplex[d].1);
+        let spread = simplex
+            .iter()
+            .skip(1)
+            .flat_map(|(x, _)| x.iter().zip(&simplex[0].0).map(|(a, b)| (a - b).abs()))
+            .fold(0.0f64, f64::max);
+        if spread < 1e-5 && (fw - fb).abs() <= 1e-10 * fb.abs().max(1e-30) {
+            break;
+        }
+        let centroid: Vec<f64> = (0..d)
+            .map(|j| simplex[..d].iter().map(|(x, _)| x[j]).sum::<f64>() / d as f64)
+            .collect();
+        let along = |t: f64| -> Vec<f64> {
+            clamp(
+                centroid
+                    .iter()
+                    .zip(&simplex[d].0)
+                    .map(|(c, w)| c + t * (c - w))
+                    .collect(),
+            )
+        };
+        let xr = along(1.0);
+        let fr = ev(&xr, curve)?;
+        if fr < simplex[0].1 {
+            let xe = along(2.0);
+            let fe = ev(&xe, curve)?;
+            simplex[d] = if fe < fr { (xe, fe) } else { (xr, fr) };
+        } else if fr < simplex[d - 1].1 {
+            simplex[d] = (xr, fr);
+        } else {
+            let (xc, fc) = if fr < simplex[d].1 {
+                let x = along(0.5);
+                let v = ev(&x, curve)?;
+                (x, v)
+            } else {
+                let x = along(-0.5);
+                let v = ev(&x, curve)?;
+                (x, v)
+            };
+            if fc < simplex[d].1.min(fr) {
+                simplex[d] = (xc, fc);
+            } else {
+                let x_best = simplex[0].0.clone();
+                for v in simplex.iter_mut().skip(1) {
+                    let x: Vec<f64> =
+                        v.0.iter()
+                            .zip(&x_best)
+                            .map(|(a, b)| b + 0.5 * (a - b))
+                            .collect();
+                    let fx = ev(&x, curve)?;
+                    *v = (x, fx);
+                }
+            }
+        }
+    }
+    simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let (x, fx) = simplex.swap_remove(0);
+    Ok((x, fx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn optics() -> Optics {
+        Optics {
+            lambda_a: 0.019_687_489_006_849,
+            alpha_rad: 0.02,
+            dtheta_rad: (0.0025, 0.0025),
+        }
+    }
+
+    #[test]
+    fn chi_defocus_and_astigmatism_by_hand() {
+        let lam = 0.019_687_489_006_849;
+        // v = 0.5 Å⁻¹ along the row axis: α = λ/2, φ = 0.
+        let ab = Aberrations {
+            c10: 100.0,
+            ..Default::default()
+        };
+        let a = lam * 0.5;
+        let want = PI * 100.0 * a * a / lam; // π C10 α² / λ
+        assert!((chi(&ab, lam, 0.5, 0.0) - want).abs() < 1e-12);
+        // Positive C10 → positive χ.
+        assert!(chi(&ab, lam, 0.0, 0.3) > 0.0);
+        // C12 along φ12 = 0: +π C12 α²/λ along rows, − along columns.
+        let ab = Aberrations {
+            c12: 50.0,
+            ..Default::default()
+        };
+        let w = PI * 50.0 * a * a / lam;
+        assert!((chi(&ab, lam, 0.5, 0.0) - w).abs() < 1e-12);
+        assert!((chi(&ab, lam, 0.0, 0.5) + w).abs() < 1e-12);
+        // C30: (2π/λ) C30 α⁴/4.
+        let ab = Aberrations {
+            c30: 1e4,
+            ..Default::default()
+        };
+        let w = 2.0 * PI / lam * 1e4 * a.powi(4) / 4.0;
+        assert!((chi(&ab, lam, 0.5, 0.0) - w).abs() < 1e-12);
+        // C21 is odd: χ(−v) = −χ(v).
+        let ab = Aberrations {
+            c21: 300.0,
+            phi21: 0.3,
+            ..Default::default()
+        };
+        assert!((chi(&ab, lam, 0.2, 0.4) + chi(&ab, lam, -0.2, -0.4)).abs() < 1e-12);
+        assert_eq!(chi(&ab, lam, 0.0, 0.0), 0.0);
+    }
+
+    #[test]
+    fn probe_inside_outside_and_edge() {
+        let o = optics();
+        let kmax = o.alpha_rad / o.lambda_a;
+        let ab = Aberrations {
+            c10: 80.0,
+            ..Default::default()
+        };
+        let p = o.probe(&ab, 0.5 * kmax, 0.0);
+        assert!((p.norm() - 1.0).abs() < 1e-12);
+        let want = -chi(&ab, o.lambda_a, 0.5 * kmax, 0.0);
+        assert!((p.arg() - want.sin().atan2(want.cos())).abs() < 1e-9);
+        assert_eq!(o.probe(&ab, 1.2 * kmax, 0.0).norm(), 0.0);
+        // Exactly at the edge the soft aperture is ½.
+        assert!((o.aperture(kmax, 0.0) - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn gamma_hermitian_symmetry_and_zero_without_aberrations() {
+        let o = optics();
+        let ab = Aberrations {
+            c10: 120.0,
+            c12: 40.0,
+            phi12: 0.6,
+            c21: 500.0,
+            phi21: 0.2,
+            c23: 300.0,
+            phi23: -0.4,
+            c30: 2e4,
+        };
+        for &(k, nu) in &[
+            ((0.3, -0.2), (0.4, 0.1)),
+            ((-0.1, 0.5), (0.2, -0.7)),
+            ((0.0, 0.2), (0.9, 0.3)),
+        ] {
+            let g = gamma(&o, &ab, k, nu);
+            let gm = gamma(&o, &ab, k, (-nu.0, -nu.1));
+            assert!((gm + g.conj()).norm() < 1e-12, "{k:?} {nu:?}");
+        }
+        // No aberrations, both trotters inside: Γ = 1 − 1 = 0.
+        let g = gamma(&o, &Aberrations::default(), (0.1, 0.0), (0.05, 0.0));
+        assert!(g.norm() < 1e-12);
+        // Outside both discs: 0.
+        let g = gamma(&o, &ab, (0.3, 0.0), (5.0, 0.0));
+        assert_eq!(g.norm(), 0.0);
+    }
+
+    #[test]
+    fn fftfreq_matches_numpy() {
+        let f = fftfreq(5, 0.5);
+        let want = [0.0, 0.4, 0.8, -0.8, -0.4];
+        f.iter()
+            .zip(want)
+            .for_each(|(a, b)| assert!((a - b).abs() < 1e-12));
+        let f = fftfreq(4, 1.0);
+        let want = [0.0, 0.25, -0.5, -0.25];
+        f.iter()
+            .zip(want)
+            .for_each(|(a, b)| assert!((a - b).abs() < 1e-12));
+    }
+
+    #[test]
+    fn aberration_map_round_trip_and_errors() {
+        let mut m = BTreeMap::new();
+        m.insert("C10".to_string(), 12.0);
+        m.insert("phi12".to_string(), 0.5);
+        let ab = Aberrations::from_map(&m).unwrap_or_default();
+        assert_eq!(ab.c10, 12.0);
+        assert_eq!(ab.phi12, 0.5);
+        assert_eq!(ab.to_map().len(), 8);
+        m.insert("C99".to_string(), 1.0);
+        assert!(Aberrations::from_map(&m).is_err());
+        assert_eq!(Aberrations::unit("phi23"), Some("rad"));
+    }
+
+    #[test]
+    fn rotation_is_the_dpc_sense() {
+        let det = Shape2::new(3, 3);
+        // Pixel (2, 1): k⁰ = (1, 0); R(90°) (1, 0) = (0, 1).
+        let k = pixel_k_vectors(&[7], det, (1.0, 1.0), (1.0, 1.0), 90.0);
+        assert!((k[0].0).abs() < 1e-12 && (k[0].1 - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn halton_points_depend_on_seed_only() {
+        let (mut a, mut b) = (7u64, 7u64);
+        assert_eq!(splitmix64(&mut a), splitmix64(&mut b));
+        assert!((radical_inverse(3, 2) - 0.75).abs() < 1e-15);
+    }
+}

@@ -1,0 +1,420 @@
+//! `qem::ssb`: single-sideband ptychography of a [`Dataset`] (SCIENCE.md "SSB ptychography").
+//!
+//! [`Ssb::new`] fits the BF disk from the mean DP (`detector::fit_disk`), selects the BF pixels
+//! (anchor §8.2), gathers their images from the data and FFTs them (`G_b(ν)`, kept for every BF
+//! pixel); [`Ssb::reconstruct`], [`Ssb::objective`] and [`Ssb::fit`] then work on that. The
+//! math is the CPU reference `qem_cpu::ssb`, whatever engine holds the data.
+//!
+//! Gathering: dense CPU data is read in place, ENCODED CPU data is decoded once frame by frame;
+//! data on the GPU is downloaded with `Dataset::to_host` for now (a GPU gather kernel is the
+//! CUDA issue's job).
+//!
+//! Units: aberrations in Å, angles in rad; `scan_step_a` in Å; `semiangle_mrad` and
+//! `det_sampling_mrad` in mrad. The detector sampling defaults to the physical `α / r_BF`
+//! (the fitted disk edge is the aperture edge); `compat_2alpha` gives the anchor's `2α / r_BF`.
+
+use crate::dataset::Dataset;
+use crate::detector;
+use crate::result::ResultProvenance;
+use qem_core::{Error, Result, Shape2};
+use qem_cpu::ssb as cpu;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+pub use qem_cpu::ssb::{
+    chi, default_range, gamma, Aberrations, Objective, Optics, ABERRATION_NAMES,
+};
+
+/// Calibration and options of [`Ssb::new`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SsbParams {
+    /// Accelerating voltage, kV.
+    pub voltage_kv: f64,
+    /// Probe-forming aperture semi-angle α, mrad.
+    pub semiangle_mrad: f64,
+    /// Scan step `(row, col)`, Å.
+    pub scan_step_a: (f64, f64),
+    /// Detector angular sampling, mrad per (loaded) detector pixel; `None` = `α / r_BF`.
+    pub det_sampling_mrad: Option<f64>,
+    /// Rotation of the detector frame into the scan frame, degrees (the `dpc.run` value).
+    pub rotation_deg: f64,
+    /// With `det_sampling_mrad = None`: use the anchor's `2α / r_BF` instead (compat only).
+    pub compat_2alpha: bool,
+    /// BF candidates need `mean DP > bf_threshold·max(mean DP)` (0 = any positive pixel).
+    pub bf_threshold: f64,
+    /// Bytes the prepared data may take (`None` = the host's available memory).
+    pub memory_budget: Option<u64>,
+}
+
+impl Default for SsbParams {
+    /// 300 kV, 20 mrad, 1 Å steps, physical detector sampling, no rotation.
+    fn default() -> Self {
+        SsbParams {
+            voltage_kv: 300.0,
+            semiangle_mrad: 20.0,
+            scan_step_a: (1.0, 1.0),
+            det_sampling_mrad: None,
+            rotation_deg: 0.0,
+            compat_2alpha: false,
+            bf_threshold: 0.0,
+            memory_budget: None,
+        }
+    }
+}
+
+fn must_be_positive(name: &str, v: f64) -> Result<()> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(
+            Error::invalid("ssb params", format!("{name} must be positive"))
+                .with_expected(format!("{name} > 0, finite"))
+                .with_found(v.to_string()),
+        )
+    }
+}
+
+impl SsbParams {
+    /// Check the parameters.
+    pub fn validate(&self) -> Result<()> {
+        must_be_positive("voltage_kv", self.voltage_kv)?;
+        must_be_positive("semiangle_mrad", self.semiangle_mrad)?;
+        must_be_positive("scan_step_a (row)", self.scan_step_a.0)?;
+        must_be_positive("scan_step_a (col)", self.scan_step_a.1)?;
+        if let Some(d) = self.det_sampling_mrad {
+            must_be_positive("det_sampling_mrad", d)?;
+        }
+        if !self.rotation_deg.is_finite() {
+            return Err(Error::invalid("ssb params", "rotation_deg is not finite")
+                .with_expected("a finite angle in degrees")
+                .with_found(self.rotation_deg.to_string()));
+        }
+        if !(0.0..1.0).contains(&self.bf_threshold) {
+            return Err(
+                Error::invalid("ssb params", "bf_threshold is a fraction of max(mean DP)")
+                    .with_expected("0 <= bf_threshold < 1")
+                    .with_found(self.bf_threshold.to_string()),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Prepared SSB: BF pixels, their k vectors and `G_b(ν)`.
+#[derive(Debug, Clone)]
+pub struct Ssb {
+    prepared: cpu::Prepared,
+    params: SsbParams,
+    /// BF pixels `(row, col)` on the detector, row-major order.
+    pub bf_pixels: Vec<(usize, usize)>,
+    /// Fitted BF disk.
+    pub disk: detector::DiskFit,
+    /// Detector angular sampling used, mrad/px.
+    pub det_sampling_mrad: f64,
+    /// Electron wavelength, Å.
+    pub wavelength_a: f64,
+    provenance: ResultProvenance,
+}
+
+/// An SSB reconstruction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SsbResult {
+    /// Re O(R), row-major over the scan (count-scaled, as the anchor).
+    pub object_re: Vec<f64>,
+    /// Im O(R).
+    pub object_im: Vec<f64>,
+    /// arg O(R), rad.
+    pub phase: Vec<f64>,
+    /// |O(R)|.
+    pub amplitude: Vec<f64>,
+    /// Scan grid.
+    pub scan_shape: Shape2,
+    /// Aberrations used.
+    pub aberrations: Aberrations,
+    /// How it was computed.
+    pub provenance: ResultProvenance,
+}
+
+/// Fit options of [`Ssb::fit`]. `Default`: seed 0, C10/C12/φ12 over their
+/// [`default_range`]s, phase-variance loss, 200 global points, 200 Nelder–Mead iterations from
+/// each of the 3 best distinct candidates, start at 0.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FitParams {
+    /// Seed of the global search.
+    pub seed: u64,
+    /// Names of the fitted parameters (of [`ABERRATION_NAMES`]).
+    pub fit: Vec<String>,
+    /// Search ranges `(lo, hi)` overriding [`default_range`], by name.
+    pub ranges: BTreeMap<String, (f64, f64)>,
+    /// Loss.
+    pub objective: Objective,
+    /// Global search points besides the start point.
+    pub global_evals: usize,
+    /// Nelder–Mead iterations per start, at most.
+    pub local_max_iter: usize,
+    /// Nelder–Mead starts.
+    pub local_starts: usize,
+    /// Start point and the values of the parameters not fitted.
+    pub start: Aberrations,
+}
+
+impl Default for FitParams {
+    fn default() -> Self {
+        FitParams {
+            seed: 0,
+            fit: vec!["C10".into(), "C12".into(), "phi12".into()],
+            ranges: BTreeMap::new(),
+            objective: Objective::PhaseVariance,
+            global_evals: 200,
+            local_max_iter: 200,
+            local_starts: 3,
+            start: Aberrations::default(),
+        }
+    }
+}
+
+/// What [`Ssb::fit`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SsbFit {
+    /// Fitted aberrations (Å, rad; [`Aberrations::unit`]).
+    pub aberrations: Aberrations,
+    /// Loss at them.
+    pub loss: f64,
+    /// Objective evaluations.
+    pub evaluations: usize,
+    /// Loss of every evaluation, in order (global points first, then Nelder–Mead).
+    pub loss_curve: Vec<f64>,
+    /// Reconstruction at the fitted aberrations.
+    pub result: SsbResult,
+    /// How the fit was done.
+    pub provenance: ResultProvenance,
+}
+
+/// The BF pixels' images `[B][N]` from any representation (module docs, "Gathering").
+fn gather(ds: &Dataset, pixels: &[usize]) -> Result<Vec<u32>> {
+    let frame_len = ds.detector_shape().len();
+    if let Some(enc) = ds.encoded() {
+        return cpu::gather_encoded(enc, pixels);
+    }
+    match ds.dense() {
+        Ok(a) => cpu::gather_dense(a, frame_len, pixels),
+        Err(_) => cpu::gather_dense(&ds.to_host()?, frame_len, pixels),
+    }
+}
+
+impl Ssb {
+    /// Prepare SSB on `ds` (see the module docs).
+    pub fn new(ds: &Dataset, p: &SsbParams) -> Result<Ssb> {
+        const OP: &str = "ssb prepare";
+        p.validate()?;
+        let t0 = Instant::now();
+        let mean = detector::mean_dp(ds).map_err(|e| e.with_op(OP))?;
+        let det = ds.detector_shape();
+        let disk = detector::fit_disk_from_mean(&mean, det);
+        let flat = cpu::select_bf(&mean, det, disk.center_px, disk.radius_px, p.bf_threshold);
+        if flat.is_empty() {
+            return Err(Error::invalid(OP, "no bright-field pixel selected")
+                .with_expected("a BF disk in the mean diffraction pattern")
+                .with_found(format!("radius {:.2} px", disk.radius_px)));
+        }
+        let scan = ds.scan_shape();
+        let bytes =
+            cpu::Prepared::bytes_for(flat.len(), scan) + (flat.len() * scan.len() * 4) as u64;
+        crate::load::admit(bytes, p.memory_budget).map_err(|e| {
+            e.with_op(format!(
+                "{OP} (G for {} BF pixels × {} scan positions; raise memory_budget or bin the detector)",
+                flat.len(),
+                scan.len()
+            ))
+        })?;
+        let t_fit = t0.elapsed().as_secs_f64();
+        let lambda = qem_cpu::dpc::electron_wavelength_a(p.voltage_kv);
+        let dtheta = match p.det_sampling_mrad {
+            Some(d) => d,
+            None if p.compat_2alpha => 2.0 * p.semiangle_mrad / disk.radius_px,
+            None => p.semiangle_mrad / disk.radius_px,
+        };
+        let dk = dtheta * 1e-3 / lambda;
+        let k = cpu::pixel_k_vectors(&flat, det, disk.center_px, (dk, dk), p.rotation_deg);
+        let optics = Optics {
+            lambda_a: lambda,
+            alpha_rad: p.semiangle_mrad * 1e-3,
+            dtheta_rad: (dtheta * 1e-3, dtheta * 1e-3),
+        };
+        let t1 = Instant::now();
+        let images = gather(ds, &flat).map_err(|e| e.with_op("ssb gather_pixels"))?;
+        let t_gather = t1.elapsed().as_secs_f64();
+        let t2 = Instant::now();
+        let prepared = cpu::Prepared::new(&images, scan, p.scan_step_a, optics, k)?;
+        let t_fft = t2.elapsed().as_secs_f64();
+        let mut provenance = ResultProvenance::new(
+            ds,
+            "ssb",
+            json!({
+                "voltage_kv": p.voltage_kv,
+                "wavelength_a": lambda,
+                "semiangle_mrad": p.semiangle_mrad,
+                "scan_step_a": [p.scan_step_a.0, p.scan_step_a.1],
+                "det_sampling_mrad": dtheta,
+                "det_sampling_source": match p.det_sampling_mrad {
+                    Some(_) => "given",
+                    None if p.compat_2alpha => "2*alpha/r_bf (anchor compat)",
+                    None => "alpha/r_bf",
+                },
+                "rotation_deg": p.rotation_deg,
+                "bf_threshold": p.bf_threshold,
+                "bf_center_px": [disk.center_px.0, disk.center_px.1],
+                "bf_radius_px": disk.radius_px,
+                "n_bf_pixels": flat.len(),
+                "scan_shape": [scan.rows, scan.cols],
+                "padding": "none",
+                "g_storage": "full plane, complex f64",
+                "prepared_bytes": bytes,
+                "gamma": "P(k-nu)P*(k) - P(k)P*(k+nu)",
+            }),
+        );
+        provenance.stage("mean DP + BF selection", t_fit);
+        provenance.stage("gather BF pixels", t_gather);
+        provenance.stage("FFT per BF pixel", t_fft);
+        let bf_pixels = flat.iter().map(|&i| (i / det.cols, i % det.cols)).collect();
+        Ok(Ssb {
+            prepared,
+            params: *p,
+            bf_pixels,
+            disk,
+            det_sampling_mrad: dtheta,
+            wavelength_a: lambda,
+            provenance,
+        })
+    }
+
+    /// Parameters it was prepared with.
+    pub fn params(&self) -> &SsbParams {
+        &self.params
+    }
+
+    /// Number of BF pixels.
+    pub fn n_bf_pixels(&self) -> usize {
+        self.prepared.n_pixels()
+    }
+
+    /// BF pixel reciprocal vectors (after rotation), Å⁻¹.
+    pub fn k_vectors(&self) -> &[(f64, f64)] {
+        &self.prepared.k
+    }
+
+    /// Reconstruct the object with aberrations `ab`.
+    pub fn reconstruct(&self, ab: &Aberrations) -> Result<SsbResult> {
+        let t0 = Instant::now();
+        let o = self.prepared.object(ab);
+        let mut provenance = self.provenance.clone();
+        provenance.operation = "ssb.reconstruct".into();
+        if let Some(m) = provenance.params.as_object_mut() {
+            m.insert("aberrations".into(), json!(ab.to_map()));
+        }
+        provenance.stage("correct + inverse FFT", t0.elapsed().as_secs_f64());
+        Ok(SsbResult {
+            object_re: o.iter().map(|v| v.re).collect(),
+            object_im: o.iter().map(|v| v.im).collect(),
+            phase: o.iter().map(|v| v.arg()).collect(),
+            amplitude: o.iter().map(|v| v.norm()).collect(),
+            scan_shape: self.prepared.scan,
+            aberrations: *ab,
+            provenance,
+        })
+    }
+
+    /// The loss `kind` at `ab` (lower is better).
+    pub fn objective(&self, ab: &Aberrations, kind: Objective) -> f64 {
+        self.prepared.objective(ab, kind)
+    }
+
+    /// Fit the aberrations (seeded global search, then Nelder–Mead; `qem_cpu::ssb::fit`).
+    pub fn fit(&self, f: &FitParams) -> Result<SsbFit> {
+        const OP: &str = "ssb fit";
+        let t0 = Instant::now();
+        if f.fit.is_empty() {
+            return Err(Error::invalid(OP, "no parameter to fit")
+                .with_expected(ABERRATION_NAMES.join(", "))
+                .with_found("an empty list"));
+        }
+        if let Some(bad) = f.ranges.keys().find(|k| !f.fit.contains(k)) {
+            return Err(
+                Error::invalid(OP, "a range is given for a parameter that is not fitted")
+                    .with_expected(f.fit.join(", "))
+                    .with_found(bad.clone()),
+            );
+        }
+        let mut params = Vec::new();
+        for name in &f.fit {
+            if params.iter().any(|(n, _)| n == name) {
+                return Err(Error::invalid(OP, "parameter listed twice").with_found(name.clone()));
+            }
+            let r = f
+                .ranges
+                .get(name)
+                .copied()
+                .or_else(|| default_range(name))
+                .ok_or_else(|| {
+                    Error::invalid(OP, "unknown aberration name")
+                        .with_expected(ABERRATION_NAMES.join(", "))
+                        .with_found(name.clone())
+                })?;
+            if !(r.0.is_finite() && r.1.is_finite() && r.0 < r.1) {
+                return Err(Error::invalid(OP, format!("search range of {name}"))
+                    .with_expected("finite lo < hi")
+                    .with_found(format!("({}, {})", r.0, r.1)));
+            }
+            params.push((name.clone(), r));
+        }
+        if f.global_evals == 0 && f.local_max_iter == 0 {
+            return Err(Error::invalid(OP, "no evaluation budget")
+                .with_expected("global_evals > 0 or local_max_iter > 0")
+                .with_found("0 and 0"));
+        }
+        let spec = cpu::FitSpec {
+            seed: f.seed,
+            params: params.clone(),
+            objective: f.objective,
+            global_evals: f.global_evals,
+            local_max_iter: f.local_max_iter,
+            local_starts: f.local_starts,
+            start: f.start,
+        };
+        let out = cpu::fit(&self.prepared, &spec)?;
+        let t_fit = t0.elapsed().as_secs_f64();
+        let result = self.reconstruct(&out.aberrations)?;
+        let mut provenance = self.provenance.clone();
+        provenance.operation = "ssb.fit".into();
+        if let Some(m) = provenance.params.as_object_mut() {
+            m.insert(
+                "fit".into(),
+                json!({
+                    "seed": f.seed,
+                    "objective": f.objective.name(),
+                    "search": "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts",
+                    "ranges": params.iter().map(|(n, r)| (n.clone(), json!({"lo": r.0, "hi": r.1,
+                        "unit": Aberrations::unit(n)}))).collect::<serde_json::Map<_, _>>(),
+                    "global_evals": f.global_evals,
+                    "local_max_iter": f.local_max_iter,
+                    "local_starts": f.local_starts,
+                    "start": f.start.to_map(),
+                    "global_best_loss": out.global_best_loss,
+                    "loss": out.loss,
+                    "evaluations": out.evaluations,
+                    "aberrations": out.aberrations.to_map(),
+                }),
+            );
+        }
+        provenance.stage("fit", t_fit);
+        Ok(SsbFit {
+            aberrations: out.aberrations,
+            loss: out.loss,
+            evaluations: out.evaluations,
+            loss_curve: out.loss_curve,
+            result,
+            provenance,
+        })
+    }
+}

@@ -1,0 +1,448 @@
+//! SSB ptychography through the façade (`qem::ssb`) on a synthetic weak-phase object whose 4D
+//! data is simulated here, independently of the code under test: a known phase φ(R) (periodic
+//! sum of Gaussians), a hard-aperture probe with known C10/C12 built with its own χ, frames
+//! `|FFT(p(r − R)·exp(iφ(r)))|²` on a fine grid, rounded to u16 counts.
+#![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on setup failures
+
+use qem::ssb::{Aberrations, FitParams, Objective, Ssb, SsbParams};
+use qem::{
+    load, BackendRequest, Dataset, DenseArray, ErrorKind, LoadParams, Representation, Shape2,
+    SourceArg,
+};
+
+/// Minimal complex number (the test does not depend on rustfft).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Complex64 {
+    re: f64,
+    im: f64,
+}
+
+impl Complex64 {
+    fn new(re: f64, im: f64) -> Self {
+        Complex64 { re, im }
+    }
+    fn from_polar(r: f64, t: f64) -> Self {
+        Complex64::new(r * t.cos(), r * t.sin())
+    }
+    fn norm_sqr(self) -> f64 {
+        self.re * self.re + self.im * self.im
+    }
+}
+
+impl std::ops::Mul for Complex64 {
+    type Output = Complex64;
+    fn mul(self, o: Complex64) -> Complex64 {
+        Complex64::new(
+            self.re * o.re - self.im * o.im,
+            self.re * o.im + self.im * o.re,
+        )
+    }
+}
+
+/// Naive 1-D DFT (`sign` −1 forward, +1 inverse, unnormalised) with a precomputed table.
+fn dft(x: &mut [Complex64], table: &[Complex64]) {
+    let n = x.len();
+    let out: Vec<Complex64> = (0..n)
+        .map(|k| {
+            let mut acc = Complex64::new(0.0, 0.0);
+            for (j, &v) in x.iter().enumerate() {
+                let t = v * table[(j * k) % n];
+                acc.re += t.re;
+                acc.im += t.im;
+            }
+            acc
+        })
+        .collect();
+    x.copy_from_slice(&out);
+}
+use std::f64::consts::PI;
+
+const KV: f64 = 300.0;
+const ALPHA: f64 = 0.02; // rad
+const M: usize = 32; // window = detector size
+const R_BF: f64 = 8.0; // BF disk radius, detector px
+const STEP_PX: usize = 1; // scan step in window pixels (0.246 Å: the scan samples the whole 2k_max SSB band)
+
+/// Relativistic wavelength (Å), written out here (CODATA 2018).
+fn wavelength() -> f64 {
+    let (h, m0, e, c) = (
+        6.626_070_15e-34,
+        9.109_383_701_5e-31,
+        1.602_176_634e-19,
+        299_792_458.0,
+    );
+    let ev = e * KV * 1e3;
+    h / (2.0 * m0 * ev * (1.0 + ev / (2.0 * m0 * c * c))).sqrt() * 1e10
+}
+
+fn kmax() -> f64 {
+    ALPHA / wavelength()
+}
+fn dk() -> f64 {
+    kmax() / R_BF
+}
+fn dx() -> f64 {
+    1.0 / (M as f64 * dk())
+}
+
+struct Sim {
+    ds: Dataset,
+    truth: Vec<f64>,
+    scan: Shape2,
+}
+
+fn fftfreq(n: usize, d: f64) -> Vec<f64> {
+    (0..n)
+        .map(|i| {
+            let s = if i < n.div_ceil(2) {
+                i as f64
+            } else {
+                i as f64 - n as f64
+            };
+            s / (n as f64 * d)
+        })
+        .collect()
+}
+
+/// Simulate a `scan` of a periodic weak-phase object with probe aberrations `(c10, c12, phi12)`.
+fn simulate(scan: Shape2, c10: f64, c12: f64, phi12: f64, repr: Option<Representation>) -> Sim {
+    let lam = wavelength();
+    let (pr, pc) = (scan.rows * STEP_PX, scan.cols * STEP_PX); // object period, fine px
+    let d = dx();
+    // Phase: Gaussians of σ = 0.5 Å (atom-like: SSB transfers little below ~0.1 k_max) at
+    // pseudo-random places, 0.05–0.15 rad, periodic.
+    let mut seed = 12345u64;
+    let mut rnd = || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let gauss: Vec<(f64, f64, f64)> = (0..6)
+        .map(|_| (rnd() * pr as f64, rnd() * pc as f64, 0.05 + 0.1 * rnd()))
+        .collect();
+    let sigma = 0.5 / d; // px
+    let mut phi = vec![0.0; pr * pc];
+    for r in 0..pr {
+        for c in 0..pc {
+            let mut v = 0.0;
+            for &(gr, gc, a) in &gauss {
+                let mut dr = (r as f64 - gr).rem_euclid(pr as f64);
+                if dr > pr as f64 / 2.0 {
+                    dr -= pr as f64;
+                }
+                let mut dc = (c as f64 - gc).rem_euclid(pc as f64);
+                if dc > pc as f64 / 2.0 {
+                    dc -= pc as f64;
+                }
+                v += a * (-(dr * dr + dc * dc) / (2.0 * sigma * sigma)).exp();
+            }
+            phi[r * pc + c] = v;
+        }
+    }
+    // Probe: P(q) = [|q| ≤ k_max] exp(−iχ(q)) exp(−2πi q·r0), r0 = window centre.
+    let q = fftfreq(M, d);
+    let r0 = (M / 2) as f64 * d;
+    let mut probe_q = vec![Complex64::new(0.0, 0.0); M * M];
+    for i in 0..M {
+        for j in 0..M {
+            let (qr, qc) = (q[i], q[j]);
+            let qq = (qr * qr + qc * qc).sqrt();
+            if qq <= kmax() {
+                let a = lam * qq;
+                let ph = qc.atan2(qr);
+                let chi = PI / lam * a * a * (c10 + c12 * (2.0 * (ph - phi12)).cos());
+                probe_q[i * M + j] = Complex64::from_polar(1.0, -chi - 2.0 * PI * (qr + qc) * r0);
+            }
+        }
+    }
+    let tab = |sign: f64| -> Vec<Complex64> {
+        (0..M)
+            .map(|j| Complex64::from_polar(1.0, sign * 2.0 * PI * j as f64 / M as f64))
+            .collect()
+    };
+    let (f_tab, i_tab) = (tab(-1.0), tab(1.0));
+    let fft2 = |buf: &mut Vec<Complex64>, inverse: bool| {
+        let f = if inverse { &i_tab } else { &f_tab };
+        for row in buf.chunks_exact_mut(M) {
+            dft(row, f);
+        }
+        let mut col = vec![Complex64::new(0.0, 0.0); M];
+        for c in 0..M {
+            for r in 0..M {
+                col[r] = buf[r * M + c];
+            }
+            dft(&mut col, f);
+            for r in 0..M {
+                buf[r * M + c] = col[r];
+            }
+        }
+    };
+    let mut probe_r = probe_q.clone();
+    fft2(&mut probe_r, true);
+    probe_r.iter_mut().for_each(|v| {
+        v.re /= (M * M) as f64;
+        v.im /= (M * M) as f64;
+    });
+    // |FFT(p_r)|² = |P|² = 1 in the disk, so 10⁴ counts per BF pixel.
+    let scale = 1e4;
+    let mut data = vec![0u16; scan.len() * M * M];
+    let mut truth = vec![0.0; scan.len()];
+    for i in 0..scan.rows {
+        for j in 0..scan.cols {
+            let mut w = vec![Complex64::new(0.0, 0.0); M * M];
+            for x in 0..M {
+                for y in 0..M {
+                    let (or, oc) = ((i * STEP_PX + x) % pr, (j * STEP_PX + y) % pc);
+                    w[x * M + y] =
+                        probe_r[x * M + y] * Complex64::from_polar(1.0, phi[or * pc + oc]);
+                }
+            }
+            fft2(&mut w, false);
+            let n = i * scan.cols + j;
+            let frame = &mut data[n * M * M..(n + 1) * M * M];
+            for a in 0..M {
+                for b in 0..M {
+                    // fftshift: detector pixel (a, b) is q = ((a − M/2)Δk, (b − M/2)Δk).
+                    let v = w[((a + M / 2) % M) * M + (b + M / 2) % M].norm_sqr() * scale;
+                    frame[a * M + b] = v.round().min(65535.0) as u16;
+                }
+            }
+            truth[n] = phi[((i * STEP_PX + M / 2) % pr) * pc + (j * STEP_PX + M / 2) % pc];
+        }
+    }
+    let ds = load(
+        SourceArg::Array {
+            data: DenseArray::U16(data),
+            shape: vec![scan.rows, scan.cols, M, M],
+        },
+        &LoadParams {
+            backend: BackendRequest::Cpu,
+            representation: repr,
+            ..LoadParams::default()
+        },
+    )
+    .expect("load array");
+    Sim { ds, truth, scan }
+}
+
+fn params() -> SsbParams {
+    SsbParams {
+        voltage_kv: KV,
+        semiangle_mrad: ALPHA * 1e3,
+        scan_step_a: (STEP_PX as f64 * dx(), STEP_PX as f64 * dx()),
+        det_sampling_mrad: Some(wavelength() * dk() * 1e3),
+        ..SsbParams::default()
+    }
+}
+
+fn pearson(a: &[f64], b: &[f64]) -> f64 {
+    let n = a.len() as f64;
+    let (ma, mb) = (a.iter().sum::<f64>() / n, b.iter().sum::<f64>() / n);
+    let (mut ab, mut aa, mut bb) = (0.0, 0.0, 0.0);
+    for (x, y) in a.iter().zip(b) {
+        ab += (x - ma) * (y - mb);
+        aa += (x - ma) * (x - ma);
+        bb += (y - mb) * (y - mb);
+    }
+    ab / (aa * bb).sqrt()
+}
+
+const C10: f64 = 100.0;
+const C12: f64 = 30.0;
+const PHI12: f64 = 0.5;
+
+fn truth_ab() -> Aberrations {
+    Aberrations {
+        c10: C10,
+        c12: C12,
+        phi12: PHI12,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn reconstruct_true_aberrations_recovers_phase_wrong_defocus_does_not() {
+    let sim = simulate(Shape2::new(24, 30), C10, C12, PHI12, None);
+    let s = Ssb::new(&sim.ds, &params()).unwrap();
+    assert!(s.n_bf_pixels() > 150, "{}", s.n_bf_pixels());
+    let r = s.reconstruct(&truth_ab()).unwrap();
+    assert_eq!(r.scan_shape, sim.scan);
+    let good = pearson(&r.phase, &sim.truth);
+    let wrong = Aberrations {
+        c10: -C10,
+        ..truth_ab()
+    };
+    let bad = pearson(&s.reconstruct(&wrong).unwrap().phase, &sim.truth);
+    let zero = pearson(
+        &s.reconstruct(&Aberrations::default()).unwrap().phase,
+        &sim.truth,
+    );
+    println!("corr true {good:.4}, C10 = -{C10} {bad:.4}, no aberrations {zero:.4}");
+    assert!(good > 0.9, "{good}");
+    assert!(bad < good - 0.3, "{bad} vs {good}");
+    // Both losses are lower at the truth than at wrong defocus.
+    for kind in [Objective::PhaseVariance, Objective::Coherence] {
+        let (lt, lw) = (s.objective(&truth_ab(), kind), s.objective(&wrong, kind));
+        println!("{kind:?}: truth {lt:.6}, wrong {lw:.6}");
+        assert!(lt < lw, "{kind:?}");
+    }
+}
+
+#[test]
+fn fit_recovers_c10_c12_and_is_deterministic() {
+    let sim = simulate(Shape2::new(24, 30), C10, C12, PHI12, None);
+    let s = Ssb::new(&sim.ds, &params()).unwrap();
+    let fp = FitParams::default();
+    let t0 = std::time::Instant::now();
+    let f = s.fit(&fp).unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    let a = f.aberrations;
+    println!(
+        "fit: C10 {:.3} Å, C12 {:.3} Å, phi12 {:.4} rad, loss {:.6}, {} evaluations, {secs:.2} s",
+        a.c10, a.c12, a.phi12, f.loss, f.evaluations
+    );
+    assert!((a.c10 - C10).abs() < 0.02 * C10, "C10 {}", a.c10);
+    assert!((a.c12 - C12).abs() < 0.1 * C12, "C12 {}", a.c12);
+    assert_eq!(f.evaluations, f.loss_curve.len());
+    assert!(f.loss <= f.loss_curve.iter().cloned().fold(f64::INFINITY, f64::min) + 1e-15);
+    let corr = pearson(&f.result.phase, &sim.truth);
+    println!("fit reconstruction corr {corr:.4}");
+    assert!(corr > 0.9);
+    // Same seed → identical answer; the robust objective also lands on the truth.
+    let small = FitParams {
+        global_evals: 60,
+        local_max_iter: 60,
+        local_starts: 1,
+        ..FitParams::default()
+    };
+    let f1 = s.fit(&small).unwrap();
+    let f2 = s.fit(&small).unwrap();
+    assert_eq!(f1.aberrations, f2.aberrations);
+    assert_eq!(f1.loss_curve, f2.loss_curve);
+    let fc = s
+        .fit(&FitParams {
+            objective: Objective::Coherence,
+            ..FitParams::default()
+        })
+        .unwrap();
+    println!(
+        "coherence fit: C10 {:.3}, C12 {:.3}, phi12 {:.4}, {} evaluations",
+        fc.aberrations.c10, fc.aberrations.c12, fc.aberrations.phi12, fc.evaluations
+    );
+    assert!((fc.aberrations.c10 - C10).abs() < 0.05 * C10);
+}
+
+#[test]
+fn odd_scan_shape_encoded_and_default_sampling() {
+    let scan = Shape2::new(15, 22);
+    let sim = simulate(scan, C10, C12, PHI12, None);
+    let s = Ssb::new(&sim.ds, &params()).unwrap();
+    let r = s.reconstruct(&truth_ab()).unwrap();
+    assert_eq!(r.phase.len(), 15 * 22);
+    let c = pearson(&r.phase, &sim.truth);
+    println!("15x22 corr {c:.4}");
+    assert!(c > 0.9, "{c}");
+    // ENCODED data gathers the same images: identical reconstruction.
+    let enc = simulate(scan, C10, C12, PHI12, Some(Representation::Encoded));
+    assert_eq!(enc.ds.representation(), Representation::Encoded);
+    let se = Ssb::new(&enc.ds, &params()).unwrap();
+    assert_eq!(se.reconstruct(&truth_ab()).unwrap().phase, r.phase);
+    // Default detector sampling α / r_BF from the fitted disk: close to the true 2.5 mrad/px.
+    let sd = Ssb::new(
+        &sim.ds,
+        &SsbParams {
+            det_sampling_mrad: None,
+            ..params()
+        },
+    )
+    .unwrap();
+    let want = wavelength() * dk() * 1e3;
+    println!(
+        "default sampling {:.4} mrad/px (true {want:.4})",
+        sd.det_sampling_mrad
+    );
+    assert!((sd.det_sampling_mrad - want).abs() < 0.05 * want);
+    let cd = pearson(&sd.reconstruct(&truth_ab()).unwrap().phase, &sim.truth);
+    assert!(cd > 0.85, "{cd}");
+    // The compat option doubles it.
+    let s2 = Ssb::new(
+        &sim.ds,
+        &SsbParams {
+            det_sampling_mrad: None,
+            compat_2alpha: true,
+            ..params()
+        },
+    )
+    .unwrap();
+    assert!((s2.det_sampling_mrad - 2.0 * sd.det_sampling_mrad).abs() < 1e-12);
+}
+
+#[test]
+fn errors_bad_params_and_memory_budget() {
+    let sim = simulate(Shape2::new(5, 6), C10, C12, PHI12, None);
+    let bad = [
+        SsbParams {
+            voltage_kv: -1.0,
+            ..params()
+        },
+        SsbParams {
+            semiangle_mrad: 0.0,
+            ..params()
+        },
+        SsbParams {
+            scan_step_a: (1.0, f64::NAN),
+            ..params()
+        },
+        SsbParams {
+            det_sampling_mrad: Some(0.0),
+            ..params()
+        },
+        SsbParams {
+            bf_threshold: 1.5,
+            ..params()
+        },
+        SsbParams {
+            rotation_deg: f64::INFINITY,
+            ..params()
+        },
+    ];
+    for p in bad {
+        let e = Ssb::new(&sim.ds, &p).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "{p:?}");
+    }
+    let e = Ssb::new(
+        &sim.ds,
+        &SsbParams {
+            memory_budget: Some(1000),
+            ..params()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::MemoryBudget);
+    let s = Ssb::new(&sim.ds, &params()).unwrap();
+    for fp in [
+        FitParams {
+            fit: vec!["C99".into()],
+            ..FitParams::default()
+        },
+        FitParams {
+            fit: vec![],
+            ..FitParams::default()
+        },
+        FitParams {
+            ranges: [("C10".to_string(), (5.0, -5.0))].into_iter().collect(),
+            ..FitParams::default()
+        },
+        FitParams {
+            ranges: [("C30".to_string(), (0.0, 1.0))].into_iter().collect(),
+            ..FitParams::default()
+        },
+    ] {
+        assert_eq!(
+            s.fit(&fp).unwrap_err().kind,
+            ErrorKind::InvalidArgument,
+            "{fp:?}"
+        );
+    }
+}
