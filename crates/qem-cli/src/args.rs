@@ -18,7 +18,7 @@ pub struct Cli {
 /// The subcommands.
 ///
 /// Later ones (DESIGN.md "CLI surface") get a variant here and a module of their own:
-/// `ssb PATH --out DIR` and (wave 2) `serve PATH`.
+/// (wave 2) `serve PATH`.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// List the compute backends and whether each can run here.
@@ -34,6 +34,9 @@ pub enum Command {
     /// Centre of mass, rotation/transpose, and the integrated DPC phase (iDPC) of a source:
     /// PNGs and .npy arrays of com_row, com_col and phase, and dpc.json.
     Dpc(DpcArgs),
+    /// Single-sideband ptychography (optionally fitting C10, C12, φ12, ...): phase and
+    /// amplitude PNG + .npy, object_re/object_im .npy, and ssb.json with the loss curve.
+    Ssb(SsbArgs),
     /// Simulate a small SrTiO3 acquisition, write it as Dectris files, load it, and write
     /// detector images, diffraction patterns and the DPC phase with a JSON report.
     Demo(DemoArgs),
@@ -209,6 +212,100 @@ pub struct DpcArgs {
     #[arg(long, default_value = "periodic", value_parser = parse_edge)]
     pub edge: EdgeMode,
     /// Print dpc.json to stdout instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `quantem-gpu ssb`
+#[derive(Debug, Args)]
+pub struct SsbArgs {
+    /// A Dectris master file, a plain HDF5 file or a .qem file.
+    pub path: PathBuf,
+    /// Output folder (created if needed); existing files of the same names are replaced.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Engine: auto (CUDA when usable, else CPU), cpu or cuda.
+    #[arg(long, default_value = "auto", value_parser = parse_backend)]
+    pub backend: BackendRequest,
+    /// Scan shape (rows, columns) when the file does not say.
+    #[arg(long, num_args = 2, value_names = ["R", "C"], value_parser = clap::value_parser!(u64).range(1..))]
+    pub scan_shape: Option<Vec<u64>>,
+    /// How the loaded counts are held: dense or encoded (default: the backend's).
+    #[arg(long, value_parser = parse_representation)]
+    pub representation: Option<Representation>,
+    /// Accelerating voltage, kV.
+    // Negative numbers parse so that validation names the bad value (exit 3), not clap.
+    #[arg(long, allow_negative_numbers = true)]
+    pub voltage_kv: f64,
+    /// Probe-forming aperture semi-angle α, mrad.
+    #[arg(long, allow_negative_numbers = true)]
+    pub semiangle_mrad: f64,
+    /// Scan step in Å: one value, or row and column steps.
+    #[arg(long, num_args = 1..=2, value_names = ["STEP"], required = true,
+          allow_negative_numbers = true)]
+    pub scan_step_a: Vec<f64>,
+    /// Detector angular sampling, mrad per (loaded) pixel (default: α / r_BF of the fitted
+    /// BF disk).
+    #[arg(long)]
+    pub det_sampling_mrad: Option<f64>,
+    /// With no --det-sampling-mrad: the anchor's 2α / r_BF instead (reproduces its numbers;
+    /// not physical).
+    #[arg(long)]
+    pub compat_2alpha: bool,
+    /// Scan–detector rotation, degrees (the value `quantem-gpu dpc` reports).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub rotation_deg: f64,
+    /// BF pixels need a mean intensity above this fraction of the maximum.
+    #[arg(long, default_value_t = 0.0)]
+    pub bf_threshold: f64,
+    /// Bytes the prepared spectra may take (default: the host's available memory).
+    #[arg(long)]
+    pub memory_budget: Option<u64>,
+    /// Fit the aberrations (--fit-params) before reconstructing; the values given below are
+    /// the start point and the fixed values of the others.
+    #[arg(long)]
+    pub fit: bool,
+    /// Comma-separated coefficients to fit (of C10, C12, phi12, C21, phi21, C23, phi23, C30).
+    #[arg(long, value_delimiter = ',', default_value = "C10,C12,phi12")]
+    pub fit_params: Vec<String>,
+    /// Loss to minimise: phase_variance (the anchor's) or coherence (robust on strong or
+    /// noisy data).
+    #[arg(long, default_value = "phase_variance", value_parser = crate::ssb_cmd::parse_objective)]
+    pub objective: qem::ssb::Objective,
+    /// Seed of the global search.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Global search points (default 200).
+    #[arg(long)]
+    pub global_evals: Option<usize>,
+    /// Nelder–Mead iterations per start (default 200).
+    #[arg(long)]
+    pub local_max_iter: Option<usize>,
+    /// Defocus C10, Å (positive = overfocus; abTEM's defocus is −C10).
+    #[arg(long, allow_negative_numbers = true)]
+    pub c10: Option<f64>,
+    /// Two-fold astigmatism C12, Å.
+    #[arg(long, allow_negative_numbers = true)]
+    pub c12: Option<f64>,
+    /// Angle of C12, rad.
+    #[arg(long, allow_negative_numbers = true)]
+    pub phi12: Option<f64>,
+    /// Axial coma C21, Å.
+    #[arg(long, allow_negative_numbers = true)]
+    pub c21: Option<f64>,
+    /// Angle of C21, rad.
+    #[arg(long, allow_negative_numbers = true)]
+    pub phi21: Option<f64>,
+    /// Three-fold astigmatism C23, Å.
+    #[arg(long, allow_negative_numbers = true)]
+    pub c23: Option<f64>,
+    /// Angle of C23, rad.
+    #[arg(long, allow_negative_numbers = true)]
+    pub phi23: Option<f64>,
+    /// Spherical aberration C30, Å.
+    #[arg(long, allow_negative_numbers = true)]
+    pub c30: Option<f64>,
+    /// Print ssb.json to stdout instead of a summary.
     #[arg(long)]
     pub json: bool,
 }

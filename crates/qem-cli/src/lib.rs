@@ -29,6 +29,7 @@ mod machine;
 mod output;
 mod products_cmd;
 mod progress;
+mod ssb_cmd;
 
 use clap::Parser;
 use std::ffi::OsString;
@@ -53,6 +54,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         args::Command::Convert(a) => convert::run(&a, &command_line),
         args::Command::Products(a) => products_cmd::run(&a, &command_line),
         args::Command::Dpc(a) => dpc_cmd::run(&a, &command_line),
+        args::Command::Ssb(a) => ssb_cmd::run(&a, &command_line),
         args::Command::Demo(a) => demo::run(&a, &command_line),
         args::Command::GenerateReference(a) => generate::run(&a, &command_line),
         args::Command::Bench(args::BenchCommand::Load(a)) => bench::run_load(&a, &command_line),

@@ -158,6 +158,22 @@ fn demo_writes_images_and_a_sane_report_then_inspect_sees_it() {
     }
     assert_eq!(report["images"]["df"]["outer_px"], Value::Null);
     assert!(report["output_files"].as_array().unwrap().len() >= 25);
+    // SSB on the 2x2-binned load: the fit finds the simulated probe (C10 = 50 Å, C12 = 20 Å at
+    // 30°) within the bounds measured with margin (7 %, 9 %, 0.02 rad off on this dataset).
+    let s = &report["ssb"];
+    assert_eq!(s["det_bin"], 2, "{s}");
+    assert_eq!(s["true_aberrations"]["C10"]["value"], 50.0);
+    let e = &s["fit_error"];
+    assert!(e["C10_rel"].as_f64().unwrap().abs() < 0.15, "{e}");
+    assert!(e["C12_rel"].as_f64().unwrap().abs() < 0.25, "{e}");
+    assert!(e["phi12_rad"].as_f64().unwrap().abs() < 0.15, "{e}");
+    assert!(
+        s["correlation_with_projected_potential"].as_f64().unwrap() > 0.5,
+        "{s}"
+    );
+    assert_eq!(npy_shape(&out.join("ssb").join("phase.npy")), vec![48, 40]);
+    assert!(out.join("ssb").join("phase.png").exists());
+    assert!(out.join("ssb").join("ssb.json").exists());
     // Provenance and the round trip through the files.
     assert_eq!(report["load"]["provenance"]["backend"], "cpu");
     assert_eq!(report["load"]["backend"], "cpu");
@@ -165,7 +181,7 @@ fn demo_writes_images_and_a_sane_report_then_inspect_sees_it() {
     assert_eq!(report["load"]["shape"], serde_json::json!([48, 40, 64, 64]));
     assert!(report["files"]["compression_ratio"].as_f64().unwrap() > 1.5);
     assert_eq!(report["files"]["data_files"].as_array().unwrap().len(), 2);
-    for stage in ["simulate", "write", "load", "products", "dpc"] {
+    for stage in ["simulate", "write", "load", "products", "dpc", "ssb"] {
         assert!(
             report["timings_s"][stage].as_f64().unwrap() >= 0.0,
             "{stage}"
@@ -990,4 +1006,145 @@ fn dpc_recovers_a_known_rotation_and_writes_its_files() {
     assert_eq!(rec["rotation_deg"], -10.0);
     assert_eq!(rec["sign_criterion"], "explicit_rotation");
     assert_eq!(rec["params"]["edge"], "mirror");
+}
+
+/// `ssb`: the files, the JSON, and the object's scan mean, which the definitions fix
+/// independently of the aberrations: every corrected spectrum gets the DC
+/// `d = mean_b Σ_R I_b(R)`, so `mean_R O(R) = mean_b mean_R I_b(R)` (real), computed here from
+/// the frames and the naive BF disk.
+#[test]
+fn ssb_writes_its_files_and_a_fit_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let frames = disk_frames();
+    let master = write_acq(dir.path(), P_SCAN, P_DET, &frames);
+    let (n, k) = (P_SCAN.0 * P_SCAN.1, P_DET.0 * P_DET.1);
+    let (c, r) = naive_disk(&frames, n, P_DET);
+    let mut bf_sum = 0.0;
+    let mut bf = 0usize;
+    for p in 0..k {
+        let (i, j) = ((p / P_DET.1) as f64, (p % P_DET.1) as f64);
+        let total: u64 = (0..n).map(|f| u64::from(frames[f * k + p])).sum();
+        if total > 0 && (i - c.0).powi(2) + (j - c.1).powi(2) <= r * r {
+            bf += 1;
+            bf_sum += total as f64 / n as f64;
+        }
+    }
+    let want_mean = bf_sum / bf as f64;
+
+    let out = dir.path().join("ssb");
+    let base = [
+        "ssb",
+        &master,
+        "--out",
+        out.to_str().unwrap(),
+        "--voltage-kv",
+        "300",
+        "--semiangle-mrad",
+        "20",
+        "--scan-step-a",
+        "0.5",
+        "0.6",
+    ];
+    let mut args = base.to_vec();
+    args.extend(["--c10", "-40", "--c12", "10", "--phi12", "0.3", "--json"]);
+    let o = qg(&args);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let rec = json_stdout(&o);
+    let on_disk: Value =
+        serde_json::from_slice(&std::fs::read(out.join("ssb.json")).unwrap()).unwrap();
+    assert_eq!(rec, on_disk);
+    assert_eq!(rec["n_bf_pixels"], bf, "{rec}");
+    assert_eq!(rec["aberrations"]["C10"]["value"], -40.0);
+    assert_eq!(rec["aberrations"]["C10"]["unit"], "Å");
+    assert_eq!(rec["aberrations"]["phi12"]["unit"], "rad");
+    assert_eq!(rec["fit"], Value::Null);
+    assert_eq!(rec["params"]["scan_step_a"], serde_json::json!([0.5, 0.6]));
+    // Default detector sampling: α / r_BF.
+    let dtheta = rec["det_sampling_mrad"].as_f64().unwrap();
+    assert!(
+        (dtheta - 20.0 / r).abs() < 1e-9 * dtheta,
+        "{dtheta} vs {}",
+        20.0 / r
+    );
+    assert_eq!(rec["provenance"]["operation"], "ssb.reconstruct");
+    let (s_re, re) = npy_f64(&out.join("object_re.npy"));
+    let (_, im) = npy_f64(&out.join("object_im.npy"));
+    let (s_ph, ph) = npy_f64(&out.join("phase.npy"));
+    let (_, amp) = npy_f64(&out.join("amplitude.npy"));
+    assert_eq!(s_re, vec![P_SCAN.0, P_SCAN.1]);
+    assert_eq!(s_ph, s_re);
+    for i in 0..n {
+        assert!((ph[i] - im[i].atan2(re[i])).abs() < 1e-12, "phase {i}");
+        assert!(
+            (amp[i] - re[i].hypot(im[i])).abs() < 1e-9 * amp[i].max(1.0),
+            "amp {i}"
+        );
+    }
+    let mean_re = re.iter().sum::<f64>() / n as f64;
+    let mean_im = im.iter().sum::<f64>() / n as f64;
+    assert!(
+        (mean_re - want_mean).abs() < 1e-9 * want_mean,
+        "{mean_re} vs {want_mean}"
+    );
+    assert!(mean_im.abs() < 1e-9 * want_mean, "{mean_im}");
+    for name in ["phase", "amplitude"] {
+        assert!(out.join(format!("{name}.png")).exists(), "{name}");
+    }
+
+    // A small fit, twice: the same record (deterministic for a seed).
+    let mut args = base.to_vec();
+    args.extend([
+        "--fit",
+        "--fit-params",
+        "C10,C12",
+        "--phi12",
+        "0.25",
+        "--global-evals",
+        "6",
+        "--local-max-iter",
+        "5",
+        "--seed",
+        "7",
+        "--json",
+    ]);
+    let a = json_stdout(&qg(&args));
+    let b = json_stdout(&qg(&args));
+    assert_eq!(a["fit"], b["fit"]);
+    let f = &a["fit"];
+    assert_eq!(f["fitted"], serde_json::json!(["C10", "C12"]));
+    assert_eq!(f["seed"], 7);
+    let curve: Vec<f64> = f["loss_curve"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(curve.len() as u64, f["evaluations"].as_u64().unwrap());
+    assert!(curve.len() > 7, "start + 6 global points + Nelder–Mead");
+    let best = curve.iter().cloned().fold(f64::INFINITY, f64::min);
+    assert_eq!(f["loss"].as_f64().unwrap(), best);
+    assert_eq!(a["aberrations"]["phi12"]["value"], 0.25, "not fitted: kept");
+    assert_eq!(a["provenance"]["operation"], "ssb.fit");
+
+    // Usage and input errors.
+    let o = qg(&[
+        "ssb",
+        &master,
+        "--out",
+        out.to_str().unwrap(),
+        "--semiangle-mrad",
+        "20",
+        "--scan-step-a",
+        "0.5",
+    ]);
+    assert_eq!(code(&o), 2, "missing --voltage-kv");
+    assert!(stderr(&o).contains("--voltage-kv"), "{}", stderr(&o));
+    let mut args = base.to_vec();
+    args[5] = "-300";
+    let o = qg(&args);
+    assert_eq!(code(&o), 2, "an invalid argument: {}", stderr(&o));
+    assert!(stderr(&o).contains("voltage_kv"), "{}", stderr(&o));
+    let mut args = base.to_vec();
+    args.extend(["--memory-budget", "100"]);
+    assert_eq!(code(&qg(&args)), 5);
 }

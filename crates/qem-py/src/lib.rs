@@ -11,6 +11,7 @@ mod dataset;
 mod engine;
 mod errors;
 mod products;
+mod ssb;
 mod watch;
 
 use crate::convert::{numpy_to_source, region, shape2, to_py};
@@ -168,5 +169,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(resolve_backend, m)?)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     products::register(m)?;
+    ssb::register(m)?;
     Ok(())
 }

@@ -1,6 +1,6 @@
 """quantem.gpu: a 4D-STEM engine (Rust core) for acquisitions ``I[R_r, R_c, k_r, k_c]``.
 
->>> from quantem.gpu import io, detector, dpc, device
+>>> from quantem.gpu import io, detector, dpc, ssb, device
 >>> device.available()
 ['cpu']
 >>> with io.load("scan_master.h5", scan_shape=(256, 256)) as ds:
@@ -13,7 +13,7 @@ Every error raised by the engine is a :class:`QuantemError`; its subclasses name
 ``expected`` and ``found`` attributes.
 """
 
-from quantem.gpu import detector, device, dpc, io
+from quantem.gpu import detector, device, dpc, io, ssb
 from quantem.gpu._native import (
     BackendUnavailableError,
     DecodeError,
@@ -44,4 +44,5 @@ __all__ = [
     "device",
     "dpc",
     "io",
+    "ssb",
 ]

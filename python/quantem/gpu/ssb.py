@@ -1,0 +1,497 @@
+"""Single-sideband ptychography (SSB) with aberration fitting.
+
+Definitions (``SCIENCE.md``, anchor §8): the bright-field (BF) pixels ``b`` are the detector
+pixels inside the BF disk fitted from the mean diffraction pattern; each has a probe-space
+vector ``k_b = R(θ) ((i_b − c_r) Δk, (j_b − c_c) Δk)`` with ``Δk = Δθ·10⁻³/λ`` and the detector
+sampling ``Δθ = α / r_BF`` (mrad per pixel) unless given (the anchor's ``2α / r`` only with
+``compat_2alpha=True``). ``G_b(ν)`` is the unnormalised 2-D FFT over the scan of pixel ``b``'s
+image; the double-overlap ("trotter") correction
+``Γ_b(ν) = P(ν − k_b) P*(k_b) − P*(ν + k_b) P(k_b)`` with the probe ``P = A·exp(−iχ)`` and the
+full Krivanek aberration function ``χ = (2π/λ) Σ C_nm α^(n+1)/(n+1) cos(m(φ − φ_nm))`` is
+removed phase-only, and the object is the mean of the corrected per-pixel terms.
+
+Aberrations are in ångström and their angles in radians, named ``C10`` (defocus; positive =
+overfocus, abTEM's ``defocus`` is ``−C10``), ``C12``/``phi12`` (two-fold astigmatism),
+``C21``/``phi21`` (coma), ``C23``/``phi23`` (three-fold astigmatism) and ``C30`` (spherical).
+
+The scan may have any shape (rectangular, not a power of two): nothing is cropped or padded.
+
+>>> from quantem.gpu import io, ssb
+>>> ds = io.load("scan_master.h5")
+>>> s = ssb.SSB(ds, voltage_kv=300, semiangle_mrad=25, scan_step_a=0.4)
+>>> r = s.reconstruct({"C10": 50.0, "C12": 20.0, "phi12": 0.5})
+>>> f = s.fit(seed=0)                    # C10, C12, phi12 by default
+>>> f.aberrations["C10"], f.loss, f.evaluations
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from quantem.gpu import _native
+from quantem.gpu.detector import _invalid
+
+__all__ = [
+    "ABERRATIONS",
+    "DEFAULT_FIT",
+    "OBJECTIVES",
+    "SSB",
+    "SSBFit",
+    "SSBResult",
+    "UNITS",
+]
+
+#: Every aberration coefficient :meth:`SSB.reconstruct` accepts, in order.
+ABERRATIONS = ("C10", "C12", "phi12", "C21", "phi21", "C23", "phi23", "C30")
+
+#: The unit of each coefficient.
+UNITS = {name: ("rad" if name.startswith("phi") else "Å") for name in ABERRATIONS}
+
+#: What :meth:`SSB.fit` fits when ``fit`` is not given.
+DEFAULT_FIT = ("C10", "C12", "phi12")
+
+#: The objectives :meth:`SSB.fit` and :meth:`SSB.objective` know.
+#:
+#: ``"phase_variance"``: the anchor's mean over scan positions of the variance over BF pixels of
+#: the per-pixel phases (lower is better). ``"coherence"``: the negated spectral coherence
+#: ``−Σ_{ν≠0} |Σ_b C_b(ν)|² / (B Σ_{ν≠0} Σ_b |C_b(ν)|²)`` of the corrected per-pixel spectra,
+#: in ``[−1, 0]``: it never takes a phase, so strong phases that wrap past ±π do not scramble
+#: it, and each term weighs by its own signal, so noise-dominated frequencies count little.
+OBJECTIVES = ("phase_variance", "coherence")
+
+_OP = "ssb"
+
+
+def _shape(a: np.ndarray) -> str:
+    return "(" + ", ".join(str(n) for n in a.shape) + ")"
+
+
+def _number(name: str, value, *, positive: bool = True) -> float:
+    """``value`` as a finite float, else an InvalidArgumentError naming ``name``."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise _invalid(
+            _OP, f"{name} must be a number", expected="a finite number", found=repr(value)
+        ) from None
+    if not math.isfinite(v) or (positive and v <= 0):
+        raise _invalid(
+            _OP,
+            f"{name} must be {'positive' if positive else 'finite'}",
+            expected="a finite number > 0" if positive else "a finite number",
+            found=repr(value),
+        )
+    return v
+
+
+def _required(name: str, value, unit: str) -> float:
+    if value is None:
+        raise _invalid(
+            _OP,
+            f"{name} is required (the engine never guesses a calibration)",
+            expected=f"{name}=<value in {unit}>",
+            found="None",
+        )
+    return _number(name, value)
+
+
+def _pair(name: str, value) -> tuple[float, float]:
+    """A scalar or a ``(row, col)`` pair of positive numbers."""
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        v = _number(name, value)
+        return (v, v)
+    try:
+        items = list(value)
+    except TypeError:
+        items = None
+    if items is None or len(items) != 2:
+        raise _invalid(
+            _OP,
+            f"{name} is a number or a (row, col) pair",
+            expected="a number or (row, col)",
+            found=repr(value),
+        )
+    return (_number(name, items[0]), _number(name, items[1]))
+
+
+def _aberrations(values: Mapping[str, float] | None, what: str = "aberrations") -> dict[str, float]:
+    """A checked ``{name: value}`` dict (every name known, values finite)."""
+    if values is None:
+        return {}
+    if not isinstance(values, Mapping):
+        raise _invalid(
+            _OP,
+            f"{what} is a mapping of coefficient names to values",
+            expected='e.g. {"C10": 50.0, "C12": 20.0, "phi12": 0.5}',
+            found=type(values).__name__,
+        )
+    out = {}
+    for k, v in values.items():
+        if k not in ABERRATIONS:
+            raise _invalid(
+                _OP,
+                f"unknown aberration coefficient in {what}",
+                expected=", ".join(ABERRATIONS),
+                found=repr(k),
+            )
+        out[k] = _number(f"{what}[{k!r}]", v, positive=False)
+    return out
+
+
+@dataclass(frozen=True, repr=False)
+class SSBResult:
+    """What :meth:`SSB.reconstruct` returns.
+
+    Attributes
+    ----------
+    object : numpy.ndarray
+        ``complex128`` ``(R_r, R_c)``: the reconstructed object (count-scaled, not normalised).
+    phase : numpy.ndarray
+        ``float64`` ``(R_r, R_c)``: ``arg(object)``, radians in ``(−π, π]``.
+    amplitude : numpy.ndarray
+        ``float64`` ``(R_r, R_c)``: ``|object|``.
+    aberrations : dict
+        The aberrations the probe was corrected with, every coefficient (Å, rad).
+    provenance : dict
+    """
+
+    object: np.ndarray
+    phase: np.ndarray
+    amplitude: np.ndarray
+    aberrations: dict[str, float]
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _from_native(cls, d: dict[str, Any]) -> SSBResult:
+        obj = np.asarray(d["object_re"], dtype=np.float64) + 1j * np.asarray(
+            d["object_im"], dtype=np.float64
+        )
+        return cls(
+            object=obj,
+            phase=d["phase"],
+            amplitude=d["amplitude"],
+            aberrations=dict(d["aberrations"]),
+            provenance=d["provenance"],
+        )
+
+    def __array__(self, dtype=None, copy=None):
+        # np.asarray(result) is the phase, the image users look at.
+        return np.asarray(self.phase, dtype=dtype)
+
+    def __repr__(self) -> str:
+        ab = ", ".join(f"{k}={v:.4g}" for k, v in self.aberrations.items() if v != 0.0)
+        return f"SSBResult(phase={_shape(self.phase)}, aberrations={{{ab}}})"
+
+
+@dataclass(frozen=True, repr=False)
+class SSBFit:
+    """What :meth:`SSB.fit` returns.
+
+    Attributes
+    ----------
+    aberrations : dict
+        Every coefficient after the fit (those not fitted keep their start value): Å, rad.
+    fitted : tuple of str
+        The coefficients that were fitted.
+    units : dict
+        The unit of each coefficient.
+    loss : float
+        The objective at ``aberrations`` (lower is better).
+    evaluations : int
+        Objective evaluations, global search and local refinement together.
+    loss_curve : numpy.ndarray
+        ``float64``: the loss of every evaluation in order (global points first, then
+        Nelder–Mead); ``np.minimum.accumulate`` gives the best so far.
+    objective : str
+        The objective minimised.
+    result : SSBResult
+        The reconstruction at the fitted aberrations.
+    provenance : dict
+        The fit's record: search ranges, seed, budgets, method.
+    """
+
+    aberrations: dict[str, float]
+    fitted: tuple[str, ...]
+    units: dict[str, str]
+    loss: float
+    evaluations: int
+    loss_curve: np.ndarray
+    objective: str
+    result: SSBResult
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _from_native(cls, d: dict[str, Any]) -> SSBFit:
+        fitted = tuple(str(n) for n in d["fitted"])
+        return cls(
+            aberrations=dict(d["aberrations"]),
+            fitted=fitted,
+            units={k: UNITS[k] for k in ABERRATIONS},
+            loss=float(d["loss"]),
+            evaluations=int(d["evaluations"]),
+            loss_curve=np.asarray(d["loss_curve"], dtype=np.float64),
+            objective=str(d["objective"]),
+            result=SSBResult._from_native(d["result"]),
+            provenance=d["provenance"],
+        )
+
+    def __repr__(self) -> str:
+        ab = ", ".join(f"{k}={self.aberrations[k]:.4g} {UNITS[k]}" for k in self.fitted)
+        return (
+            f"SSBFit({ab}; loss={self.loss:.6g}, evaluations={self.evaluations}, "
+            f"objective={self.objective!r})"
+        )
+
+
+class SSB:
+    """An acquisition prepared for SSB: BF pixels, their probe vectors and scan spectra ``G``.
+
+    Preparing reads the BF pixels' images once and keeps ``G`` for every BF pixel (about
+    ``B · R_r · (R_c/2 + 1) · 16`` bytes); :meth:`reconstruct`, :meth:`objective` and :meth:`fit`
+    then never touch the dataset again.
+
+    Parameters
+    ----------
+    ds : Dataset
+        Any representation, any backend (a CUDA dataset's BF pixels are copied to the host).
+    voltage_kv : float
+        Accelerating voltage, kV (required).
+    semiangle_mrad : float
+        Probe-forming aperture semi-angle α, mrad (required).
+    scan_step_a : float or (float, float)
+        Scan step along rows and columns, Å (required).
+    det_sampling_mrad : float, optional
+        Detector angular sampling, mrad per pixel; default ``α / r_BF`` with the fitted BF-disk
+        radius (the disk edge is the aperture edge).
+    rotation_deg : float
+        Scan–detector rotation, degrees, with the convention of :func:`quantem.gpu.dpc.run`
+        (pass its ``rotation_deg``).
+    compat_2alpha : bool
+        Use the anchor's ``Δθ = 2α / r_BF`` when ``det_sampling_mrad`` is not given
+        (reproduces the anchor's numbers; not physical).
+    bf_threshold : float
+        Keep only BF pixels whose mean intensity exceeds this fraction of the maximum.
+    memory_budget : int, optional
+        Bytes ``G`` may take; a larger ``G`` raises :class:`~quantem.gpu.MemoryBudgetError`.
+    """
+
+    def __init__(
+        self,
+        ds,
+        voltage_kv: float | None = None,
+        semiangle_mrad: float | None = None,
+        scan_step_a: float | Sequence[float] | None = None,
+        det_sampling_mrad: float | None = None,
+        rotation_deg: float = 0.0,
+        *,
+        compat_2alpha: bool = False,
+        bf_threshold: float = 0.0,
+        memory_budget: int | None = None,
+    ):
+        voltage = _required("voltage_kv", voltage_kv, "kV")
+        alpha = _required("semiangle_mrad", semiangle_mrad, "mrad")
+        if scan_step_a is None:
+            raise _invalid(
+                _OP,
+                "scan_step_a is required (the engine never guesses a calibration)",
+                expected="scan_step_a=<Å> or (row Å, col Å)",
+                found="None",
+            )
+        step = _pair("scan_step_a", scan_step_a)
+        det = None if det_sampling_mrad is None else _number("det_sampling_mrad", det_sampling_mrad)
+        rot = _number("rotation_deg", rotation_deg, positive=False)
+        thr = _number("bf_threshold", bf_threshold, positive=False)
+        if memory_budget is not None and (
+            not isinstance(memory_budget, (int, np.integer)) or memory_budget < 0
+        ):
+            raise _invalid(
+                _OP,
+                "memory_budget is a number of bytes",
+                expected="an integer >= 0 or None",
+                found=repr(memory_budget),
+            )
+        self._native = _native.ssb_prepare(
+            ds,
+            voltage_kv=voltage,
+            semiangle_mrad=alpha,
+            scan_step_a=step,
+            det_sampling_mrad=det,
+            rotation_deg=rot,
+            compat_2alpha=bool(compat_2alpha),
+            bf_threshold=thr,
+            memory_budget=None if memory_budget is None else int(memory_budget),
+        )
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The prepared geometry: BF pixel count, disk, detector sampling, wavelength, ..."""
+        return self._native.info()
+
+    @property
+    def objectives(self) -> tuple[str, ...]:
+        """Names of the objectives the engine knows (the first is the default)."""
+        return tuple(self._native.objectives())
+
+    def _objective(self, objective: str) -> str:
+        name = str(objective).lower()
+        known = self.objectives
+        if name not in known:
+            raise _invalid(
+                _OP, "unknown objective", expected=" or ".join(known), found=repr(objective)
+            )
+        return name
+
+    def reconstruct(self, aberrations: Mapping[str, float] | None = None) -> SSBResult:
+        """The object with the probe corrected for ``aberrations``.
+
+        Parameters
+        ----------
+        aberrations : dict, optional
+            ``{"C10": Å, "C12": Å, "phi12": rad, ...}``; missing coefficients are 0.
+
+        Returns
+        -------
+        SSBResult
+        """
+        return SSBResult._from_native(self._native.reconstruct(_aberrations(aberrations)))
+
+    def objective(
+        self, aberrations: Mapping[str, float] | None = None, objective: str = "phase_variance"
+    ) -> float:
+        """The fit's loss at ``aberrations`` (lower is better)."""
+        return float(self._native.objective(_aberrations(aberrations), self._objective(objective)))
+
+    def fit(
+        self,
+        seed: int = 0,
+        fit: Sequence[str] = DEFAULT_FIT,
+        ranges: Mapping[str, tuple[float, float]] | None = None,
+        objective: str = "phase_variance",
+        global_evals: int | None = None,
+        local_max_iter: int | None = None,
+        start: Mapping[str, float] | None = None,
+        local_starts: int | None = None,
+    ) -> SSBFit:
+        """Fit aberrations: a seeded global search, then Nelder–Mead refinement.
+
+        Deterministic for a given seed (and backend).
+
+        Parameters
+        ----------
+        seed : int
+            Seed of the global search.
+        fit : sequence of str
+            The coefficients to fit (any of :data:`ABERRATIONS`); the others keep ``start``.
+        ranges : dict, optional
+            ``{name: (low, high)}`` search ranges in Å / rad; the engine's documented defaults
+            for names not given (recorded in ``SSBFit.provenance``).
+        objective : str
+            One of :attr:`objectives`.
+        global_evals, local_max_iter : int, optional
+            Budgets of the global search (points besides the start point) and of each
+            Nelder–Mead run (iterations); the engine's defaults when omitted
+            (``SSB.info["fit_defaults"]``: 200 and 200).
+        start : dict, optional
+            Start (and fixed) values of the coefficients; 0 when omitted. The start point is
+            the global search's first point.
+        local_starts : int, optional
+            Nelder–Mead runs, from the best distinct global candidates (default 3).
+
+        Notes
+        -----
+        The global search is a scrambled Halton sequence with a seeded shift over the box of
+        ``ranges`` (defaults: C10 ±400 Å, C12 0…100 Å, phi12 ±π/2, C21 and C23 0…1000 Å,
+        phi21 ±π, phi23 ±π/3, C30 ±5·10⁴ Å); its points do not depend on earlier losses, so
+        they are evaluated in parallel without changing the result.
+
+        Returns
+        -------
+        SSBFit
+        """
+        if isinstance(fit, str):
+            fit = (fit,)
+        names = [str(n) for n in fit]
+        for n in names:
+            if n not in ABERRATIONS:
+                raise _invalid(
+                    _OP,
+                    "unknown coefficient to fit",
+                    expected=", ".join(ABERRATIONS),
+                    found=repr(n),
+                )
+        if not names or len(set(names)) != len(names):
+            raise _invalid(
+                _OP,
+                "fit names each coefficient once",
+                expected="at least one distinct name",
+                found=repr(tuple(names)),
+            )
+        rng = None
+        if ranges is not None:
+            if not isinstance(ranges, Mapping):
+                raise _invalid(
+                    _OP,
+                    "ranges is a mapping of names to (low, high)",
+                    expected='e.g. {"C10": (-400.0, 400.0)}',
+                    found=type(ranges).__name__,
+                )
+            rng = {}
+            for k, lohi in ranges.items():
+                if k not in ABERRATIONS:
+                    raise _invalid(
+                        _OP,
+                        "unknown coefficient in ranges",
+                        expected=", ".join(ABERRATIONS),
+                        found=repr(k),
+                    )
+                try:
+                    lo, hi = (float(x) for x in lohi)
+                except (TypeError, ValueError):
+                    raise _invalid(
+                        _OP,
+                        f"ranges[{k!r}] is a (low, high) pair",
+                        expected="(low, high)",
+                        found=repr(lohi),
+                    ) from None
+                if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+                    raise _invalid(
+                        _OP,
+                        f"ranges[{k!r}] must be finite with low < high",
+                        expected="low < high",
+                        found=repr(lohi),
+                    )
+                rng[k] = (lo, hi)
+        for name, v in (
+            ("global_evals", global_evals),
+            ("local_max_iter", local_max_iter),
+            ("local_starts", local_starts),
+        ):
+            if v is not None and (not isinstance(v, (int, np.integer)) or v < 0):
+                raise _invalid(_OP, f"{name} is a count", expected="an integer >= 0", found=repr(v))
+        if not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise _invalid(
+                _OP, "seed is a non-negative integer", expected="an integer >= 0", found=repr(seed)
+            )
+        d = self._native.fit(
+            seed=int(seed),
+            fit=names,
+            ranges=rng,
+            objective=self._objective(objective),
+            global_evals=None if global_evals is None else int(global_evals),
+            local_max_iter=None if local_max_iter is None else int(local_max_iter),
+            local_starts=None if local_starts is None else int(local_starts),
+            start=_aberrations(start, "start"),
+        )
+        return SSBFit._from_native(d)
+
+    def __repr__(self) -> str:
+        i = self.info
+        return (
+            f"SSB(scan={tuple(i.get('scan_shape', ()))}, bf_pixels={i.get('n_bf')}, "
+            f"det_sampling_mrad={i.get('det_sampling_mrad', float('nan')):.4g})"
+        )
