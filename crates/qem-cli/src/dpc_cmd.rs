@@ -7,9 +7,8 @@
 //! statistics, provenance and timings.
 
 use crate::args::DpcArgs;
-use crate::output::write_npy;
 use crate::print_out;
-use crate::products_cmd::{load_source, make_out_dir, write_array};
+use crate::products_cmd::{load_source, make_out_dir, write_array, write_npy_only};
 use anyhow::Context;
 use qem::dpc::{self, DpcParams, DpcResult};
 use qem::Dataset;
@@ -43,14 +42,9 @@ pub fn write_dpc(
         arrays.insert(name.into(), w.entry);
     }
     for (name, v) in [("dpc_row", &res.dpc_row), ("dpc_col", &res.dpc_col)] {
-        let npy = format!("{name}.npy");
-        write_npy(&out.join(&npy), v, &[scan.rows, scan.cols])?;
-        arrays.insert(
-            name.into(),
-            json!({ "npy": npy, "shape": [scan.rows, scan.cols], "dtype": "float64",
-                    "stats": crate::image::stats(v) }),
-        );
-        files.push(npy);
+        let w = write_npy_only(out, name, v, scan)?;
+        files.extend(w.files);
+        arrays.insert(name.into(), w.entry);
     }
     let t_write = t.elapsed().as_secs_f64();
     let record = json!({

@@ -80,6 +80,22 @@ pub fn write_array<T: crate::output::NpyElem>(
     })
 }
 
+/// Write `name.npy` alone (an f64 2-D array that gets no picture); returns its JSON entry.
+pub fn write_npy_only(
+    out: &Path,
+    name: &str,
+    data: &[f64],
+    shape: Shape2,
+) -> anyhow::Result<Written> {
+    let npy = format!("{name}.npy");
+    write_npy(&out.join(&npy), data, &[shape.rows, shape.cols])?;
+    Ok(Written {
+        files: vec![npy.clone()],
+        entry: json!({ "npy": npy, "shape": [shape.rows, shape.cols], "dtype": "float64",
+                       "stats": crate::image::stats(data) }),
+    })
+}
+
 fn dtype_name<T: crate::output::NpyElem>() -> &'static str {
     match T::DESCR {
         "|u1" => "uint8",

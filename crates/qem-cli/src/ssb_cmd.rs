@@ -10,9 +10,8 @@
 //! with units, the fit (loss, evaluations, loss curve, ranges, seed) and the provenance.
 
 use crate::args::SsbArgs;
-use crate::output::write_npy;
 use crate::print_out;
-use crate::products_cmd::{load_source, make_out_dir, write_array};
+use crate::products_cmd::{load_source, make_out_dir, write_array, write_npy_only};
 use anyhow::Context;
 use qem::ssb::{Aberrations, FitParams, Objective, Ssb, SsbParams, SsbResult};
 use qem::Dataset;
@@ -90,14 +89,9 @@ pub fn write_ssb(
         arrays.insert(name.into(), w.entry);
     }
     for (name, v) in [("object_re", &res.object_re), ("object_im", &res.object_im)] {
-        let npy = format!("{name}.npy");
-        write_npy(&out.join(&npy), v, &[scan.rows, scan.cols])?;
-        arrays.insert(
-            name.into(),
-            json!({ "npy": npy, "shape": [scan.rows, scan.cols], "dtype": "float64",
-                    "stats": crate::image::stats(v) }),
-        );
-        files.push(npy);
+        let w = write_npy_only(out, name, v, scan)?;
+        files.extend(w.files);
+        arrays.insert(name.into(), w.entry);
     }
     let t_write = t.elapsed().as_secs_f64();
     let objective = match job {
