@@ -8,7 +8,7 @@
 
 use crate::args::DpcArgs;
 use crate::print_out;
-use crate::products_cmd::{load_source, make_out_dir, write_array, write_npy_only};
+use crate::products_cmd::{load_source, make_out_dir, write_array, write_npy_only, write_record};
 use anyhow::Context;
 use qem::dpc::{self, DpcParams, DpcResult};
 use qem::Dataset;
@@ -90,17 +90,14 @@ pub fn run(a: &DpcArgs, command_line: &str) -> anyhow::Result<()> {
         a.representation,
     )?;
     let (res, mut record, files) = write_dpc(&ds, &params, &a.out)?;
-    record["command"] = json!(command_line);
-    record["source"] = json!(a.path);
-    record["out_dir"] = json!(a.out);
-    record["timings_s"]["load"] = json!(t_load);
-    record["package_version"] = json!(env!("CARGO_PKG_VERSION"));
-    record["git_revision"] = json!(qem::GIT_REVISION);
-    let json_path = a.out.join("dpc.json");
-    let text = format!("{}\n", serde_json::to_string_pretty(&record)?);
-    std::fs::write(&json_path, &text)
-        .map_err(|e| qem::Error::io("write report", &json_path, &e))
-        .with_context(|| format!("cannot write {}", json_path.display()))?;
+    let text = write_record(
+        &mut record,
+        command_line,
+        &a.path,
+        &a.out,
+        t_load,
+        "dpc.json",
+    )?;
     if a.json {
         return print_out(&text);
     }

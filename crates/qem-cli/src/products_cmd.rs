@@ -14,7 +14,7 @@ use anyhow::Context;
 use qem::detector::{self, DetectorParams, DiskFit};
 use qem::{BackendRequest, Dataset, LoadParams, Representation, Shape2, SourceArg};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 /// Load `path` for a compute command (an unusable explicit backend fails first, exit 4).
@@ -78,6 +78,30 @@ pub fn write_array<T: crate::output::NpyElem>(
             "display": display,
         }),
     })
+}
+
+/// Stamp a command's JSON record with how it was made (command line, source, output folder,
+/// load time, package version, git revision), write it as `out/name`, and return its text.
+pub fn write_record(
+    record: &mut Value,
+    command_line: &str,
+    source: &Path,
+    out: &Path,
+    t_load: f64,
+    name: &str,
+) -> anyhow::Result<String> {
+    record["command"] = json!(command_line);
+    record["source"] = json!(source);
+    record["out_dir"] = json!(out);
+    record["timings_s"]["load"] = json!(t_load);
+    record["package_version"] = json!(env!("CARGO_PKG_VERSION"));
+    record["git_revision"] = json!(qem::GIT_REVISION);
+    let json_path = out.join(name);
+    let text = format!("{}\n", serde_json::to_string_pretty(&record)?);
+    std::fs::write(&json_path, &text)
+        .map_err(|e| qem::Error::io("write report", &json_path, &e))
+        .with_context(|| format!("cannot write {}", json_path.display()))?;
+    Ok(text)
 }
 
 /// Write `name.npy` alone (an f64 2-D array that gets no picture); returns its JSON entry.
@@ -266,17 +290,14 @@ pub fn run(a: &ProductsArgs, command_line: &str) -> anyhow::Result<()> {
         a.representation,
     )?;
     let (_, mut record, files) = write_products(&ds, &a.products, &params, &a.out)?;
-    record["command"] = json!(command_line);
-    record["source"] = json!(a.path);
-    record["out_dir"] = json!(a.out);
-    record["timings_s"]["load"] = json!(t_load);
-    record["package_version"] = json!(env!("CARGO_PKG_VERSION"));
-    record["git_revision"] = json!(qem::GIT_REVISION);
-    let json_path: PathBuf = a.out.join("products.json");
-    let text = format!("{}\n", serde_json::to_string_pretty(&record)?);
-    std::fs::write(&json_path, &text)
-        .map_err(|e| qem::Error::io("write report", &json_path, &e))
-        .with_context(|| format!("cannot write {}", json_path.display()))?;
+    let text = write_record(
+        &mut record,
+        command_line,
+        &a.path,
+        &a.out,
+        t_load,
+        "products.json",
+    )?;
     if a.json {
         return print_out(&text);
     }

@@ -11,7 +11,7 @@
 
 use crate::args::SsbArgs;
 use crate::print_out;
-use crate::products_cmd::{load_source, make_out_dir, write_array, write_npy_only};
+use crate::products_cmd::{load_source, make_out_dir, write_array, write_npy_only, write_record};
 use anyhow::Context;
 use qem::ssb::{Aberrations, FitParams, Objective, Ssb, SsbParams, SsbResult};
 use qem::Dataset;
@@ -197,17 +197,14 @@ pub fn run(a: &SsbArgs, command_line: &str) -> anyhow::Result<()> {
         a.representation,
     )?;
     let (res, mut record, files) = write_ssb(&ds, &params, &job, &a.out)?;
-    record["command"] = json!(command_line);
-    record["source"] = json!(a.path);
-    record["out_dir"] = json!(a.out);
-    record["timings_s"]["load"] = json!(t_load);
-    record["package_version"] = json!(env!("CARGO_PKG_VERSION"));
-    record["git_revision"] = json!(qem::GIT_REVISION);
-    let json_path = a.out.join("ssb.json");
-    let text = format!("{}\n", serde_json::to_string_pretty(&record)?);
-    std::fs::write(&json_path, &text)
-        .map_err(|e| qem::Error::io("write report", &json_path, &e))
-        .with_context(|| format!("cannot write {}", json_path.display()))?;
+    let text = write_record(
+        &mut record,
+        command_line,
+        &a.path,
+        &a.out,
+        t_load,
+        "ssb.json",
+    )?;
     if a.json {
         return print_out(&text);
     }
