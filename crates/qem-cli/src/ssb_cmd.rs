@@ -124,7 +124,7 @@ pub fn write_ssb(
         // A fit already knows its loss; a plain reconstruction pays one evaluation.
         "loss": { "objective": objective.name(),
                   "value": match &fit_record {
-                      Value::Null => s.objective(&res.aberrations, objective),
+                      Value::Null => s.objective(&res.aberrations, objective)?,
                       f => f["loss"].as_f64().unwrap_or(f64::NAN),
                   } },
         "fit": fit_record,
@@ -158,6 +158,7 @@ pub fn run(a: &SsbArgs, command_line: &str) -> anyhow::Result<()> {
         compat_2alpha: a.compat_2alpha,
         bf_threshold: a.bf_threshold,
         memory_budget: a.memory_budget,
+        g_storage: None,
     };
     // Bad calibration fails before the (possibly long) load, exit 3.
     params.validate()?;

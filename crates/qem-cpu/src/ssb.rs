@@ -155,6 +155,41 @@ pub fn chi(ab: &Aberrations, lambda_a: f64, v_r: f64, v_c: f64) -> f64 {
     2.0 * PI / lambda_a * sum
 }
 
+/// [`chi`] as a polynomial in the reciprocal vector's components `(x, y) = (v_r, v_c)`, for
+/// kernels that should not take `atan2`: with `q² = x² + y²`,
+/// `χ = c[0] q² + c[1] (x² − y²) + c[2] 2xy + q² (c[3] x + c[4] y) + c[5] x(x² − 3y²)
+/// + c[6] y(3x² − y²) + c[7] q⁴`, since `α = λq`, `cos φ = x/q`, `sin φ = y/q` and
+/// `cos m(φ − φ_m)` expands into `cos mφ`, `sin mφ`. [`chi_from_polynomial`] evaluates it.
+pub fn chi_polynomial(ab: &Aberrations, lambda_a: f64) -> [f64; 8] {
+    let l = lambda_a;
+    let (s2, c2) = (2.0 * ab.phi12).sin_cos();
+    let (s1, c1) = ab.phi21.sin_cos();
+    let (s3, c3) = (3.0 * ab.phi23).sin_cos();
+    let k3 = 2.0 * PI / 3.0 * l * l;
+    [
+        PI * l * ab.c10,
+        PI * l * ab.c12 * c2,
+        PI * l * ab.c12 * s2,
+        k3 * ab.c21 * c1,
+        k3 * ab.c21 * s1,
+        k3 * ab.c23 * c3,
+        k3 * ab.c23 * s3,
+        PI / 2.0 * l * l * l * ab.c30,
+    ]
+}
+
+/// χ from the [`chi_polynomial`] coefficients `c` at `(x, y)` (Å⁻¹).
+pub fn chi_from_polynomial(c: &[f64; 8], x: f64, y: f64) -> f64 {
+    let q2 = x * x + y * y;
+    c[0] * q2
+        + c[1] * (x * x - y * y)
+        + c[2] * 2.0 * x * y
+        + q2 * (c[3] * x + c[4] * y)
+        + c[5] * x * (x * x - 3.0 * y * y)
+        + c[6] * y * (3.0 * x * x - y * y)
+        + c[7] * q2 * q2
+}
+
 /// Probe optics: wavelength, aperture semi-angle and detector angular sampling.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Optics {
@@ -685,6 +720,21 @@ const PRIMES: [u64; 8] = [2, 3, 5, 7, 11, 13, 17, 19];
 /// result (TPE's trajectory changes with batching). Nelder–Mead then runs in coordinates
 /// scaled to the box, clamped to it, from the best `local_starts` candidates.
 pub fn fit(p: &Prepared, spec: &FitSpec) -> Result<FitOutcome> {
+    fit_with(spec, &|abs: &[Aberrations]| {
+        Ok(abs
+            .par_iter()
+            .map(|ab| p.objective(ab, spec.objective))
+            .collect())
+    })
+}
+
+/// The losses of a batch of aberration sets, in order (the global search asks for all its
+/// points at once, Nelder–Mead for one at a time).
+pub type BatchObjective<'a> = dyn Fn(&[Aberrations]) -> Result<Vec<f64>> + Sync + 'a;
+
+/// [`fit`] with the loss computed by `objective` (e.g. on the GPU); the search is the same, so
+/// equal losses give an equal fit.
+pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOutcome> {
     const OP: &str = "ssb fit";
     let d = spec.params.len();
     if d == 0 || d > PRIMES.len() {
@@ -699,9 +749,16 @@ pub fn fit(p: &Prepared, spec: &FitSpec) -> Result<FitOutcome> {
         }
         Ok(ab)
     };
+    let finite = |l: f64| if l.is_finite() { l } else { f64::INFINITY };
     let eval = |u: &[f64]| -> Result<f64> {
-        let l = p.objective(&to_ab(u)?, spec.objective);
-        Ok(if l.is_finite() { l } else { f64::INFINITY })
+        let l = objective(&[to_ab(u)?])?;
+        match l.as_slice() {
+            [v] => Ok(finite(*v)),
+            _ => Err(Error::internal(
+                OP,
+                "the objective returned a wrong number of losses",
+            )),
+        }
     };
     // The start point in box coordinates (clamped into the box).
     let u0: Vec<f64> = spec
@@ -724,7 +781,14 @@ pub fn fit(p: &Prepared, spec: &FitSpec) -> Result<FitOutcome> {
                 .collect(),
         );
     }
-    let losses: Vec<f64> = points.par_iter().map(|u| eval(u)).collect::<Result<_>>()?;
+    let abs: Vec<Aberrations> = points.iter().map(|u| to_ab(u)).collect::<Result<_>>()?;
+    let losses: Vec<f64> = objective(&abs)?.into_iter().map(finite).collect();
+    if losses.len() != points.len() {
+        return Err(Error::internal(
+            OP,
+            "the objective returned a wrong number of losses",
+        ));
+    }
     let mut curve = losses.clone();
     let mut order: Vec<usize> = (0..points.len()).collect();
     order.sort_by(|&a, &b| losses[a].total_cmp(&losses[b]).then(a.cmp(&b)));
@@ -877,6 +941,50 @@ mod tests {
             lambda_a: 0.019_687_489_006_849,
             alpha_rad: 0.02,
             dtheta_rad: (0.0025, 0.0025),
+        }
+    }
+
+    #[test]
+    fn chi_polynomial_equals_chi() {
+        let lam = 0.025_079;
+        let ab = Aberrations {
+            c10: -123.0,
+            c12: 45.0,
+            phi12: 0.7,
+            c21: 800.0,
+            phi21: -2.1,
+            c23: 300.0,
+            phi23: 0.4,
+            c30: 2.5e4,
+        };
+        let c = chi_polynomial(&ab, lam);
+        for &(x, y) in &[
+            (0.5, 0.0),
+            (0.0, -0.3),
+            (0.31, -0.72),
+            (-0.9, 0.05),
+            (0.0, 0.0),
+        ] {
+            let want = chi(&ab, lam, x, y);
+            let got = chi_from_polynomial(&c, x, y);
+            assert!(
+                (got - want).abs() <= 1e-10 * want.abs().max(1.0),
+                "{x} {y}: {got} vs {want}"
+            );
+        }
+        // Each term alone too (a sign slip in one could hide behind another).
+        for name in ["C10", "C12", "C21", "C23", "C30"] {
+            let mut one = Aberrations::default();
+            one.set(name, 100.0).unwrap();
+            one.phi12 = 0.3;
+            one.phi21 = 1.1;
+            one.phi23 = -0.5;
+            let c = chi_polynomial(&one, lam);
+            let (x, y) = (0.4, 0.6);
+            assert!(
+                (chi_from_polynomial(&c, x, y) - chi(&one, lam, x, y)).abs() < 1e-10,
+                "{name}"
+            );
         }
     }
 

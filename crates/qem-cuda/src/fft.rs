@@ -17,15 +17,30 @@ use crate::nvrtc::load_module;
 const KERNEL_SOURCE: &str = include_str!("kernels/dpc.cu");
 
 fn fft_error(what: &str, e: cufft::CufftError) -> Error {
-    Error::new(
-        ErrorKind::Internal,
-        "iDPC (cuFFT)",
-        format!("{what}: {e:?}"),
-    )
+    cufft_error("iDPC (cuFFT)", what, e)
+}
+
+/// A cuFFT failure of operation `op` as an internal error.
+pub(crate) fn cufft_error(op: &str, what: &str, e: cufft::CufftError) -> Error {
+    Error::new(ErrorKind::Internal, op, format!("{what}: {e:?}"))
+}
+
+/// `BackendUnavailable` for `op` when libcufft cannot be loaded.
+pub(crate) fn require_cufft(op: &str) -> Result<()> {
+    // SAFETY: only tries to dlopen libcufft and drops the handle.
+    if unsafe { cufft_sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(Error::new(
+            ErrorKind::BackendUnavailable,
+            op,
+            "libcufft was not found on the library path",
+        ))
+    }
 }
 
 /// A cuFFT plan, destroyed on drop.
-struct Plan(cufft_sys::cufftHandle);
+pub(crate) struct Plan(pub(crate) cufft_sys::cufftHandle);
 
 impl Drop for Plan {
     fn drop(&mut self) {
@@ -49,14 +64,7 @@ pub fn integrate_periodic(
             .with_expected(format!("{rows} x {cols} = {n} values per component"))
             .with_found(format!("{} and {}", g_row.len(), g_col.len())));
     }
-    // SAFETY: only tries to dlopen libcufft and drops the handle.
-    if !unsafe { cufft_sys::is_culib_present() } {
-        return Err(Error::new(
-            ErrorKind::BackendUnavailable,
-            op,
-            "libcufft was not found on the library path",
-        ));
-    }
+    require_cufft(op)?;
     let e = engine()?;
     let gpu = &e.gpu;
     gpu.ctx()

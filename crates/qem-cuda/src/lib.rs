@@ -30,6 +30,7 @@ pub mod mem;
 pub mod nvrtc;
 pub mod products;
 pub mod rans;
+pub mod ssb;
 pub mod transform;
 
 pub use bslz4::{Bslz4Batch, Bslz4Kernels, DeviceBatch, LaunchShape};

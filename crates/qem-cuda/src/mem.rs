@@ -141,6 +141,26 @@ impl Drop for DevBuf {
     }
 }
 
+/// A new device buffer holding `v` (counted in `counter`).
+pub(crate) fn upload<T: bytemuck::Pod>(
+    ctx: &Arc<CudaContext>,
+    v: &[T],
+    counter: Option<&Arc<MemCounter>>,
+    what: &str,
+) -> Result<DevBuf> {
+    let bytes: &[u8] = bytemuck::cast_slice(v);
+    let b = DevBuf::alloc(ctx, bytes.len(), counter, what)?;
+    b.write(0, bytes)?;
+    Ok(b)
+}
+
+/// The first `n` values of type `T` in `b`.
+pub(crate) fn read_vec<T: bytemuck::Pod + Default + Clone>(b: &DevBuf, n: usize) -> Result<Vec<T>> {
+    let mut v = vec![T::default(); n];
+    b.read(0, bytemuck::cast_slice_mut(&mut v))?;
+    Ok(v)
+}
+
 /// One page-locked host buffer (normal cached memory, not write-combined: the reader threads
 /// write it and the host may read it back).
 #[derive(Debug)]

@@ -266,10 +266,7 @@ struct PartBufs {
 }
 
 fn upload<T: bytemuck::Pod>(gpu: &Gpu, v: &[T], what: &str) -> Result<DevBuf> {
-    let bytes: &[u8] = bytemuck::cast_slice(v);
-    let b = DevBuf::alloc(gpu.ctx(), bytes.len(), None, what)?;
-    b.write(0, bytes)?;
-    Ok(b)
+    crate::mem::upload(gpu.ctx(), v, None, what)
 }
 
 fn zeroed(gpu: &Gpu, bytes: usize, what: &str) -> Result<DevBuf> {
@@ -278,11 +275,7 @@ fn zeroed(gpu: &Gpu, bytes: usize, what: &str) -> Result<DevBuf> {
     Ok(b)
 }
 
-fn read_vec<T: bytemuck::Pod + Default + Clone>(b: &DevBuf, n: usize) -> Result<Vec<T>> {
-    let mut v = vec![T::default(); n];
-    b.read(0, bytemuck::cast_slice_mut(&mut v))?;
-    Ok(v)
-}
+use crate::mem::read_vec;
 
 /// The pixel range `[lo, hi)` a dense pass must read: the whole frame unless only masks are
 /// requested, then the span of their support, widened to multiples of 8 for 16-byte loads.

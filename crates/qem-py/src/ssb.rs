@@ -15,7 +15,8 @@ use numpy::IntoPyArray;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use qem::ssb::{
-    Aberrations, FitParams, Objective, Ssb, SsbFit, SsbParams, SsbResult, ABERRATION_NAMES,
+    Aberrations, FitParams, GStorage, Objective, Ssb, SsbFit, SsbParams, SsbResult,
+    ABERRATION_NAMES,
 };
 use qem::{Error, Shape2};
 use std::collections::BTreeMap;
@@ -131,6 +132,18 @@ impl PySsb {
         params.set_item("bf_threshold", p.bf_threshold)?;
         params.set_item("memory_budget", p.memory_budget)?;
         out.set_item("params", params)?;
+        out.set_item("engine", s.engine_name())?;
+        if let Some(st) = s.cuda_stats() {
+            let c = PyDict::new(py);
+            c.set_item("g_storage", st.storage.name())?;
+            c.set_item("g_bytes", st.g_bytes)?;
+            c.set_item("batch_pixels", st.batch_pixels)?;
+            c.set_item("batches", st.batches)?;
+            c.set_item("prepare_s", st.seconds)?;
+            c.set_item("peak_bytes", s.cuda_peak_bytes())?;
+            c.set_item("budget", st.budget)?;
+            out.set_item("cuda", c)?;
+        }
         let d = FitParams::default();
         let ranges = PyDict::new(py);
         for name in ABERRATION_NAMES {
@@ -175,7 +188,7 @@ impl PySsb {
         let ab = self::aberrations(aberrations)?;
         let kind = self::objective(objective)?;
         let s = &self.inner;
-        Ok(py.detach(|| s.objective(&ab, kind)))
+        py.detach(|| s.objective(&ab, kind)).py()
     }
 
     /// Fit: a dict (`aberrations`, `fitted`, `loss`, `evaluations`, `loss_curve`, `objective`,
@@ -218,7 +231,8 @@ impl PySsb {
 #[pyfunction]
 #[pyo3(signature = (
     dataset, *, voltage_kv, semiangle_mrad, scan_step_a, det_sampling_mrad = None,
-    rotation_deg = 0.0, compat_2alpha = false, bf_threshold = 0.0, memory_budget = None
+    rotation_deg = 0.0, compat_2alpha = false, bf_threshold = 0.0, memory_budget = None,
+    g_storage = None
 ))]
 #[allow(clippy::too_many_arguments)]
 fn ssb_prepare(
@@ -232,7 +246,19 @@ fn ssb_prepare(
     compat_2alpha: bool,
     bf_threshold: f64,
     memory_budget: Option<u64>,
+    g_storage: Option<&str>,
 ) -> PyResult<PySsb> {
+    let g_storage = match g_storage {
+        None => None,
+        Some("f32") => Some(GStorage::C32),
+        Some("f16") => Some(GStorage::C16),
+        Some(other) => {
+            return Err(Error::invalid("ssb", "unknown g_storage")
+                .with_expected("None, \"f32\" or \"f16\"")
+                .with_found(other.to_string()))
+            .py()
+        }
+    };
     let p = SsbParams {
         voltage_kv,
         semiangle_mrad,
@@ -242,6 +268,7 @@ fn ssb_prepare(
         compat_2alpha,
         bf_threshold,
         memory_budget,
+        g_storage,
     };
     let ds = dataset.inner();
     let inner = py.detach(|| Ssb::new(ds, &p)).py()?;

@@ -229,8 +229,8 @@ fn main() -> Res<()> {
             let t_obj = t.elapsed().as_secs_f64();
             let losses: serde_json::Map<String, Value> = objectives
                 .iter()
-                .map(|&o| (o.name().to_string(), json!(ssb.objective(&ab, o))))
-                .collect();
+                .map(|&o| Ok((o.name().to_string(), json!(ssb.objective(&ab, o)?))))
+                .collect::<qem::Result<_>>()?;
             eprintln!("[{s}] recon {name}: {} losses {:?}", corr(&r), losses);
             recon.insert(
                 name.into(),
@@ -263,7 +263,7 @@ fn main() -> Res<()> {
                 "C12_rel_err": c12_err,
                 "phi12_abs_err_rad_mod_pi": dphi,
                 "loss": fit.loss,
-                "loss_at_true": ssb.objective(&truth_ab, o),
+                "loss_at_true": ssb.objective(&truth_ab, o)?,
                 "evaluations": fit.evaluations,
                 "fit_s": t_fit,
                 "correlation_at_fit": corr(&fit.result),

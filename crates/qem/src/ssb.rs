@@ -5,9 +5,13 @@
 //! pixel); [`Ssb::reconstruct`], [`Ssb::objective`] and [`Ssb::fit`] then work on that. The
 //! math is the CPU reference `qem_cpu::ssb`, whatever engine holds the data.
 //!
-//! Gathering: dense CPU data is read in place, ENCODED CPU data is decoded once frame by frame;
-//! data on the GPU is downloaded with `Dataset::to_host` for now (a GPU gather kernel is the
-//! CUDA issue's job).
+//! Engines: data held by the CPU engine is prepared by `qem_cpu::ssb` (dense read in place,
+//! ENCODED decoded once frame by frame; G kept as complex f64, full plane). Data on the GPU
+//! stays there: `qem_cuda::ssb::GpuSsb` gathers the BF pixels on the card (ENCODED decoded in
+//! chunks, one pass per batch of BF pixels), keeps G as half spectra (complex f32, or f16 when
+//! f32 does not fit the memory budget) and evaluates objects and losses there; only the object
+//! or a few partial sums come back. The fit's search is the same code on both
+//! (`qem_cpu::ssb::fit_with`).
 //!
 //! Units: aberrations in Å, angles in rad; `scan_step_a` in Å; `semiangle_mrad` and
 //! `det_sampling_mrad` in mrad. The detector sampling defaults to the physical `α / r_BF`
@@ -25,6 +29,18 @@ use std::time::Instant;
 pub use qem_cpu::ssb::{
     chi, default_range, gamma, Aberrations, Objective, Optics, ABERRATION_NAMES,
 };
+pub use qem_cuda::ssb::{GStorage, PrepareStats};
+
+use crate::dataset::Storage;
+
+/// Where the prepared data lives.
+#[derive(Debug)]
+enum Prep {
+    /// `qem_cpu::ssb` (G as complex f64 on the host).
+    Cpu(Box<cpu::Prepared>),
+    /// On the card.
+    Cuda(Box<qem_cuda::ssb::GpuSsb>),
+}
 
 /// Calibration and options of [`Ssb::new`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -43,8 +59,12 @@ pub struct SsbParams {
     pub compat_2alpha: bool,
     /// BF candidates need `mean DP > bf_threshold·max(mean DP)` (0 = any positive pixel).
     pub bf_threshold: f64,
-    /// Bytes the prepared data may take (`None` = the host's available memory).
+    /// Bytes the prepared data may take (`None` = the host's available memory on the CPU, the
+    /// free device memory on CUDA). On CUDA it bounds what SSB allocates on the card besides
+    /// the dataset itself.
     pub memory_budget: Option<u64>,
+    /// CUDA only: force how G is stored (`None` = complex f32 when it fits, else f16).
+    pub g_storage: Option<GStorage>,
 }
 
 impl Default for SsbParams {
@@ -59,6 +79,7 @@ impl Default for SsbParams {
             compat_2alpha: false,
             bf_threshold: 0.0,
             memory_budget: None,
+            g_storage: None,
         }
     }
 }
@@ -102,9 +123,11 @@ impl SsbParams {
 }
 
 /// Prepared SSB: BF pixels, their k vectors and `G_b(ν)`.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Ssb {
-    prepared: cpu::Prepared,
+    prep: Prep,
+    k: Vec<(f64, f64)>,
+    scan: Shape2,
     params: SsbParams,
     /// BF pixels `(row, col)` on the detector, row-major order.
     pub bf_pixels: Vec<(usize, usize)>,
@@ -219,15 +242,18 @@ impl Ssb {
                 .with_found(format!("radius {:.2} px", disk.radius_px)));
         }
         let scan = ds.scan_shape();
-        let bytes =
+        let on_gpu = matches!(ds.storage, Storage::CudaDense(_) | Storage::CudaEncoded(_));
+        let cpu_bytes =
             cpu::Prepared::bytes_for(flat.len(), scan) + (flat.len() * scan.len() * 4) as u64;
-        crate::load::admit(bytes, p.memory_budget).map_err(|e| {
-            e.with_op(format!(
-                "{OP} (G for {} BF pixels × {} scan positions; raise memory_budget or bin the detector)",
-                flat.len(),
-                scan.len()
-            ))
-        })?;
+        if !on_gpu {
+            crate::load::admit(cpu_bytes, p.memory_budget).map_err(|e| {
+                e.with_op(format!(
+                    "{OP} (G for {} BF pixels × {} scan positions; raise memory_budget or bin the detector)",
+                    flat.len(),
+                    scan.len()
+                ))
+            })?;
+        }
         let t_fit = t0.elapsed().as_secs_f64();
         let lambda = qem_cpu::dpc::electron_wavelength_a(p.voltage_kv);
         let dtheta = match p.det_sampling_mrad {
@@ -243,11 +269,55 @@ impl Ssb {
             dtheta_rad: (dtheta * 1e-3, dtheta * 1e-3),
         };
         let t1 = Instant::now();
-        let images = gather(ds, &flat).map_err(|e| e.with_op("ssb gather_pixels"))?;
-        let t_gather = t1.elapsed().as_secs_f64();
-        let t2 = Instant::now();
-        let prepared = cpu::Prepared::new(&images, scan, p.scan_step_a, optics, k)?;
-        let t_fft = t2.elapsed().as_secs_f64();
+        let (prep, stages, storage_name, bytes) = if on_gpu {
+            let sum = detector::sum_dp(ds).map_err(|e| e.with_op(OP))?;
+            let g0: Vec<f64> = flat.iter().map(|&i| sum[i] as f64).collect();
+            let (nu_r, nu_c) = (
+                cpu::fftfreq(scan.rows, p.scan_step_a.0),
+                cpu::fftfreq(scan.cols, p.scan_step_a.1),
+            );
+            let setup = qem_cuda::ssb::Setup {
+                pixels: &flat,
+                k: &k,
+                g0: &g0,
+                scan,
+                nu_r: &nu_r,
+                nu_c: &nu_c,
+                optics,
+                budget: p.memory_budget,
+                storage: p.g_storage,
+            };
+            let src = match &ds.storage {
+                Storage::CudaDense(a) => qem_cuda::ssb::Source::Dense(a),
+                Storage::CudaEncoded(e) => qem_cuda::ssb::Source::Encoded(e),
+                _ => return Err(Error::internal(OP, "GPU storage expected")),
+            };
+            let g = qem_cuda::ssb::GpuSsb::prepare(src, &setup)?;
+            let st = g.stats.clone();
+            (
+                Prep::Cuda(Box::new(g)),
+                vec![(
+                    "gather + FFT per BF pixel (CUDA)",
+                    t1.elapsed().as_secs_f64(),
+                )],
+                st.storage.name(),
+                st.peak_bytes,
+            )
+        } else {
+            let images = gather(ds, &flat).map_err(|e| e.with_op("ssb gather_pixels"))?;
+            let t_gather = t1.elapsed().as_secs_f64();
+            let t2 = Instant::now();
+            let prepared = cpu::Prepared::new(&images, scan, p.scan_step_a, optics, k.clone())?;
+            (
+                Prep::Cpu(Box::new(prepared)),
+                vec![
+                    ("gather BF pixels", t_gather),
+                    ("FFT per BF pixel", t2.elapsed().as_secs_f64()),
+                ],
+                "full plane, complex f64",
+                cpu_bytes,
+            )
+        };
         let mut provenance = ResultProvenance::new(
             ds,
             "ssb",
@@ -269,17 +339,21 @@ impl Ssb {
                 "n_bf_pixels": flat.len(),
                 "scan_shape": [scan.rows, scan.cols],
                 "padding": "none",
-                "g_storage": "full plane, complex f64",
+                "engine": if on_gpu { "cuda" } else { "cpu" },
+                "g_storage": storage_name,
                 "prepared_bytes": bytes,
                 "gamma": "P(k-nu)P*(k) - P(k)P*(k+nu)",
             }),
         );
         provenance.stage("mean DP + BF selection", t_fit);
-        provenance.stage("gather BF pixels", t_gather);
-        provenance.stage("FFT per BF pixel", t_fft);
+        for (name, secs) in stages {
+            provenance.stage(name, secs);
+        }
         let bf_pixels = flat.iter().map(|&i| (i / det.cols, i % det.cols)).collect();
         Ok(Ssb {
-            prepared,
+            prep,
+            k,
+            scan,
             params: *p,
             bf_pixels,
             disk,
@@ -296,38 +370,88 @@ impl Ssb {
 
     /// Number of BF pixels.
     pub fn n_bf_pixels(&self) -> usize {
-        self.prepared.n_pixels()
+        self.k.len()
     }
 
     /// BF pixel reciprocal vectors (after rotation), Å⁻¹.
     pub fn k_vectors(&self) -> &[(f64, f64)] {
-        &self.prepared.k
+        &self.k
+    }
+
+    /// `"cpu"` or `"cuda"`: where G lives and the objects and losses are computed.
+    pub fn engine_name(&self) -> &'static str {
+        match self.prep {
+            Prep::Cpu(_) => "cpu",
+            Prep::Cuda(_) => "cuda",
+        }
+    }
+
+    /// How the CUDA preparation went (`None` on the CPU).
+    pub fn cuda_stats(&self) -> Option<&PrepareStats> {
+        match &self.prep {
+            Prep::Cpu(_) => None,
+            Prep::Cuda(g) => Some(&g.stats),
+        }
+    }
+
+    /// Peak device bytes the CUDA preparation and evaluations have allocated (`None` on the
+    /// CPU).
+    pub fn cuda_peak_bytes(&self) -> Option<u64> {
+        match &self.prep {
+            Prep::Cpu(_) => None,
+            Prep::Cuda(g) => Some(g.peak_bytes()),
+        }
     }
 
     /// Reconstruct the object with aberrations `ab`.
     pub fn reconstruct(&self, ab: &Aberrations) -> Result<SsbResult> {
         let t0 = Instant::now();
-        let o = self.prepared.object(ab);
+        let (re, im) = match &self.prep {
+            Prep::Cpu(p) => {
+                let o = p.object(ab);
+                (
+                    o.iter().map(|v| v.re).collect(),
+                    o.iter().map(|v| v.im).collect(),
+                )
+            }
+            Prep::Cuda(g) => g.object(ab)?,
+        };
         let mut provenance = self.provenance.clone();
         provenance.operation = "ssb.reconstruct".into();
         if let Some(m) = provenance.params.as_object_mut() {
             m.insert("aberrations".into(), json!(ab.to_map()));
         }
         provenance.stage("correct + inverse FFT", t0.elapsed().as_secs_f64());
+        let phase = re
+            .iter()
+            .zip(&im)
+            .map(|(r, i): (&f64, &f64)| i.atan2(*r))
+            .collect();
+        let amplitude = re
+            .iter()
+            .zip(&im)
+            .map(|(r, i): (&f64, &f64)| r.hypot(*i))
+            .collect();
         Ok(SsbResult {
-            object_re: o.iter().map(|v| v.re).collect(),
-            object_im: o.iter().map(|v| v.im).collect(),
-            phase: o.iter().map(|v| v.arg()).collect(),
-            amplitude: o.iter().map(|v| v.norm()).collect(),
-            scan_shape: self.prepared.scan,
+            object_re: re,
+            object_im: im,
+            phase,
+            amplitude,
+            scan_shape: self.scan,
             aberrations: *ab,
             provenance,
         })
     }
 
     /// The loss `kind` at `ab` (lower is better).
-    pub fn objective(&self, ab: &Aberrations, kind: Objective) -> f64 {
-        self.prepared.objective(ab, kind)
+    pub fn objective(&self, ab: &Aberrations, kind: Objective) -> Result<f64> {
+        match &self.prep {
+            Prep::Cpu(p) => Ok(p.objective(ab, kind)),
+            Prep::Cuda(g) => match kind {
+                Objective::Coherence => g.coherence(ab),
+                Objective::PhaseVariance => g.phase_variance(ab),
+            },
+        }
     }
 
     /// Fit the aberrations (seeded global search, then Nelder–Mead; `qem_cpu::ssb::fit`).
@@ -382,7 +506,14 @@ impl Ssb {
             local_starts: f.local_starts,
             start: f.start,
         };
-        let out = cpu::fit(&self.prepared, &spec)?;
+        let out = match &self.prep {
+            Prep::Cpu(p) => cpu::fit(p, &spec)?,
+            Prep::Cuda(_) => cpu::fit_with(&spec, &|abs: &[Aberrations]| {
+                abs.iter()
+                    .map(|ab| self.objective(ab, f.objective))
+                    .collect()
+            })?,
+        };
         let t_fit = t0.elapsed().as_secs_f64();
         let result = self.reconstruct(&out.aberrations)?;
         let mut provenance = self.provenance.clone();

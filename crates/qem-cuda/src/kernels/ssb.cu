@@ -1,0 +1,413 @@
+// Single-sideband ptychography on the GPU (qem_cpu::ssb is the specification; ssb.rs is the
+// only caller). Layouts:
+//   images  f32 [nb][N]        BF pixel j's image over the scan (N = nr·nc, row-major)
+//   G       [B][nr][half]      cuFFT R2C half spectrum of each image, half = nc/2 + 1, stored as
+//                              float2 (G32) or as two f16 bit patterns scaled by 1/gscale[b]
+//                              (G16: |G_b(ν)| ≤ G_b(0) = Σ counts, so gscale = G_b(0)/60000 keeps
+//                              every value finite with 11 significant bits)
+//   kb, pk  float2 [B]         k_b (Å⁻¹, rotated) and P(k_b) at the current aberrations
+//   fr, fc  f32 [nr], [nc]     fftfreq of the scan (Å⁻¹)
+// The other half of a real image's spectrum is its mirror: G[(nr−r)%nr][(nc−c)%nc] = G*[r][c]
+// (an identity of the DFT's indices, also on Nyquist lines). One thread takes a half-spectrum
+// index and its mirror, so each G value is read once for two frequencies; when the mirror's
+// frequency is exactly −ν (everywhere but on Nyquist lines) the two probe values P(k_b ∓ ν) serve
+// both terms. All arithmetic is f32 except the cross-thread sums, which are f64 in a fixed order
+// (per-block partials summed by the host), so every result is deterministic.
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef unsigned short u16;
+
+struct SsbOptics {
+    float lambda;   // Å
+    float alpha;    // rad
+    float dr2;      // Δθ_row² (rad²)
+    float dc2;      // Δθ_col²
+};
+
+// χ as a polynomial in (v_r, v_c) (ssb.rs folds the Krivanek coefficients and angles in):
+// χ = a2 q² + b2c (x² − y²) + b2s 2xy + q² (d1c x + d1s y) + e3c x(x² − 3y²) + e3s y(3x² − y²)
+//     + f4 q⁴,  q² = x² + y².
+struct SsbAb {
+    float a2, b2c, b2s, d1c, d1s, e3c, e3s, f4;
+};
+
+#define GAMMA_FLOOR_SQ 1e-16f
+
+__device__ __forceinline__ float2 cmul(float2 a, float2 b) {
+    return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
+}
+__device__ __forceinline__ float2 cmulc(float2 a, float2 b) {  // a · conj(b)
+    return make_float2(a.x * b.x + a.y * b.y, a.y * b.x - a.x * b.y);
+}
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// P(v) = A(v) exp(−iχ(v)), A the soft aperture of qem_cpu::ssb::Optics::aperture.
+__device__ __forceinline__ float2 probe(float x, float y, const SsbOptics& o, const SsbAb& ab) {
+    const float q2 = x * x + y * y;
+    float amp;
+    if (q2 > 0.f) {
+        const float a = o.lambda * sqrtf(q2);
+        const float d2 = (x * x * o.dr2 + y * y * o.dc2) / q2;
+        if (d2 <= 1e-30f) {
+            amp = a <= o.alpha ? 1.f : 0.f;
+        } else {
+            amp = fminf(fmaxf((o.alpha - a) * rsqrtf(d2) + 0.5f, 0.f), 1.f);
+        }
+    } else {
+        amp = 1.f;
+    }
+    if (amp == 0.f) return make_float2(0.f, 0.f);
+    const float chi = ab.a2 * q2 + ab.b2c * (x * x - y * y) + ab.b2s * (2.f * x * y) +
+                      q2 * (ab.d1c * x + ab.d1s * y) + ab.e3c * (x * (x * x - 3.f * y * y)) +
+                      ab.e3s * (y * (3.f * x * x - y * y)) + ab.f4 * q2 * q2;
+    float s, c;
+    sincosf(chi, &s, &c);
+    return make_float2(amp * c, -amp * s);
+}
+
+// C = G Γ*/|Γ| (or G Γ* 10⁸ where |Γ|² ≤ 10⁻¹⁶); adds |C|² to `power`.
+__device__ __forceinline__ float2 correct(float2 g, float2 gam, float& power) {
+    const float n2 = gam.x * gam.x + gam.y * gam.y;
+    const float w = n2 > GAMMA_FLOOR_SQ ? rsqrtf(n2) : 1e8f;
+    const float2 c = cmulc(g, gam);
+    const float2 out = make_float2(c.x * w, c.y * w);
+    power += out.x * out.x + out.y * out.y;
+    return out;
+}
+
+template <bool G16>
+__device__ __forceinline__ float2 load_g(const void* g, const float* gscale, u64 b, u64 nh, u64 h) {
+    if (G16) {
+        const ushort2 v = reinterpret_cast<const ushort2*>(g)[b * nh + h];
+        const float s = gscale[b];
+        return make_float2(h2f(v.x) * s, h2f(v.y) * s);
+    } else {
+        return reinterpret_cast<const float2*>(g)[b * nh + h];
+    }
+}
+
+// The pair a half-spectrum index h = r·half + c stands for: its own full-plane index i1 and,
+// when `two`, the mirror's i2 (frequency (fr[rm], fc[cm])). Mirrors inside the half spectrum
+// (c = 0, or c = nc/2 for even nc) are taken by the smaller row only; self-mirrors are single.
+struct Pair {
+    u32 r, c, rm, cm;
+    bool take, two, sym;
+};
+
+__device__ __forceinline__ Pair pair_of(u32 h, u32 nr, u32 nc, u32 half, const float* fr,
+                                        const float* fc) {
+    Pair p;
+    p.r = h / half;
+    p.c = h % half;
+    p.rm = (nr - p.r) % nr;
+    p.cm = (nc - p.c) % nc;
+    p.take = true;
+    p.two = true;
+    if (p.cm < half) {
+        if (p.rm == p.r && p.cm == p.c) {
+            p.two = false;
+        } else if (p.rm < p.r) {
+            p.take = false;
+        }
+    }
+    p.sym = p.two && fr[p.rm] == -fr[p.r] && fc[p.cm] == -fc[p.c];
+    return p;
+}
+
+// Σ_b C_b(ν) over BF pixels [b_lo, b_hi) of this launch's slice y = blockIdx.y (slices of
+// `per_slice` pixels), for every ν of the full plane: `s_part[y][i]`. `pow_part[y·gridDim.x + x]`
+// gets the block's Σ_{b, ν≠0} |C_b(ν)|². The DC (i = 0) is left 0: every C_b(0) is the same
+// d = mean_b G_b(0), which the finishing kernel puts in.
+template <bool G16>
+__device__ void accumulate(const void* __restrict__ g, const float* __restrict__ gscale, u32 nb,
+                           u32 per_slice, const float2* __restrict__ kb,
+                           const float2* __restrict__ pk, const float* __restrict__ fr,
+                           const float* __restrict__ fc, u32 nr, u32 nc, u32 half, SsbOptics o,
+                           SsbAb ab, float2* __restrict__ s_part, double* __restrict__ pow_part) {
+    __shared__ double red[256];
+    const u64 nh = (u64)nr * half, n = (u64)nr * nc;
+    const u32 b_lo = blockIdx.y * per_slice;
+    const u32 b_hi = min(nb, b_lo + per_slice);
+    float power = 0.f;
+    const u32 h = blockIdx.x * blockDim.x + threadIdx.x;
+    if (h < nh && h != 0) {
+        const Pair p = pair_of(h, nr, nc, half, fr, fc);
+        if (p.take) {
+            const float vr = fr[p.r], vc = fc[p.c];
+            const float vr2 = fr[p.rm], vc2 = fc[p.cm];
+            float2 s1 = make_float2(0.f, 0.f), s2 = make_float2(0.f, 0.f);
+            for (u32 b = b_lo; b < b_hi; ++b) {
+                const float2 pkb = pk[b];
+                if (pkb.x == 0.f && pkb.y == 0.f) continue;  // zero-aperture pixel: Γ ≡ 0
+                const float2 k = kb[b];
+                const float2 gv = load_g<G16>(g, gscale, b, nh, h);
+                const float2 pm = probe(k.x - vr, k.y - vc, o, ab);
+                const float2 pp = probe(k.x + vr, k.y + vc, o, ab);
+                const float2 g1 = make_float2(cmulc(pm, pkb).x - cmulc(pkb, pp).x,
+                                              cmulc(pm, pkb).y - cmulc(pkb, pp).y);
+                const float2 c1 = correct(gv, g1, power);
+                s1.x += c1.x;
+                s1.y += c1.y;
+                if (p.two) {
+                    float2 qm, qp;
+                    if (p.sym) {
+                        qm = pp;
+                        qp = pm;
+                    } else {
+                        qm = probe(k.x - vr2, k.y - vc2, o, ab);
+                        qp = probe(k.x + vr2, k.y + vc2, o, ab);
+                    }
+                    const float2 g2 = make_float2(cmulc(qm, pkb).x - cmulc(pkb, qp).x,
+                                                  cmulc(qm, pkb).y - cmulc(pkb, qp).y);
+                    const float2 c2 = correct(make_float2(gv.x, -gv.y), g2, power);
+                    s2.x += c2.x;
+                    s2.y += c2.y;
+                }
+            }
+            float2* out = s_part + (u64)blockIdx.y * n;
+            out[(u64)p.r * nc + p.c] = s1;
+            if (p.two) out[(u64)p.rm * nc + p.cm] = s2;
+        }
+    }
+    red[threadIdx.x] = (double)power;
+    __syncthreads();
+    for (u32 w = blockDim.x / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) pow_part[(u64)blockIdx.y * gridDim.x + blockIdx.x] = red[0];
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+qem_ssb_accumulate_g32(const void* g, const float* gscale, u32 nb, u32 per_slice, const float2* kb,
+                       const float2* pk, const float* fr, const float* fc, u32 nr, u32 nc,
+                       u32 half, SsbOptics o, SsbAb ab, float2* s_part, double* pow_part) {
+    accumulate<false>(g, gscale, nb, per_slice, kb, pk, fr, fc, nr, nc, half, o, ab, s_part,
+                      pow_part);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+qem_ssb_accumulate_g16(const void* g, const float* gscale, u32 nb, u32 per_slice, const float2* kb,
+                       const float2* pk, const float* fr, const float* fc, u32 nr, u32 nc,
+                       u32 half, SsbOptics o, SsbAb ab, float2* s_part, double* pow_part) {
+    accumulate<true>(g, gscale, nb, per_slice, kb, pk, fr, fc, nr, nc, half, o, ab, s_part,
+                     pow_part);
+}
+
+// s[i] (+)= Σ_y s_part[y][i] in slice order (`add` = 1 continues a sum over earlier batches).
+extern "C" __global__ void __launch_bounds__(256)
+qem_ssb_sum_slices(const float2* __restrict__ s_part, u32 slices, u64 n, u32 add,
+                   float2* __restrict__ s) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        float2 acc = add ? s[i] : make_float2(0.f, 0.f);
+        for (u32 y = 0; y < slices; ++y) {
+            const float2 v = s_part[(u64)y * n + i];
+            acc.x += v.x;
+            acc.y += v.y;
+        }
+        s[i] = acc;
+    }
+}
+
+// The mean spectrum: s ← s / B with s[0] = dc, and per-block Σ_{ν≠0} |s|² (the coherence
+// numerator over B²) into part[blockIdx.x].
+extern "C" __global__ void __launch_bounds__(256)
+qem_ssb_finish(float2* __restrict__ s, u64 n, float inv_b, float dc, double* __restrict__ part) {
+    __shared__ double red[256];
+    double acc = 0.0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        float2 v = s[i];
+        if (i == 0) {
+            v = make_float2(dc, 0.f);
+        } else {
+            v.x *= inv_b;
+            v.y *= inv_b;
+            acc += (double)v.x * v.x + (double)v.y * v.y;
+        }
+        s[i] = v;
+    }
+    red[threadIdx.x] = acc;
+    __syncthreads();
+    for (u32 w = blockDim.x / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) part[blockIdx.x] = red[0];
+}
+
+// The corrected spectra C_b(ν) of BF pixels [b0, b0 + gridDim.y) over the full plane, DC = dc,
+// into out[j][i] (j = b − b0), for the per-pixel inverse FFTs of the phase-variance loss.
+template <bool G16>
+__device__ void corrected(const void* __restrict__ g, const float* __restrict__ gscale, u32 b0,
+                          const float2* __restrict__ kb, const float2* __restrict__ pk,
+                          const float* __restrict__ fr, const float* __restrict__ fc, u32 nr,
+                          u32 nc, u32 half, SsbOptics o, SsbAb ab, float dc,
+                          float2* __restrict__ out) {
+    const u64 nh = (u64)nr * half, n = (u64)nr * nc;
+    const u32 b = b0 + blockIdx.y;
+    float2* dst = out + (u64)blockIdx.y * n;
+    const float2 pkb = pk[b];
+    const bool zero = pkb.x == 0.f && pkb.y == 0.f;
+    const float2 k = kb[b];
+    float unused = 0.f;
+    for (u64 h = (u64)blockIdx.x * blockDim.x + threadIdx.x; h < nh;
+         h += (u64)gridDim.x * blockDim.x) {
+        if (h == 0) {
+            dst[0] = make_float2(dc, 0.f);
+            continue;
+        }
+        const Pair p = pair_of((u32)h, nr, nc, half, fr, fc);
+        if (!p.take) continue;
+        float2 c1 = make_float2(0.f, 0.f), c2 = make_float2(0.f, 0.f);
+        if (!zero) {
+            const float vr = fr[p.r], vc = fc[p.c];
+            const float2 gv = load_g<G16>(g, gscale, b, nh, h);
+            const float2 pm = probe(k.x - vr, k.y - vc, o, ab);
+            const float2 pp = probe(k.x + vr, k.y + vc, o, ab);
+            const float2 g1 = make_float2(cmulc(pm, pkb).x - cmulc(pkb, pp).x,
+                                          cmulc(pm, pkb).y - cmulc(pkb, pp).y);
+            c1 = correct(gv, g1, unused);
+            if (p.two) {
+                float2 qm, qp;
+                if (p.sym) {
+                    qm = pp;
+                    qp = pm;
+                } else {
+                    qm = probe(k.x - fr[p.rm], k.y - fc[p.cm], o, ab);
+                    qp = probe(k.x + fr[p.rm], k.y + fc[p.cm], o, ab);
+                }
+                const float2 g2 = make_float2(cmulc(qm, pkb).x - cmulc(pkb, qp).x,
+                                              cmulc(qm, pkb).y - cmulc(pkb, qp).y);
+                c2 = correct(make_float2(gv.x, -gv.y), g2, unused);
+            }
+        }
+        dst[(u64)p.r * nc + p.c] = c1;
+        if (p.two) dst[(u64)p.rm * nc + p.cm] = c2;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+qem_ssb_corrected_g32(const void* g, const float* gscale, u32 b0, const float2* kb,
+                      const float2* pk, const float* fr, const float* fc, u32 nr, u32 nc,
+                      u32 half, SsbOptics o, SsbAb ab, float dc, float2* out) {
+    corrected<false>(g, gscale, b0, kb, pk, fr, fc, nr, nc, half, o, ab, dc, out);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+qem_ssb_corrected_g16(const void* g, const float* gscale, u32 b0, const float2* kb,
+                      const float2* pk, const float* fr, const float* fc, u32 nr, u32 nc,
+                      u32 half, SsbOptics o, SsbAb ab, float dc, float2* out) {
+    corrected<true>(g, gscale, b0, kb, pk, fr, fc, nr, nc, half, o, ab, dc, out);
+}
+
+// s1[R] (+)= Σ_j φ_j(R), s2[R] (+)= Σ_j φ_j(R)², φ_j = arg buf[j][R], over nb inverse FFTs.
+extern "C" __global__ void __launch_bounds__(256)
+qem_ssb_phase_accum(const float2* __restrict__ buf, u32 nb, u64 n, u32 add,
+                    double* __restrict__ s1, double* __restrict__ s2) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        double a = add ? s1[i] : 0.0, q = add ? s2[i] : 0.0;
+        for (u32 j = 0; j < nb; ++j) {
+            const float2 v = buf[(u64)j * n + i];
+            const double ph = (double)atan2f(v.y, v.x);
+            a += ph;
+            q += ph * ph;
+        }
+        s1[i] = a;
+        s2[i] = q;
+    }
+}
+
+// Per-block Σ_R [s2/B − (s1/B)²] into part[blockIdx.x].
+extern "C" __global__ void __launch_bounds__(256)
+qem_ssb_phase_var(const double* __restrict__ s1, const double* __restrict__ s2, u64 n,
+                  double inv_b, double* __restrict__ part) {
+    __shared__ double red[256];
+    double acc = 0.0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        const double m = s1[i] * inv_b;
+        acc += s2[i] * inv_b - m * m;
+    }
+    red[threadIdx.x] = acc;
+    __syncthreads();
+    for (u32 w = blockDim.x / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) part[blockIdx.x] = red[0];
+}
+
+// Images of BF pixels pix[0..np) from frames [0, nf) of a dense chunk (frame_len elements per
+// frame) into out[j·n_out + f0 + f], as f32: a 32 × 32 tile (frames × pixels) through shared
+// memory so both the reads (pixels of a frame) and the writes (frames of a pixel) coalesce.
+template <typename T>
+__device__ void gather(const T* __restrict__ data, u64 frame_len, u64 nf, u64 f0, u64 n_out,
+                       const u32* __restrict__ pix, u32 np, float* __restrict__ out) {
+    __shared__ float tile[32][33];
+    const u64 ft = (u64)blockIdx.x * 32;
+    const u32 pt = blockIdx.y * 32;
+    const u32 tx = threadIdx.x, ty = threadIdx.y;
+    for (u32 i = ty; i < 32; i += blockDim.y) {
+        const u64 f = ft + i;
+        const u32 j = pt + tx;
+        float v = 0.f;
+        if (f < nf && j < np) v = (float)data[f * frame_len + pix[j]];
+        tile[i][tx] = v;
+    }
+    __syncthreads();
+    for (u32 i = ty; i < 32; i += blockDim.y) {
+        const u32 j = pt + i;
+        const u64 f = ft + tx;
+        if (f < nf && j < np) out[(u64)j * n_out + f0 + f] = tile[tx][i];
+    }
+}
+
+extern "C" __global__ void qem_ssb_gather_u8(const unsigned char* data, u64 frame_len, u64 nf,
+                                             u64 f0, u64 n_out, const u32* pix, u32 np,
+                                             float* out) {
+    gather(data, frame_len, nf, f0, n_out, pix, np, out);
+}
+extern "C" __global__ void qem_ssb_gather_u16(const u16* data, u64 frame_len, u64 nf, u64 f0,
+                                              u64 n_out, const u32* pix, u32 np, float* out) {
+    gather(data, frame_len, nf, f0, n_out, pix, np, out);
+}
+extern "C" __global__ void qem_ssb_gather_u32(const u32* data, u64 frame_len, u64 nf, u64 f0,
+                                              u64 n_out, const u32* pix, u32 np, float* out) {
+    gather(data, frame_len, nf, f0, n_out, pix, np, out);
+}
+
+// G16 storage: out[j][h] = f16(in[j][h] / gscale[b0 + j]) for a batch of nb half spectra.
+extern "C" __global__ void __launch_bounds__(256)
+qem_ssb_to_g16(const float2* __restrict__ in, u64 nh, u32 nb, u32 b0,
+               const float* __restrict__ gscale, ushort2* __restrict__ out) {
+    const u64 total = nh * nb;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (u64)gridDim.x * blockDim.x) {
+        const float inv = 1.f / gscale[b0 + i / nh];
+        const float2 v = in[i];
+        out[i] = make_ushort2(f2h(v.x * inv), f2h(v.y * inv));
+    }
+}
+
+// pk[b] = P(k_b) at the current aberrations (the same f32 probe the kernels use).
+extern "C" __global__ void qem_ssb_probe_table(const float2* __restrict__ kb, u32 nb, SsbOptics o,
+                                               SsbAb ab, float2* __restrict__ pk) {
+    for (u32 b = blockIdx.x * blockDim.x + threadIdx.x; b < nb; b += gridDim.x * blockDim.x) {
+        const float2 k = kb[b];
+        pk[b] = probe(k.x, k.y, o, ab);
+    }
+}

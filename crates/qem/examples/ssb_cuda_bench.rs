@@ -1,0 +1,271 @@
+//! SSB on the GPU (issue 6 evidence): prepare G, object, objectives and a 3-parameter fit on an
+//! ENCODED GPU-resident acquisition, without a budget and under a whole-card budget (e.g.
+//! 6 GiB: the dataset, the context and SSB together), with card memory read from the driver;
+//! and a CPU-engine check of the object and losses on a scan region of the same file.
+//!
+//! ```text
+//! cargo run --release -p qem --example ssb_cuda_bench -- MASTER OUT.json LABEL \
+//!     [--card-budget BYTES] [--cpu-check ROWS] [--fit-pv] [--repeats R]
+//! ```
+//! Optics: 300 kV, 25 mrad, 0.4 Å steps (the reference acquisition is synthetic; the timings
+//! depend on the scan, the BF pixel count and the scan step only through the support of Γ).
+
+use qem::ssb::{Aberrations, FitParams, Objective, Ssb, SsbParams};
+use qem::{BackendRequest, Dataset, LoadParams, Region, Representation, SourceArg};
+use serde_json::{json, Value};
+use std::time::Instant;
+
+fn p50(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    s[s.len() / 2]
+}
+
+/// One warm-up, then `r` timed calls: (p50, all).
+fn time<T>(r: usize, mut f: impl FnMut() -> qem::Result<T>) -> qem::Result<(f64, Vec<f64>)> {
+    f()?;
+    let mut v = Vec::new();
+    for _ in 0..r {
+        let t = Instant::now();
+        f()?;
+        v.push(t.elapsed().as_secs_f64());
+    }
+    Ok((p50(&v), v))
+}
+
+fn load(master: &str, backend: BackendRequest, region: Option<Region>) -> qem::Result<Dataset> {
+    qem::load(
+        SourceArg::Path(master.into()),
+        &LoadParams {
+            backend,
+            representation: Some(Representation::Encoded),
+            scan_region: region,
+            ..LoadParams::default()
+        },
+    )
+}
+
+fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+/// Bytes in use on the card (all processes' view: total − free).
+fn card_used() -> qem::Result<u64> {
+    let (free, total) = qem_cuda::engine()?.gpu.mem_info()?;
+    Ok(total - free)
+}
+
+fn params(budget: Option<u64>) -> SsbParams {
+    SsbParams {
+        voltage_kv: 300.0,
+        semiangle_mrad: 25.0,
+        scan_step_a: (0.4, 0.4),
+        memory_budget: budget,
+        ..SsbParams::default()
+    }
+}
+
+fn probe_ab() -> Aberrations {
+    Aberrations {
+        c10: 120.0,
+        c12: 25.0,
+        phi12: 0.4,
+        ..Default::default()
+    }
+}
+
+fn bench_one(
+    ds: &Dataset,
+    ssb_budget: Option<u64>,
+    r: usize,
+    fit_pv: bool,
+    used_before: u64,
+) -> qem::Result<Value> {
+    let t = Instant::now();
+    let s = Ssb::new(ds, &params(ssb_budget))?;
+    let prepare_s = t.elapsed().as_secs_f64();
+    let card_after_prepare = card_used()?;
+    let st = s
+        .cuda_stats()
+        .cloned()
+        .ok_or_else(|| qem::Error::internal("ssb bench", "the SSB was not prepared on CUDA"))?;
+    eprintln!(
+        "prepared {} BF px in {prepare_s:.3} s ({:?}, {} batches of {})",
+        s.n_bf_pixels(),
+        st.storage,
+        st.batches,
+        st.batch_pixels
+    );
+    let ab = probe_ab();
+    let (obj, obj_all) = time(r, || s.reconstruct(&ab))?;
+    let (coh, coh_all) = time(r, || s.objective(&ab, Objective::Coherence))?;
+    let (pv, pv_all) = time(r.min(5), || s.objective(&ab, Objective::PhaseVariance))?;
+    let card_after_pv = card_used()?;
+    eprintln!(
+        "object {:.2} ms, coherence {:.2} ms, phase variance {:.2} ms",
+        obj * 1e3,
+        coh * 1e3,
+        pv * 1e3
+    );
+    let mut fits = Vec::new();
+    let mut kinds = vec![Objective::Coherence];
+    if fit_pv {
+        kinds.push(Objective::PhaseVariance);
+    }
+    for kind in kinds {
+        let t = Instant::now();
+        let f = s.fit(&FitParams {
+            objective: kind,
+            ..FitParams::default()
+        })?;
+        let secs = t.elapsed().as_secs_f64();
+        eprintln!(
+            "fit ({}) {secs:.2} s, {} evaluations",
+            kind.name(),
+            f.evaluations
+        );
+        fits.push(json!({
+            "objective": kind.name(),
+            "seconds": secs,
+            "evaluations": f.evaluations,
+            "ms_per_evaluation": secs * 1e3 / f.evaluations as f64,
+            "fitted": f.aberrations.to_map(),
+            "loss": f.loss,
+            "params": ["C10", "C12", "phi12"],
+            "search": "200 scrambled-Halton points + Nelder-Mead (<= 200 iterations) from the 3 best",
+        }));
+    }
+    let card_peak_seen = card_after_prepare.max(card_after_pv).max(card_used()?);
+    Ok(json!({
+        "n_bf_pixels": s.n_bf_pixels(),
+        "bf_radius_px": s.disk.radius_px,
+        "det_sampling_mrad": s.det_sampling_mrad,
+        "ssb_budget_bytes": ssb_budget,
+        "g_storage": st.storage.name(),
+        "g_bytes": st.g_bytes,
+        "prepare_batches": st.batches,
+        "prepare_batch_pixels": st.batch_pixels,
+        "prepare_s": prepare_s,
+        "prepare_gather_fft_s": st.seconds,
+        "object_p50_s": obj,
+        "object_all_s": obj_all,
+        "coherence_p50_s": coh,
+        "coherence_all_s": coh_all,
+        "phase_variance_p50_s": pv,
+        "phase_variance_all_s": pv_all,
+        "fits": fits,
+        "ssb_peak_bytes_counted": s.cuda_peak_bytes(),
+        "card_used_before_ssb": used_before,
+        "card_used_after_prepare": card_after_prepare,
+        "card_used_after_phase_variance": card_after_pv,
+        "card_used_max_seen": card_peak_seen,
+        "card_peak_bound": used_before + s.cuda_peak_bytes().unwrap_or(0),
+    }))
+}
+
+fn cpu_check(master: &str, rows: usize) -> qem::Result<Value> {
+    let region = Region::new(0, rows, 0, rows);
+    let c = load(master, BackendRequest::Cpu, Some(region))?;
+    let g = load(master, BackendRequest::Cuda, Some(region))?;
+    let sc = Ssb::new(&c, &params(None))?;
+    let sg = Ssb::new(&g, &params(None))?;
+    let mut out = serde_json::Map::new();
+    for (name, ab) in [("probe", probe_ab()), ("zero", Aberrations::default())] {
+        let (a, b) = (sc.reconstruct(&ab)?, sg.reconstruct(&ab)?);
+        let mut losses = serde_json::Map::new();
+        for kind in [Objective::Coherence, Objective::PhaseVariance] {
+            let (lc, lg) = (sc.objective(&ab, kind)?, sg.objective(&ab, kind)?);
+            losses.insert(
+                kind.name().into(),
+                json!({"cpu": lc, "cuda": lg, "rel": (lg - lc).abs() / lc.abs()}),
+            );
+        }
+        out.insert(
+            name.into(),
+            json!({
+                "aberrations": ab.to_map(),
+                "object_rel_l2_re": rel_l2(&b.object_re, &a.object_re),
+                "object_rel_l2_im": rel_l2(&b.object_im, &a.object_im),
+                "phase_rel_l2": rel_l2(&b.phase, &a.phase),
+                "losses": losses,
+            }),
+        );
+    }
+    Ok(json!({
+        "scan_region": [rows, rows],
+        "n_bf_pixels": [sc.n_bf_pixels(), sg.n_bf_pixels()],
+        "cases": out,
+    }))
+}
+
+fn main() -> qem::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.len() < 3 {
+        eprintln!(
+            "usage: ssb_cuda_bench MASTER OUT.json LABEL [--card-budget B] [--cpu-check ROWS] [--fit-pv] [--repeats R]"
+        );
+        std::process::exit(2);
+    }
+    let (master, out, label) = (&args[0], &args[1], &args[2]);
+    let flag = |name: &str| args.iter().position(|a| a == name);
+    let value = |name: &str| flag(name).and_then(|i| args.get(i + 1)).cloned();
+    let card_budget: Option<u64> = value("--card-budget").and_then(|v| v.parse().ok());
+    let cpu_rows: Option<usize> = value("--cpu-check").and_then(|v| v.parse().ok());
+    let repeats: usize = value("--repeats")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let fit_pv = flag("--fit-pv").is_some();
+    let used0 = card_used()?;
+    let t = Instant::now();
+    let ds = load(master, BackendRequest::Cuda, None)?;
+    let load_s = t.elapsed().as_secs_f64();
+    // The disk fit reads the cached sum DP; fill it before timing prepare.
+    let t = Instant::now();
+    qem::detector::sum_dp(&ds)?;
+    let sum_dp_s = t.elapsed().as_secs_f64();
+    let used_data = card_used()?;
+    eprintln!(
+        "{label}: loaded {:?} ENCODED in {load_s:.2} s, card {:.2} GB used",
+        ds.shape(),
+        used_data as f64 / 1e9
+    );
+    let mut runs = vec![json!({"budget": "none (free device memory)",
+                               "result": bench_one(&ds, None, repeats, fit_pv, used_data)?})];
+    if let Some(cb) = card_budget {
+        let ssb_budget = cb.saturating_sub(used_data);
+        let r = match bench_one(&ds, Some(ssb_budget), repeats, false, used_data) {
+            Ok(v) => v,
+            Err(e) => json!({"error": e.to_string(), "kind": format!("{:?}", e.kind)}),
+        };
+        runs.push(json!({"budget": format!("card {cb} bytes = dataset + context {used_data} + SSB {ssb_budget}"),
+                         "card_budget_bytes": cb, "result": r}));
+    }
+    let check = match cpu_rows {
+        Some(rows) => cpu_check(master, rows)?,
+        None => Value::Null,
+    };
+    let info = qem_cuda::engine_info()?;
+    let rec = json!({
+        "what": "SSB on CUDA: prepare G, object, objectives, 3-parameter fit (ENCODED resident)",
+        "label": label,
+        "master": master,
+        "device": format!("{info:?}"),
+        "dataset_shape": ds.shape(),
+        "dataset_resident_bytes": ds.nbytes_resident(),
+        "load_s": load_s,
+        "sum_dp_s": sum_dp_s,
+        "card_used_before_load": used0,
+        "card_used_with_dataset": used_data,
+        "optics": {"voltage_kv": 300.0, "semiangle_mrad": 25.0, "scan_step_a": 0.4,
+                   "det_sampling": "alpha / r_BF (default)"},
+        "aberrations_timed": probe_ab().to_map(),
+        "timing": "wall of the whole call, p50 after one warm-up",
+        "runs": runs,
+        "cpu_check": check,
+    });
+    std::fs::write(out, serde_json::to_string_pretty(&rec).unwrap_or_default())
+        .map_err(|e| qem::Error::io("write", std::path::Path::new(out), &e))?;
+    Ok(())
+}
