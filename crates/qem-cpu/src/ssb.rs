@@ -838,8 +838,7 @@ pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOut
 
 /// Nelder–Mead (reflection 1, expansion 2, contraction ½, shrink ½) in box coordinates,
 /// vertices clamped to [0, 1]; stops after `max_iter` iterations or when the simplex spans
-/// < 10⁻⁵ of the box and its losses agree to 10⁻¹⁰ (relative). Every evaluation's loss is
-/// appended to `curve`.
+/// < 10⁻⁴ of the box. Every evaluation's loss is appended to `curve`.
 fn nelder_mead(
     f: &dyn Fn(&[f64]) -> Result<f64>,
     x0: &[f64],
@@ -872,13 +871,16 @@ fn nelder_mead(
     }
     for _ in 0..max_iter {
         simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
-        let (fb, fw) = (simplex[0].1, simplex[d].1);
         let spread = simplex
             .iter()
             .skip(1)
             .flat_map(|(x, _)| x.iter().zip(&simplex[0].0).map(|(a, b)| (a - b).abs()))
             .fold(0.0f64, f64::max);
-        if spread < 1e-5 && (fw - fb).abs() <= 1e-10 * fb.abs().max(1e-30) {
+        // Converged when the simplex spans < 1e-4 of every box side (0.08 Å of the default
+        // C10 box). No test on the losses: a loss evaluated in f32 (the GPU) is rough at the
+        // 1e-7 level, so a relative loss tolerance below that is never met and every start ran
+        // to `max_iter` (1,592 evaluations instead of ~600 on the reference acquisition).
+        if spread < 1e-4 {
             break;
         }
         let centroid: Vec<f64> = (0..d)

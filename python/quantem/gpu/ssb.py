@@ -278,6 +278,12 @@ class SSB:
         Keep only BF pixels whose mean intensity exceeds this fraction of the maximum.
     memory_budget : int, optional
         Bytes ``G`` may take; a larger ``G`` raises :class:`~quantem.gpu.MemoryBudgetError`.
+        On CUDA: the device bytes SSB may allocate besides the dataset (``None`` = the free
+        device memory).
+    g_storage : {None, "f32", "f16"}
+        CUDA only: how ``G`` is kept on the card (half spectra). ``None`` takes complex f32
+        when it fits the budget, else complex f16 scaled per pixel (half the bytes; object
+        within ~2e-5 relative L2 of the CPU's f64). The CPU engine always keeps complex f64.
     """
 
     def __init__(
@@ -292,6 +298,7 @@ class SSB:
         compat_2alpha: bool = False,
         bf_threshold: float = 0.0,
         memory_budget: int | None = None,
+        g_storage: str | None = None,
     ):
         voltage = _required("voltage_kv", voltage_kv, "kV")
         alpha = _required("semiangle_mrad", semiangle_mrad, "mrad")
@@ -315,6 +322,10 @@ class SSB:
                 expected="an integer >= 0 or None",
                 found=repr(memory_budget),
             )
+        if g_storage not in (None, "f32", "f16"):
+            raise _invalid(
+                _OP, "unknown g_storage", expected='None, "f32" or "f16"', found=repr(g_storage)
+            )
         self._native = _native.ssb_prepare(
             ds,
             voltage_kv=voltage,
@@ -325,6 +336,7 @@ class SSB:
             compat_2alpha=bool(compat_2alpha),
             bf_threshold=thr,
             memory_budget=None if memory_budget is None else int(memory_budget),
+            g_storage=g_storage,
         )
 
     @property
