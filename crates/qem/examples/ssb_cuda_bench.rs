@@ -250,6 +250,7 @@ fn main() -> qem::Result<()> {
     let rec = json!({
         "what": "SSB on CUDA: prepare G, object, objectives, 3-parameter fit (ENCODED resident)",
         "label": label,
+        "git_revision": std::env::var("QEM_GIT_REVISION").unwrap_or_else(|_| "unknown".into()),
         "master": master,
         "device": format!("{info:?}"),
         "dataset_shape": ds.shape(),

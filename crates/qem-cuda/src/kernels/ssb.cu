@@ -154,11 +154,23 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
             const float vr = fr[p.r], vc = fc[p.c];
             const float vr2 = fr[p.rm], vc2 = fc[p.cm];
             float2 s1 = make_float2(0.f, 0.f), s2 = make_float2(0.f, 0.f);
+            // Software pipelining: the next pixel's G, k and P(k) are loaded while this one is
+            // computed (a G load is an HBM round trip; the loop body is a few hundred
+            // instructions, so one iteration ahead hides it).
+            float2 g_nx = make_float2(0.f, 0.f), k_nx = g_nx, p_nx = g_nx;
+            if (b_lo < b_hi) {
+                g_nx = load_g<G16>(g, gscale, b_lo, nh, h);
+                k_nx = kb[b_lo];
+                p_nx = pk[b_lo];
+            }
             for (u32 b = b_lo; b < b_hi; ++b) {
-                const float2 pkb = pk[b];
+                const float2 gv = g_nx, k = k_nx, pkb = p_nx;
+                if (b + 1 < b_hi) {
+                    g_nx = load_g<G16>(g, gscale, b + 1, nh, h);
+                    k_nx = kb[b + 1];
+                    p_nx = pk[b + 1];
+                }
                 if (pkb.x == 0.f && pkb.y == 0.f) continue;  // zero-aperture pixel: Γ ≡ 0
-                const float2 k = kb[b];
-                const float2 gv = load_g<G16>(g, gscale, b, nh, h);
                 const float2 pm = probe(k.x - vr, k.y - vc, o, ab);
                 const float2 pp = probe(k.x + vr, k.y + vc, o, ab);
                 const float2 g1 = make_float2(cmulc(pm, pkb).x - cmulc(pkb, pp).x,
