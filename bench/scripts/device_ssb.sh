@@ -25,6 +25,9 @@ timeout 170 ./$D/ssb_cuda_bench /tmp/ref/scan_master.h5 "$R/ssb_r30.json" r30 --
 r=$?; rc=$((rc|r)); echo "r30 rc=$r"; cat "$R/ssb_r30.log" | tail -20
 timeout 170 ./$D/ssb_cuda_bench /tmp/ref53/scan_master.h5 "$R/ssb_r53.json" r53 --card-budget $GIB6 --fit-pv > "$R/ssb_r53.log" 2>&1
 r=$?; rc=$((rc|r)); echo "r53 rc=$r"; cat "$R/ssb_r53.log" | tail -20
+# The route the 6 GiB refusal names: the same r = 53 data with the detector binned 2×2.
+timeout 120 ./$D/ssb_cuda_bench /tmp/ref53/scan_master.h5 "$R/ssb_r53_bin2.json" r53_bin2 --det-bin 2 --card-budget $GIB6 > "$R/ssb_r53_bin2.log" 2>&1
+r=$?; rc=$((rc|r)); echo "r53 bin2 rc=$r"; cat "$R/ssb_r53_bin2.log" | tail -8
 rm -rf /tmp/ref53
 if [ -n "${QUICK:-}" ]; then tar czf "$OUT/results.tgz" -C "$OUT" res; exit $rc; fi
 ( time timeout 120 quantem-gpu ssb /tmp/ref/scan_master.h5 --voltage-kv 300 --semiangle-mrad 25 --scan-step-a 0.4 --fit --objective coherence --out "$R/cli_ssb" ) > "$R/cli_ssb.log" 2>&1

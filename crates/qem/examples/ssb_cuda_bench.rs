@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --release -p qem --example ssb_cuda_bench -- MASTER OUT.json LABEL \
-//!     [--card-budget BYTES] [--cpu-check ROWS] [--fit-pv] [--repeats R]
+//!     [--card-budget BYTES] [--cpu-check ROWS] [--fit-pv] [--repeats R] [--det-bin N]
 //! ```
 //! Optics: 300 kV, 25 mrad, 0.4 Å steps (the reference acquisition is synthetic; the timings
 //! depend on the scan, the BF pixel count and the scan step only through the support of Γ).
@@ -33,13 +33,19 @@ fn time<T>(r: usize, mut f: impl FnMut() -> qem::Result<T>) -> qem::Result<(f64,
     Ok((p50(&v), v))
 }
 
-fn load(master: &str, backend: BackendRequest, region: Option<Region>) -> qem::Result<Dataset> {
+fn load(
+    master: &str,
+    backend: BackendRequest,
+    region: Option<Region>,
+    det_bin: usize,
+) -> qem::Result<Dataset> {
     qem::load(
         SourceArg::Path(master.into()),
         &LoadParams {
             backend,
             representation: Some(Representation::Encoded),
             scan_region: region,
+            det_bin,
             ..LoadParams::default()
         },
     )
@@ -167,8 +173,8 @@ fn bench_one(
 
 fn cpu_check(master: &str, rows: usize) -> qem::Result<Value> {
     let region = Region::new(0, rows, 0, rows);
-    let c = load(master, BackendRequest::Cpu, Some(region))?;
-    let g = load(master, BackendRequest::Cuda, Some(region))?;
+    let c = load(master, BackendRequest::Cpu, Some(region), 1)?;
+    let g = load(master, BackendRequest::Cuda, Some(region), 1)?;
     let sc = Ssb::new(&c, &params(None))?;
     let sg = Ssb::new(&g, &params(None))?;
     let mut out = serde_json::Map::new();
@@ -204,7 +210,7 @@ fn main() -> qem::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 3 {
         eprintln!(
-            "usage: ssb_cuda_bench MASTER OUT.json LABEL [--card-budget B] [--cpu-check ROWS] [--fit-pv] [--repeats R]"
+            "usage: ssb_cuda_bench MASTER OUT.json LABEL [--card-budget B] [--cpu-check ROWS] [--fit-pv] [--repeats R] [--det-bin N]"
         );
         std::process::exit(2);
     }
@@ -217,9 +223,10 @@ fn main() -> qem::Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(10);
     let fit_pv = flag("--fit-pv").is_some();
+    let det_bin: usize = value("--det-bin").and_then(|v| v.parse().ok()).unwrap_or(1);
     let used0 = card_used()?;
     let t = Instant::now();
-    let ds = load(master, BackendRequest::Cuda, None)?;
+    let ds = load(master, BackendRequest::Cuda, None, det_bin)?;
     let load_s = t.elapsed().as_secs_f64();
     // The disk fit reads the cached sum DP; fill it before timing prepare.
     let t = Instant::now();
@@ -254,6 +261,7 @@ fn main() -> qem::Result<()> {
         "master": master,
         "device": format!("{info:?}"),
         "dataset_shape": ds.shape(),
+        "det_bin": det_bin,
         "dataset_resident_bytes": ds.nbytes_resident(),
         "load_s": load_s,
         "sum_dp_s": sum_dp_s,
