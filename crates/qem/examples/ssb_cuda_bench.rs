@@ -46,6 +46,13 @@ fn load(
             representation: Some(Representation::Encoded),
             scan_region: region,
             det_bin,
+            // Binned u16 sums widen to u32, which ENCODED does not hold; u16 is exact when
+            // every binned value fits (else the load fails with an Overflow error).
+            dtype: if det_bin > 1 {
+                qem::DtypeRequest::U16
+            } else {
+                qem::DtypeRequest::Native
+            },
             ..LoadParams::default()
         },
     )
