@@ -15,11 +15,7 @@
 //! Each evaluation ([`GpuSsb::object`], [`GpuSsb::coherence`], [`GpuSsb::phase_variance`])
 //! uploads nothing but its 8 aberration coefficients: a tiny kernel tabulates `P(k_b)`, the
 //! accumulate kernel forms `Σ_b C_b(ν)` and `Σ |C_b|²` over the full plane in one read of G, and
-//! only the object (N complex values) or a few hundred per-block partial sums come back. When χ
-//! is quadratic (only C10, C12, φ12 — the default fit) the accumulate kernel needs no χ and no
-//! sincos per pixel: `Γ_b(±ν) = A(k_b) E^{±1} W_±` with `E = exp(2i k_bᵀMν)` carried along each
-//! detector row by one complex product (kernels/ssb.cu, `quad_terms`; [`quad_gamma`] is the same
-//! algebra in f64, tested against `qem_cpu::ssb::gamma`).
+//! only the object (N complex values) or a few hundred per-block partial sums come back.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -152,24 +148,10 @@ struct AbArg([f32; 8]);
 // SAFETY: repr(C) plain f32s with the layout of `struct SsbAb`.
 unsafe impl DeviceRepr for AbArg {}
 
-/// `SsbQuad` of ssb.cu: χ's quadratic form and the step of k along a detector row.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-struct QuadArg {
-    m_rr: f32,
-    m_cc: f32,
-    m_rc: f32,
-    dx: f32,
-    dy: f32,
-}
-// SAFETY: repr(C) plain f32s with the layout of `struct SsbQuad`.
-unsafe impl DeviceRepr for QuadArg {}
-
 #[derive(Debug)]
 struct Funcs {
     probe_table: CudaFunction,
     accumulate: CudaFunction,
-    accumulate_quad: CudaFunction,
     corrected: CudaFunction,
     sum_slices: CudaFunction,
     finish: CudaFunction,
@@ -310,10 +292,6 @@ pub struct GpuSsb {
     g: DevBuf,
     gscale: DevBuf,
     kb: DevBuf,
-    ak: DevBuf,
-    cont: DevBuf,
-    /// Step of k along a detector row (Å⁻¹), for the quadratic-χ kernel.
-    k_step: (f64, f64),
     fr: DevBuf,
     fc: DevBuf,
     b: usize,
@@ -348,22 +326,13 @@ fn load_funcs(gpu: &Gpu, storage: GStorage) -> Result<Funcs> {
             .load_function(name)
             .map_err(|e| driver_error(&format!("load kernel {name}"), e))
     };
-    let (acc, quad, cor) = match storage {
-        GStorage::C32 => (
-            "qem_ssb_accumulate_g32",
-            "qem_ssb_accumulate_quad_g32",
-            "qem_ssb_corrected_g32",
-        ),
-        GStorage::C16 => (
-            "qem_ssb_accumulate_g16",
-            "qem_ssb_accumulate_quad_g16",
-            "qem_ssb_corrected_g16",
-        ),
+    let (acc, cor) = match storage {
+        GStorage::C32 => ("qem_ssb_accumulate_g32", "qem_ssb_corrected_g32"),
+        GStorage::C16 => ("qem_ssb_accumulate_g16", "qem_ssb_corrected_g16"),
     };
     Ok(Funcs {
         probe_table: get("qem_ssb_probe_table")?,
         accumulate: get(acc)?,
-        accumulate_quad: get(quad)?,
         corrected: get(cor)?,
         sum_slices: get("qem_ssb_sum_slices")?,
         finish: get("qem_ssb_finish")?,
@@ -455,16 +424,12 @@ impl GpuSsb {
         let b = s.pixels.len();
         let scan = s.scan;
         let n = scan.len();
-        let (frames, frame_len, det_cols) = match src {
+        let (frames, frame_len) = match src {
             Source::Dense(a) => {
                 let [r, c, kr, kc] = a.shape();
-                (r * c, kr * kc, kc)
+                (r * c, kr * kc)
             }
-            Source::Encoded(e) => (
-                e.n_frames() as usize,
-                e.frame_shape().len(),
-                e.frame_shape().cols,
-            ),
+            Source::Encoded(e) => (e.n_frames() as usize, e.frame_shape().len()),
         };
         if b == 0 || s.k.len() != b || s.g0.len() != b || n == 0 || frames != n {
             return Err(
@@ -549,21 +514,6 @@ impl GpuSsb {
         let d_pix = upload(ctx, &pix32, c, "BF pixel list")?;
         let d_gscale = upload(ctx, &gscale, c, "G16 scales")?;
         let kb = upload(ctx, &to_f32_pairs(s.k), c, "BF k vectors")?;
-        // A(k_b) (aberration-free) and the detector-row continuations for the quadratic kernel.
-        let ak32: Vec<f32> =
-            s.k.iter()
-                .map(|&(x, y)| s.optics.aperture(x, y) as f32)
-                .collect();
-        let cont: Vec<u8> = (0..b)
-            .map(|i| {
-                u8::from(i > 0 && s.pixels[i] == s.pixels[i - 1] + 1 && s.pixels[i] % det_cols != 0)
-            })
-            .collect();
-        let k_step = (1..b).find(|&i| cont[i] == 1).map_or((0.0, 0.0), |i| {
-            (s.k[i].0 - s.k[i - 1].0, s.k[i].1 - s.k[i - 1].1)
-        });
-        let ak = upload(ctx, &ak32, c, "A(k_b)")?;
-        let d_cont = upload(ctx, &cont, c, "detector-row continuations")?;
         let fr32: Vec<f32> = s.nu_r.iter().map(|&v| v as f32).collect();
         let fc32: Vec<f32> = s.nu_c.iter().map(|&v| v as f32).collect();
         let fr = upload(ctx, &fr32, c, "scan frequencies (rows)")?;
@@ -729,9 +679,6 @@ impl GpuSsb {
             g,
             gscale: d_gscale,
             kb,
-            ak,
-            cont: d_cont,
-            k_step,
             fr,
             fc,
             b,
@@ -776,22 +723,7 @@ impl GpuSsb {
     }
 
     /// Queue P(k_b), the accumulate launch and the slice sum; returns nothing until synced.
-    /// `χ`'s quadratic form (only C10, C12, φ12 set) for the quadratic kernel, else `None`.
-    fn quad_arg(&self, ab: &Aberrations) -> Option<QuadArg> {
-        if ab.c21 != 0.0 || ab.c23 != 0.0 || ab.c30 != 0.0 {
-            return None;
-        }
-        let c = chi_polynomial(ab, self.lambda);
-        Some(QuadArg {
-            m_rr: (c[0] + c[1]) as f32,
-            m_cc: (c[0] - c[1]) as f32,
-            m_rc: c[2] as f32,
-            dx: self.k_step.0 as f32,
-            dy: self.k_step.1 as f32,
-        })
-    }
-
-    fn queue_mean_spectrum(&self, w: &Work, ab: &AbArg, quad: Option<QuadArg>) -> Result<()> {
+    fn queue_mean_spectrum(&self, w: &Work, ab: &AbArg) -> Result<()> {
         let stream = self.gpu.stream();
         let (kb, pk, nb) = (self.kb.ptr(), w.pk.ptr(), self.b as u32);
         let o = self.optics;
@@ -819,21 +751,13 @@ impl GpuSsb {
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let kernel = match quad {
-            Some(_) => &self.f.accumulate_quad,
-            None => &self.f.accumulate,
-        };
-        let q = quad.unwrap_or_default();
-        let (ak, cont) = (self.ak.ptr(), self.cont.ptr());
-        let mut lb = stream.launch_builder(kernel);
+        let mut lb = stream.launch_builder(&self.f.accumulate);
         lb.arg(&g)
             .arg(&gs)
             .arg(&nb)
             .arg(&per_slice)
             .arg(&kb)
             .arg(&pk)
-            .arg(&ak)
-            .arg(&cont)
             .arg(&fr)
             .arg(&fc)
             .arg(&nr)
@@ -841,15 +765,13 @@ impl GpuSsb {
             .arg(&half)
             .arg(&o)
             .arg(ab)
-            .arg(&q)
             .arg(&sp)
             .arg(&pp);
-        // SAFETY: matches `qem_ssb_accumulate[_quad]_g{32,16}(const void*, const float*, u32,
-        // u32, const float2*, const float2*, const float*, const unsigned char*, const float*,
-        // const float*, u32, u32, u32, SsbOptics, SsbAb, SsbQuad, float2*, double*)`: G holds
-        // b·nr·half values of its storage, gscale/kb/pk/ak/cont b entries, fr/fc nr/nc floats,
-        // s_part slices·n float2, pow_part slices·blocks_x f64; the grid is (blocks_x, slices)
-        // with blocks_x·256 ≥ nr·half.
+        // SAFETY: matches `qem_ssb_accumulate_g{32,16}(const void*, const float*, u32, u32,
+        // const float2*, const float2*, const float*, const float*, u32, u32, u32, SsbOptics,
+        // SsbAb, float2*, double*)`: G holds b·nr·half values of its storage, gscale/kb/pk b
+        // entries, fr/fc nr/nc floats, s_part slices·n float2, pow_part slices·blocks_x f64;
+        // the grid is (blocks_x, slices) with blocks_x·256 ≥ nr·half.
         unsafe { lb.launch(cfg) }.map_err(|er| driver_error("launch ssb accumulate", er))?;
         let n = self.scan.len() as u64;
         let (add, s) = (0u32, w.s.ptr());
@@ -879,7 +801,7 @@ impl GpuSsb {
     pub fn object(&self, ab: &Aberrations) -> Result<(Vec<f64>, Vec<f64>)> {
         let w = self.lock()?;
         let a = self.ab_arg(ab);
-        self.queue_mean_spectrum(&w, &a, self.quad_arg(ab))?;
+        self.queue_mean_spectrum(&w, &a)?;
         let s = w.s.ptr();
         // SAFETY: a 1-transform C2C plan of the scan, in place on s (n complex f32).
         unsafe {
@@ -909,7 +831,7 @@ impl GpuSsb {
     pub fn coherence(&self, ab: &Aberrations) -> Result<f64> {
         let w = self.lock()?;
         let a = self.ab_arg(ab);
-        self.queue_mean_spectrum(&w, &a, self.quad_arg(ab))?;
+        self.queue_mean_spectrum(&w, &a)?;
         self.sync("coherence")?;
         let pw: Vec<f64> = read_vec(&w.pow_part, self.slices as usize * self.blocks_x as usize)?;
         let blocks = grid_1d(self.scan.len() as u64).grid_dim.0 as usize;
@@ -1098,65 +1020,9 @@ fn launch_gather(
     Ok(())
 }
 
-/// `Γ(k, ν)` by the quadratic-χ factorisation of `quad_terms` in kernels/ssb.cu, in f64:
-/// `A(k) exp(2i kᵀMν) [A(k−ν) exp(−iχ(ν)) − A(k+ν) exp(iχ(ν))]` (only C10, C12, φ12 count).
-pub fn quad_gamma(o: &Optics, ab: &Aberrations, k: (f64, f64), nu: (f64, f64)) -> (f64, f64) {
-    let c = chi_polynomial(ab, o.lambda_a);
-    let (m_rr, m_cc, m_rc) = (c[0] + c[1], c[0] - c[1], c[2]);
-    let form = |a: (f64, f64), b: (f64, f64)| {
-        m_rr * a.0 * b.0 + m_cc * a.1 * b.1 + m_rc * (a.0 * b.1 + a.1 * b.0)
-    };
-    let (am, ap) = (
-        o.aperture(k.0 - nu.0, k.1 - nu.1),
-        o.aperture(k.0 + nu.0, k.1 + nu.1),
-    );
-    let (su, cu) = (-form(nu, nu)).sin_cos(); // U = exp(−iχ(ν))
-    let w = ((am - ap) * cu, (am + ap) * su);
-    let (se, ce) = (2.0 * form(k, nu)).sin_cos(); // E = exp(2i kᵀMν)
-    let a_k = o.aperture(k.0, k.1);
-    (a_k * (ce * w.0 - se * w.1), a_k * (ce * w.1 + se * w.0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quadratic_factorisation_equals_gamma() {
-        let o = Optics {
-            lambda_a: 0.019_687,
-            alpha_rad: 0.025,
-            dtheta_rad: (0.0009, 0.0009),
-        };
-        let ab = Aberrations {
-            c10: -140.0,
-            c12: 35.0,
-            phi12: 1.1,
-            ..Default::default()
-        };
-        let mut n = 0;
-        for i in -6..=6 {
-            for j in -6..=6 {
-                let k = (0.2 * i as f64, 0.17 * j as f64 - 0.05);
-                for nu in [(0.3, -0.4), (-1.1, 0.2), (0.05, 0.9), (1.2, 1.2)] {
-                    let want = qem_cpu::ssb::gamma(&o, &ab, k, nu);
-                    let got = quad_gamma(&o, &ab, k, nu);
-                    let err = ((got.0 - want.re).powi(2) + (got.1 - want.im).powi(2)).sqrt();
-                    assert!(
-                        err <= 1e-12 * (1.0 + want.norm()),
-                        "{k:?} {nu:?}: {got:?} vs {want}"
-                    );
-                    n += usize::from(want.norm() > 1e-3);
-                }
-            }
-        }
-        assert!(n > 100, "too few non-zero Γ sampled: {n}");
-        // The mirror: Γ(−ν) from the same factors (E → E*, the apertures swapped).
-        let (k, nu) = ((0.4, -0.2), (0.7, 0.3));
-        let want = qem_cpu::ssb::gamma(&o, &ab, k, (-nu.0, -nu.1));
-        let got = quad_gamma(&o, &ab, k, (-nu.0, -nu.1));
-        assert!((got.0 - want.re).abs() < 1e-12 && (got.1 - want.im).abs() < 1e-12);
-    }
 
     #[test]
     fn kernels_compile_with_nvrtc_when_present() {
