@@ -492,8 +492,15 @@ impl GpuSsb {
         loop {
             let w = plan_work_bytes(scan, cufft_sys::cufftType::CUFFT_R2C, batch)?;
             let used = sz.need(storage, batch as u64) - batch as u64 * nh * 8 + w;
-            if used <= budget || batch == 1 {
+            if used <= budget {
                 break;
+            }
+            if batch == 1 {
+                return Err(Error::memory_budget(OP, used, budget).with_op(format!(
+                    "{OP} prepare (G for {b} BF pixels as {} and the FFT work area of one \
+                     pixel; raise memory_budget, bin the detector or crop the scan)",
+                    storage.name()
+                )));
             }
             batch = (batch / 2).max(1);
         }
