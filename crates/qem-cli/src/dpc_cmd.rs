@@ -48,13 +48,7 @@ pub fn write_dpc(
     }
     let t_write = t.elapsed().as_secs_f64();
     let record = json!({
-        "dataset": {
-            "shape": ds.shape(),
-            "dtype": ds.dtype(),
-            "backend": ds.backend().name(),
-            "device": ds.device(),
-            "representation": ds.representation().name(),
-        },
+        "dataset": crate::products_cmd::dataset_json(ds),
         "params": {
             "rotation_deg": params.rotation_deg,
             "transpose": params.transpose,

@@ -139,6 +139,17 @@ fn u64_f64(v: &[u64]) -> Vec<f64> {
     v.iter().map(|&x| x as f64).collect()
 }
 
+/// What a command's JSON record says of its dataset.
+pub fn dataset_json(ds: &qem::Dataset) -> Value {
+    json!({
+        "shape": ds.shape(),
+        "dtype": ds.dtype(),
+        "backend": ds.backend().name(),
+        "device": ds.device(),
+        "representation": ds.representation().name(),
+    })
+}
+
 /// The disk as JSON.
 pub fn disk_json(d: &DiskFit) -> Value {
     json!({
@@ -232,13 +243,7 @@ pub fn write_products(
     }
     let t_write = t.elapsed().as_secs_f64();
     let record = json!({
-        "dataset": {
-            "shape": ds.shape(),
-            "dtype": ds.dtype(),
-            "backend": ds.backend().name(),
-            "device": ds.device(),
-            "representation": ds.representation().name(),
-        },
+        "dataset": dataset_json(ds),
         "requested": which.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
         "params": {
             "inner": params.inner,

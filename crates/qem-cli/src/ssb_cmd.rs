@@ -99,13 +99,7 @@ pub fn write_ssb(
         SsbJob::Reconstruct(_) => Objective::PhaseVariance,
     };
     let record = json!({
-        "dataset": {
-            "shape": ds.shape(),
-            "dtype": ds.dtype(),
-            "backend": ds.backend().name(),
-            "device": ds.device(),
-            "representation": ds.representation().name(),
-        },
+        "dataset": crate::products_cmd::dataset_json(ds),
         "params": {
             "voltage_kv": params.voltage_kv,
             "semiangle_mrad": params.semiangle_mrad,
