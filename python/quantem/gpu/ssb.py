@@ -6,9 +6,17 @@ vector ``k_b = R(θ) ((i_b − c_r) Δk, (j_b − c_c) Δk)`` with ``Δk = Δθ�
 sampling ``Δθ = α / r_BF`` (mrad per pixel) unless given (the anchor's ``2α / r`` only with
 ``compat_2alpha=True``). ``G_b(ν)`` is the unnormalised 2-D FFT over the scan of pixel ``b``'s
 image; the double-overlap ("trotter") correction
-``Γ_b(ν) = P(ν − k_b) P*(k_b) − P*(ν + k_b) P(k_b)`` with the probe ``P = A·exp(−iχ)`` and the
-full Krivanek aberration function ``χ = (2π/λ) Σ C_nm α^(n+1)/(n+1) cos(m(φ − φ_nm))`` is
-removed phase-only, and the object is the mean of the corrected per-pixel terms.
+``Γ_b(ν) = P(k_b − ν) P*(k_b) − P(k_b) P*(k_b + ν)`` (derived for a weak phase object; the same as
+SCIENCE.md's ``P(ν − k_b)…`` form for C10/C12/C30, and Hermitian like ``G`` for C21/C23) with the
+probe ``P = A·exp(−iχ)`` and the full Krivanek aberration function
+``χ = (2π/λ) Σ C_nm α^(n+1)/(n+1) cos(m(φ − φ_nm))`` is removed phase-only, and the object is the
+mean of the corrected per-pixel terms.
+
+Engines: a dataset held by the CPU engine is prepared there (``G`` as complex float64). A dataset
+on CUDA stays on the card: the BF images are gathered there (ENCODED data decoded on the fly),
+``G`` is kept as half spectra in complex float32 (or float16 when float32 does not fit
+``memory_budget``), and objects and losses are computed on the GPU (float32, sums in float64;
+objects within ~2e-7 relative L2 of the CPU's float64 with float32 ``G``, ~2e-5 with float16).
 
 Aberrations are in ångström and their angles in radians, named ``C10`` (defocus; positive =
 overfocus, abTEM's ``defocus`` is ``−C10``), ``C12``/``phi12`` (two-fold astigmatism),
