@@ -299,6 +299,7 @@ def test_fit_is_deterministic_and_improves(prepared):
     assert a.loss == b.loss and a.evaluations == b.evaluations
     np.testing.assert_array_equal(a.loss_curve, b.loss_curve)
     assert a.fitted == ssb.DEFAULT_FIT
+    assert a.objective == "coherence"
     assert set(a.aberrations) == set(ssb.ABERRATIONS)
     assert a.units["C10"] == "Å" and a.units["phi12"] == "rad"
     assert a.evaluations > 24 and a.loss_curve.size == a.evaluations  # start + 24 + NM
@@ -363,6 +364,8 @@ def test_errors(data, prepared):
 
 def test_surface(prepared):
     assert "phase_variance" in prepared.objectives
+    # The robust loss is the default (it alone passes the realistic-dose abTEM validation).
+    assert prepared.objectives[0] == ssb.OBJECTIVES[0] == "coherence"
     assert len(prepared.objectives) >= 2  # the anchor's objective and a robust one
     for name in prepared.objectives:
         assert math.isfinite(prepared.objective(TRUE, name))

@@ -268,9 +268,9 @@ pub struct SsbArgs {
     /// Comma-separated coefficients to fit (of C10, C12, phi12, C21, phi21, C23, phi23, C30).
     #[arg(long, value_delimiter = ',', default_value = "C10,C12,phi12")]
     pub fit_params: Vec<String>,
-    /// Loss to minimise: phase_variance (the anchor's) or coherence (robust on strong or
-    /// noisy data).
-    #[arg(long, default_value = "phase_variance", value_parser = crate::ssb_cmd::parse_objective)]
+    /// Loss to minimise: coherence (robust on strong or noisy data; the default) or
+    /// phase_variance (the anchor's).
+    #[arg(long, default_value = "coherence", value_parser = crate::ssb_cmd::parse_objective)]
     pub objective: qem::ssb::Objective,
     /// Seed of the global search.
     #[arg(long, default_value_t = 0)]

@@ -96,7 +96,7 @@ pub fn write_ssb(
     let t_write = t.elapsed().as_secs_f64();
     let objective = match job {
         SsbJob::Fit(f) => f.objective,
-        SsbJob::Reconstruct(_) => Objective::PhaseVariance,
+        SsbJob::Reconstruct(_) => Objective::default(),
     };
     let record = json!({
         "dataset": crate::products_cmd::dataset_json(ds),
@@ -129,12 +129,12 @@ pub fn write_ssb(
     Ok((res, record, files))
 }
 
-/// The objective named `name` (`phase_variance` or `coherence`).
+/// The objective named `name` (`coherence` or `phase_variance`).
 pub fn parse_objective(name: &str) -> Result<Objective, String> {
-    [Objective::PhaseVariance, Objective::Coherence]
+    [Objective::Coherence, Objective::PhaseVariance]
         .into_iter()
         .find(|o| o.name() == name)
-        .ok_or_else(|| format!("unknown objective {name:?} (expected phase_variance or coherence)"))
+        .ok_or_else(|| format!("unknown objective {name:?} (expected coherence or phase_variance)"))
 }
 
 pub fn run(a: &SsbArgs, command_line: &str) -> anyhow::Result<()> {

@@ -22,7 +22,7 @@ use qem::{Error, Shape2};
 use std::collections::BTreeMap;
 
 /// Every objective the engine knows, the default first.
-const OBJECTIVES: [Objective; 2] = [Objective::PhaseVariance, Objective::Coherence];
+const OBJECTIVES: [Objective; 2] = [Objective::Coherence, Objective::PhaseVariance];
 
 fn objective(name: &str) -> PyResult<Objective> {
     OBJECTIVES
@@ -194,7 +194,7 @@ impl PySsb {
     /// Fit: a dict (`aberrations`, `fitted`, `loss`, `evaluations`, `loss_curve`, `objective`,
     /// `result`, `provenance`). `None` budgets take the engine's defaults.
     #[pyo3(signature = (
-        *, seed, fit, ranges = None, objective = "phase_variance", global_evals = None,
+        *, seed, fit, ranges = None, objective = "coherence", global_evals = None,
         local_max_iter = None, local_starts = None, start = BTreeMap::new()
     ))]
     #[allow(clippy::too_many_arguments)]

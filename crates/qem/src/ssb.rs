@@ -161,7 +161,7 @@ pub struct SsbResult {
 }
 
 /// Fit options of [`Ssb::fit`]. `Default`: seed 0, C10/C12/φ12 over their
-/// [`default_range`]s, phase-variance loss, 200 global points, 200 Nelder–Mead iterations from
+/// [`default_range`]s, the coherence loss ([`Objective`]'s default), 200 global points, 200 Nelder–Mead iterations from
 /// each of the 3 best distinct candidates, start at 0.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FitParams {
@@ -189,7 +189,7 @@ impl Default for FitParams {
             seed: 0,
             fit: vec!["C10".into(), "C12".into(), "phi12".into()],
             ranges: BTreeMap::new(),
-            objective: Objective::PhaseVariance,
+            objective: Objective::default(),
             global_evals: 200,
             local_max_iter: 200,
             local_starts: 3,

@@ -63,14 +63,16 @@ UNITS = {name: ("rad" if name.startswith("phi") else "Å") for name in ABERRATIO
 #: What :meth:`SSB.fit` fits when ``fit`` is not given.
 DEFAULT_FIT = ("C10", "C12", "phi12")
 
-#: The objectives :meth:`SSB.fit` and :meth:`SSB.objective` know.
+#: The objectives :meth:`SSB.fit` and :meth:`SSB.objective` know, the default first.
 #:
-#: ``"phase_variance"``: the anchor's mean over scan positions of the variance over BF pixels of
+#: ``"coherence"`` is the default: on abTEM multislice data at a realistic dose (6k e⁻/frame) only
+#: it recovers C10 within 2 % and C12 within 20 %, and on a GPU it costs a quarter of the phase
+#: variance. ``"phase_variance"``: the anchor's mean over scan positions of the variance over BF pixels of
 #: the per-pixel phases (lower is better). ``"coherence"``: the negated spectral coherence
 #: ``−Σ_{ν≠0} |Σ_b C_b(ν)|² / (B Σ_{ν≠0} Σ_b |C_b(ν)|²)`` of the corrected per-pixel spectra,
 #: in ``[−1, 0]``: it never takes a phase, so strong phases that wrap past ±π do not scramble
 #: it, and each term weighs by its own signal, so noise-dominated frequencies count little.
-OBJECTIVES = ("phase_variance", "coherence")
+OBJECTIVES = ("coherence", "phase_variance")
 
 _OP = "ssb"
 
@@ -381,7 +383,7 @@ class SSB:
         return SSBResult._from_native(self._native.reconstruct(_aberrations(aberrations)))
 
     def objective(
-        self, aberrations: Mapping[str, float] | None = None, objective: str = "phase_variance"
+        self, aberrations: Mapping[str, float] | None = None, objective: str = "coherence"
     ) -> float:
         """The fit's loss at ``aberrations`` (lower is better)."""
         return float(self._native.objective(_aberrations(aberrations), self._objective(objective)))
@@ -391,7 +393,7 @@ class SSB:
         seed: int = 0,
         fit: Sequence[str] = DEFAULT_FIT,
         ranges: Mapping[str, tuple[float, float]] | None = None,
-        objective: str = "phase_variance",
+        objective: str = "coherence",
         global_evals: int | None = None,
         local_max_iter: int | None = None,
         start: Mapping[str, float] | None = None,
