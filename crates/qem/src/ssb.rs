@@ -161,8 +161,8 @@ pub struct SsbResult {
 }
 
 /// Fit options of [`Ssb::fit`]. `Default`: seed 0, C10/C12/φ12 over their
-/// [`default_range`]s, the coherence loss ([`Objective`]'s default), 200 global points, 200 Nelder–Mead iterations from
-/// each of the 3 best distinct candidates, start at 0.
+/// [`default_range`]s, the coherence loss ([`Objective`]'s default), 200 global points, 200
+/// Nelder–Mead iterations from each of the 3 best distinct candidates, start at 0.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FitParams {
     /// Seed of the global search.
