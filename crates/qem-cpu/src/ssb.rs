@@ -1120,4 +1120,54 @@ mod tests {
         assert_eq!(splitmix64(&mut a), splitmix64(&mut b));
         assert!((radical_inverse(3, 2) - 0.75).abs() < 1e-15);
     }
+
+    /// `fit_with` on an analytic loss (a bowl around a known point): the search finds it, the
+    /// global points come in one batch, and an objective that answers with the wrong number of
+    /// losses is an error, not a silent mis-assignment.
+    #[test]
+    fn fit_with_finds_a_known_minimum_and_checks_the_batch() {
+        let spec = FitSpec {
+            seed: 5,
+            params: vec![
+                ("C10".into(), (-400.0, 400.0)),
+                ("C12".into(), (0.0, 100.0)),
+            ],
+            objective: Objective::Coherence,
+            global_evals: 64,
+            local_max_iter: 200,
+            local_starts: 2,
+            start: Aberrations::default(),
+        };
+        let batches = std::sync::Mutex::new(Vec::new());
+        let bowl = |abs: &[Aberrations]| -> Result<Vec<f64>> {
+            if let Ok(mut b) = batches.lock() {
+                b.push(abs.len());
+            }
+            Ok(abs
+                .iter()
+                .map(|a| ((a.c10 - 123.0) / 400.0).powi(2) + ((a.c12 - 37.0) / 100.0).powi(2))
+                .collect())
+        };
+        let out = fit_with(&spec, &bowl).unwrap();
+        assert!(
+            (out.aberrations.c10 - 123.0).abs() < 0.2,
+            "{:?}",
+            out.aberrations
+        );
+        assert!(
+            (out.aberrations.c12 - 37.0).abs() < 0.05,
+            "{:?}",
+            out.aberrations
+        );
+        assert_eq!(out.evaluations, out.loss_curve.len());
+        let b = batches.into_inner().unwrap_or_default();
+        assert_eq!(
+            b[0], 65,
+            "the start point and the 64 global points in one batch"
+        );
+        assert!(b[1..].iter().all(|&n| n == 1));
+        let short = |abs: &[Aberrations]| -> Result<Vec<f64>> { Ok(vec![0.0; abs.len() / 2]) };
+        let e = fit_with(&spec, &short).unwrap_err();
+        assert_eq!(e.kind, qem_core::ErrorKind::Internal);
+    }
 }
