@@ -135,9 +135,10 @@ pub struct ConvertArgs {
 /// Products written by default by `quantem-gpu products`.
 pub const DEFAULT_PRODUCTS: &str = "bf,abf,adf,haadf,df,sum_dp,mean_dp,max_dp,com";
 
-/// `quantem-gpu products`
+/// The source and output flags of the commands that load one acquisition and write results
+/// (`products`, `dpc`, `ssb`).
 #[derive(Debug, Args)]
-pub struct ProductsArgs {
+pub struct JobIo {
     /// A Dectris master file, a plain HDF5 file or a .qem file.
     pub path: PathBuf,
     /// Output folder (created if needed); existing files of the same names are replaced.
@@ -152,6 +153,13 @@ pub struct ProductsArgs {
     /// How the loaded counts are held: dense or encoded (default: the backend's).
     #[arg(long, value_parser = parse_representation)]
     pub representation: Option<Representation>,
+}
+
+/// `quantem-gpu products`
+#[derive(Debug, Args)]
+pub struct ProductsArgs {
+    #[command(flatten)]
+    pub io: JobIo,
     /// Comma-separated products: bf, abf, adf, haadf, df, annular, sum_dp, mean_dp, max_dp,
     /// moments, com.
     #[arg(long, value_delimiter = ',', default_value = DEFAULT_PRODUCTS, value_parser = parse_product)]
@@ -186,20 +194,8 @@ pub struct ProductsArgs {
 /// `quantem-gpu dpc`
 #[derive(Debug, Args)]
 pub struct DpcArgs {
-    /// A Dectris master file, a plain HDF5 file or a .qem file.
-    pub path: PathBuf,
-    /// Output folder (created if needed); existing files of the same names are replaced.
-    #[arg(long)]
-    pub out: PathBuf,
-    /// Engine: auto (CUDA when usable, else CPU), cpu or cuda.
-    #[arg(long, default_value = "auto", value_parser = parse_backend)]
-    pub backend: BackendRequest,
-    /// Scan shape (rows, columns) when the file does not say.
-    #[arg(long, num_args = 2, value_names = ["R", "C"], value_parser = clap::value_parser!(u64).range(1..))]
-    pub scan_shape: Option<Vec<u64>>,
-    /// How the loaded counts are held: dense or encoded (default: the backend's).
-    #[arg(long, value_parser = parse_representation)]
-    pub representation: Option<Representation>,
+    #[command(flatten)]
+    pub io: JobIo,
     /// Rotation of the CoM field into the scan frame, degrees (default: found by minimising
     /// the curl, its 180° ambiguity resolved by the sign criterion).
     #[arg(long, allow_negative_numbers = true)]
@@ -219,20 +215,8 @@ pub struct DpcArgs {
 /// `quantem-gpu ssb`
 #[derive(Debug, Args)]
 pub struct SsbArgs {
-    /// A Dectris master file, a plain HDF5 file or a .qem file.
-    pub path: PathBuf,
-    /// Output folder (created if needed); existing files of the same names are replaced.
-    #[arg(long)]
-    pub out: PathBuf,
-    /// Engine: auto (CUDA when usable, else CPU), cpu or cuda.
-    #[arg(long, default_value = "auto", value_parser = parse_backend)]
-    pub backend: BackendRequest,
-    /// Scan shape (rows, columns) when the file does not say.
-    #[arg(long, num_args = 2, value_names = ["R", "C"], value_parser = clap::value_parser!(u64).range(1..))]
-    pub scan_shape: Option<Vec<u64>>,
-    /// How the loaded counts are held: dense or encoded (default: the backend's).
-    #[arg(long, value_parser = parse_representation)]
-    pub representation: Option<Representation>,
+    #[command(flatten)]
+    pub io: JobIo,
     /// Accelerating voltage, kV.
     // Negative numbers parse so that validation names the bad value (exit 3), not clap.
     #[arg(long, allow_negative_numbers = true)]

@@ -8,7 +8,9 @@
 
 use crate::args::DpcArgs;
 use crate::print_out;
-use crate::products_cmd::{load_source, make_out_dir, write_array, write_npy_only, write_record};
+use crate::products_cmd::{
+    dataset_line, load_source, make_out_dir, write_record, write_scan_arrays,
+};
 use anyhow::Context;
 use qem::dpc::{self, DpcParams, DpcResult};
 use qem::Dataset;
@@ -30,22 +32,16 @@ pub fn write_dpc(
     make_out_dir(out)?;
     let t = Instant::now();
     let scan = res.scan_shape;
-    let mut files = Vec::new();
-    let mut arrays = serde_json::Map::new();
-    for (name, v) in [
-        ("com_row", &res.com_row),
-        ("com_col", &res.com_col),
-        ("phase", &res.phase),
-    ] {
-        let w = write_array(out, name, v, v, scan, false)?;
-        files.extend(w.files);
-        arrays.insert(name.into(), w.entry);
-    }
-    for (name, v) in [("dpc_row", &res.dpc_row), ("dpc_col", &res.dpc_col)] {
-        let w = write_npy_only(out, name, v, scan)?;
-        files.extend(w.files);
-        arrays.insert(name.into(), w.entry);
-    }
+    let (files, arrays) = write_scan_arrays(
+        out,
+        scan,
+        &[
+            ("com_row", &res.com_row),
+            ("com_col", &res.com_col),
+            ("phase", &res.phase),
+        ],
+        &[("dpc_row", &res.dpc_row), ("dpc_col", &res.dpc_col)],
+    )?;
     let t_write = t.elapsed().as_secs_f64();
     let record = json!({
         "dataset": crate::products_cmd::dataset_json(ds),
@@ -77,33 +73,17 @@ pub fn run(a: &DpcArgs, command_line: &str) -> anyhow::Result<()> {
         edge: a.edge,
     };
     params.validate()?;
-    let (ds, t_load) = load_source(
-        &a.path,
-        a.backend,
-        a.scan_shape.as_deref(),
-        a.representation,
-    )?;
-    let (res, mut record, files) = write_dpc(&ds, &params, &a.out)?;
-    let text = write_record(
-        &mut record,
-        command_line,
-        &a.path,
-        &a.out,
-        t_load,
-        "dpc.json",
-    )?;
+    let (ds, t_load) = load_source(&a.io)?;
+    let (res, mut record, files) = write_dpc(&ds, &params, &a.io.out)?;
+    let text = write_record(&mut record, command_line, &a.io, t_load, "dpc.json")?;
     if a.json {
         return print_out(&text);
     }
     let s = format!(
-        "{} -> {}\n  dataset   {:?} {}, {} ({}), {}\n  rotation  {:.2}° (transpose: {}), curl score {:.3e}\n  sign      {} = {:.3} ({})\n  phase     phase.png, in {}\n  {} files + dpc.json; load {:.2} s, dpc {:.3} s\n",
-        a.path.display(),
-        a.out.display(),
-        ds.shape(),
-        ds.dtype(),
-        ds.backend().name(),
-        ds.device(),
-        ds.representation().name(),
+        "{} -> {}\n  dataset   {}\n  rotation  {:.2}° (transpose: {}), curl score {:.3e}\n  sign      {} = {:.3} ({})\n  phase     phase.png, in {}\n  {} files + dpc.json; load {:.2} s, dpc {:.3} s\n",
+        a.io.path.display(),
+        a.io.out.display(),
+        dataset_line(&ds),
         res.rotation_deg,
         res.transpose,
         res.curl_score,

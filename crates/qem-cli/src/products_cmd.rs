@@ -6,29 +6,25 @@
 //! bar, then `products.json`: parameters, the disk fit, per-product files and statistics
 //! (raw min/max/mean/std and the display limits of the bar), the provenance and timings.
 
-use crate::args::{shape2, ProductsArgs};
+use crate::args::{shape2, JobIo, ProductsArgs};
 use crate::output::{write_npy, write_png_with_bar, Display};
 use crate::print_out;
 use crate::progress::TermProgress;
 use anyhow::Context;
 use qem::detector::{self, DetectorParams, DiskFit};
-use qem::{BackendRequest, Dataset, LoadParams, Representation, Shape2, SourceArg};
+use qem::{Dataset, LoadParams, Shape2, SourceArg};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Instant;
 
 /// Load `path` for a compute command (an unusable explicit backend fails first, exit 4).
-pub fn load_source(
-    path: &Path,
-    backend: BackendRequest,
-    scan_shape: Option<&[u64]>,
-    representation: Option<Representation>,
-) -> anyhow::Result<(Dataset, f64)> {
+pub fn load_source(io: &JobIo) -> anyhow::Result<(Dataset, f64)> {
+    let (path, backend) = (&io.path, io.backend);
     qem::resolve_backend(backend)?;
     let params = LoadParams {
         backend,
-        scan_shape: scan_shape.and_then(shape2),
-        representation,
+        scan_shape: io.scan_shape.as_deref().and_then(shape2),
+        representation: io.representation,
         progress: TermProgress::for_stderr(),
         ..LoadParams::default()
     };
@@ -85,11 +81,11 @@ pub fn write_array<T: crate::output::NpyElem>(
 pub fn write_record(
     record: &mut Value,
     command_line: &str,
-    source: &Path,
-    out: &Path,
+    io: &JobIo,
     t_load: f64,
     name: &str,
 ) -> anyhow::Result<String> {
+    let (source, out) = (&io.path, &io.out);
     record["command"] = json!(command_line);
     record["source"] = json!(source);
     record["out_dir"] = json!(out);
@@ -120,6 +116,29 @@ pub fn write_npy_only(
     })
 }
 
+/// Float images of one scan: `pictured` as `.npy` + PNG (linear grey), `npy_only` as `.npy`;
+/// returns the files written and the record's `arrays` entries by name.
+pub fn write_scan_arrays(
+    out: &Path,
+    scan: Shape2,
+    pictured: &[(&str, &[f64])],
+    npy_only: &[(&str, &[f64])],
+) -> anyhow::Result<(Vec<String>, serde_json::Map<String, Value>)> {
+    let mut files = Vec::new();
+    let mut arrays = serde_json::Map::new();
+    for &(name, v) in pictured {
+        let w = write_array(out, name, v, v, scan, false)?;
+        files.extend(w.files);
+        arrays.insert(name.into(), w.entry);
+    }
+    for &(name, v) in npy_only {
+        let w = write_npy_only(out, name, v, scan)?;
+        files.extend(w.files);
+        arrays.insert(name.into(), w.entry);
+    }
+    Ok((files, arrays))
+}
+
 fn dtype_name<T: crate::output::NpyElem>() -> &'static str {
     match T::DESCR {
         "|u1" => "uint8",
@@ -137,6 +156,18 @@ fn to_f64<T: Copy + Into<f64>>(v: &[T]) -> Vec<f64> {
 
 fn u64_f64(v: &[u64]) -> Vec<f64> {
     v.iter().map(|&x| x as f64).collect()
+}
+
+/// The summary's dataset line: shape, dtype, backend (device), representation.
+pub fn dataset_line(ds: &qem::Dataset) -> String {
+    format!(
+        "{:?} {}, {} ({}), {}",
+        ds.shape(),
+        ds.dtype(),
+        ds.backend().name(),
+        ds.device(),
+        ds.representation().name()
+    )
 }
 
 /// What a command's JSON record says of its dataset.
@@ -288,33 +319,17 @@ pub fn run(a: &ProductsArgs, command_line: &str) -> anyhow::Result<()> {
     };
     // Bad numbers fail before the load.
     params.validate()?;
-    let (ds, t_load) = load_source(
-        &a.path,
-        a.backend,
-        a.scan_shape.as_deref(),
-        a.representation,
-    )?;
-    let (_, mut record, files) = write_products(&ds, &a.products, &params, &a.out)?;
-    let text = write_record(
-        &mut record,
-        command_line,
-        &a.path,
-        &a.out,
-        t_load,
-        "products.json",
-    )?;
+    let (ds, t_load) = load_source(&a.io)?;
+    let (_, mut record, files) = write_products(&ds, &a.products, &params, &a.io.out)?;
+    let text = write_record(&mut record, command_line, &a.io, t_load, "products.json")?;
     if a.json {
         return print_out(&text);
     }
     let mut s = format!(
-        "{} -> {}\n  dataset  {:?} {}, {} ({}), {}\n",
-        a.path.display(),
-        a.out.display(),
-        ds.shape(),
-        ds.dtype(),
-        ds.backend().name(),
-        ds.device(),
-        ds.representation().name()
+        "{} -> {}\n  dataset  {}\n",
+        a.io.path.display(),
+        a.io.out.display(),
+        dataset_line(&ds),
     );
     if let Some(d) = record["disk"].as_object() {
         s.push_str(&format!(

@@ -11,7 +11,9 @@
 
 use crate::args::SsbArgs;
 use crate::print_out;
-use crate::products_cmd::{load_source, make_out_dir, write_array, write_npy_only, write_record};
+use crate::products_cmd::{
+    dataset_line, load_source, make_out_dir, write_record, write_scan_arrays,
+};
 use anyhow::Context;
 use qem::ssb::{Aberrations, FitParams, Objective, Ssb, SsbParams, SsbResult};
 use qem::Dataset;
@@ -81,18 +83,12 @@ pub fn write_ssb(
     make_out_dir(out)?;
     let t = Instant::now();
     let scan = res.scan_shape;
-    let mut files = Vec::new();
-    let mut arrays = serde_json::Map::new();
-    for (name, v) in [("phase", &res.phase), ("amplitude", &res.amplitude)] {
-        let w = write_array(out, name, v, v, scan, false)?;
-        files.extend(w.files);
-        arrays.insert(name.into(), w.entry);
-    }
-    for (name, v) in [("object_re", &res.object_re), ("object_im", &res.object_im)] {
-        let w = write_npy_only(out, name, v, scan)?;
-        files.extend(w.files);
-        arrays.insert(name.into(), w.entry);
-    }
+    let (files, arrays) = write_scan_arrays(
+        out,
+        scan,
+        &[("phase", &res.phase), ("amplitude", &res.amplitude)],
+        &[("object_re", &res.object_re), ("object_im", &res.object_im)],
+    )?;
     let t_write = t.elapsed().as_secs_f64();
     let objective = match job {
         SsbJob::Fit(f) => f.objective,
@@ -185,21 +181,9 @@ pub fn run(a: &SsbArgs, command_line: &str) -> anyhow::Result<()> {
     } else {
         SsbJob::Reconstruct(start)
     };
-    let (ds, t_load) = load_source(
-        &a.path,
-        a.backend,
-        a.scan_shape.as_deref(),
-        a.representation,
-    )?;
-    let (res, mut record, files) = write_ssb(&ds, &params, &job, &a.out)?;
-    let text = write_record(
-        &mut record,
-        command_line,
-        &a.path,
-        &a.out,
-        t_load,
-        "ssb.json",
-    )?;
+    let (ds, t_load) = load_source(&a.io)?;
+    let (res, mut record, files) = write_ssb(&ds, &params, &job, &a.io.out)?;
+    let text = write_record(&mut record, command_line, &a.io, t_load, "ssb.json")?;
     if a.json {
         return print_out(&text);
     }
@@ -214,14 +198,10 @@ pub fn run(a: &SsbArgs, command_line: &str) -> anyhow::Result<()> {
         ),
     };
     let s = format!(
-        "{} -> {}\n  dataset   {:?} {}, {} ({}), {}\n  BF        {} pixels, Δθ = {:.4} mrad/px, λ = {:.5} Å\n  probe     C10 = {:.2} Å, C12 = {:.2} Å at φ12 = {:.4} rad\n  fit       {}\n  phase     phase.png, in rad\n  {} files + ssb.json; load {:.2} s, prepare {:.3} s, compute {:.3} s\n",
-        a.path.display(),
-        a.out.display(),
-        ds.shape(),
-        ds.dtype(),
-        ds.backend().name(),
-        ds.device(),
-        ds.representation().name(),
+        "{} -> {}\n  dataset   {}\n  BF        {} pixels, Δθ = {:.4} mrad/px, λ = {:.5} Å\n  probe     C10 = {:.2} Å, C12 = {:.2} Å at φ12 = {:.4} rad\n  fit       {}\n  phase     phase.png, in rad\n  {} files + ssb.json; load {:.2} s, prepare {:.3} s, compute {:.3} s\n",
+        a.io.path.display(),
+        a.io.out.display(),
+        dataset_line(&ds),
         record["n_bf_pixels"],
         record["det_sampling_mrad"].as_f64().unwrap_or(f64::NAN),
         record["wavelength_a"].as_f64().unwrap_or(f64::NAN),
