@@ -179,14 +179,9 @@ struct SizedPlan {
     _work: Option<DevBuf>,
 }
 
-/// A batched 2-D plan of `kind` over `scan` with its work area counted in `counter`.
-fn make_plan(
-    gpu: &Gpu,
-    scan: Shape2,
-    kind: cufft_sys::cufftType,
-    batch: usize,
-    counter: &Arc<MemCounter>,
-) -> Result<SizedPlan> {
+/// A batched 2-D plan of `kind` over `scan` (basic layout) without a work area, and the bytes
+/// of the work area it needs.
+fn bare_plan(scan: Shape2, kind: cufft_sys::cufftType, batch: usize) -> Result<(Plan, usize)> {
     let h = cufft::create().map_err(|e| cufft_error(OP, "create plan", e))?;
     let plan = Plan(h);
     let mut n = [scan.rows as i32, scan.cols as i32];
@@ -208,6 +203,18 @@ fn make_plan(
         )
         .map_err(|e| cufft_error(OP, &format!("make plan ({batch} transforms)"), e))?
     };
+    Ok((plan, work))
+}
+
+/// A batched 2-D plan of `kind` over `scan` with its work area counted in `counter`.
+fn make_plan(
+    gpu: &Gpu,
+    scan: Shape2,
+    kind: cufft_sys::cufftType,
+    batch: usize,
+    counter: &Arc<MemCounter>,
+) -> Result<SizedPlan> {
+    let (plan, work) = bare_plan(scan, kind, batch)?;
     let work = if work > 0 {
         let w = DevBuf::alloc(gpu.ctx(), work, Some(counter), "cuFFT work area")?;
         // SAFETY: the plan is live and the area holds the `work` bytes cuFFT asked for.
@@ -239,30 +246,10 @@ fn cached_plan(
     Ok(&plans[i].1)
 }
 
-/// Bytes of the cuFFT work area a plan would take (asked of cuFFT without allocating).
+/// Bytes of the cuFFT work area a plan would take (asked of cuFFT without allocating; the
+/// plan is destroyed unused).
 fn plan_work_bytes(scan: Shape2, kind: cufft_sys::cufftType, batch: usize) -> Result<u64> {
-    let h = cufft::create().map_err(|e| cufft_error(OP, "create plan", e))?;
-    let plan = Plan(h);
-    let mut n = [scan.rows as i32, scan.cols as i32];
-    // SAFETY: as in make_plan; the plan is destroyed on drop without being executed.
-    let w = unsafe {
-        cufft::set_auto_allocation(plan.0, false).map_err(|e| cufft_error(OP, "plan", e))?;
-        cufft::make_plan_many(
-            plan.0,
-            2,
-            n.as_mut_ptr(),
-            std::ptr::null_mut(),
-            1,
-            0,
-            std::ptr::null_mut(),
-            1,
-            0,
-            kind,
-            batch as i32,
-        )
-        .map_err(|e| cufft_error(OP, &format!("size plan ({batch} transforms)"), e))?
-    };
-    Ok(w as u64)
+    Ok(bare_plan(scan, kind, batch)?.1 as u64)
 }
 
 /// Buffers of the phase-variance loss (allocated on its first use).
@@ -729,17 +716,25 @@ impl GpuSsb {
             .map_err(|_| Error::internal(OP, "SSB work buffers poisoned by an earlier panic"))
     }
 
-    /// Queue P(k_b), the accumulate launch and the slice sum; returns nothing until synced.
-    fn queue_mean_spectrum(&self, w: &Work, ab: &AbArg) -> Result<()> {
-        let stream = self.gpu.stream();
+    /// Queue the table `w.pk[b] = P(k_b)` at `ab`.
+    fn queue_probe_table(&self, w: &Work, ab: &AbArg) -> Result<()> {
         let (kb, pk, nb) = (self.kb.ptr(), w.pk.ptr(), self.b as u32);
         let o = self.optics;
-        let mut lb = stream.launch_builder(&self.f.probe_table);
+        let mut lb = self.gpu.stream().launch_builder(&self.f.probe_table);
         lb.arg(&kb).arg(&nb).arg(&o).arg(ab).arg(&pk);
         // SAFETY: matches `qem_ssb_probe_table(const float2*, u32, SsbOptics, SsbAb, float2*)`;
         // kb and pk hold b float2.
         unsafe { lb.launch(grid_1d(self.b as u64)) }
             .map_err(|er| driver_error("launch ssb probe table", er))?;
+        Ok(())
+    }
+
+    /// Queue P(k_b), the accumulate launch and the slice sum; returns nothing until synced.
+    fn queue_mean_spectrum(&self, w: &Work, ab: &AbArg) -> Result<()> {
+        let stream = self.gpu.stream();
+        let (kb, pk, nb) = (self.kb.ptr(), w.pk.ptr(), self.b as u32);
+        let o = self.optics;
+        self.queue_probe_table(w, ab)?;
         let per_slice = (self.b as u32).div_ceil(self.slices);
         let (g, gs, fr, fc) = (
             self.g.ptr(),
@@ -883,13 +878,9 @@ impl GpuSsb {
         }
         let a = self.ab_arg(ab);
         let stream = self.gpu.stream();
-        let (kb, pk, nb) = (self.kb.ptr(), w.pk.ptr(), self.b as u32);
+        let (kb, pk) = (self.kb.ptr(), w.pk.ptr());
         let o = self.optics;
-        let mut lb = stream.launch_builder(&self.f.probe_table);
-        lb.arg(&kb).arg(&nb).arg(&o).arg(&a).arg(&pk);
-        // SAFETY: as in queue_mean_spectrum.
-        unsafe { lb.launch(grid_1d(self.b as u64)) }
-            .map_err(|er| driver_error("launch ssb probe table", er))?;
+        self.queue_probe_table(&w, &a)?;
         let (g, gs, fr, fc) = (
             self.g.ptr(),
             self.gscale.ptr(),
