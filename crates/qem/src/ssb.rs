@@ -215,16 +215,14 @@ pub struct SsbFit {
     pub provenance: ResultProvenance,
 }
 
-/// The BF pixels' images `[B][N]` from any representation (module docs, "Gathering").
+/// The BF pixels' images `[B][N]` of a dataset the CPU engine holds (dense read in place,
+/// ENCODED decoded once); data on the GPU is gathered there by `qem_cuda::ssb`.
 fn gather(ds: &Dataset, pixels: &[usize]) -> Result<Vec<u32>> {
     let frame_len = ds.detector_shape().len();
     if let Some(enc) = ds.encoded() {
         return cpu::gather_encoded(enc, pixels);
     }
-    match ds.dense() {
-        Ok(a) => cpu::gather_dense(a, frame_len, pixels),
-        Err(_) => cpu::gather_dense(&ds.to_host()?, frame_len, pixels),
-    }
+    cpu::gather_dense(ds.dense()?, frame_len, pixels)
 }
 
 impl Ssb {
