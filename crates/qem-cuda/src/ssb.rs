@@ -15,8 +15,13 @@
 //! Each evaluation ([`GpuSsb::object`], [`GpuSsb::coherence`], [`GpuSsb::phase_variance`])
 //! uploads nothing but its 8 aberration coefficients: a tiny kernel tabulates `P(k_b)`, the
 //! accumulate kernel forms `Σ_b C_b(ν)` and `Σ |C_b|²` over the full plane in one read of G, and
-//! only the object (N complex values) or a few hundred per-block partial sums come back.
+//! only the object (N complex values) or a few hundred per-block partial sums come back. When χ
+//! is quadratic (only C10, C12, φ12 — the default fit) the accumulate kernel needs no χ and no
+//! sincos per pixel: `Γ_b(±ν) = A(k_b) E^{±1} W_±` with `E = exp(2i k_bᵀMν)` carried along each
+//! detector row by one complex product (kernels/ssb.cu, `quad_terms`; [`quad_gamma`] is the same
+//! algebra in f64, tested against `qem_cpu::ssb::gamma`).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -148,10 +153,26 @@ struct AbArg([f32; 8]);
 // SAFETY: repr(C) plain f32s with the layout of `struct SsbAb`.
 unsafe impl DeviceRepr for AbArg {}
 
+/// `SsbQuad` of ssb.cu: χ's quadratic form and the step of k along a detector row.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct QuadArg {
+    m_rr: f32,
+    m_cc: f32,
+    m_rc: f32,
+    dx: f32,
+    dy: f32,
+    rin2: f32,
+    rout2: f32,
+}
+// SAFETY: repr(C) plain f32s with the layout of `struct SsbQuad`.
+unsafe impl DeviceRepr for QuadArg {}
+
 #[derive(Debug)]
 struct Funcs {
     probe_table: CudaFunction,
     accumulate: CudaFunction,
+    accumulate_quad: CudaFunction,
     corrected: CudaFunction,
     sum_slices: CudaFunction,
     finish: CudaFunction,
@@ -279,6 +300,13 @@ pub struct GpuSsb {
     g: DevBuf,
     gscale: DevBuf,
     kb: DevBuf,
+    ak: DevBuf,
+    cont: DevBuf,
+    /// Step of k along a detector row (Å⁻¹), for the quadratic-χ kernel.
+    k_step: (f64, f64),
+    /// `SsbQuad`'s `rin2`, `rout2`: |v|² (Å⁻²) inside which A(v) = 1 and outside which A(v) = 0.
+    aperture_radii: (f32, f32),
+    quad_enabled: AtomicBool,
     fr: DevBuf,
     fc: DevBuf,
     b: usize,
@@ -313,13 +341,22 @@ fn load_funcs(gpu: &Gpu, storage: GStorage) -> Result<Funcs> {
             .load_function(name)
             .map_err(|e| driver_error(&format!("load kernel {name}"), e))
     };
-    let (acc, cor) = match storage {
-        GStorage::C32 => ("qem_ssb_accumulate_g32", "qem_ssb_corrected_g32"),
-        GStorage::C16 => ("qem_ssb_accumulate_g16", "qem_ssb_corrected_g16"),
+    let (acc, quad, cor) = match storage {
+        GStorage::C32 => (
+            "qem_ssb_accumulate_g32",
+            "qem_ssb_accumulate_quad_g32",
+            "qem_ssb_corrected_g32",
+        ),
+        GStorage::C16 => (
+            "qem_ssb_accumulate_g16",
+            "qem_ssb_accumulate_quad_g16",
+            "qem_ssb_corrected_g16",
+        ),
     };
     Ok(Funcs {
         probe_table: get("qem_ssb_probe_table")?,
         accumulate: get(acc)?,
+        accumulate_quad: get(quad)?,
         corrected: get(cor)?,
         sum_slices: get("qem_ssb_sum_slices")?,
         finish: get("qem_ssb_finish")?,
@@ -388,6 +425,20 @@ fn choose_plan(sz: &Sizes, budget: u64, forced: Option<GStorage>) -> Result<(GSt
     Ok((storage, batch))
 }
 
+/// |v|² (Å⁻²) at and below which the soft aperture is 1, and at and above which it is 0, when δ
+/// is the same in every direction (square pixels); `(−1, ∞)` otherwise (no shortcut). Shrunk and
+/// grown by 1e-6 so that f32 rounding of |v|² cannot take a value across an edge.
+fn aperture_radii(o: &Optics) -> (f32, f32) {
+    let (dr, dc) = o.dtheta_rad;
+    if dr != dc {
+        return (-1.0, f32::INFINITY);
+    }
+    let half = 0.5 * dr.abs();
+    let inner = ((o.alpha_rad - half).max(0.0) / o.lambda_a).powi(2);
+    let outer = ((o.alpha_rad + half) / o.lambda_a).powi(2);
+    ((inner * (1.0 - 1e-6)) as f32, (outer * (1.0 + 1e-6)) as f32)
+}
+
 fn grid_1d(items: u64) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (
@@ -411,12 +462,16 @@ impl GpuSsb {
         let b = s.pixels.len();
         let scan = s.scan;
         let n = scan.len();
-        let (frames, frame_len) = match src {
+        let (frames, frame_len, det_cols) = match src {
             Source::Dense(a) => {
                 let [r, c, kr, kc] = a.shape();
-                (r * c, kr * kc)
+                (r * c, kr * kc, kc)
             }
-            Source::Encoded(e) => (e.n_frames() as usize, e.frame_shape().len()),
+            Source::Encoded(e) => (
+                e.n_frames() as usize,
+                e.frame_shape().len(),
+                e.frame_shape().cols,
+            ),
         };
         if b == 0 || s.k.len() != b || s.g0.len() != b || n == 0 || frames != n {
             return Err(
@@ -508,6 +563,21 @@ impl GpuSsb {
         let d_pix = upload(ctx, &pix32, c, "BF pixel list")?;
         let d_gscale = upload(ctx, &gscale, c, "G16 scales")?;
         let kb = upload(ctx, &to_f32_pairs(s.k), c, "BF k vectors")?;
+        // A(k_b) (aberration-free) and the detector-row continuations for the quadratic kernel.
+        let ak32: Vec<f32> =
+            s.k.iter()
+                .map(|&(x, y)| s.optics.aperture(x, y) as f32)
+                .collect();
+        let cont: Vec<u8> = (0..b)
+            .map(|i| {
+                u8::from(i > 0 && s.pixels[i] == s.pixels[i - 1] + 1 && s.pixels[i] % det_cols != 0)
+            })
+            .collect();
+        let k_step = (1..b).find(|&i| cont[i] == 1).map_or((0.0, 0.0), |i| {
+            (s.k[i].0 - s.k[i - 1].0, s.k[i].1 - s.k[i - 1].1)
+        });
+        let ak = upload(ctx, &ak32, c, "A(k_b)")?;
+        let d_cont = upload(ctx, &cont, c, "detector-row continuations")?;
         let fr32: Vec<f32> = s.nu_r.iter().map(|&v| v as f32).collect();
         let fc32: Vec<f32> = s.nu_c.iter().map(|&v| v as f32).collect();
         let fr = upload(ctx, &fr32, c, "scan frequencies (rows)")?;
@@ -673,6 +743,11 @@ impl GpuSsb {
             g,
             gscale: d_gscale,
             kb,
+            ak,
+            cont: d_cont,
+            k_step,
+            aperture_radii: aperture_radii(&s.optics),
+            quad_enabled: AtomicBool::new(true),
             fr,
             fc,
             b,
@@ -716,6 +791,33 @@ impl GpuSsb {
             .map_err(|_| Error::internal(OP, "SSB work buffers poisoned by an earlier panic"))
     }
 
+    /// `χ`'s quadratic form (only C10, C12, φ12 set) for the quadratic kernel, else `None`.
+    fn quad_arg(&self, ab: &Aberrations) -> Option<QuadArg> {
+        if ab.c21 != 0.0 || ab.c23 != 0.0 || ab.c30 != 0.0 {
+            return None;
+        }
+        if !self.quad_enabled.load(Ordering::Relaxed) {
+            return None;
+        }
+        let c = chi_polynomial(ab, self.lambda);
+        let (rin2, rout2) = self.aperture_radii;
+        Some(QuadArg {
+            m_rr: (c[0] + c[1]) as f32,
+            m_cc: (c[0] - c[1]) as f32,
+            m_rc: c[2] as f32,
+            dx: self.k_step.0 as f32,
+            dy: self.k_step.1 as f32,
+            rin2,
+            rout2,
+        })
+    }
+
+    /// Use the quadratic-χ accumulate kernel where χ allows (the default), or always the general
+    /// one (for benchmarks and tests that compare the two on the same G).
+    pub fn set_quadratic_kernel(&self, on: bool) {
+        self.quad_enabled.store(on, Ordering::Relaxed);
+    }
+
     /// Queue the table `w.pk[b] = P(k_b)` at `ab`.
     fn queue_probe_table(&self, w: &Work, ab: &AbArg) -> Result<()> {
         let (kb, pk, nb) = (self.kb.ptr(), w.pk.ptr(), self.b as u32);
@@ -730,7 +832,7 @@ impl GpuSsb {
     }
 
     /// Queue P(k_b), the accumulate launch and the slice sum; returns nothing until synced.
-    fn queue_mean_spectrum(&self, w: &Work, ab: &AbArg) -> Result<()> {
+    fn queue_mean_spectrum(&self, w: &Work, ab: &AbArg, quad: Option<QuadArg>) -> Result<()> {
         let stream = self.gpu.stream();
         let (kb, pk, nb) = (self.kb.ptr(), w.pk.ptr(), self.b as u32);
         let o = self.optics;
@@ -753,13 +855,21 @@ impl GpuSsb {
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut lb = stream.launch_builder(&self.f.accumulate);
+        let kernel = match quad {
+            Some(_) => &self.f.accumulate_quad,
+            None => &self.f.accumulate,
+        };
+        let q = quad.unwrap_or_default();
+        let (ak, cont) = (self.ak.ptr(), self.cont.ptr());
+        let mut lb = stream.launch_builder(kernel);
         lb.arg(&g)
             .arg(&gs)
             .arg(&nb)
             .arg(&per_slice)
             .arg(&kb)
             .arg(&pk)
+            .arg(&ak)
+            .arg(&cont)
             .arg(&fr)
             .arg(&fc)
             .arg(&nr)
@@ -767,13 +877,15 @@ impl GpuSsb {
             .arg(&half)
             .arg(&o)
             .arg(ab)
+            .arg(&q)
             .arg(&sp)
             .arg(&pp);
-        // SAFETY: matches `qem_ssb_accumulate_g{32,16}(const void*, const float*, u32, u32,
-        // const float2*, const float2*, const float*, const float*, u32, u32, u32, SsbOptics,
-        // SsbAb, float2*, double*)`: G holds b·nr·half values of its storage, gscale/kb/pk b
-        // entries, fr/fc nr/nc floats, s_part slices·n float2, pow_part slices·blocks_x f64;
-        // the grid is (blocks_x, slices) with blocks_x·256 ≥ nr·half.
+        // SAFETY: matches `qem_ssb_accumulate[_quad]_g{32,16}(const void*, const float*, u32,
+        // u32, const float2*, const float2*, const float*, const unsigned char*, const float*,
+        // const float*, u32, u32, u32, SsbOptics, SsbAb, SsbQuad, float2*, double*)`: G holds
+        // b·nr·half values of its storage, gscale/kb/pk/ak/cont b entries, fr/fc nr/nc floats,
+        // s_part slices·n float2, pow_part slices·blocks_x f64; the grid is (blocks_x, slices)
+        // with blocks_x·256 ≥ nr·half.
         unsafe { lb.launch(cfg) }.map_err(|er| driver_error("launch ssb accumulate", er))?;
         let n = self.scan.len() as u64;
         let (add, s) = (0u32, w.s.ptr());
@@ -803,7 +915,7 @@ impl GpuSsb {
     pub fn object(&self, ab: &Aberrations) -> Result<(Vec<f64>, Vec<f64>)> {
         let w = self.lock()?;
         let a = self.ab_arg(ab);
-        self.queue_mean_spectrum(&w, &a)?;
+        self.queue_mean_spectrum(&w, &a, self.quad_arg(ab))?;
         let s = w.s.ptr();
         // SAFETY: a 1-transform C2C plan of the scan, in place on s (n complex f32).
         unsafe {
@@ -833,7 +945,7 @@ impl GpuSsb {
     pub fn coherence(&self, ab: &Aberrations) -> Result<f64> {
         let w = self.lock()?;
         let a = self.ab_arg(ab);
-        self.queue_mean_spectrum(&w, &a)?;
+        self.queue_mean_spectrum(&w, &a, self.quad_arg(ab))?;
         self.sync("coherence")?;
         let pw: Vec<f64> = read_vec(&w.pow_part, self.slices as usize * self.blocks_x as usize)?;
         let blocks = grid_1d(self.scan.len() as u64).grid_dim.0 as usize;
@@ -1018,9 +1130,173 @@ fn launch_gather(
     Ok(())
 }
 
+/// `Γ(k, ν)` by the quadratic-χ factorisation of `quad_terms` in kernels/ssb.cu, in f64:
+/// `A(k) exp(2i kᵀMν) [A(k−ν) exp(−iχ(ν)) − A(k+ν) exp(iχ(ν))]` (only C10, C12, φ12 count).
+pub fn quad_gamma(o: &Optics, ab: &Aberrations, k: (f64, f64), nu: (f64, f64)) -> (f64, f64) {
+    let c = chi_polynomial(ab, o.lambda_a);
+    let (m_rr, m_cc, m_rc) = (c[0] + c[1], c[0] - c[1], c[2]);
+    let form = |a: (f64, f64), b: (f64, f64)| {
+        m_rr * a.0 * b.0 + m_cc * a.1 * b.1 + m_rc * (a.0 * b.1 + a.1 * b.0)
+    };
+    let (am, ap) = (
+        o.aperture(k.0 - nu.0, k.1 - nu.1),
+        o.aperture(k.0 + nu.0, k.1 + nu.1),
+    );
+    let (su, cu) = (-form(nu, nu)).sin_cos(); // U = exp(−iχ(ν))
+    let w = ((am - ap) * cu, (am + ap) * su);
+    let (se, ce) = (2.0 * form(k, nu)).sin_cos(); // E = exp(2i kᵀMν)
+    let a_k = o.aperture(k.0, k.1);
+    (a_k * (ce * w.0 - se * w.1), a_k * (ce * w.1 + se * w.0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quadratic_factorisation_equals_gamma() {
+        let o = Optics {
+            lambda_a: 0.019_687,
+            alpha_rad: 0.025,
+            dtheta_rad: (0.0009, 0.0009),
+        };
+        let ab = Aberrations {
+            c10: -140.0,
+            c12: 35.0,
+            phi12: 1.1,
+            ..Default::default()
+        };
+        let mut n = 0;
+        for i in -6..=6 {
+            for j in -6..=6 {
+                let k = (0.2 * i as f64, 0.17 * j as f64 - 0.05);
+                for nu in [(0.3, -0.4), (-1.1, 0.2), (0.05, 0.9), (1.2, 1.2)] {
+                    let want = qem_cpu::ssb::gamma(&o, &ab, k, nu);
+                    let got = quad_gamma(&o, &ab, k, nu);
+                    let err = ((got.0 - want.re).powi(2) + (got.1 - want.im).powi(2)).sqrt();
+                    assert!(
+                        err <= 1e-12 * (1.0 + want.norm()),
+                        "{k:?} {nu:?}: {got:?} vs {want}"
+                    );
+                    n += usize::from(want.norm() > 1e-3);
+                }
+            }
+        }
+        assert!(n > 100, "too few non-zero Γ sampled: {n}");
+        // The mirror: Γ(−ν) from the same factors (E → E*, the apertures swapped).
+        let (k, nu) = ((0.4, -0.2), (0.7, 0.3));
+        let want = qem_cpu::ssb::gamma(&o, &ab, k, (-nu.0, -nu.1));
+        let got = quad_gamma(&o, &ab, k, (-nu.0, -nu.1));
+        assert!((got.0 - want.re).abs() < 1e-12 && (got.1 - want.im).abs() < 1e-12);
+    }
+
+    /// Both accumulate kernels write C_b(−ν) = −C_b(ν)* (the corrected term of the mirror
+    /// frequency, G(−ν) = G(ν)*) without computing it: checked here with qem_cpu's Γ in f64.
+    #[test]
+    fn quadratic_mirror_term_is_minus_conjugate() {
+        let o = Optics {
+            lambda_a: 0.019_687,
+            alpha_rad: 0.025,
+            dtheta_rad: (0.0009, 0.0009),
+        };
+        let ab = Aberrations {
+            c10: 95.0,
+            c12: -20.0,
+            phi12: -0.4,
+            ..Default::default()
+        };
+        // C = G Γ*/|Γ| on (re, im) pairs; `gamma` returns rustfft's Complex64.
+        let corrected = |g: (f64, f64), gam: (f64, f64)| {
+            let n = gam.0.hypot(gam.1);
+            (
+                (g.0 * gam.0 + g.1 * gam.1) / n,
+                (g.1 * gam.0 - g.0 * gam.1) / n,
+            )
+        };
+        let gamma = |ab: &Aberrations, k, nu: (f64, f64)| {
+            let v = qem_cpu::ssb::gamma(&o, ab, k, nu);
+            (v.re, v.im)
+        };
+        // |C(−ν) + C(ν)*|
+        let mismatch = |ab: &Aberrations, k, nu: (f64, f64), g: (f64, f64)| {
+            let c1 = corrected(g, gamma(ab, k, nu));
+            let c2 = corrected((g.0, -g.1), gamma(ab, k, (-nu.0, -nu.1)));
+            ((c2.0 + c1.0).hypot(c2.1 - c1.1), c1.0.hypot(c1.1))
+        };
+        let mut n = 0;
+        for i in -5..=5 {
+            for j in -5..=5 {
+                let k = (0.23 * i as f64, 0.21 * j as f64 + 0.03);
+                for (t, nu) in [(0.3, -0.4), (-1.1, 0.2), (0.05, 0.9)]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let gp = gamma(&ab, k, nu);
+                    if gp.0.hypot(gp.1) < 1e-6 {
+                        continue;
+                    }
+                    let g = (1.0 + t as f64, -0.7 * i as f64);
+                    let (err, size) = mismatch(&ab, k, nu, g);
+                    assert!(err <= 1e-12 * (1.0 + size), "{k:?} {nu:?}: {err}");
+                    n += 1;
+                }
+            }
+        }
+        assert!(n > 60, "too few non-zero Γ sampled: {n}");
+        // It does not need χ to be even: Γ(k, −ν) = −Γ(k, ν)* for any χ.
+        let odd = Aberrations {
+            c21: 400.0,
+            c23: -150.0,
+            ..ab
+        };
+        let (err, size) = mismatch(&odd, (0.2, 0.1), (0.5, -0.3), (1.0, 0.5));
+        assert!(size > 1e-3 && err <= 1e-12 * (1.0 + size), "{err} {size}");
+    }
+
+    /// Inside `rin2` the f64 aperture is 1, outside `rout2` it is 0 (square and hard-edged
+    /// detectors); a non-square detector gets no shortcut.
+    #[test]
+    fn aperture_radii_bound_the_soft_edge() {
+        for dt in [0.0009, 0.0, 0.0004717] {
+            let o = Optics {
+                lambda_a: 0.019_687,
+                alpha_rad: 0.025,
+                dtheta_rad: (dt, dt),
+            };
+            let (rin2, rout2) = aperture_radii(&o);
+            assert!(rin2 > 0.0 && rin2 <= rout2, "{rin2} {rout2}");
+            let (mut inside, mut outside, mut edge) = (0, 0, 0);
+            for i in 0..4000 {
+                let r = 1.0 + 0.6 * (i as f64 / 4000.0 - 0.5);
+                let phi = 0.37 * i as f64;
+                let v = (
+                    r * (o.alpha_rad / o.lambda_a) * phi.cos(),
+                    r * (o.alpha_rad / o.lambda_a) * phi.sin(),
+                );
+                let q2 = (v.0 * v.0 + v.1 * v.1) as f32;
+                let a = o.aperture(v.0, v.1);
+                if q2 <= rin2 {
+                    assert_eq!(a, 1.0, "{v:?}");
+                    inside += 1;
+                } else if q2 >= rout2 {
+                    assert_eq!(a, 0.0, "{v:?}");
+                    outside += 1;
+                } else {
+                    edge += 1;
+                }
+            }
+            assert!(inside > 1000 && outside > 1000, "{inside} {outside} {edge}");
+            if dt > 0.0 {
+                assert!(edge > 10, "soft edge not sampled: {edge}");
+            }
+        }
+        let o = Optics {
+            lambda_a: 0.019_687,
+            alpha_rad: 0.025,
+            dtheta_rad: (0.0009, 0.0008),
+        };
+        assert_eq!(aperture_radii(&o), (-1.0, f32::INFINITY));
+    }
 
     #[test]
     fn kernels_compile_with_nvrtc_when_present() {

@@ -122,6 +122,31 @@ fn bench_one(
         coh * 1e3,
         pv * 1e3
     );
+    // The same evaluations with the general accumulate kernel (χ is quadratic at probe_ab, so
+    // the timings above took the quadratic one).
+    let quad_obj = s.reconstruct(&ab)?;
+    s.set_cuda_quadratic_kernel(false);
+    let general_obj = s.reconstruct(&ab)?;
+    let (gobj, gobj_all) = time(r, || s.reconstruct(&ab))?;
+    let (gcoh, gcoh_all) = time(r, || s.objective(&ab, Objective::Coherence))?;
+    let gloss = s.objective(&ab, Objective::Coherence)?;
+    s.set_cuda_quadratic_kernel(true);
+    let qloss = s.objective(&ab, Objective::Coherence)?;
+    eprintln!(
+        "general kernel: object {:.2} ms, coherence {:.2} ms",
+        gobj * 1e3,
+        gcoh * 1e3
+    );
+    let general = json!({
+        "object_p50_s": gobj,
+        "object_all_s": gobj_all,
+        "coherence_p50_s": gcoh,
+        "coherence_all_s": gcoh_all,
+        "object_rel_l2_re_quad_vs_general": rel_l2(&quad_obj.object_re, &general_obj.object_re),
+        "object_rel_l2_im_quad_vs_general": rel_l2(&quad_obj.object_im, &general_obj.object_im),
+        "coherence_quad": qloss,
+        "coherence_general": gloss,
+    });
     let mut fits = Vec::new();
     let mut kinds = vec![Objective::Coherence];
     if fit_pv {
@@ -169,6 +194,7 @@ fn bench_one(
         "phase_variance_p50_s": pv,
         "phase_variance_all_s": pv_all,
         "fits": fits,
+        "general_kernel": general,
         "ssb_peak_bytes_counted": s.cuda_peak_bytes(),
         "card_used_before_ssb": used_before,
         "card_used_after_prepare": card_after_prepare,

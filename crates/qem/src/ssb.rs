@@ -377,6 +377,16 @@ impl Ssb {
         &self.k
     }
 
+    /// Benchmarks and tests: `false` makes the CUDA engine use its general accumulate kernel
+    /// even where χ is quadratic (`true`, the default, lets it take the faster quadratic one).
+    /// No effect on the CPU engine.
+    #[doc(hidden)]
+    pub fn set_cuda_quadratic_kernel(&self, on: bool) {
+        if let Prep::Cuda(g) = &self.prep {
+            g.set_quadratic_kernel(on);
+        }
+    }
+
     /// `"cpu"` or `"cuda"`: where G lives and the objects and losses are computed.
     pub fn engine_name(&self) -> &'static str {
         match self.prep {

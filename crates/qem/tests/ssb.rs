@@ -520,6 +520,17 @@ fn cuda_engine_matches_cpu_reference() {
                 let e_im = rel_l2(&got.object_im, &want.object_im);
                 println!("{scan} {repr:?} {storage:?}: object rel L2 re {e_re:.2e} im {e_im:.2e}");
                 assert!(e_re <= tol && e_im <= tol, "{scan} {repr:?} {storage:?}");
+                // χ is quadratic here, so that was the quadratic kernel; the general one on the
+                // same G gives the same object (both f32, different algebra).
+                g.set_cuda_quadratic_kernel(false);
+                let general = g.reconstruct(&truth_ab()).unwrap();
+                g.set_cuda_quadratic_kernel(true);
+                let (q_re, q_im) = (
+                    rel_l2(&got.object_re, &general.object_re),
+                    rel_l2(&got.object_im, &general.object_im),
+                );
+                println!("  quadratic vs general kernel: rel L2 re {q_re:.2e} im {q_im:.2e}");
+                assert!(q_re <= 1e-4 && q_im <= 1e-4, "{scan} {repr:?} {storage:?}");
                 for kind in [Objective::Coherence, Objective::PhaseVariance] {
                     for ab in [truth_ab(), wrong] {
                         let (lc, lg) = (

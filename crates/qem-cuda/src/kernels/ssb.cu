@@ -52,35 +52,40 @@ __device__ __forceinline__ u16 f2h(float f) {
     return h;
 }
 
-// P(v) = A(v) exp(−iχ(v)), A the soft aperture of qem_cpu::ssb::Optics::aperture.
-__device__ __forceinline__ float2 probe(float x, float y, const SsbOptics& o, const SsbAb& ab) {
+// The soft aperture A(v) of qem_cpu::ssb::Optics::aperture.
+__device__ __forceinline__ float aperture(float x, float y, const SsbOptics& o) {
     const float q2 = x * x + y * y;
-    float amp;
     if (q2 > 0.f) {
         const float a = o.lambda * (q2 * rsqrtf(q2));  // |v| to ~1e-7: edges move < 1e-5 px
         // δ² = (cos φ Δθ_r)² + (sin φ Δθ_c)²: a constant on a square-pixel detector.
         const float d2 = o.dr2 == o.dc2 ? o.dr2 : (x * x * o.dr2 + y * y * o.dc2) / q2;
-        if (d2 <= 1e-30f) {
-            amp = a <= o.alpha ? 1.f : 0.f;
-        } else {
-            amp = fminf(fmaxf((o.alpha - a) * rsqrtf(d2) + 0.5f, 0.f), 1.f);
-        }
-    } else {
-        amp = 1.f;
+        if (d2 <= 1e-30f) return a <= o.alpha ? 1.f : 0.f;
+        return fminf(fmaxf((o.alpha - a) * rsqrtf(d2) + 0.5f, 0.f), 1.f);
     }
-    if (amp == 0.f) return make_float2(0.f, 0.f);
-    const float chi = ab.a2 * q2 + ab.b2c * (x * x - y * y) + ab.b2s * (2.f * x * y) +
-                      q2 * (ab.d1c * x + ab.d1s * y) + ab.e3c * (x * (x * x - 3.f * y * y)) +
-                      ab.e3s * (y * (3.f * x * x - y * y)) + ab.f4 * q2 * q2;
-    // χ reaches ~10² rad: reduce it into [−π, π] with 2π split in two floats (Cody–Waite; the
-    // reduction adds ≤ 1e-7·|χ/2π| rad), then the fast sincos (abs. error ≤ 4e-7 there). The
-    // f32 χ itself carries ~6e-8·|χ|.
-    const float t = rintf(chi * 0.159154943f);
-    float r = fmaf(-t, 6.28318548f, chi);
+    return 1.f;
+}
+
+// exp(−i·x) with x reduced into [−π, π] first (2π split in two floats, Cody–Waite; the
+// reduction adds ≤ 1e-7·|x/2π| rad), then the fast sincos (abs. error ≤ 4e-7 there).
+__device__ __forceinline__ float2 expmi(float x) {
+    const float t = rintf(x * 0.159154943f);
+    float r = fmaf(-t, 6.28318548f, x);
     r = fmaf(-t, -1.74845553e-7f, r);
     float s, c;
     __sincosf(r, &s, &c);
-    return make_float2(amp * c, -amp * s);
+    return make_float2(c, -s);
+}
+
+// P(v) = A(v) exp(−iχ(v)). χ reaches ~10² rad (its f32 value carries ~6e-8·|χ|).
+__device__ __forceinline__ float2 probe(float x, float y, const SsbOptics& o, const SsbAb& ab) {
+    const float amp = aperture(x, y, o);
+    if (amp == 0.f) return make_float2(0.f, 0.f);
+    const float q2 = x * x + y * y;
+    const float chi = ab.a2 * q2 + ab.b2c * (x * x - y * y) + ab.b2s * (2.f * x * y) +
+                      q2 * (ab.d1c * x + ab.d1s * y) + ab.e3c * (x * (x * x - 3.f * y * y)) +
+                      ab.e3s * (y * (3.f * x * x - y * y)) + ab.f4 * q2 * q2;
+    const float2 e = expmi(chi);
+    return make_float2(amp * e.x, amp * e.y);
 }
 
 // C = G Γ*/|Γ| (or G Γ* 10⁸ where |Γ|² ≤ 10⁻¹⁶); adds |C|² to `power`.
@@ -132,16 +137,176 @@ __device__ __forceinline__ Pair pair_of(u32 h, u32 nr, u32 nc, u32 half, const f
     return p;
 }
 
+// What one thread sums over its BF pixels: S(ν), S(ν') and Σ |C|².
+struct Sums {
+    float2 s1, s2;
+    float power;
+};
+
+// One pixel's corrected terms for pair p: c1 = C(ν), c2 = C(ν') when p.two (else 0); adds their
+// |C|² to `power`. False (nothing written) when both are exactly 0: both probe values outside
+// the aperture and the mirror sharing them. When ν' = −ν (p.sym), Γ(k, −ν) = P(k+ν)P*(k) −
+// P(k)P*(k−ν) = −Γ(k, ν)* for any χ, and G(−ν) = G(ν)*, so C(−ν) = −C(ν)*.
+__device__ __forceinline__ bool pair_terms(float2 gv, float2 k, float2 pkb, float vr, float vc,
+                                           float vr2, float vc2, const Pair& p,
+                                           const SsbOptics& o, const SsbAb& ab, float2& c1,
+                                           float2& c2, float& power) {
+    const float2 pm = probe(k.x - vr, k.y - vc, o, ab);
+    const float2 pp = probe(k.x + vr, k.y + vc, o, ab);
+    const bool none = pm.x == 0.f && pm.y == 0.f && pp.x == 0.f && pp.y == 0.f;
+    if (none && (!p.two || p.sym)) return false;
+    const float2 g1 = make_float2(cmulc(pm, pkb).x - cmulc(pkb, pp).x,
+                                  cmulc(pm, pkb).y - cmulc(pkb, pp).y);
+    c1 = correct(gv, g1, power);
+    if (p.sym) {
+        c2 = make_float2(-c1.x, c1.y);
+        power += c1.x * c1.x + c1.y * c1.y;
+    } else if (p.two) {
+        const float2 qm = probe(k.x - vr2, k.y - vc2, o, ab);
+        const float2 qp = probe(k.x + vr2, k.y + vc2, o, ab);
+        const float2 g2 = make_float2(cmulc(qm, pkb).x - cmulc(pkb, qp).x,
+                                      cmulc(qm, pkb).y - cmulc(pkb, qp).y);
+        c2 = correct(make_float2(gv.x, -gv.y), g2, power);
+    } else {
+        c2 = make_float2(0.f, 0.f);
+    }
+    return true;
+}
+
+// The general terms (any χ) of pixels [b_lo, b_hi) for pair p: probe values computed per pixel.
+template <bool G16>
+__device__ __forceinline__ Sums general_terms(const void* __restrict__ g,
+                                              const float* __restrict__ gscale, u32 b_lo, u32 b_hi,
+                                              const float2* __restrict__ kb,
+                                              const float2* __restrict__ pk, u64 nh, u32 h,
+                                              const Pair& p, float vr, float vc, float vr2,
+                                              float vc2, const SsbOptics& o, const SsbAb& ab) {
+    Sums t = {make_float2(0.f, 0.f), make_float2(0.f, 0.f), 0.f};
+    // Software pipelining: the next pixel's G, k and P(k) are loaded while this one is computed.
+    float2 g_nx = make_float2(0.f, 0.f), k_nx = g_nx, p_nx = g_nx;
+    if (b_lo < b_hi) {
+        g_nx = load_g<G16>(g, gscale, b_lo, nh, h);
+        k_nx = kb[b_lo];
+        p_nx = pk[b_lo];
+    }
+    for (u32 b = b_lo; b < b_hi; ++b) {
+        const float2 gv = g_nx, k = k_nx, pkb = p_nx;
+        if (b + 1 < b_hi) {
+            g_nx = load_g<G16>(g, gscale, b + 1, nh, h);
+            k_nx = kb[b + 1];
+            p_nx = pk[b + 1];
+        }
+        if (pkb.x == 0.f && pkb.y == 0.f) continue;  // zero-aperture pixel: Γ ≡ 0
+        float2 c1, c2;
+        if (!pair_terms(gv, k, pkb, vr, vc, vr2, vc2, p, o, ab, c1, c2, t.power)) continue;
+        t.s1.x += c1.x;
+        t.s1.y += c1.y;
+        t.s2.x += c2.x;
+        t.s2.y += c2.y;
+    }
+    return t;
+}
+
+// The same terms when χ is quadratic (only C10, C12, φ12: χ(v) = vᵀMv), with ν' = −ν. Then
+// χ(k ∓ ν) = χ(k) ∓ 2kᵀMν + χ(ν), so with E = exp(2i kᵀMν) and U = exp(−iχ(ν)):
+//   Γ(ν)  = A_k E  [A(k−ν) U − A(k+ν) U*] =: A_k E W1,
+//   Γ(−ν) = A_k E* [A(k+ν) U − A(k−ν) U*] =: A_k E* W2,  W2 = −W1*  (A is real),
+// and C = G Γ*/|Γ| = G E* W1*/|W1| (floor case: G A_k E* W1* 10⁸). χ(k) cancels; along a detector
+// row k steps by d, so E is carried by one complex product per pixel (E ← E·exp(2i dᵀMν)),
+// recomputed exactly at the start of each row (cont[b] = 0), which bounds the f32 drift to a
+// row (≤ ~10⁻⁵ rad over 10² pixels). No sincos and no χ per pixel. The mirror's term is
+// C_b(−ν) = −C_b(ν)* (see `general_terms`), so one term per pixel serves both frequencies.
+struct SsbQuad {
+    float m_rr, m_cc, m_rc;  // M: χ(v) = m_rr x² + m_cc y² + 2 m_rc x y
+    float dx, dy;            // the column step of k along a detector row, Å⁻¹
+    // |v|² ≤ rin2 → A(v) = 1, |v|² ≥ rout2 → A(v) = 0 (square pixels: δ is a constant);
+    // −1 and +∞ on other detectors, where every value takes `aperture`.
+    float rin2, rout2;
+};
+
+__device__ __forceinline__ float quad_form(const SsbQuad& q, float ax, float ay, float bx,
+                                           float by) {
+    return q.m_rr * ax * bx + q.m_cc * ay * by + q.m_rc * (ax * by + ay * bx);
+}
+
+// `aperture` with the inside and outside decided from |v|² alone (no sqrt) where δ allows.
+__device__ __forceinline__ float aperture_q(float x, float y, const SsbOptics& o,
+                                           const SsbQuad& q) {
+    const float q2 = fmaf(x, x, y * y);
+    if (q2 <= q.rin2) return 1.f;
+    if (q2 >= q.rout2) return 0.f;
+    return aperture(x, y, o);
+}
+
+// G loads issued ahead of their arithmetic: the loop body is short, and one load in flight per
+// thread leaves it waiting on HBM (v5, measured slower than the general kernel).
+#define QUAD_DEPTH 8
+
+template <bool G16>
+__device__ __forceinline__ Sums quad_terms(const void* __restrict__ g,
+                                           const float* __restrict__ gscale, u32 b_lo, u32 b_hi,
+                                           const float2* __restrict__ kb,
+                                           const float* __restrict__ ak,
+                                           const unsigned char* __restrict__ cont, u64 nh, u32 h,
+                                           const Pair& p, float vr, float vc, const SsbOptics& o,
+                                           const SsbQuad& q) {
+    const float2 u = expmi(quad_form(q, vr, vc, vr, vc));
+    const float2 step = expmi(-2.f * quad_form(q, q.dx, q.dy, vr, vc));
+    float2 e = make_float2(1.f, 0.f), s = e;
+    s.x = 0.f;
+    float power = 0.f;
+    for (u32 b0 = b_lo; b0 < b_hi; b0 += QUAD_DEPTH) {
+        float2 gq[QUAD_DEPTH];
+#pragma unroll
+        for (u32 j = 0; j < QUAD_DEPTH; ++j) {
+            gq[j] = load_g<G16>(g, gscale, min(b0 + j, b_hi - 1), nh, h);
+        }
+#pragma unroll
+        for (u32 j = 0; j < QUAD_DEPTH; ++j) {
+            const u32 b = b0 + j;
+            if (b >= b_hi) break;
+            const float2 k = kb[b];
+            if (b == b_lo || !cont[b]) {
+                e = expmi(-2.f * quad_form(q, k.x, k.y, vr, vc));
+            } else {
+                e = cmul(e, step);
+            }
+            const float a_k = ak[b];
+            if (a_k == 0.f) continue;  // zero-aperture pixel: Γ ≡ 0
+            const float am = aperture_q(k.x - vr, k.y - vc, o, q);
+            const float ap = aperture_q(k.x + vr, k.y + vc, o, q);
+            if (am == 0.f && ap == 0.f) continue;  // both terms exactly 0
+            // W1 = am U − ap U*; C1 = G · E* · W1* · f1
+            const float2 w1 = make_float2((am - ap) * u.x, (am + ap) * u.y);
+            const float n1 = w1.x * w1.x + w1.y * w1.y;
+            const float f1 = n1 * a_k * a_k > GAMMA_FLOOR_SQ ? rsqrtf(n1) : a_k * 1e8f;
+            const float2 c1 = cmulc(cmulc(gq[j], e), w1);
+            const float2 c = make_float2(c1.x * f1, c1.y * f1);
+            s.x += c.x;
+            s.y += c.y;
+            power = fmaf(c.x, c.x, fmaf(c.y, c.y, power));
+        }
+    }
+    Sums t;
+    t.s1 = s;
+    t.s2 = p.two ? make_float2(-s.x, s.y) : make_float2(0.f, 0.f);
+    t.power = p.two ? 2.f * power : power;
+    return t;
+}
+
 // Σ_b C_b(ν) over BF pixels [b_lo, b_hi) of this launch's slice y = blockIdx.y (slices of
 // `per_slice` pixels), for every ν of the full plane: `s_part[y][i]`. `pow_part[y·gridDim.x + x]`
 // gets the block's Σ_{b, ν≠0} |C_b(ν)|². The DC (i = 0) is left 0: every C_b(0) is the same
-// d = mean_b G_b(0), which the finishing kernel puts in.
-template <bool G16>
+// d = mean_b G_b(0), which the finishing kernel puts in. QUAD takes quad_terms wherever the
+// mirror is −ν (all but the Nyquist lines, which keep the general terms).
+template <bool G16, bool QUAD>
 __device__ void accumulate(const void* __restrict__ g, const float* __restrict__ gscale, u32 nb,
                            u32 per_slice, const float2* __restrict__ kb,
-                           const float2* __restrict__ pk, const float* __restrict__ fr,
+                           const float2* __restrict__ pk, const float* __restrict__ ak,
+                           const unsigned char* __restrict__ cont, const float* __restrict__ fr,
                            const float* __restrict__ fc, u32 nr, u32 nc, u32 half, SsbOptics o,
-                           SsbAb ab, float2* __restrict__ s_part, double* __restrict__ pow_part) {
+                           SsbAb ab, SsbQuad q, float2* __restrict__ s_part,
+                           double* __restrict__ pow_part) {
     __shared__ double red[256];
     const u64 nh = (u64)nr * half, n = (u64)nr * nc;
     const u32 b_lo = blockIdx.y * per_slice;
@@ -152,55 +317,17 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
         const Pair p = pair_of(h, nr, nc, half, fr, fc);
         if (p.take) {
             const float vr = fr[p.r], vc = fc[p.c];
-            const float vr2 = fr[p.rm], vc2 = fc[p.cm];
-            float2 s1 = make_float2(0.f, 0.f), s2 = make_float2(0.f, 0.f);
-            // Software pipelining: the next pixel's G, k and P(k) are loaded while this one is
-            // computed (a G load is an HBM round trip; the loop body is a few hundred
-            // instructions, so one iteration ahead hides it).
-            float2 g_nx = make_float2(0.f, 0.f), k_nx = g_nx, p_nx = g_nx;
-            if (b_lo < b_hi) {
-                g_nx = load_g<G16>(g, gscale, b_lo, nh, h);
-                k_nx = kb[b_lo];
-                p_nx = pk[b_lo];
+            Sums t;
+            if (QUAD && (!p.two || p.sym)) {
+                t = quad_terms<G16>(g, gscale, b_lo, b_hi, kb, ak, cont, nh, h, p, vr, vc, o, q);
+            } else {
+                t = general_terms<G16>(g, gscale, b_lo, b_hi, kb, pk, nh, h, p, vr, vc, fr[p.rm],
+                                       fc[p.cm], o, ab);
             }
-            for (u32 b = b_lo; b < b_hi; ++b) {
-                const float2 gv = g_nx, k = k_nx, pkb = p_nx;
-                if (b + 1 < b_hi) {
-                    g_nx = load_g<G16>(g, gscale, b + 1, nh, h);
-                    k_nx = kb[b + 1];
-                    p_nx = pk[b + 1];
-                }
-                if (pkb.x == 0.f && pkb.y == 0.f) continue;  // zero-aperture pixel: Γ ≡ 0
-                const float2 pm = probe(k.x - vr, k.y - vc, o, ab);
-                const float2 pp = probe(k.x + vr, k.y + vc, o, ab);
-                // Both outside the aperture: Γ(ν) = 0 and (mirror sharing them) Γ(−ν) = 0, so
-                // both terms are exactly 0.
-                const bool none = pm.x == 0.f && pm.y == 0.f && pp.x == 0.f && pp.y == 0.f;
-                if (none && (!p.two || p.sym)) continue;
-                const float2 g1 = make_float2(cmulc(pm, pkb).x - cmulc(pkb, pp).x,
-                                              cmulc(pm, pkb).y - cmulc(pkb, pp).y);
-                const float2 c1 = correct(gv, g1, power);
-                s1.x += c1.x;
-                s1.y += c1.y;
-                if (p.two) {
-                    float2 qm, qp;
-                    if (p.sym) {
-                        qm = pp;
-                        qp = pm;
-                    } else {
-                        qm = probe(k.x - vr2, k.y - vc2, o, ab);
-                        qp = probe(k.x + vr2, k.y + vc2, o, ab);
-                    }
-                    const float2 g2 = make_float2(cmulc(qm, pkb).x - cmulc(pkb, qp).x,
-                                                  cmulc(qm, pkb).y - cmulc(pkb, qp).y);
-                    const float2 c2 = correct(make_float2(gv.x, -gv.y), g2, power);
-                    s2.x += c2.x;
-                    s2.y += c2.y;
-                }
-            }
+            power = t.power;
             float2* out = s_part + (u64)blockIdx.y * n;
-            out[(u64)p.r * nc + p.c] = s1;
-            if (p.two) out[(u64)p.rm * nc + p.cm] = s2;
+            out[(u64)p.r * nc + p.c] = t.s1;
+            if (p.two) out[(u64)p.rm * nc + p.cm] = t.s2;
         }
     }
     red[threadIdx.x] = (double)power;
@@ -212,21 +339,19 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
     if (threadIdx.x == 0) pow_part[(u64)blockIdx.y * gridDim.x + blockIdx.x] = red[0];
 }
 
-extern "C" __global__ void __launch_bounds__(256)
-qem_ssb_accumulate_g32(const void* g, const float* gscale, u32 nb, u32 per_slice, const float2* kb,
-                       const float2* pk, const float* fr, const float* fc, u32 nr, u32 nc,
-                       u32 half, SsbOptics o, SsbAb ab, float2* s_part, double* pow_part) {
-    accumulate<false>(g, gscale, nb, per_slice, kb, pk, fr, fc, nr, nc, half, o, ab, s_part,
-                      pow_part);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-qem_ssb_accumulate_g16(const void* g, const float* gscale, u32 nb, u32 per_slice, const float2* kb,
-                       const float2* pk, const float* fr, const float* fc, u32 nr, u32 nc,
-                       u32 half, SsbOptics o, SsbAb ab, float2* s_part, double* pow_part) {
-    accumulate<true>(g, gscale, nb, per_slice, kb, pk, fr, fc, nr, nc, half, o, ab, s_part,
-                     pow_part);
-}
+#define SSB_ACCUMULATE(NAME, G16, QUAD)                                                         \
+    extern "C" __global__ void __launch_bounds__(256)                                           \
+        NAME(const void* g, const float* gscale, u32 nb, u32 per_slice, const float2* kb,       \
+             const float2* pk, const float* ak, const unsigned char* cont, const float* fr,     \
+             const float* fc, u32 nr, u32 nc, u32 half, SsbOptics o, SsbAb ab, SsbQuad q,       \
+             float2* s_part, double* pow_part) {                                                \
+        accumulate<G16, QUAD>(g, gscale, nb, per_slice, kb, pk, ak, cont, fr, fc, nr, nc, half, \
+                              o, ab, q, s_part, pow_part);                                      \
+    }
+SSB_ACCUMULATE(qem_ssb_accumulate_g32, false, false)
+SSB_ACCUMULATE(qem_ssb_accumulate_g16, true, false)
+SSB_ACCUMULATE(qem_ssb_accumulate_quad_g32, false, true)
+SSB_ACCUMULATE(qem_ssb_accumulate_quad_g16, true, true)
 
 // s[i] (+)= Σ_y s_part[y][i] in slice order (`add` = 1 continues a sum over earlier batches).
 extern "C" __global__ void __launch_bounds__(256)
@@ -298,23 +423,8 @@ __device__ void corrected(const void* __restrict__ g, const float* __restrict__ 
         if (!zero) {
             const float vr = fr[p.r], vc = fc[p.c];
             const float2 gv = load_g<G16>(g, gscale, b, nh, h);
-            const float2 pm = probe(k.x - vr, k.y - vc, o, ab);
-            const float2 pp = probe(k.x + vr, k.y + vc, o, ab);
-            const float2 g1 = make_float2(cmulc(pm, pkb).x - cmulc(pkb, pp).x,
-                                          cmulc(pm, pkb).y - cmulc(pkb, pp).y);
-            c1 = correct(gv, g1, unused);
-            if (p.two) {
-                float2 qm, qp;
-                if (p.sym) {
-                    qm = pp;
-                    qp = pm;
-                } else {
-                    qm = probe(k.x - fr[p.rm], k.y - fc[p.cm], o, ab);
-                    qp = probe(k.x + fr[p.rm], k.y + fc[p.cm], o, ab);
-                }
-                const float2 g2 = make_float2(cmulc(qm, pkb).x - cmulc(pkb, qp).x,
-                                              cmulc(qm, pkb).y - cmulc(pkb, qp).y);
-                c2 = correct(make_float2(gv.x, -gv.y), g2, unused);
+            if (!pair_terms(gv, k, pkb, vr, vc, fr[p.rm], fc[p.cm], p, o, ab, c1, c2, unused)) {
+                c1 = c2 = make_float2(0.f, 0.f);
             }
         }
         dst[(u64)p.r * nc + p.c] = c1;
