@@ -3,7 +3,8 @@
 # CPU reference vs CUDA dense/ENCODED, f32/f16 G) and timings (ssb_cuda_bench) on the anchor's
 # reference acquisition (512², disk r = 30 px), the same with r = 53 px, and a 1024² scan.
 # Also the Python SSB tests (CUDA vs NumPy float64) and `quantem-gpu ssb --fit` on the r = 30
-# acquisition. Builds nothing; carried: device_carry/ (ssb test binary, ssb_cuda_bench, the
+# acquisition; r = 53 from host-held data under 6 GiB (--host-data). QUICK=1 stops before the
+# CLI run, SKIP1024=1 before the 1024² scan. Builds nothing; carried: device_carry/ (ssb test binary, ssb_cuda_bench, the
 # generator, hdf5plugin's bitshuffle filter, site/ = the wheel installed with --target and the
 # stripped CLI in site/bin, tests/ = test_ssb.py with conftest.py and helpers.py).
 set -uo pipefail
@@ -28,10 +29,14 @@ r=$?; rc=$((rc|r)); echo "r53 rc=$r"; cat "$R/ssb_r53.log" | tail -20
 # The route the 6 GiB refusal names: the same r = 53 data with the detector binned 2×2.
 timeout 120 ./$D/ssb_cuda_bench /tmp/ref53/scan_master.h5 "$R/ssb_r53_bin2.json" r53_bin2 --det-bin 2 --card-budget $GIB6 > "$R/ssb_r53_bin2.log" 2>&1
 r=$?; rc=$((rc|r)); echo "r53 bin2 rc=$r"; cat "$R/ssb_r53_bin2.log" | tail -8
+# r = 53 under a 6 GiB card with the data on the host (CPU engine, dense) and SSB on the card.
+timeout 240 ./$D/ssb_cuda_bench /tmp/ref53/scan_master.h5 "$R/ssb_r53_host.json" r53_host --host-data --card-budget $GIB6 > "$R/ssb_r53_host.log" 2>&1
+r=$?; rc=$((rc|r)); echo "r53 host rc=$r"; cat "$R/ssb_r53_host.log" | tail -12
 rm -rf /tmp/ref53
 if [ -n "${QUICK:-}" ]; then tar czf "$OUT/results.tgz" -C "$OUT" res; exit $rc; fi
 ( time timeout 120 quantem-gpu ssb /tmp/ref/scan_master.h5 --voltage-kv 300 --semiangle-mrad 25 --scan-step-a 0.4 --fit --objective coherence --out "$R/cli_ssb" ) > "$R/cli_ssb.log" 2>&1
 r=$?; rc=$((rc|r)); echo "cli ssb rc=$r"; tail -5 "$R/cli_ssb.log"; rm -f "$R"/cli_ssb/*.npy
+if [ -n "${SKIP1024:-}" ]; then tar czf "$OUT/results.tgz" -C "$OUT" res; exit $rc; fi
 ( SCAN=1024 timeout 120 python3 $D/make_reference_acquisition.py /tmp/ref1024 > "$R/make_ref1024.json" 2> "$R/make_ref1024.err" ); cat "$R/make_ref1024.json"
 timeout 150 ./$D/ssb_cuda_bench /tmp/ref1024/scan_master.h5 "$R/ssb_1024.json" s1024_r30 --repeats 5 > "$R/ssb_1024.log" 2>&1
 r=$?; rc=$((rc|r)); echo "1024 rc=$r"; cat "$R/ssb_1024.log" | tail -12

@@ -408,3 +408,32 @@ def test_cuda_matches_numpy_reference(data, ab, representation, g_storage, tol):
     assert err <= tol, err
     loss = s.objective(ab, "phase_variance")
     assert loss == pytest.approx(ref_phase_variance(per_pixel), rel=max(tol, LOSS_RTOL))
+
+
+@pytest.mark.parametrize("representation", ["dense", "encoded"])
+def test_engine_cuda_on_host_data(data, representation):
+    """engine="cuda" on a dataset held by the CPU engine: SSB on the card (the NumPy reference
+    bounds it), or a typed refusal where there is no GPU — never a silent CPU run."""
+    ds = io.load(data["counts"], backend="cpu", representation=representation, dtype="u16")
+    kw = dict(voltage_kv=VOLTAGE_KV, semiangle_mrad=SEMIANGLE_MRAD, scan_step_a=STEP_A)
+    if not CUDA_AVAILABLE:
+        with pytest.raises(qg.BackendUnavailableError, match="cuda"):
+            ssb.SSB(ds, engine="cuda", **kw)
+        return
+    s = ssb.SSB(ds, engine="cuda", **kw)
+    assert s.info["engine"] == "cuda"
+    want, _ = ref_ssb(ref_prepare(data["counts"]), TRUE)
+    err = rel_l2(s.reconstruct(TRUE).object, want)
+    assert err <= 1e-5, err
+
+
+def test_engine_names(data):
+    ds = io.load(data["counts"], backend="cpu")
+    kw = dict(voltage_kv=VOLTAGE_KV, semiangle_mrad=SEMIANGLE_MRAD, scan_step_a=STEP_A)
+    with pytest.raises(ValueError, match="engine"):
+        ssb.SSB(ds, engine="gpu2", **kw)
+    assert ssb.SSB(ds, engine="cpu", **kw).info["engine"] == "cpu"
+    if CUDA_AVAILABLE:
+        on_card = io.load(data["counts"], backend="cuda")
+        with pytest.raises(qg.InvalidArgumentError, match="host"):
+            ssb.SSB(on_card, engine="cpu", **kw)

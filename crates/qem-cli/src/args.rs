@@ -242,9 +242,14 @@ pub struct SsbArgs {
     /// BF pixels need a mean intensity above this fraction of the maximum.
     #[arg(long, default_value_t = 0.0)]
     pub bf_threshold: f64,
-    /// Bytes the prepared spectra may take (default: the host's available memory).
+    /// Bytes the prepared spectra may take (default: the host's available memory on the CPU,
+    /// the free device memory on CUDA, besides the dataset).
     #[arg(long)]
     pub memory_budget: Option<u64>,
+    /// Engine for the SSB itself: auto (the one holding the data), cpu, or cuda (also for data
+    /// loaded with --backend cpu: the card then holds the spectra, never the acquisition).
+    #[arg(long, default_value = "auto", value_parser = parse_backend)]
+    pub engine: BackendRequest,
     /// Fit the aberrations (--fit-params) before reconstructing; the values given below are
     /// the start point and the fixed values of the others.
     #[arg(long)]

@@ -105,7 +105,9 @@ pub fn write_ssb(
             "compat_2alpha": params.compat_2alpha,
             "bf_threshold": params.bf_threshold,
             "memory_budget": params.memory_budget,
+            "engine": params.engine.name(),
         },
+        "engine": s.engine_name(),
         "wavelength_a": s.wavelength_a,
         "det_sampling_mrad": s.det_sampling_mrad,
         "bf_disk": crate::products_cmd::disk_json(&s.disk),
@@ -149,6 +151,7 @@ pub fn run(a: &SsbArgs, command_line: &str) -> anyhow::Result<()> {
         bf_threshold: a.bf_threshold,
         memory_budget: a.memory_budget,
         g_storage: None,
+        engine: a.engine,
     };
     // Bad calibration fails before the (possibly long) load, exit 3.
     params.validate()?;

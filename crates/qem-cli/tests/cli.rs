@@ -1147,4 +1147,21 @@ fn ssb_writes_its_files_and_a_fit_record() {
     let mut args = base.to_vec();
     args.extend(["--memory-budget", "100"]);
     assert_eq!(code(&qg(&args)), 5);
+    // --engine cuda on host data: SSB on the card, or exit 4 (backend unavailable) — never a
+    // silent CPU run.
+    let mut args = base.to_vec();
+    args.extend(["--backend", "cpu", "--engine", "cuda", "--json"]);
+    let o = qg(&args);
+    if qem::backend::cuda_unavailable_reason().is_some() {
+        assert_eq!(code(&o), 4, "{}", stderr(&o));
+        assert!(stderr(&o).contains("cuda"), "{}", stderr(&o));
+    } else {
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        assert_eq!(json_stdout(&o)["engine"], "cuda");
+    }
+    let mut args = base.to_vec();
+    args.extend(["--backend", "cpu", "--engine", "cpu", "--json"]);
+    let o = qg(&args);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(json_stdout(&o)["engine"], "cpu");
 }

@@ -81,13 +81,23 @@ impl GStorage {
     }
 }
 
-/// Where the acquisition lies on the card.
+/// Where the BF pixels' counts come from.
 #[derive(Debug, Clone, Copy)]
 pub enum Source<'a> {
-    /// A dense `[R_r, R_c, k_r, k_c]` array.
+    /// A dense `[R_r, R_c, k_r, k_c]` array on the card.
     Dense(&'a DeviceArray),
-    /// ENCODED frames.
+    /// ENCODED frames on the card.
     Encoded(&'a DeviceEncoded),
+    /// The BF pixels' images gathered on the host: `images[j·N + R]` = counts of pixel
+    /// `pixels[j]` at scan position `R` (N = the scan's length), for a dataset the card does
+    /// not hold; `frame` is the detector shape. Uploaded batch by batch, so the card holds G
+    /// and one batch, never the acquisition.
+    Host {
+        /// `[B][N]` counts.
+        images: &'a [u32],
+        /// Detector shape (for the pixel-index check and the detector rows).
+        frame: Shape2,
+    },
 }
 
 /// What [`GpuSsb::prepare`] needs besides the data: the BF pixels, their k vectors and the
@@ -182,6 +192,7 @@ struct Funcs {
     gather_u16: CudaFunction,
     gather_u32: CudaFunction,
     to_g16: CudaFunction,
+    u32_to_f32: CudaFunction,
 }
 
 impl Funcs {
@@ -366,6 +377,7 @@ fn load_funcs(gpu: &Gpu, storage: GStorage) -> Result<Funcs> {
         gather_u16: get("qem_ssb_gather_u16")?,
         gather_u32: get("qem_ssb_gather_u32")?,
         to_g16: get("qem_ssb_to_g16")?,
+        u32_to_f32: get("qem_ssb_u32_to_f32")?,
     })
 }
 
@@ -472,6 +484,14 @@ impl GpuSsb {
                 e.frame_shape().len(),
                 e.frame_shape().cols,
             ),
+            Source::Host { images, frame } => {
+                if images.len() != b * n {
+                    return Err(Error::invalid(OP, "host images do not match the BF pixels")
+                        .with_expected(format!("{b} BF pixels × {n} scan positions"))
+                        .with_found(format!("{} values", images.len())));
+                }
+                (n, frame.len(), frame.cols)
+            }
         };
         if b == 0 || s.k.len() != b || s.g0.len() != b || n == 0 || frames != n {
             return Err(
@@ -518,7 +538,7 @@ impl GpuSsb {
             + (u64::from(slices) * u64::from(blocks_x) + 4096) * 8
             + plan_work_bytes(scan, cufft_sys::cufftType::CUFFT_C2C, 1)?;
         let scratch = match src {
-            Source::Dense(_) => 0,
+            Source::Dense(_) | Source::Host { .. } => 0,
             Source::Encoded(_) => DECODE_SCRATCH.min(frames as u64 * frame_len as u64 * 2) + 64,
         };
         let sz = Sizes {
@@ -607,7 +627,7 @@ impl GpuSsb {
                     Some(DevBuf::alloc(ctx, scratch as usize, c, "decoded frames")?),
                     Some(new_err_record(ctx, c)?),
                 ),
-                Source::Dense(_) => (None, None),
+                Source::Dense(_) | Source::Host { .. } => (None, None),
             };
             for p0 in (0..b).step_by(batch) {
                 let np = batch.min(b - p0);
@@ -627,6 +647,22 @@ impl GpuSsb {
                             np,
                             out,
                         )?;
+                    }
+                    Source::Host { images: host, .. } => {
+                        // The previous batch's R2C reads `images`: wait for it before the
+                        // (synchronous) upload overwrites the buffer.
+                        stream
+                            .synchronize()
+                            .map_err(|er| driver_error("synchronize ssb upload", er))?;
+                        let part = &host[p0 * n..(p0 + np) * n];
+                        images.write(0, bytemuck::cast_slice(part))?;
+                        let (buf, len) = (images.ptr(), (np * n) as u64);
+                        let mut lb = stream.launch_builder(&f.u32_to_f32);
+                        lb.arg(&buf).arg(&len);
+                        // SAFETY: matches `qem_ssb_u32_to_f32(unsigned int*, u64)`; `images`
+                        // holds batch·n ≥ np·n 4-byte values; grid-stride loop.
+                        unsafe { lb.launch(grid_1d(len)) }
+                            .map_err(|er| driver_error("launch ssb u32_to_f32", er))?;
                     }
                     Source::Encoded(enc) => {
                         let (Some(dec), Some(err)) = (dec.as_ref(), err.as_ref()) else {

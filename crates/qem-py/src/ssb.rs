@@ -232,7 +232,7 @@ impl PySsb {
 #[pyo3(signature = (
     dataset, *, voltage_kv, semiangle_mrad, scan_step_a, det_sampling_mrad = None,
     rotation_deg = 0.0, compat_2alpha = false, bf_threshold = 0.0, memory_budget = None,
-    g_storage = None
+    g_storage = None, engine = "auto"
 ))]
 #[allow(clippy::too_many_arguments)]
 fn ssb_prepare(
@@ -247,7 +247,9 @@ fn ssb_prepare(
     bf_threshold: f64,
     memory_budget: Option<u64>,
     g_storage: Option<&str>,
+    engine: &str,
 ) -> PyResult<PySsb> {
+    let engine = engine.parse::<qem::BackendRequest>().py()?;
     let g_storage = match g_storage {
         None => None,
         Some("f32") => Some(GStorage::C32),
@@ -269,6 +271,7 @@ fn ssb_prepare(
         bf_threshold,
         memory_budget,
         g_storage,
+        engine,
     };
     let ds = dataset.inner();
     let inner = py.detach(|| Ssb::new(ds, &p)).py()?;

@@ -6,7 +6,10 @@
 //! ```text
 //! cargo run --release -p qem --example ssb_cuda_bench -- MASTER OUT.json LABEL \
 //!     [--card-budget BYTES] [--cpu-check ROWS] [--fit-pv] [--repeats R] [--det-bin N]
+//!     [--host-data]
 //! ```
+//! `--host-data` loads the acquisition with the CPU engine (dense in host memory) and runs
+//! SSB with `engine = Cuda`: the card holds G and the work buffers, not the dataset.
 //! Optics: 300 kV, 25 mrad, 0.4 Å steps (the reference acquisition is synthetic; the timings
 //! depend on the scan, the BF pixel count and the scan step only through the support of Γ).
 
@@ -38,12 +41,13 @@ fn load(
     backend: BackendRequest,
     region: Option<Region>,
     det_bin: usize,
+    representation: Representation,
 ) -> qem::Result<Dataset> {
     qem::load(
         SourceArg::Path(master.into()),
         &LoadParams {
             backend,
-            representation: Some(Representation::Encoded),
+            representation: Some(representation),
             scan_region: region,
             det_bin,
             // Binned u16 sums widen to u32, which ENCODED does not hold; u16 is exact when
@@ -72,6 +76,7 @@ fn card_used() -> qem::Result<u64> {
 
 fn params(budget: Option<u64>) -> SsbParams {
     SsbParams {
+        engine: BackendRequest::Cuda,
         voltage_kv: 300.0,
         semiangle_mrad: 25.0,
         scan_step_a: (0.4, 0.4),
@@ -206,10 +211,38 @@ fn bench_one(
 
 fn cpu_check(master: &str, rows: usize) -> qem::Result<Value> {
     let region = Region::new(0, rows, 0, rows);
-    let c = load(master, BackendRequest::Cpu, Some(region), 1)?;
-    let g = load(master, BackendRequest::Cuda, Some(region), 1)?;
-    let sc = Ssb::new(&c, &params(None))?;
+    let c = load(
+        master,
+        BackendRequest::Cpu,
+        Some(region),
+        1,
+        Representation::Encoded,
+    )?;
+    let g = load(
+        master,
+        BackendRequest::Cuda,
+        Some(region),
+        1,
+        Representation::Encoded,
+    )?;
+    let sc = Ssb::new(
+        &c,
+        &SsbParams {
+            engine: BackendRequest::Cpu,
+            ..params(None)
+        },
+    )?;
     let sg = Ssb::new(&g, &params(None))?;
+    // The host-data route: the CPU-held region, SSB on the card.
+    let sh = Ssb::new(&c, &params(None))?;
+    let host_route = {
+        let (a, b) = (sc.reconstruct(&probe_ab())?, sh.reconstruct(&probe_ab())?);
+        json!({
+            "engine": sh.engine_name(),
+            "object_rel_l2_re": rel_l2(&b.object_re, &a.object_re),
+            "object_rel_l2_im": rel_l2(&b.object_im, &a.object_im),
+        })
+    };
     let mut out = serde_json::Map::new();
     for (name, ab) in [("probe", probe_ab()), ("zero", Aberrations::default())] {
         let (a, b) = (sc.reconstruct(&ab)?, sg.reconstruct(&ab)?);
@@ -236,6 +269,7 @@ fn cpu_check(master: &str, rows: usize) -> qem::Result<Value> {
         "scan_region": [rows, rows],
         "n_bf_pixels": [sc.n_bf_pixels(), sg.n_bf_pixels()],
         "cases": out,
+        "host_data_cuda_vs_cpu": host_route,
     }))
 }
 
@@ -243,7 +277,7 @@ fn main() -> qem::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 3 {
         eprintln!(
-            "usage: ssb_cuda_bench MASTER OUT.json LABEL [--card-budget B] [--cpu-check ROWS] [--fit-pv] [--repeats R] [--det-bin N]"
+            "usage: ssb_cuda_bench MASTER OUT.json LABEL [--card-budget B] [--cpu-check ROWS] [--fit-pv] [--repeats R] [--det-bin N] [--host-data]"
         );
         std::process::exit(2);
     }
@@ -257,9 +291,21 @@ fn main() -> qem::Result<()> {
         .unwrap_or(10);
     let fit_pv = flag("--fit-pv").is_some();
     let det_bin: usize = value("--det-bin").and_then(|v| v.parse().ok()).unwrap_or(1);
+    let host_data = flag("--host-data").is_some();
     let used0 = card_used()?;
     let t = Instant::now();
-    let ds = load(master, BackendRequest::Cuda, None, det_bin)?;
+    let backend = if host_data {
+        BackendRequest::Cpu
+    } else {
+        BackendRequest::Cuda
+    };
+    // Host data is held dense (the CPU engine's fastest load; 18 GiB for the reference).
+    let repr = if host_data {
+        Representation::Dense
+    } else {
+        Representation::Encoded
+    };
+    let ds = load(master, backend, None, det_bin, repr)?;
     let load_s = t.elapsed().as_secs_f64();
     // The disk fit reads the cached sum DP; fill it before timing prepare.
     let t = Instant::now();
@@ -267,8 +313,9 @@ fn main() -> qem::Result<()> {
     let sum_dp_s = t.elapsed().as_secs_f64();
     let used_data = card_used()?;
     eprintln!(
-        "{label}: loaded {:?} ENCODED in {load_s:.2} s, card {:.2} GB used",
+        "{label}: loaded {:?} {repr:?} ({}) in {load_s:.2} s, card {:.2} GB used",
         ds.shape(),
+        if host_data { "host" } else { "card" },
         used_data as f64 / 1e9
     );
     let mut runs = vec![json!({"budget": "none (free device memory)",
@@ -288,7 +335,12 @@ fn main() -> qem::Result<()> {
     };
     let info = qem_cuda::engine_info()?;
     let rec = json!({
-        "what": "SSB on CUDA: prepare G, object, objectives, 3-parameter fit (ENCODED resident)",
+        "what": if host_data {
+            "SSB on CUDA from host-held data (dense in host memory, engine=cuda): prepare G, object, objectives, 3-parameter fit"
+        } else {
+            "SSB on CUDA: prepare G, object, objectives, 3-parameter fit (ENCODED resident)"
+        },
+        "host_data": host_data,
         "label": label,
         "git_revision": std::env::var("QEM_GIT_REVISION").unwrap_or_else(|_| "unknown".into()),
         "master": master,

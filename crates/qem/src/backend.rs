@@ -22,6 +22,18 @@ pub enum BackendRequest {
     Mps,
 }
 
+impl BackendRequest {
+    /// Lower-case name (`"auto"`, `"cpu"`, `"cuda"`, `"mps"`), what `from_str` reads back.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendRequest::Auto => "auto",
+            BackendRequest::Cpu => "cpu",
+            BackendRequest::Cuda => "cuda",
+            BackendRequest::Mps => "mps",
+        }
+    }
+}
+
 impl FromStr for BackendRequest {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {

@@ -10,13 +10,16 @@
 //! stays there: `qem_cuda::ssb::GpuSsb` gathers the BF pixels on the card (ENCODED decoded in
 //! chunks, one pass per batch of BF pixels), keeps G as half spectra (complex f32, or f16 when
 //! f32 does not fit the memory budget) and evaluates objects and losses there; only the object
-//! or a few partial sums come back. The fit's search is the same code on both
-//! (`qem_cpu::ssb::fit_with`).
+//! or a few partial sums come back. `SsbParams::engine = Cuda` also takes data held by the CPU
+//! engine: the BF pixels are gathered on the host and uploaded batch by batch, so the card holds
+//! G and one batch but never the acquisition (SSB for a card too small for data and G
+//! together). The fit's search is the same code on both (`qem_cpu::ssb::fit_with`).
 //!
 //! Units: aberrations in Å, angles in rad; `scan_step_a` in Å; `semiangle_mrad` and
 //! `det_sampling_mrad` in mrad. The detector sampling defaults to the physical `α / r_BF`
 //! (the fitted disk edge is the aperture edge); `compat_2alpha` gives the anchor's `2α / r_BF`.
 
+use crate::backend::BackendRequest;
 use crate::dataset::Dataset;
 use crate::detector;
 use crate::result::ResultProvenance;
@@ -66,6 +69,11 @@ pub struct SsbParams {
     pub memory_budget: Option<u64>,
     /// CUDA only: force how G is stored (`None` = complex f32 when it fits, else f16).
     pub g_storage: Option<GStorage>,
+    /// Which engine prepares and evaluates: `Auto` = the one that holds the data; `Cuda` also
+    /// takes data held by the CPU engine (the BF pixels are gathered on the host and uploaded
+    /// batch by batch, so the card holds G but never the acquisition); `Cpu` needs data on
+    /// the host.
+    pub engine: BackendRequest,
 }
 
 impl Default for SsbParams {
@@ -81,6 +89,7 @@ impl Default for SsbParams {
             bf_threshold: 0.0,
             memory_budget: None,
             g_storage: None,
+            engine: BackendRequest::Auto,
         }
     }
 }
@@ -241,9 +250,43 @@ impl Ssb {
                 .with_found(format!("radius {:.2} px", disk.radius_px)));
         }
         let scan = ds.scan_shape();
-        let on_gpu = matches!(ds.storage, Storage::CudaDense(_) | Storage::CudaEncoded(_));
-        let cpu_bytes =
-            cpu::Prepared::bytes_for(flat.len(), scan) + (flat.len() * scan.len() * 4) as u64;
+        let data_on_gpu = matches!(ds.storage, Storage::CudaDense(_) | Storage::CudaEncoded(_));
+        let on_gpu = match p.engine {
+            BackendRequest::Auto => data_on_gpu,
+            BackendRequest::Cuda => {
+                if let Some(why) = crate::backend::cuda_unavailable_reason() {
+                    return Err(Error::backend_unavailable("cuda", why).with_op(OP));
+                }
+                true
+            }
+            BackendRequest::Cpu if data_on_gpu => {
+                return Err(
+                    Error::invalid(OP, "engine 'cpu' needs the data on the host")
+                        .with_expected("a dataset loaded with backend 'cpu'")
+                        .with_found("a dataset on the CUDA engine"),
+                );
+            }
+            BackendRequest::Cpu => false,
+            BackendRequest::Mps => {
+                return Err(Error::backend_unavailable(
+                    "mps",
+                    "Apple Metal is not supported by this build",
+                )
+                .with_op(OP));
+            }
+        };
+        let image_bytes = (flat.len() * scan.len() * 4) as u64;
+        let cpu_bytes = cpu::Prepared::bytes_for(flat.len(), scan) + image_bytes;
+        if on_gpu && !data_on_gpu {
+            // The BF images are gathered on the host first.
+            crate::load::admit(image_bytes, None).map_err(|e| {
+                e.with_op(format!(
+                    "{OP} (images of {} BF pixels × {} scan positions on the host; bin the detector)",
+                    flat.len(),
+                    scan.len()
+                ))
+            })?;
+        }
         if !on_gpu {
             crate::load::admit(cpu_bytes, p.memory_budget).map_err(|e| {
                 e.with_op(format!(
@@ -286,17 +329,30 @@ impl Ssb {
                 budget: p.memory_budget,
                 storage: p.g_storage,
             };
+            let host_images = if data_on_gpu {
+                Vec::new()
+            } else {
+                gather(ds, &flat).map_err(|e| e.with_op("ssb gather_pixels"))?
+            };
             let src = match &ds.storage {
                 Storage::CudaDense(a) => qem_cuda::ssb::Source::Dense(a),
                 Storage::CudaEncoded(e) => qem_cuda::ssb::Source::Encoded(e),
-                _ => return Err(Error::internal(OP, "GPU storage expected")),
+                _ => qem_cuda::ssb::Source::Host {
+                    images: &host_images,
+                    frame: det,
+                },
             };
             let g = qem_cuda::ssb::GpuSsb::prepare(src, &setup)?;
+            drop(host_images);
             let st = g.stats.clone();
             (
                 Prep::Cuda(Box::new(g)),
                 vec![(
-                    "gather + FFT per BF pixel (CUDA)",
+                    if data_on_gpu {
+                        "gather + FFT per BF pixel (CUDA)"
+                    } else {
+                        "gather on the host, upload + FFT per BF pixel (CUDA)"
+                    },
                     t1.elapsed().as_secs_f64(),
                 )],
                 st.storage.name(),

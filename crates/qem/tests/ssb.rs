@@ -485,6 +485,46 @@ fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
 /// scans, dense and ENCODED on the card, G as f32 and as f16. Bounds: object rel L2 ≤ 1e-4
 /// (f32) / 5e-3 (f16), losses within 1e-4 / 5e-3 relative; the fit on the GPU lands on the
 /// truth. Skips (and says so) without a GPU — the H200 run is the evidence.
+/// Without a GPU, asking for the CUDA engine is a typed error (not a silent CPU run); with
+/// one it runs there.
+#[test]
+fn cuda_engine_request_is_honoured_or_refused() {
+    let sim = simulate(Shape2::new(15, 22), C10, C12, PHI12, None);
+    let r = Ssb::new(
+        &sim.ds,
+        &SsbParams {
+            engine: BackendRequest::Cuda,
+            ..params()
+        },
+    );
+    match qem::backend::cuda_unavailable_reason() {
+        Some(_) => {
+            let e = r.unwrap_err();
+            assert_eq!(e.kind, ErrorKind::BackendUnavailable, "{e}");
+            assert!(e.to_string().contains("cuda"), "{e}");
+        }
+        None => assert_eq!(r.unwrap().engine_name(), "cuda"),
+    }
+    let e = Ssb::new(
+        &sim.ds,
+        &SsbParams {
+            engine: BackendRequest::Mps,
+            ..params()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::BackendUnavailable, "{e}");
+    let cpu = Ssb::new(
+        &sim.ds,
+        &SsbParams {
+            engine: BackendRequest::Cpu,
+            ..params()
+        },
+    )
+    .unwrap();
+    assert_eq!(cpu.engine_name(), "cpu");
+}
+
 #[test]
 fn cuda_engine_matches_cpu_reference() {
     if let Some(why) = qem::backend::cuda_unavailable_reason() {
@@ -545,6 +585,39 @@ fn cuda_engine_matches_cpu_reference() {
             }
         }
     }
+    // Data held on the host, SSB on the card (engine = Cuda): the same object; and the CPU
+    // engine refuses data that lies on the card.
+    let sim = simulate(Shape2::new(15, 22), C10, C12, PHI12, None);
+    let want = Ssb::new(&sim.ds, &params())
+        .unwrap()
+        .reconstruct(&truth_ab())
+        .unwrap();
+    let host = Ssb::new(
+        &sim.ds,
+        &SsbParams {
+            engine: BackendRequest::Cuda,
+            ..params()
+        },
+    )
+    .unwrap();
+    assert_eq!(host.engine_name(), "cuda");
+    let got = host.reconstruct(&truth_ab()).unwrap();
+    let (e_re, e_im) = (
+        rel_l2(&got.object_re, &want.object_re),
+        rel_l2(&got.object_im, &want.object_im),
+    );
+    println!("host data, CUDA SSB: object rel L2 re {e_re:.2e} im {e_im:.2e}");
+    assert!(e_re <= 1e-4 && e_im <= 1e-4);
+    let on_card = sim.reload(BackendRequest::Cuda, Representation::Encoded);
+    let e = Ssb::new(
+        &on_card,
+        &SsbParams {
+            engine: BackendRequest::Cpu,
+            ..params()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
     // The fit with the loss on the GPU (the search is the CPU's code) finds the truth.
     let sim = simulate(Shape2::new(24, 30), C10, C12, PHI12, None);
     let ds = sim.reload(BackendRequest::Cuda, Representation::Encoded);

@@ -294,6 +294,11 @@ class SSB:
         CUDA only: how ``G`` is kept on the card (half spectra). ``None`` takes complex f32
         when it fits the budget, else complex f16 scaled per pixel (half the bytes; object
         within ~2e-5 relative L2 of the CPU's f64). The CPU engine always keeps complex f64.
+    engine : {"auto", "cpu", "cuda"}
+        Where SSB runs: ``"auto"`` = the engine holding ``ds``; ``"cuda"`` also takes a
+        dataset loaded with ``backend="cpu"`` (its BF pixels are gathered on the host and
+        uploaded in batches, so the card holds ``G`` but never the acquisition: SSB on a card
+        too small for both); ``"cpu"`` needs ``ds`` on the host.
     """
 
     def __init__(
@@ -309,6 +314,7 @@ class SSB:
         bf_threshold: float = 0.0,
         memory_budget: int | None = None,
         g_storage: str | None = None,
+        engine: str = "auto",
     ):
         voltage = _required("voltage_kv", voltage_kv, "kV")
         alpha = _required("semiangle_mrad", semiangle_mrad, "mrad")
@@ -336,6 +342,10 @@ class SSB:
             raise _invalid(
                 _OP, "unknown g_storage", expected='None, "f32" or "f16"', found=repr(g_storage)
             )
+        if engine not in ("auto", "cpu", "cuda"):
+            raise _invalid(
+                _OP, "unknown engine", expected='"auto", "cpu" or "cuda"', found=repr(engine)
+            )
         self._native = _native.ssb_prepare(
             ds,
             voltage_kv=voltage,
@@ -347,6 +357,7 @@ class SSB:
             bf_threshold=thr,
             memory_budget=None if memory_budget is None else int(memory_budget),
             g_storage=g_storage,
+            engine=engine,
         )
 
     @property

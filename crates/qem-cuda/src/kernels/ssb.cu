@@ -1,6 +1,7 @@
 // Single-sideband ptychography on the GPU (qem_cpu::ssb is the specification; ssb.rs is the
 // only caller). Layouts:
-//   images  f32 [nb][N]        BF pixel j's image over the scan (N = nr·nc, row-major)
+//   images  f32 [nb][N]        BF pixel j's image over the scan (N = nr·nc, row-major; gathered
+//                              on the card, or uploaded as u32 counts and converted in place)
 //   G       [B][nr][half]      cuFFT R2C half spectrum of each image, half = nc/2 + 1, stored as
 //                              float2 (G32) or as two f16 bit patterns scaled by 1/gscale[b]
 //                              (G16: |G_b(ν)| ≤ G_b(0) = Σ counts, so gscale = G_b(0)/60000 keeps
@@ -533,6 +534,16 @@ qem_ssb_to_g16(const float2* __restrict__ in, u64 nh, u32 nb, u32 b0,
         const float inv = 1.f / gscale[b0 + i / nh];
         const float2 v = in[i];
         out[i] = make_ushort2(f2h(v.x * inv), f2h(v.y * inv));
+    }
+}
+
+// Images uploaded as u32 counts become f32 in place (each thread reads its value before writing
+// the same 4 bytes).
+extern "C" __global__ void __launch_bounds__(256) qem_ssb_u32_to_f32(unsigned int* buf, u64 n) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        const float v = (float)buf[i];
+        reinterpret_cast<float*>(buf)[i] = v;
     }
 }
 
