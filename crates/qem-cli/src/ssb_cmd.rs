@@ -4,8 +4,8 @@
 //! Prepares [`qem::ssb::Ssb`] (BF pixels from the mean DP, their scan spectra), then either
 //! reconstructs at the aberrations given (`--c10 --c12 --phi12 ...`, Å / rad, default 0) or,
 //! with `--fit`, fits the chosen coefficients from those values (seeded global search, then
-//! Nelder–Mead) and reconstructs at the result. Writes `phase` and `amplitude` (PNG with a
-//! grey-level bar and `.npy`, `f64`), `object_re.npy`, `object_im.npy` and `ssb.json`: the
+//! Nelder–Mead) and reconstructs at the result. Writes `phase` (arg O), `weak_phase` (the
+//! first-order phase Im O / Re O) and `amplitude` (PNG with a grey-level bar and `.npy`, `f64`), `object_re.npy`, `object_im.npy` and `ssb.json`: the
 //! calibration used (detector sampling and where it came from), the BF disk, the aberrations
 //! with units, the fit (loss, evaluations, loss curve, ranges, seed) and the provenance.
 
@@ -86,7 +86,11 @@ pub fn write_ssb(
     let (files, arrays) = write_scan_arrays(
         out,
         scan,
-        &[("phase", &res.phase), ("amplitude", &res.amplitude)],
+        &[
+            ("phase", &res.phase),
+            ("weak_phase", &res.weak_phase),
+            ("amplitude", &res.amplitude),
+        ],
         &[("object_re", &res.object_re), ("object_im", &res.object_im)],
     )?;
     let t_write = t.elapsed().as_secs_f64();

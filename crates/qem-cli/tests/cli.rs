@@ -1087,8 +1087,12 @@ fn ssb_writes_its_files_and_a_fit_record() {
         "{mean_re} vs {want_mean}"
     );
     assert!(mean_im.abs() < 1e-9 * want_mean, "{mean_im}");
-    for name in ["phase", "amplitude"] {
+    for name in ["phase", "weak_phase", "amplitude"] {
         assert!(out.join(format!("{name}.png")).exists(), "{name}");
+    }
+    let (_, weak) = npy_f64(&out.join("weak_phase.npy"));
+    for i in 0..n {
+        assert!((weak[i] - im[i] / mean_re).abs() < 1e-9, "weak phase {i}");
     }
 
     // A small fit, twice: the same record (deterministic for a seed).

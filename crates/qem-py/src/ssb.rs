@@ -68,6 +68,7 @@ fn result_dict<'py>(py: Python<'py>, r: SsbResult) -> PyResult<Bound<'py, PyDict
     out.set_item("object_im", grid(py, r.object_im, s)?)?;
     out.set_item("phase", grid(py, r.phase, s)?)?;
     out.set_item("amplitude", grid(py, r.amplitude, s)?)?;
+    out.set_item("weak_phase", grid(py, r.weak_phase, s)?)?;
     Ok(out)
 }
 

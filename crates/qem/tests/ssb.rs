@@ -305,6 +305,29 @@ fn reconstruct_true_aberrations_recovers_phase_wrong_defocus_does_not() {
     );
     println!("corr true {good:.4}, C10 = -{C10} {bad:.4}, no aberrations {zero:.4}");
     assert!(good > 0.9, "{good}");
+    // Re O is the constant DC (Γ(k, −ν) = −Γ(k, ν)* makes the corrected spectrum
+    // anti-Hermitian off the DC), and the weak phase is Im O over it.
+    let n = r.object_re.len() as f64;
+    let d = r.object_re.iter().sum::<f64>() / n;
+    let spread = r
+        .object_re
+        .iter()
+        .map(|v| (v - d).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        d > 0.0 && spread <= 1e-9 * d,
+        "Re O spread {spread} around {d}"
+    );
+    for (w, i) in r.weak_phase.iter().zip(&r.object_im) {
+        assert!(
+            (w - i / d).abs() <= 1e-12 * (1.0 + w.abs()),
+            "{w} vs {}",
+            i / d
+        );
+    }
+    let weak = pearson(&r.weak_phase, &sim.truth);
+    println!("weak phase corr {weak:.4}");
+    assert!(weak > 0.9, "{weak}");
     assert!(bad < good - 0.3, "{bad} vs {good}");
     // Both losses are lower at the truth than at wrong defocus.
     for kind in [Objective::PhaseVariance, Objective::Coherence] {

@@ -165,6 +165,12 @@ class SSBResult:
         ``float64`` ``(R_r, R_c)``: ``arg(object)``, radians in ``(−π, π]``.
     amplitude : numpy.ndarray
         ``float64`` ``(R_r, R_c)``: ``|object|``.
+    weak_phase : numpy.ndarray
+        ``float64`` ``(R_r, R_c)``: the first-order phase ``Im(object) / mean(Re(object))``,
+        radians. The corrected object is ``d + iψ`` (``Re`` constant up to the Nyquist lines of
+        an even scan side), so ``phase = atan(ψ/d)`` compresses strong features; ``ψ/d`` is the
+        linear weak-phase estimate (it correlates better with the true projected phase on
+        simulated SrTiO3).
     aberrations : dict
         The aberrations the probe was corrected with, every coefficient (Å, rad).
     provenance : dict
@@ -173,6 +179,7 @@ class SSBResult:
     object: np.ndarray
     phase: np.ndarray
     amplitude: np.ndarray
+    weak_phase: np.ndarray
     aberrations: dict[str, float]
     provenance: dict[str, Any] = field(default_factory=dict)
 
@@ -185,6 +192,7 @@ class SSBResult:
             object=obj,
             phase=d["phase"],
             amplitude=d["amplitude"],
+            weak_phase=d["weak_phase"],
             aberrations=dict(d["aberrations"]),
             provenance=d["provenance"],
         )
