@@ -24,6 +24,11 @@ mkdir -p /tmp/q/repo/tests/python && cp device_carry/tests/*.py /tmp/q/repo/test
 wait $GEN; cat "$R/make_ref30.json" "$R/make_ref53.json"; cat /tmp/ref/*.h5 /tmp/ref53/*.h5 > /dev/null
 timeout 170 ./$D/ssb_cuda_bench /tmp/ref/scan_master.h5 "$R/ssb_r30.json" r30 --card-budget $GIB6 --cpu-check 64 --fit-pv > "$R/ssb_r30.log" 2>&1
 r=$?; rc=$((rc|r)); echo "r30 rc=$r"; cat "$R/ssb_r30.log" | tail -20
+# Issue 5 on the same r = 30 data: products and dpc.run through the façade, ENCODED and dense.
+if [ -x $D/cuda_products_bench ]; then
+  timeout 150 ./$D/cuda_products_bench /tmp/ref/scan_master.h5 "$R/facade_products.json" 10 > "$R/facade_products.log" 2>&1
+  r=$?; rc=$((rc|r)); echo "facade products rc=$r"; tail -3 "$R/facade_products.log"
+fi
 timeout 170 ./$D/ssb_cuda_bench /tmp/ref53/scan_master.h5 "$R/ssb_r53.json" r53 --card-budget $GIB6 --fit-pv > "$R/ssb_r53.log" 2>&1
 r=$?; rc=$((rc|r)); echo "r53 rc=$r"; cat "$R/ssb_r53.log" | tail -20
 # The route the 6 GiB refusal names: the same r = 53 data with the detector binned 2×2.

@@ -6,7 +6,9 @@
 //! cuFFT is loaded on first use; a machine without libcufft gets `BackendUnavailable`.
 
 use cudarc::cufft::{result as cufft, sys as cufft_sys};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use std::sync::Mutex;
+
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use qem_core::{Error, ErrorKind, Result};
 
 use crate::device::driver_error;
@@ -49,6 +51,54 @@ impl Drop for Plan {
     }
 }
 
+/// cuFFT plans, device buffers and the combine kernel of one `rows × cols` grid.
+struct IdpcWork {
+    rows: usize,
+    cols: usize,
+    fwd: Plan,
+    inv: Plan,
+    d_gr: DevBuf,
+    d_gc: DevBuf,
+    d_a: DevBuf,
+    d_b: DevBuf,
+    combine: CudaFunction,
+}
+
+/// The last grid's work area (one scan is typically integrated many times).
+static IDPC_WORK: Mutex<Option<IdpcWork>> = Mutex::new(None);
+
+impl IdpcWork {
+    fn new(rows: usize, cols: usize) -> Result<IdpcWork> {
+        let gpu = &engine()?.gpu;
+        let (n, half) = (rows * cols, cols / 2 + 1);
+        let spec = rows * half * 16;
+        let fwd = Plan(
+            cufft::plan_2d(rows as i32, cols as i32, cufft_sys::cufftType::CUFFT_D2Z)
+                .map_err(|er| fft_error("plan D2Z", er))?,
+        );
+        let inv = Plan(
+            cufft::plan_2d(rows as i32, cols as i32, cufft_sys::cufftType::CUFFT_Z2D)
+                .map_err(|er| fft_error("plan Z2D", er))?,
+        );
+        let m = load_module(gpu, "dpc.cu", KERNEL_SOURCE, &[])?;
+        let combine = m
+            .module
+            .load_function("qem_idpc_combine")
+            .map_err(|er| driver_error("load kernel qem_idpc_combine", er))?;
+        Ok(IdpcWork {
+            rows,
+            cols,
+            fwd,
+            inv,
+            d_gr: DevBuf::alloc(gpu.ctx(), n * 8, None, "iDPC g_row")?,
+            d_gc: DevBuf::alloc(gpu.ctx(), n * 8, None, "iDPC g_col")?,
+            d_a: DevBuf::alloc(gpu.ctx(), spec, None, "iDPC spectrum A")?,
+            d_b: DevBuf::alloc(gpu.ctx(), spec, None, "iDPC spectrum B")?,
+            combine,
+        })
+    }
+}
+
 /// `φ` with `∂φ/∂(scan step) ≈ (g_row, g_col)` on a periodic `rows × cols` grid (row-major),
 /// zero mean — the GPU twin of the CPU's periodic solver (equal to rounding).
 pub fn integrate_periodic(
@@ -71,32 +121,31 @@ pub fn integrate_periodic(
         .bind_to_thread()
         .map_err(|err| driver_error("bind CUDA context", err))?;
     let half = cols / 2 + 1;
-    let spec = rows * half * 16;
-    let d_gr = DevBuf::alloc(gpu.ctx(), n * 8, None, "iDPC g_row")?;
-    let d_gc = DevBuf::alloc(gpu.ctx(), n * 8, None, "iDPC g_col")?;
-    let d_a = DevBuf::alloc(gpu.ctx(), spec, None, "iDPC spectrum A")?;
-    let d_b = DevBuf::alloc(gpu.ctx(), spec, None, "iDPC spectrum B")?;
+    // Plans and buffers are kept for the last grid (making the two cuFFT plans costs more than
+    // the transforms): a repeated iDPC of one scan pays only the copies and the transforms.
+    let mut cache = IDPC_WORK
+        .lock()
+        .map_err(|_| Error::internal(op, "iDPC work area poisoned by an earlier panic"))?;
+    if cache
+        .as_ref()
+        .is_none_or(|w| (w.rows, w.cols) != (rows, cols))
+    {
+        *cache = None; // free the old grid's buffers first
+        *cache = Some(IdpcWork::new(rows, cols)?);
+    }
+    let Some(w) = cache.as_ref() else {
+        return Err(Error::internal(op, "iDPC work area missing"));
+    };
+    let (fwd, inv, d_gr, d_gc, d_a, d_b, combine) =
+        (&w.fwd, &w.inv, &w.d_gr, &w.d_gc, &w.d_a, &w.d_b, &w.combine);
     d_gr.write(0, bytemuck::cast_slice(g_row))?;
     d_gc.write(0, bytemuck::cast_slice(g_col))?;
-    let fwd = Plan(
-        cufft::plan_2d(rows as i32, cols as i32, cufft_sys::cufftType::CUFFT_D2Z)
-            .map_err(|er| fft_error("plan D2Z", er))?,
-    );
-    let inv = Plan(
-        cufft::plan_2d(rows as i32, cols as i32, cufft_sys::cufftType::CUFFT_Z2D)
-            .map_err(|er| fft_error("plan Z2D", er))?,
-    );
     let stream = gpu.stream();
-    for p in [&fwd, &inv] {
+    for p in [fwd, inv] {
         // SAFETY: a live plan and this context's stream.
         unsafe { cufft::set_stream(p.0, stream.cu_stream() as _) }
             .map_err(|er| fft_error("set stream", er))?;
     }
-    let m = load_module(gpu, "dpc.cu", KERNEL_SOURCE, &[])?;
-    let combine = m
-        .module
-        .load_function("qem_idpc_combine")
-        .map_err(|er| driver_error("load kernel qem_idpc_combine", er))?;
     // SAFETY: the plans are rows × cols D2Z/Z2D; inputs hold n f64, spectra rows·half double2,
     // all live until the synchronize below.
     unsafe {
@@ -122,7 +171,7 @@ pub fn integrate_periodic(
     let (pa, pb) = (d_a.ptr(), d_b.ptr());
     let (r32, c32, h32) = (rows as u32, cols as u32, half as u32);
     let scale = 1.0 / n as f64;
-    let mut b = stream.launch_builder(&combine);
+    let mut b = stream.launch_builder(combine);
     b.arg(&pa)
         .arg(&pb)
         .arg(&r32)
