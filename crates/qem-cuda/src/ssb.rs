@@ -424,7 +424,8 @@ fn choose_plan(sz: &Sizes, budget: u64, forced: Option<GStorage>) -> Result<(GSt
     if need > budget {
         return Err(Error::memory_budget(OP, need, budget).with_op(format!(
             "{OP} prepare (G for {} BF pixels × {} scan positions as {}; raise memory_budget, \
-             bin the detector or crop the scan)",
+             bin the detector, crop the scan, or hold the data on the host — backend cpu — \
+             with SSB engine cuda, so that the card holds G alone)",
             sz.b,
             sz.n,
             storage.name()
