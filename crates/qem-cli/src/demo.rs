@@ -237,6 +237,8 @@ pub fn run(a: &DemoArgs, command_line: &str) -> anyhow::Result<()> {
     let phase_corr = correlation(&dpc.phase, &truth);
     let ssb_corr = correlation(&ssb.phase, &truth);
     ssb_record["correlation_with_projected_potential"] = json!(ssb_corr);
+    ssb_record["weak_phase_correlation_with_projected_potential"] =
+        json!(correlation(&ssb.weak_phase, &truth));
     dpc_record["correlation_with_projected_potential"] = json!(phase_corr);
     dpc_record["expected_rotation_deg"] = json!(0.0);
     dpc_record["expected_transpose"] = json!(false);

@@ -171,6 +171,17 @@ fn demo_writes_images_and_a_sane_report_then_inspect_sees_it() {
         s["correlation_with_projected_potential"].as_f64().unwrap() > 0.5,
         "{s}"
     );
+    assert!(
+        s["weak_phase_correlation_with_projected_potential"]
+            .as_f64()
+            .unwrap()
+            > 0.5,
+        "{s}"
+    );
+    assert_eq!(
+        npy_shape(&out.join("ssb").join("weak_phase.npy")),
+        vec![48, 40]
+    );
     assert_eq!(npy_shape(&out.join("ssb").join("phase.npy")), vec![48, 40]);
     assert!(out.join("ssb").join("phase.png").exists());
     assert!(out.join("ssb").join("ssb.json").exists());
