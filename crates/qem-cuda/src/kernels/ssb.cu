@@ -253,8 +253,7 @@ __device__ __forceinline__ Sums quad_terms(const void* __restrict__ g,
                                            const SsbQuad& q) {
     const float2 u = expmi(quad_form(q, vr, vc, vr, vc));
     const float2 step = expmi(-2.f * quad_form(q, q.dx, q.dy, vr, vc));
-    float2 e = make_float2(1.f, 0.f), s = e;
-    s.x = 0.f;
+    float2 e = make_float2(1.f, 0.f), s = make_float2(0.f, 0.f);
     float power = 0.f;
     for (u32 b0 = b_lo; b0 < b_hi; b0 += QUAD_DEPTH) {
         float2 gq[QUAD_DEPTH];
