@@ -6,7 +6,8 @@
 //! [`GpuSsb::prepare`] gathers the BF pixels' images from the dataset where it lies on the card
 //! (dense `u8`/`u16`/`u32` read in place; ENCODED decoded frame chunk by frame chunk into a
 //! scratch, one decode pass per batch of BF pixels), FFTs them with cuFFT (R2C, batched) and
-//! keeps `G_b(ν)` as half spectra (the other half is the mirror of a real image's spectrum):
+//! keeps `G_b(ν)` as half spectra (the other half is the mirror of a real image's spectrum),
+//! tiled so that each accumulate block streams one contiguous region (kernels/ssb.cu, `g_at`):
 //! complex f32 when that fits the memory budget, else complex f16 scaled per pixel by
 //! `G_b(0)/60000` (half the bytes, 11 significant bits). Batches of BF pixels are sized so that
 //! G, the work buffers and the batch's images, cuFFT work areas and decode scratch stay within the
@@ -191,7 +192,7 @@ struct Funcs {
     gather_u8: CudaFunction,
     gather_u16: CudaFunction,
     gather_u32: CudaFunction,
-    to_g16: CudaFunction,
+    store: CudaFunction,
     u32_to_f32: CudaFunction,
 }
 
@@ -352,16 +353,18 @@ fn load_funcs(gpu: &Gpu, storage: GStorage) -> Result<Funcs> {
             .load_function(name)
             .map_err(|e| driver_error(&format!("load kernel {name}"), e))
     };
-    let (acc, quad, cor) = match storage {
+    let (acc, quad, cor, store) = match storage {
         GStorage::C32 => (
             "qem_ssb_accumulate_g32",
             "qem_ssb_accumulate_quad_g32",
             "qem_ssb_corrected_g32",
+            "qem_ssb_store_g32",
         ),
         GStorage::C16 => (
             "qem_ssb_accumulate_g16",
             "qem_ssb_accumulate_quad_g16",
             "qem_ssb_corrected_g16",
+            "qem_ssb_store_g16",
         ),
     };
     Ok(Funcs {
@@ -376,7 +379,7 @@ fn load_funcs(gpu: &Gpu, storage: GStorage) -> Result<Funcs> {
         gather_u8: get("qem_ssb_gather_u8")?,
         gather_u16: get("qem_ssb_gather_u16")?,
         gather_u32: get("qem_ssb_gather_u32")?,
-        to_g16: get("qem_ssb_to_g16")?,
+        store: get(store)?,
         u32_to_f32: get("qem_ssb_u32_to_f32")?,
     })
 }
@@ -397,13 +400,14 @@ struct Sizes {
 }
 
 impl Sizes {
-    /// Transient bytes per BF pixel of a prepare batch: its f32 image, the f32 spectrum before
-    /// f16 (C16) and an estimate of the R2C work area (about one spectrum).
-    fn per_px(&self, st: GStorage) -> u64 {
-        self.n * 4 + if st == GStorage::C16 { self.nh * 8 } else { 0 } + self.nh * 8
+    /// Transient bytes per BF pixel of a prepare batch: its f32 image, its f32 spectrum (cuFFT's
+    /// layout, before the store into G's tiles) and an estimate of the R2C work area (about one
+    /// spectrum).
+    fn per_px(&self, _st: GStorage) -> u64 {
+        self.n * 4 + self.nh * 8 + self.nh * 8
     }
     fn need(&self, st: GStorage, batch: u64) -> u64 {
-        self.b * self.nh * st.bytes_per_value()
+        self.b * padded_half(self.nh) * st.bytes_per_value()
             + self.fixed
             + self.scratch
             + batch * self.per_px(st)
@@ -450,6 +454,11 @@ fn aperture_radii(o: &Optics) -> (f32, f32) {
     let inner = ((o.alpha_rad - half).max(0.0) / o.lambda_a).powi(2);
     let outer = ((o.alpha_rad + half) / o.lambda_a).powi(2);
     ((inner * (1.0 - 1e-6)) as f32, (outer * (1.0 + 1e-6)) as f32)
+}
+
+/// Values per pixel in G: the half spectrum padded to whole tiles of `G_TILE` (ssb.cu) = THREADS.
+fn padded_half(nh: u64) -> u64 {
+    nh.div_ceil(u64::from(THREADS)) * u64::from(THREADS)
 }
 
 fn grid_1d(items: u64) -> LaunchConfig {
@@ -605,7 +614,7 @@ impl GpuSsb {
         let fc = upload(ctx, &fc32, c, "scan frequencies (cols)")?;
         let g = DevBuf::alloc(
             ctx,
-            (b as u64 * nh * storage.bytes_per_value()) as usize,
+            (b as u64 * padded_half(nh) * storage.bytes_per_value()) as usize,
             c,
             "G (BF pixel spectra)",
         )?;
@@ -613,15 +622,8 @@ impl GpuSsb {
         {
             let stream = gpu.stream();
             let images = DevBuf::alloc(ctx, batch * n * 4, c, "BF pixel images")?;
-            let temp = match storage {
-                GStorage::C16 => Some(DevBuf::alloc(
-                    ctx,
-                    (batch as u64 * nh * 8) as usize,
-                    c,
-                    "spectra before f16",
-                )?),
-                GStorage::C32 => None,
-            };
+            // cuFFT writes [pixel][h]; the store kernel moves each batch into G's tiles.
+            let temp = DevBuf::alloc(ctx, (batch as u64 * nh * 8) as usize, c, "batch spectra")?;
             let mut plans: Vec<(usize, SizedPlan)> = Vec::new();
             let (dec, err) = match src {
                 Source::Encoded(_) => (
@@ -704,32 +706,30 @@ impl GpuSsb {
                 let plan = cached_plan(&mut plans, np, || {
                     make_plan(gpu, scan, cufft_sys::cufftType::CUFFT_R2C, np, &counter)
                 })?;
-                let dst = match &temp {
-                    Some(t) => t.ptr(),
-                    None => g.ptr() + p0 as u64 * nh * 8,
-                };
                 // SAFETY: the plan is `np` R2C transforms of the scan; `images` holds np·n f32
-                // and `dst` np·nh complex f32 (G's slice from p0, or the temp); stream order.
+                // and `temp` batch·nh ≥ np·nh complex f32; stream order.
                 unsafe {
                     cufft::exec_r2c(
                         plan.plan.0,
                         images.ptr() as *mut f32,
-                        dst as *mut cufft_sys::cufftComplex,
+                        temp.ptr() as *mut cufft_sys::cufftComplex,
                     )
                 }
                 .map_err(|er| cufft_error(OP, "R2C of the BF images", er))?;
-                if let Some(t) = &temp {
-                    let (tp, gs) = (t.ptr(), d_gscale.ptr());
-                    let gp = g.ptr() + p0 as u64 * nh * 4;
-                    let (np32, p032) = (np as u32, p0 as u32);
-                    let mut lb = stream.launch_builder(&f.to_g16);
-                    lb.arg(&tp).arg(&nh).arg(&np32).arg(&p032).arg(&gs).arg(&gp);
-                    // SAFETY: matches `qem_ssb_to_g16(const float2*, u64, u32, u32, const
-                    // float*, ushort2*)`; temp holds np·nh float2, G from p0 np·nh ushort2,
-                    // gscale b floats; grid-stride loop.
-                    unsafe { lb.launch(grid_1d(nh * np as u64)) }
-                        .map_err(|er| driver_error("launch ssb to_g16", er))?;
+                let (tp, gs, gp) = (temp.ptr(), d_gscale.ptr(), g.ptr());
+                let (np32, p032, nb32) = (np as u32, p0 as u32, b as u32);
+                let mut lb = stream.launch_builder(&f.store);
+                lb.arg(&tp).arg(&nh).arg(&np32).arg(&p032).arg(&nb32);
+                if storage == GStorage::C16 {
+                    lb.arg(&gs);
                 }
+                lb.arg(&gp);
+                // SAFETY: matches `qem_ssb_store_g32(const float2*, u64, u32, u32, u32, float2*)`
+                // or `qem_ssb_store_g16(const float2*, u64, u32, u32, u32, const float*,
+                // ushort2*)`; temp holds np·nh float2, G b·padded_half(nh) values with
+                // p0 + np ≤ b, gscale b floats; grid-stride loop.
+                unsafe { lb.launch(grid_1d(nh * np as u64)) }
+                    .map_err(|er| driver_error("launch ssb store", er))?;
             }
             stream
                 .synchronize()
@@ -920,7 +920,7 @@ impl GpuSsb {
         // SAFETY: matches `qem_ssb_accumulate[_quad]_g{32,16}(const void*, const float*, u32,
         // u32, const float2*, const float2*, const float*, const unsigned char*, const float*,
         // const float*, u32, u32, u32, SsbOptics, SsbAb, SsbQuad, float2*, double*)`: G holds
-        // b·nr·half values of its storage, gscale/kb/pk/ak/cont b entries, fr/fc nr/nc floats,
+        // b·padded_half(nr·half) values of its storage (tiled), gscale/kb/pk/ak/cont b entries, fr/fc nr/nc floats,
         // s_part slices·n float2, pow_part slices·blocks_x f64; the grid is (blocks_x, slices)
         // with blocks_x·256 ≥ nr·half.
         unsafe { lb.launch(cfg) }.map_err(|er| driver_error("launch ssb accumulate", er))?;
@@ -1063,10 +1063,12 @@ impl GpuSsb {
                 block_dim: (THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
+            let nb32 = self.b as u32;
             let mut lb = stream.launch_builder(&self.f.corrected);
             lb.arg(&g)
                 .arg(&gs)
                 .arg(&b032)
+                .arg(&nb32)
                 .arg(&kb)
                 .arg(&pk)
                 .arg(&fr)
@@ -1078,7 +1080,7 @@ impl GpuSsb {
                 .arg(&a)
                 .arg(&dc)
                 .arg(&buf);
-            // SAFETY: matches `qem_ssb_corrected_g{32,16}(const void*, const float*, u32,
+            // SAFETY: matches `qem_ssb_corrected_g{32,16}(const void*, const float*, u32, u32,
             // const float2*, const float2*, const float*, const float*, u32, u32, u32,
             // SsbOptics, SsbAb, float, float2*)`; pixels b0..b0+nbj < b; buf holds batch·n
             // float2 ≥ nbj·n; grid-stride over the half spectrum.

@@ -2,8 +2,12 @@
 // only caller). Layouts:
 //   images  f32 [nb][N]        BF pixel j's image over the scan (N = nr·nc, row-major; gathered
 //                              on the card, or uploaded as u32 counts and converted in place)
-//   G       [B][nr][half]      cuFFT R2C half spectrum of each image, half = nc/2 + 1, stored as
-//                              float2 (G32) or as two f16 bit patterns scaled by 1/gscale[b]
+//   G       tiled              cuFFT R2C half spectrum of each image (h = r·half + c, half =
+//                              nc/2 + 1) at g_at(b, B, h): runs of G_TILE values of one pixel,
+//                              the runs of all B pixels for one tile of h after each other, so a
+//                              block (its 256 threads = one tile of h) reads one contiguous
+//                              region as it walks its pixels; stored as float2 (G32) or as two
+//                              f16 bit patterns scaled by 1/gscale[b]
 //                              (G16: |G_b(ν)| ≤ G_b(0) = Σ counts, so gscale = G_b(0)/60000 keeps
 //                              every value finite with 11 significant bits)
 //   kb, pk  float2 [B]         k_b (Å⁻¹, rotated) and P(k_b) at the current aberrations
@@ -99,14 +103,22 @@ __device__ __forceinline__ float2 correct(float2 g, float2 gam, float& power) {
     return out;
 }
 
+// G's tile: the accumulate kernels' block size (ssb.rs THREADS), so that a block's h share one.
+#define G_TILE 256u
+
+// Where G_b(h) lies (module docs); the last tile is padded to G_TILE values per pixel.
+__device__ __forceinline__ u64 g_at(u64 b, u64 nb, u64 h) {
+    return (h / G_TILE) * nb * G_TILE + b * G_TILE + (h % G_TILE);
+}
+
 template <bool G16>
-__device__ __forceinline__ float2 load_g(const void* g, const float* gscale, u64 b, u64 nh, u64 h) {
+__device__ __forceinline__ float2 load_g(const void* g, const float* gscale, u64 b, u64 nb, u64 h) {
     if (G16) {
-        const ushort2 v = reinterpret_cast<const ushort2*>(g)[b * nh + h];
+        const ushort2 v = reinterpret_cast<const ushort2*>(g)[g_at(b, nb, h)];
         const float s = gscale[b];
         return make_float2(h2f(v.x) * s, h2f(v.y) * s);
     } else {
-        return reinterpret_cast<const float2*>(g)[b * nh + h];
+        return reinterpret_cast<const float2*>(g)[g_at(b, nb, h)];
     }
 }
 
@@ -179,21 +191,21 @@ template <bool G16>
 __device__ __forceinline__ Sums general_terms(const void* __restrict__ g,
                                               const float* __restrict__ gscale, u32 b_lo, u32 b_hi,
                                               const float2* __restrict__ kb,
-                                              const float2* __restrict__ pk, u64 nh, u32 h,
+                                              const float2* __restrict__ pk, u32 nb, u32 h,
                                               const Pair& p, float vr, float vc, float vr2,
                                               float vc2, const SsbOptics& o, const SsbAb& ab) {
     Sums t = {make_float2(0.f, 0.f), make_float2(0.f, 0.f), 0.f};
     // Software pipelining: the next pixel's G, k and P(k) are loaded while this one is computed.
     float2 g_nx = make_float2(0.f, 0.f), k_nx = g_nx, p_nx = g_nx;
     if (b_lo < b_hi) {
-        g_nx = load_g<G16>(g, gscale, b_lo, nh, h);
+        g_nx = load_g<G16>(g, gscale, b_lo, nb, h);
         k_nx = kb[b_lo];
         p_nx = pk[b_lo];
     }
     for (u32 b = b_lo; b < b_hi; ++b) {
         const float2 gv = g_nx, k = k_nx, pkb = p_nx;
         if (b + 1 < b_hi) {
-            g_nx = load_g<G16>(g, gscale, b + 1, nh, h);
+            g_nx = load_g<G16>(g, gscale, b + 1, nb, h);
             k_nx = kb[b + 1];
             p_nx = pk[b + 1];
         }
@@ -248,7 +260,7 @@ __device__ __forceinline__ Sums quad_terms(const void* __restrict__ g,
                                            const float* __restrict__ gscale, u32 b_lo, u32 b_hi,
                                            const float2* __restrict__ kb,
                                            const float* __restrict__ ak,
-                                           const unsigned char* __restrict__ cont, u64 nh, u32 h,
+                                           const unsigned char* __restrict__ cont, u32 nb, u32 h,
                                            const Pair& p, float vr, float vc, const SsbOptics& o,
                                            const SsbQuad& q) {
     const float2 u = expmi(quad_form(q, vr, vc, vr, vc));
@@ -259,7 +271,7 @@ __device__ __forceinline__ Sums quad_terms(const void* __restrict__ g,
         float2 gq[QUAD_DEPTH];
 #pragma unroll
         for (u32 j = 0; j < QUAD_DEPTH; ++j) {
-            gq[j] = load_g<G16>(g, gscale, min(b0 + j, b_hi - 1), nh, h);
+            gq[j] = load_g<G16>(g, gscale, min(b0 + j, b_hi - 1), nb, h);
         }
 #pragma unroll
         for (u32 j = 0; j < QUAD_DEPTH; ++j) {
@@ -319,9 +331,9 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
             const float vr = fr[p.r], vc = fc[p.c];
             Sums t;
             if (QUAD && (!p.two || p.sym)) {
-                t = quad_terms<G16>(g, gscale, b_lo, b_hi, kb, ak, cont, nh, h, p, vr, vc, o, q);
+                t = quad_terms<G16>(g, gscale, b_lo, b_hi, kb, ak, cont, nb, h, p, vr, vc, o, q);
             } else {
-                t = general_terms<G16>(g, gscale, b_lo, b_hi, kb, pk, nh, h, p, vr, vc, fr[p.rm],
+                t = general_terms<G16>(g, gscale, b_lo, b_hi, kb, pk, nb, h, p, vr, vc, fr[p.rm],
                                        fc[p.cm], o, ab);
             }
             power = t.power;
@@ -400,7 +412,7 @@ qem_ssb_finish(float2* __restrict__ s, u64 n, float inv_b, float dc, double* __r
 // into out[j][i] (j = b − b0), for the per-pixel inverse FFTs of the phase-variance loss.
 template <bool G16>
 __device__ void corrected(const void* __restrict__ g, const float* __restrict__ gscale, u32 b0,
-                          const float2* __restrict__ kb, const float2* __restrict__ pk,
+                          u32 nb, const float2* __restrict__ kb, const float2* __restrict__ pk,
                           const float* __restrict__ fr, const float* __restrict__ fc, u32 nr,
                           u32 nc, u32 half, SsbOptics o, SsbAb ab, float dc,
                           float2* __restrict__ out) {
@@ -422,7 +434,7 @@ __device__ void corrected(const void* __restrict__ g, const float* __restrict__ 
         float2 c1 = make_float2(0.f, 0.f), c2 = make_float2(0.f, 0.f);
         if (!zero) {
             const float vr = fr[p.r], vc = fc[p.c];
-            const float2 gv = load_g<G16>(g, gscale, b, nh, h);
+            const float2 gv = load_g<G16>(g, gscale, b, nb, h);
             if (!pair_terms(gv, k, pkb, vr, vc, fr[p.rm], fc[p.cm], p, o, ab, c1, c2, unused)) {
                 c1 = c2 = make_float2(0.f, 0.f);
             }
@@ -433,17 +445,17 @@ __device__ void corrected(const void* __restrict__ g, const float* __restrict__ 
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-qem_ssb_corrected_g32(const void* g, const float* gscale, u32 b0, const float2* kb,
+qem_ssb_corrected_g32(const void* g, const float* gscale, u32 b0, u32 nb, const float2* kb,
                       const float2* pk, const float* fr, const float* fc, u32 nr, u32 nc,
                       u32 half, SsbOptics o, SsbAb ab, float dc, float2* out) {
-    corrected<false>(g, gscale, b0, kb, pk, fr, fc, nr, nc, half, o, ab, dc, out);
+    corrected<false>(g, gscale, b0, nb, kb, pk, fr, fc, nr, nc, half, o, ab, dc, out);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-qem_ssb_corrected_g16(const void* g, const float* gscale, u32 b0, const float2* kb,
+qem_ssb_corrected_g16(const void* g, const float* gscale, u32 b0, u32 nb, const float2* kb,
                       const float2* pk, const float* fr, const float* fc, u32 nr, u32 nc,
                       u32 half, SsbOptics o, SsbAb ab, float dc, float2* out) {
-    corrected<true>(g, gscale, b0, kb, pk, fr, fc, nr, nc, half, o, ab, dc, out);
+    corrected<true>(g, gscale, b0, nb, kb, pk, fr, fc, nr, nc, half, o, ab, dc, out);
 }
 
 // s1[R] (+)= Σ_j φ_j(R), s2[R] (+)= Σ_j φ_j(R)², φ_j = arg buf[j][R], over nb inverse FFTs.
@@ -523,16 +535,29 @@ extern "C" __global__ void qem_ssb_gather_u32(const u32* data, u64 frame_len, u6
     gather(data, frame_len, nf, f0, n_out, pix, np, out);
 }
 
-// G16 storage: out[j][h] = f16(in[j][h] / gscale[b0 + j]) for a batch of nb half spectra.
+// A batch of np half spectra in[j][h] (cuFFT's layout) into G's tiles for pixels p0 + j: as
+// float2 (G32), or as f16(in / gscale[p0 + j]) (G16).
 extern "C" __global__ void __launch_bounds__(256)
-qem_ssb_to_g16(const float2* __restrict__ in, u64 nh, u32 nb, u32 b0,
-               const float* __restrict__ gscale, ushort2* __restrict__ out) {
-    const u64 total = nh * nb;
+qem_ssb_store_g32(const float2* __restrict__ in, u64 nh, u32 np, u32 p0, u32 nb,
+                  float2* __restrict__ out) {
+    const u64 total = nh * np;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (u64)gridDim.x * blockDim.x) {
-        const float inv = 1.f / gscale[b0 + i / nh];
+        const u64 j = i / nh;
+        out[g_at(p0 + j, nb, i - j * nh)] = in[i];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+qem_ssb_store_g16(const float2* __restrict__ in, u64 nh, u32 np, u32 p0, u32 nb,
+                  const float* __restrict__ gscale, ushort2* __restrict__ out) {
+    const u64 total = nh * np;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (u64)gridDim.x * blockDim.x) {
+        const u64 j = i / nh;
+        const float inv = 1.f / gscale[p0 + j];
         const float2 v = in[i];
-        out[i] = make_ushort2(f2h(v.x * inv), f2h(v.y * inv));
+        out[g_at(p0 + j, nb, i - j * nh)] = make_ushort2(f2h(v.x * inv), f2h(v.y * inv));
     }
 }
 
