@@ -111,16 +111,33 @@ __device__ __forceinline__ u64 g_at(u64 b, u64 nb, u64 h) {
     return (h / G_TILE) * nb * G_TILE + b * G_TILE + (h % G_TILE);
 }
 
+// G_b(h) times `scale` (G16: the pixel's gscale; G32: 1). G is read once per evaluation, so
+// the loads are streaming (evict-first): they must not push the small per-pixel tables out of L1.
 template <bool G16>
-__device__ __forceinline__ float2 load_g(const void* g, const float* gscale, u64 b, u64 nb, u64 h) {
+__device__ __forceinline__ float2 load_g_scaled(const void* g, float scale, u64 b, u64 nb, u64 h) {
     if (G16) {
-        const ushort2 v = reinterpret_cast<const ushort2*>(g)[g_at(b, nb, h)];
-        const float s = gscale[b];
-        return make_float2(h2f(v.x) * s, h2f(v.y) * s);
+        const unsigned int w = __ldcs(reinterpret_cast<const unsigned int*>(g) + g_at(b, nb, h));
+        return make_float2(h2f((u16)(w & 0xffffu)) * scale, h2f((u16)(w >> 16)) * scale);
     } else {
-        return reinterpret_cast<const float2*>(g)[g_at(b, nb, h)];
+        return __ldcs(reinterpret_cast<const float2*>(g) + g_at(b, nb, h));
     }
 }
+
+template <bool G16>
+__device__ __forceinline__ float2 load_g(const void* g, const float* gscale, u64 b, u64 nb, u64 h) {
+    return load_g_scaled<G16>(g, G16 ? gscale[b] : 1.f, b, nb, h);
+}
+
+// Per-pixel tables of one chunk of BF pixels, staged in shared memory by the accumulate block
+// (every thread reads the same entry at the same time: a broadcast, never evicted by G).
+#define ACC_CHUNK 256u
+struct PixelTables {
+    float2 k[ACC_CHUNK];   // k_b
+    float2 pk[ACC_CHUNK];  // P(k_b) (general terms)
+    float ak[ACC_CHUNK];   // A(k_b) (quadratic terms)
+    float gs[ACC_CHUNK];   // gscale (G16)
+    unsigned char cont[ACC_CHUNK];
+};
 
 // The pair a half-spectrum index h = r·half + c stands for: its own full-plane index i1 and,
 // when `two`, the mirror's i2 (frequency (fr[rm], fc[cm])). Mirrors inside the half spectrum
@@ -186,29 +203,19 @@ __device__ __forceinline__ bool pair_terms(float2 gv, float2 k, float2 pkb, floa
     return true;
 }
 
-// The general terms (any χ) of pixels [b_lo, b_hi) for pair p: probe values computed per pixel.
+// The general terms (any χ) for pair p of the chunk's pixels [c0, c0 + cn), added to t: probe
+// values computed per pixel, the tables from shared memory.
 template <bool G16>
-__device__ __forceinline__ Sums general_terms(const void* __restrict__ g,
-                                              const float* __restrict__ gscale, u32 b_lo, u32 b_hi,
-                                              const float2* __restrict__ kb,
-                                              const float2* __restrict__ pk, u32 nb, u32 h,
+__device__ __forceinline__ void general_terms(Sums& t, const void* __restrict__ g, u32 c0, u32 cn,
+                                              const PixelTables& tb, u32 nb, u32 h,
                                               const Pair& p, float vr, float vc, float vr2,
                                               float vc2, const SsbOptics& o, const SsbAb& ab) {
-    Sums t = {make_float2(0.f, 0.f), make_float2(0.f, 0.f), 0.f};
-    // Software pipelining: the next pixel's G, k and P(k) are loaded while this one is computed.
-    float2 g_nx = make_float2(0.f, 0.f), k_nx = g_nx, p_nx = g_nx;
-    if (b_lo < b_hi) {
-        g_nx = load_g<G16>(g, gscale, b_lo, nb, h);
-        k_nx = kb[b_lo];
-        p_nx = pk[b_lo];
-    }
-    for (u32 b = b_lo; b < b_hi; ++b) {
-        const float2 gv = g_nx, k = k_nx, pkb = p_nx;
-        if (b + 1 < b_hi) {
-            g_nx = load_g<G16>(g, gscale, b + 1, nb, h);
-            k_nx = kb[b + 1];
-            p_nx = pk[b + 1];
-        }
+    // Software pipelining: the next pixel's G is loaded while this one is computed.
+    float2 g_nx = load_g_scaled<G16>(g, tb.gs[0], c0, nb, h);
+    for (u32 j = 0; j < cn; ++j) {
+        const float2 gv = g_nx;
+        if (j + 1 < cn) g_nx = load_g_scaled<G16>(g, tb.gs[j + 1], c0 + j + 1, nb, h);
+        const float2 k = tb.k[j], pkb = tb.pk[j];
         if (pkb.x == 0.f && pkb.y == 0.f) continue;  // zero-aperture pixel: Γ ≡ 0
         float2 c1, c2;
         if (!pair_terms(gv, k, pkb, vr, vc, vr2, vc2, p, o, ab, c1, c2, t.power)) continue;
@@ -217,7 +224,6 @@ __device__ __forceinline__ Sums general_terms(const void* __restrict__ g,
         t.s2.x += c2.x;
         t.s2.y += c2.y;
     }
-    return t;
 }
 
 // The same terms when χ is quadratic (only C10, C12, φ12: χ(v) = vᵀMv), with ν' = −ν. Then
@@ -253,57 +259,63 @@ __device__ __forceinline__ float aperture_q(float x, float y, const SsbOptics& o
 
 // G loads issued ahead of their arithmetic: the loop body is short, and one load in flight per
 // thread leaves it waiting on HBM (v5, measured slower than the general kernel).
-#define QUAD_DEPTH 8
+#define QUAD_DEPTH 4
 
+// What a thread carries between chunks in the quadratic terms.
+struct QuadState {
+    float2 u, step, e, s;
+    float power;
+};
+
+__device__ __forceinline__ QuadState quad_start(float vr, float vc, const SsbQuad& q) {
+    QuadState st;
+    st.u = expmi(quad_form(q, vr, vc, vr, vc));
+    st.step = expmi(-2.f * quad_form(q, q.dx, q.dy, vr, vc));
+    st.e = make_float2(1.f, 0.f);
+    st.s = make_float2(0.f, 0.f);
+    st.power = 0.f;
+    return st;
+}
+
+// The quadratic terms of the chunk's pixels [c0, c0 + cn) (c0 = b_lo restarts E).
 template <bool G16>
-__device__ __forceinline__ Sums quad_terms(const void* __restrict__ g,
-                                           const float* __restrict__ gscale, u32 b_lo, u32 b_hi,
-                                           const float2* __restrict__ kb,
-                                           const float* __restrict__ ak,
-                                           const unsigned char* __restrict__ cont, u32 nb, u32 h,
-                                           const Pair& p, float vr, float vc, const SsbOptics& o,
+__device__ __forceinline__ void quad_terms(QuadState& st, const void* __restrict__ g, u32 b_lo,
+                                           u32 c0, u32 cn, const PixelTables& tb, u32 nb, u32 h,
+                                           float vr, float vc, const SsbOptics& o,
                                            const SsbQuad& q) {
-    const float2 u = expmi(quad_form(q, vr, vc, vr, vc));
-    const float2 step = expmi(-2.f * quad_form(q, q.dx, q.dy, vr, vc));
-    float2 e = make_float2(1.f, 0.f), s = make_float2(0.f, 0.f);
-    float power = 0.f;
-    for (u32 b0 = b_lo; b0 < b_hi; b0 += QUAD_DEPTH) {
+    for (u32 j0 = 0; j0 < cn; j0 += QUAD_DEPTH) {
         float2 gq[QUAD_DEPTH];
 #pragma unroll
-        for (u32 j = 0; j < QUAD_DEPTH; ++j) {
-            gq[j] = load_g<G16>(g, gscale, min(b0 + j, b_hi - 1), nb, h);
+        for (u32 i = 0; i < QUAD_DEPTH; ++i) {
+            const u32 j = min(j0 + i, cn - 1);
+            gq[i] = load_g_scaled<G16>(g, tb.gs[j], c0 + j, nb, h);
         }
 #pragma unroll
-        for (u32 j = 0; j < QUAD_DEPTH; ++j) {
-            const u32 b = b0 + j;
-            if (b >= b_hi) break;
-            const float2 k = kb[b];
-            if (b == b_lo || !cont[b]) {
-                e = expmi(-2.f * quad_form(q, k.x, k.y, vr, vc));
+        for (u32 i = 0; i < QUAD_DEPTH; ++i) {
+            const u32 j = j0 + i;
+            if (j >= cn) break;
+            const float2 k = tb.k[j];
+            if (c0 + j == b_lo || !tb.cont[j]) {
+                st.e = expmi(-2.f * quad_form(q, k.x, k.y, vr, vc));
             } else {
-                e = cmul(e, step);
+                st.e = cmul(st.e, st.step);
             }
-            const float a_k = ak[b];
+            const float a_k = tb.ak[j];
             if (a_k == 0.f) continue;  // zero-aperture pixel: Γ ≡ 0
             const float am = aperture_q(k.x - vr, k.y - vc, o, q);
             const float ap = aperture_q(k.x + vr, k.y + vc, o, q);
             if (am == 0.f && ap == 0.f) continue;  // both terms exactly 0
             // W1 = am U − ap U*; C1 = G · E* · W1* · f1
-            const float2 w1 = make_float2((am - ap) * u.x, (am + ap) * u.y);
+            const float2 w1 = make_float2((am - ap) * st.u.x, (am + ap) * st.u.y);
             const float n1 = w1.x * w1.x + w1.y * w1.y;
             const float f1 = n1 * a_k * a_k > GAMMA_FLOOR_SQ ? rsqrtf(n1) : a_k * 1e8f;
-            const float2 c1 = cmulc(cmulc(gq[j], e), w1);
+            const float2 c1 = cmulc(cmulc(gq[i], st.e), w1);
             const float2 c = make_float2(c1.x * f1, c1.y * f1);
-            s.x += c.x;
-            s.y += c.y;
-            power = fmaf(c.x, c.x, fmaf(c.y, c.y, power));
+            st.s.x += c.x;
+            st.s.y += c.y;
+            st.power = fmaf(c.x, c.x, fmaf(c.y, c.y, st.power));
         }
     }
-    Sums t;
-    t.s1 = s;
-    t.s2 = p.two ? make_float2(-s.x, s.y) : make_float2(0.f, 0.f);
-    t.power = p.two ? 2.f * power : power;
-    return t;
 }
 
 // Σ_b C_b(ν) over BF pixels [b_lo, b_hi) of this launch's slice y = blockIdx.y (slices of
@@ -320,27 +332,55 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
                            SsbAb ab, SsbQuad q, float2* __restrict__ s_part,
                            double* __restrict__ pow_part) {
     __shared__ double red[256];
+    __shared__ PixelTables tb;
     const u64 nh = (u64)nr * half, n = (u64)nr * nc;
     const u32 b_lo = blockIdx.y * per_slice;
     const u32 b_hi = min(nb, b_lo + per_slice);
-    float power = 0.f;
     const u32 h = blockIdx.x * blockDim.x + threadIdx.x;
-    if (h < nh && h != 0) {
-        const Pair p = pair_of(h, nr, nc, half, fr, fc);
-        if (p.take) {
-            const float vr = fr[p.r], vc = fc[p.c];
-            Sums t;
-            if (QUAD && (!p.two || p.sym)) {
-                t = quad_terms<G16>(g, gscale, b_lo, b_hi, kb, ak, cont, nb, h, p, vr, vc, o, q);
-            } else {
-                t = general_terms<G16>(g, gscale, b_lo, b_hi, kb, pk, nb, h, p, vr, vc, fr[p.rm],
-                                       fc[p.cm], o, ab);
-            }
-            power = t.power;
-            float2* out = s_part + (u64)blockIdx.y * n;
-            out[(u64)p.r * nc + p.c] = t.s1;
-            if (p.two) out[(u64)p.rm * nc + p.cm] = t.s2;
+    Pair p;
+    bool active = h < nh && h != 0;
+    float vr = 0.f, vc = 0.f, vr2 = 0.f, vc2 = 0.f;
+    if (active) {
+        p = pair_of(h, nr, nc, half, fr, fc);
+        active = p.take;
+        vr = fr[p.r];
+        vc = fc[p.c];
+        vr2 = fr[p.rm];
+        vc2 = fc[p.cm];
+    }
+    const bool quad = QUAD && active && (!p.two || p.sym);
+    QuadState qs = quad_start(vr, vc, q);
+    Sums t = {make_float2(0.f, 0.f), make_float2(0.f, 0.f), 0.f};
+    // Every thread takes part in staging each chunk's tables, active or not.
+    for (u32 c0 = b_lo; c0 < b_hi; c0 += ACC_CHUNK) {
+        const u32 cn = min(ACC_CHUNK, b_hi - c0);
+        __syncthreads();
+        if (threadIdx.x < cn) {
+            const u32 b = c0 + threadIdx.x;
+            tb.k[threadIdx.x] = kb[b];
+            tb.pk[threadIdx.x] = pk[b];
+            tb.ak[threadIdx.x] = ak[b];
+            tb.gs[threadIdx.x] = G16 ? gscale[b] : 1.f;
+            tb.cont[threadIdx.x] = cont[b];
         }
+        __syncthreads();
+        if (quad) {
+            quad_terms<G16>(qs, g, b_lo, c0, cn, tb, nb, h, vr, vc, o, q);
+        } else if (active) {
+            general_terms<G16>(t, g, c0, cn, tb, nb, h, p, vr, vc, vr2, vc2, o, ab);
+        }
+    }
+    float power = 0.f;
+    if (active) {
+        if (quad) {
+            t.s1 = qs.s;
+            t.s2 = p.two ? make_float2(-qs.s.x, qs.s.y) : make_float2(0.f, 0.f);
+            t.power = p.two ? 2.f * qs.power : qs.power;
+        }
+        power = t.power;
+        float2* out = s_part + (u64)blockIdx.y * n;
+        out[(u64)p.r * nc + p.c] = t.s1;
+        if (p.two) out[(u64)p.rm * nc + p.cm] = t.s2;
     }
     red[threadIdx.x] = (double)power;
     __syncthreads();
