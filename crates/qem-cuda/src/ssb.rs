@@ -403,14 +403,14 @@ impl Sizes {
     /// Transient bytes per BF pixel of a prepare batch: its f32 image, its f32 spectrum (cuFFT's
     /// layout, before the store into G's tiles) and an estimate of the R2C work area (about one
     /// spectrum).
-    fn per_px(&self, _st: GStorage) -> u64 {
+    fn per_px(&self) -> u64 {
         self.n * 4 + self.nh * 8 + self.nh * 8
     }
     fn need(&self, st: GStorage, batch: u64) -> u64 {
         self.b * padded_half(self.nh) * st.bytes_per_value()
             + self.fixed
             + self.scratch
-            + batch * self.per_px(st)
+            + batch * self.per_px()
     }
 }
 
@@ -436,7 +436,7 @@ fn choose_plan(sz: &Sizes, budget: u64, forced: Option<GStorage>) -> Result<(GSt
         )));
     }
     let room = budget - sz.need(storage, 0);
-    let batch = ((room / sz.per_px(storage)) as usize)
+    let batch = ((room / sz.per_px()) as usize)
         .clamp(1, MAX_PREPARE_BATCH)
         .min(sz.b as usize);
     Ok((storage, batch))
@@ -1192,13 +1192,18 @@ pub fn quad_gamma(o: &Optics, ab: &Aberrations, k: (f64, f64), nu: (f64, f64)) -
 mod tests {
     use super::*;
 
-    #[test]
-    fn quadratic_factorisation_equals_gamma() {
-        let o = Optics {
+    /// 300 kV, 25 mrad, detector pixels of `dr` × `dc` rad.
+    fn optics(dr: f64, dc: f64) -> Optics {
+        Optics {
             lambda_a: 0.019_687,
             alpha_rad: 0.025,
-            dtheta_rad: (0.0009, 0.0009),
-        };
+            dtheta_rad: (dr, dc),
+        }
+    }
+
+    #[test]
+    fn quadratic_factorisation_equals_gamma() {
+        let o = optics(0.0009, 0.0009);
         let ab = Aberrations {
             c10: -140.0,
             c12: 35.0,
@@ -1233,11 +1238,7 @@ mod tests {
     /// frequency, G(−ν) = G(ν)*) without computing it: checked here with qem_cpu's Γ in f64.
     #[test]
     fn quadratic_mirror_term_is_minus_conjugate() {
-        let o = Optics {
-            lambda_a: 0.019_687,
-            alpha_rad: 0.025,
-            dtheta_rad: (0.0009, 0.0009),
-        };
+        let o = optics(0.0009, 0.0009);
         let ab = Aberrations {
             c10: 95.0,
             c12: -20.0,
@@ -1297,11 +1298,7 @@ mod tests {
     #[test]
     fn aperture_radii_bound_the_soft_edge() {
         for dt in [0.0009, 0.0, 0.0004717] {
-            let o = Optics {
-                lambda_a: 0.019_687,
-                alpha_rad: 0.025,
-                dtheta_rad: (dt, dt),
-            };
+            let o = optics(dt, dt);
             let (rin2, rout2) = aperture_radii(&o);
             assert!(rin2 > 0.0 && rin2 <= rout2, "{rin2} {rout2}");
             let (mut inside, mut outside, mut edge) = (0, 0, 0);
@@ -1329,11 +1326,7 @@ mod tests {
                 assert!(edge > 10, "soft edge not sampled: {edge}");
             }
         }
-        let o = Optics {
-            lambda_a: 0.019_687,
-            alpha_rad: 0.025,
-            dtheta_rad: (0.0009, 0.0008),
-        };
+        let o = optics(0.0009, 0.0008);
         assert_eq!(aperture_radii(&o), (-1.0, f32::INFINITY));
     }
 
