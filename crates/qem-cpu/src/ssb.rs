@@ -825,18 +825,27 @@ pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOut
             starts.push(i);
         }
     }
+    // Every start is refined to a coarse simplex, then only the best of them on to the final
+    // one (its simplex continued, not restarted). The starts that lose at the coarse stage
+    // stop there: on the reference acquisition each start took ~130 evaluations to reach
+    // 1e-4 of the box and most of them after it had fallen behind for good. With one start
+    // this is exactly one Nelder–Mead run.
     let mut best = (points[order[0]].clone(), global_best_loss);
+    let mut runs: Vec<NelderMead> = Vec::with_capacity(starts.len());
     for &s in &starts {
-        let (u, l) = nelder_mead(
-            &eval,
-            &points[s],
-            losses[s],
-            0.05,
-            spec.local_max_iter,
-            &mut curve,
-        )?;
+        let mut nm = NelderMead::new(&eval, &points[s], losses[s], 0.05, &mut curve)?;
+        nm.run(&eval, COARSE_SPREAD, spec.local_max_iter, &mut curve)?;
+        runs.push(nm);
+    }
+    // The best at the coarse stage (the earlier start on a tie).
+    let winner = runs
+        .iter_mut()
+        .reduce(|a, b| if b.best().1 < a.best().1 { b } else { a });
+    if let Some(nm) = winner {
+        nm.run(&eval, FINAL_SPREAD, spec.local_max_iter, &mut curve)?;
+        let (u, l) = nm.best();
         if l < best.1 {
-            best = (u, l);
+            best = (u.to_vec(), l);
         }
     }
     Ok(FitOutcome {
@@ -848,102 +857,139 @@ pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOut
     })
 }
 
+/// Spread (largest vertex distance from the best vertex, per box coordinate) at which every
+/// Nelder–Mead start stops its first stage; 1 % of the box (8 Å of the default C10 box).
+const COARSE_SPREAD: f64 = 1e-2;
+/// Spread at which the best start stops: 1e-4 of every box side (0.08 Å of the default C10
+/// box). No test on the losses: a loss evaluated in f32 (the GPU) is rough at the 1e-7 level,
+/// so a relative loss tolerance below that is never met and every start ran to `max_iter`
+/// (1,592 evaluations instead of ~600 on the reference acquisition).
+const FINAL_SPREAD: f64 = 1e-4;
+
 /// Nelder–Mead (reflection 1, expansion 2, contraction ½, shrink ½) in box coordinates,
-/// vertices clamped to [0, 1]; stops after `max_iter` iterations or when the simplex spans
-/// < 10⁻⁴ of the box. Every evaluation's loss is appended to `curve`.
-fn nelder_mead(
-    f: &dyn Fn(&[f64]) -> Result<f64>,
-    x0: &[f64],
-    f0: f64,
-    step: f64,
-    max_iter: usize,
-    curve: &mut Vec<f64>,
-) -> Result<(Vec<f64>, f64)> {
-    let d = x0.len();
-    let ev = |x: &[f64], curve: &mut Vec<f64>| -> Result<f64> {
-        let v = f(x)?;
-        curve.push(v);
-        Ok(v)
-    };
-    let clamp = |mut x: Vec<f64>| {
-        x.iter_mut().for_each(|v| *v = v.clamp(0.0, 1.0));
-        x
-    };
-    let mut simplex: Vec<(Vec<f64>, f64)> = vec![(x0.to_vec(), f0)];
-    for i in 0..d {
-        let mut x = x0.to_vec();
-        // Step inwards when the start lies near the upper edge, so the vertex stays distinct.
-        x[i] = if x[i] + step <= 1.0 {
-            x[i] + step
-        } else {
-            x[i] - step
-        };
-        let fx = ev(&x, curve)?;
-        simplex.push((x, fx));
-    }
-    for _ in 0..max_iter {
-        simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
-        let spread = simplex
-            .iter()
-            .skip(1)
-            .flat_map(|(x, _)| x.iter().zip(&simplex[0].0).map(|(a, b)| (a - b).abs()))
-            .fold(0.0f64, f64::max);
-        // Converged when the simplex spans < 1e-4 of every box side (0.08 Å of the default
-        // C10 box). No test on the losses: a loss evaluated in f32 (the GPU) is rough at the
-        // 1e-7 level, so a relative loss tolerance below that is never met and every start ran
-        // to `max_iter` (1,592 evaluations instead of ~600 on the reference acquisition).
-        if spread < 1e-4 {
-            break;
-        }
-        let centroid: Vec<f64> = (0..d)
-            .map(|j| simplex[..d].iter().map(|(x, _)| x[j]).sum::<f64>() / d as f64)
-            .collect();
-        let along = |t: f64| -> Vec<f64> {
-            clamp(
-                centroid
-                    .iter()
-                    .zip(&simplex[d].0)
-                    .map(|(c, w)| c + t * (c - w))
-                    .collect(),
-            )
-        };
-        let xr = along(1.0);
-        let fr = ev(&xr, curve)?;
-        if fr < simplex[0].1 {
-            let xe = along(2.0);
-            let fe = ev(&xe, curve)?;
-            simplex[d] = if fe < fr { (xe, fe) } else { (xr, fr) };
-        } else if fr < simplex[d - 1].1 {
-            simplex[d] = (xr, fr);
-        } else {
-            let (xc, fc) = if fr < simplex[d].1 {
-                let x = along(0.5);
-                let v = ev(&x, curve)?;
-                (x, v)
+/// vertices clamped to [0, 1], run in stages by [`NelderMead::run`]. Every evaluation's loss
+/// is appended to the loss curve.
+struct NelderMead {
+    /// d + 1 vertices with their losses, best first after each iteration's sort.
+    simplex: Vec<(Vec<f64>, f64)>,
+    /// Iterations done so far (all stages).
+    iterations: usize,
+}
+
+type BoxLoss<'a> = dyn Fn(&[f64]) -> Result<f64> + 'a;
+
+impl NelderMead {
+    /// The start simplex: `x0` and one vertex `step` along each axis (inwards when `x0` lies
+    /// near the upper edge, so the vertex stays distinct).
+    fn new(
+        f: &BoxLoss<'_>,
+        x0: &[f64],
+        f0: f64,
+        step: f64,
+        curve: &mut Vec<f64>,
+    ) -> Result<NelderMead> {
+        let mut simplex: Vec<(Vec<f64>, f64)> = vec![(x0.to_vec(), f0)];
+        for i in 0..x0.len() {
+            let mut x = x0.to_vec();
+            x[i] = if x[i] + step <= 1.0 {
+                x[i] + step
             } else {
-                let x = along(-0.5);
-                let v = ev(&x, curve)?;
-                (x, v)
+                x[i] - step
             };
-            if fc < simplex[d].1.min(fr) {
-                simplex[d] = (xc, fc);
+            let fx = f(&x)?;
+            curve.push(fx);
+            simplex.push((x, fx));
+        }
+        simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
+        Ok(NelderMead {
+            simplex,
+            iterations: 0,
+        })
+    }
+
+    /// The best vertex and its loss.
+    fn best(&self) -> (&[f64], f64) {
+        let (x, fx) = &self.simplex[0];
+        (x, *fx)
+    }
+
+    /// Iterates until the simplex spans < `spread` of every box side or `max_iter` iterations
+    /// have been done in all stages.
+    fn run(
+        &mut self,
+        f: &BoxLoss<'_>,
+        spread: f64,
+        max_iter: usize,
+        curve: &mut Vec<f64>,
+    ) -> Result<()> {
+        let simplex = &mut self.simplex;
+        let d = simplex.len() - 1;
+        let mut ev = |x: &[f64]| -> Result<f64> {
+            let v = f(x)?;
+            curve.push(v);
+            Ok(v)
+        };
+        let clamp = |mut x: Vec<f64>| {
+            x.iter_mut().for_each(|v| *v = v.clamp(0.0, 1.0));
+            x
+        };
+        while self.iterations < max_iter {
+            simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
+            let span = simplex
+                .iter()
+                .skip(1)
+                .flat_map(|(x, _)| x.iter().zip(&simplex[0].0).map(|(a, b)| (a - b).abs()))
+                .fold(0.0f64, f64::max);
+            if span < spread {
+                break;
+            }
+            self.iterations += 1;
+            let centroid: Vec<f64> = (0..d)
+                .map(|j| simplex[..d].iter().map(|(x, _)| x[j]).sum::<f64>() / d as f64)
+                .collect();
+            let along = |t: f64| -> Vec<f64> {
+                clamp(
+                    centroid
+                        .iter()
+                        .zip(&simplex[d].0)
+                        .map(|(c, w)| c + t * (c - w))
+                        .collect(),
+                )
+            };
+            let xr = along(1.0);
+            let fr = ev(&xr)?;
+            if fr < simplex[0].1 {
+                let xe = along(2.0);
+                let fe = ev(&xe)?;
+                simplex[d] = if fe < fr { (xe, fe) } else { (xr, fr) };
+            } else if fr < simplex[d - 1].1 {
+                simplex[d] = (xr, fr);
             } else {
-                let x_best = simplex[0].0.clone();
-                for v in simplex.iter_mut().skip(1) {
-                    let x: Vec<f64> =
-                        v.0.iter()
-                            .zip(&x_best)
-                            .map(|(a, b)| b + 0.5 * (a - b))
-                            .collect();
-                    let fx = ev(&x, curve)?;
-                    *v = (x, fx);
+                let xc = if fr < simplex[d].1 {
+                    along(0.5)
+                } else {
+                    along(-0.5)
+                };
+                let fc = ev(&xc)?;
+                if fc < simplex[d].1.min(fr) {
+                    simplex[d] = (xc, fc);
+                } else {
+                    let x_best = simplex[0].0.clone();
+                    for v in simplex.iter_mut().skip(1) {
+                        let x: Vec<f64> =
+                            v.0.iter()
+                                .zip(&x_best)
+                                .map(|(a, b)| b + 0.5 * (a - b))
+                                .collect();
+                        let fx = ev(&x)?;
+                        *v = (x, fx);
+                    }
                 }
             }
         }
+        simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
+        Ok(())
     }
-    simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
-    let (x, fx) = simplex.swap_remove(0);
-    Ok((x, fx))
 }
 
 #[cfg(test)]

@@ -46,6 +46,10 @@ const OP: &str = "ssb (CUDA)";
 const CUFFT_INVERSE: i32 = 1;
 /// Threads per block of every SSB kernel (the block reductions assume 256).
 const THREADS: u32 = 256;
+/// Most BF pixels in one accumulate slice: its tables (ssb.cu ACC_TABLE_BYTES = 25 bytes a
+/// pixel) and the 2 KB reduction must fit the 48 KB a block gets without opting in.
+const MAX_SLICE_PIXELS: u32 = 1800;
+const ACC_TABLE_BYTES: u32 = 25;
 /// G16 stores `G_b(ν)·60000/G_b(0)`: below f16's largest finite value (65504).
 const G16_FULL_SCALE: f64 = 60_000.0;
 /// Most BF pixels one prepare batch takes (bounds the images buffer, 1 MiB per pixel at 512²).
@@ -540,7 +544,20 @@ impl GpuSsb {
         // Launch shape of the accumulate kernel: enough slices of BF pixels for ~16 blocks/SM.
         let blocks_x = nh.div_ceil(u64::from(THREADS)) as u32;
         let sms = gpu.info().multiprocessors.max(1) as u32;
-        let slices = (16 * sms).div_ceil(blocks_x).clamp(1, 32).min(b as u32);
+        // A slice's per-pixel tables live in the block's shared memory (ACC_TABLE_BYTES each,
+        // ≤ 48 KB): at least ⌈b / MAX_SLICE_PIXELS⌉ slices.
+        let slices = (16 * sms)
+            .div_ceil(blocks_x)
+            .max((b as u32).div_ceil(MAX_SLICE_PIXELS))
+            .clamp(1, 32)
+            .min(b as u32);
+        if (b as u32).div_ceil(slices) > MAX_SLICE_PIXELS {
+            return Err(
+                Error::invalid(OP, "too many BF pixels for the accumulate kernel")
+                    .with_expected(format!("at most {} BF pixels", 32 * MAX_SLICE_PIXELS))
+                    .with_found(format!("{b} (bin the detector)")),
+            );
+        }
         let fixed = (b as u64) * (8 + 8 + 8 + 4)
             + (scan.rows + scan.cols) as u64 * 4
             + u64::from(slices) * n64 * 8
@@ -890,7 +907,7 @@ impl GpuSsb {
         let cfg = LaunchConfig {
             grid_dim: (self.blocks_x, self.slices, 1),
             block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: (per_slice * ACC_TABLE_BYTES).next_multiple_of(16),
         };
         let kernel = match quad {
             Some(_) => &self.f.accumulate_quad,
@@ -921,7 +938,8 @@ impl GpuSsb {
         // u32, const float2*, const float2*, const float*, const unsigned char*, const float*,
         // const float*, u32, u32, u32, SsbOptics, SsbAb, SsbQuad, float2*, double*)`: G holds
         // b·padded_half(nr·half) values of its storage (tiled), gscale/kb/pk/ak/cont b entries, fr/fc nr/nc floats,
-        // s_part slices·n float2, pow_part slices·blocks_x f64; the grid is (blocks_x, slices)
+        // s_part slices·n float2, pow_part slices·blocks_x f64; the dynamic shared memory holds
+        // per_slice·ACC_TABLE_BYTES (≤ 45 KB by MAX_SLICE_PIXELS); the grid is (blocks_x, slices)
         // with blocks_x·256 ≥ nr·half.
         unsafe { lb.launch(cfg) }.map_err(|er| driver_error("launch ssb accumulate", er))?;
         let n = self.scan.len() as u64;

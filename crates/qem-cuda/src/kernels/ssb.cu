@@ -111,16 +111,23 @@ __device__ __forceinline__ u64 g_at(u64 b, u64 nb, u64 h) {
     return (h / G_TILE) * nb * G_TILE + b * G_TILE + (h % G_TILE);
 }
 
-// G_b(h) times `scale` (G16: the pixel's gscale; G32: 1). G is read once per evaluation, so
-// the loads are streaming (evict-first): they must not push the small per-pixel tables out of L1.
+// G_b at the thread's h times `scale` (G16: the pixel's gscale; G32: 1), `off` = g_at(0, nb, h)
+// (pixel b's value lies b·G_TILE further). G is read once per evaluation, so the loads are
+// streaming (evict-first).
 template <bool G16>
-__device__ __forceinline__ float2 load_g_scaled(const void* g, float scale, u64 b, u64 nb, u64 h) {
+__device__ __forceinline__ float2 load_g_off(const void* g, float scale, u64 off, u32 b) {
+    const u64 i = off + (u64)b * G_TILE;
     if (G16) {
-        const unsigned int w = __ldcs(reinterpret_cast<const unsigned int*>(g) + g_at(b, nb, h));
+        const unsigned int w = __ldcs(reinterpret_cast<const unsigned int*>(g) + i);
         return make_float2(h2f((u16)(w & 0xffffu)) * scale, h2f((u16)(w >> 16)) * scale);
     } else {
-        return __ldcs(reinterpret_cast<const float2*>(g) + g_at(b, nb, h));
+        return __ldcs(reinterpret_cast<const float2*>(g) + i);
     }
+}
+
+template <bool G16>
+__device__ __forceinline__ float2 load_g_scaled(const void* g, float scale, u64 b, u64 nb, u64 h) {
+    return load_g_off<G16>(g, scale, g_at(0, nb, h), (u32)b);
 }
 
 template <bool G16>
@@ -128,15 +135,17 @@ __device__ __forceinline__ float2 load_g(const void* g, const float* gscale, u64
     return load_g_scaled<G16>(g, G16 ? gscale[b] : 1.f, b, nb, h);
 }
 
-// Per-pixel tables of one chunk of BF pixels, staged in shared memory by the accumulate block
-// (every thread reads the same entry at the same time: a broadcast, never evicted by G).
-#define ACC_CHUNK 256u
+// Per-pixel tables of the block's slice of BF pixels, staged once in (dynamic) shared memory
+// by the accumulate block: every thread reads the same entry at the same time (a broadcast,
+// never evicted by G), and one barrier serves the whole slice. ssb.rs sizes the launch with
+// ACC_TABLE_BYTES per pixel and keeps a slice within 48 KB.
+#define ACC_TABLE_BYTES 25u
 struct PixelTables {
-    float2 k[ACC_CHUNK];   // k_b
-    float2 pk[ACC_CHUNK];  // P(k_b) (general terms)
-    float ak[ACC_CHUNK];   // A(k_b) (quadratic terms)
-    float gs[ACC_CHUNK];   // gscale (G16)
-    unsigned char cont[ACC_CHUNK];
+    const float2* k;   // k_b
+    const float2* pk;  // P(k_b) (general terms)
+    const float* ak;   // A(k_b) (quadratic terms)
+    const float* gs;   // gscale (G16)
+    const unsigned char* cont;
 };
 
 // The pair a half-spectrum index h = r·half + c stands for: its own full-plane index i1 and,
@@ -211,10 +220,11 @@ __device__ __forceinline__ void general_terms(Sums& t, const void* __restrict__ 
                                               const Pair& p, float vr, float vc, float vr2,
                                               float vc2, const SsbOptics& o, const SsbAb& ab) {
     // Software pipelining: the next pixel's G is loaded while this one is computed.
-    float2 g_nx = load_g_scaled<G16>(g, tb.gs[0], c0, nb, h);
+    const u64 off = g_at(0, nb, h);
+    float2 g_nx = load_g_off<G16>(g, tb.gs[0], off, c0);
     for (u32 j = 0; j < cn; ++j) {
         const float2 gv = g_nx;
-        if (j + 1 < cn) g_nx = load_g_scaled<G16>(g, tb.gs[j + 1], c0 + j + 1, nb, h);
+        if (j + 1 < cn) g_nx = load_g_off<G16>(g, tb.gs[j + 1], off, c0 + j + 1);
         const float2 k = tb.k[j], pkb = tb.pk[j];
         if (pkb.x == 0.f && pkb.y == 0.f) continue;  // zero-aperture pixel: Γ ≡ 0
         float2 c1, c2;
@@ -283,12 +293,13 @@ __device__ __forceinline__ void quad_terms(QuadState& st, const void* __restrict
                                            u32 c0, u32 cn, const PixelTables& tb, u32 nb, u32 h,
                                            float vr, float vc, const SsbOptics& o,
                                            const SsbQuad& q) {
+    const u64 off = g_at(0, nb, h);
     for (u32 j0 = 0; j0 < cn; j0 += QUAD_DEPTH) {
         float2 gq[QUAD_DEPTH];
 #pragma unroll
         for (u32 i = 0; i < QUAD_DEPTH; ++i) {
             const u32 j = min(j0 + i, cn - 1);
-            gq[i] = load_g_scaled<G16>(g, tb.gs[j], c0 + j, nb, h);
+            gq[i] = load_g_off<G16>(g, tb.gs[j], off, c0 + j);
         }
 #pragma unroll
         for (u32 i = 0; i < QUAD_DEPTH; ++i) {
@@ -332,7 +343,7 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
                            SsbAb ab, SsbQuad q, float2* __restrict__ s_part,
                            double* __restrict__ pow_part) {
     __shared__ double red[256];
-    __shared__ PixelTables tb;
+    extern __shared__ __align__(16) unsigned char acc_smem[];
     const u64 nh = (u64)nr * half, n = (u64)nr * nc;
     const u32 b_lo = blockIdx.y * per_slice;
     const u32 b_hi = min(nb, b_lo + per_slice);
@@ -351,23 +362,28 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
     const bool quad = QUAD && active && (!p.two || p.sym);
     QuadState qs = quad_start(vr, vc, q);
     Sums t = {make_float2(0.f, 0.f), make_float2(0.f, 0.f), 0.f};
-    // Every thread takes part in staging each chunk's tables, active or not.
-    for (u32 c0 = b_lo; c0 < b_hi; c0 += ACC_CHUNK) {
-        const u32 cn = min(ACC_CHUNK, b_hi - c0);
-        __syncthreads();
-        if (threadIdx.x < cn) {
-            const u32 b = c0 + threadIdx.x;
-            tb.k[threadIdx.x] = kb[b];
-            tb.pk[threadIdx.x] = pk[b];
-            tb.ak[threadIdx.x] = ak[b];
-            tb.gs[threadIdx.x] = G16 ? gscale[b] : 1.f;
-            tb.cont[threadIdx.x] = cont[b];
-        }
-        __syncthreads();
+    // Every thread takes part in staging the slice's tables, active or not.
+    const u32 cn = b_hi > b_lo ? b_hi - b_lo : 0u;
+    float2* sk = reinterpret_cast<float2*>(acc_smem);
+    float2* spk = sk + per_slice;
+    float* sak = reinterpret_cast<float*>(spk + per_slice);
+    float* sgs = sak + per_slice;
+    unsigned char* scont = reinterpret_cast<unsigned char*>(sgs + per_slice);
+    for (u32 j = threadIdx.x; j < cn; j += blockDim.x) {
+        const u32 b = b_lo + j;
+        sk[j] = kb[b];
+        spk[j] = pk[b];
+        sak[j] = ak[b];
+        sgs[j] = G16 ? gscale[b] : 1.f;
+        scont[j] = cont[b];
+    }
+    __syncthreads();
+    const PixelTables tb = {sk, spk, sak, sgs, scont};
+    if (cn > 0) {
         if (quad) {
-            quad_terms<G16>(qs, g, b_lo, c0, cn, tb, nb, h, vr, vc, o, q);
+            quad_terms<G16>(qs, g, b_lo, b_lo, cn, tb, nb, h, vr, vc, o, q);
         } else if (active) {
-            general_terms<G16>(t, g, c0, cn, tb, nb, h, p, vr, vc, vr2, vc2, o, ab);
+            general_terms<G16>(t, g, b_lo, cn, tb, nb, h, p, vr, vc, vr2, vc2, o, ab);
         }
     }
     float power = 0.f;
