@@ -46,7 +46,7 @@ const WARPS_PLAIN: u32 = 8;
 /// Warps per CTA with shared accumulators (one CTA per SM; launch bounds cap registers at 64).
 const WARPS_SHARED: u32 = 32;
 
-/// `ProdArgs` in products.cu: 9 pointers, 2 u64, 6 u32 (112 bytes, 8-byte aligned). What
+/// `ProdArgs` in products.cu: 10 pointers, 2 u64, 6 u32 (120 bytes, 8-byte aligned). What
 /// the kernel computes comes from its module's defines ([`Shape`]), not from these fields.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -60,6 +60,7 @@ struct ProdArgs {
     mom: u64,
     sum_dp: u64,
     max_dp: u64,
+    bits4: u64,
     first: u64,
     count: u64,
     n: u32,
@@ -414,6 +415,12 @@ fn run(
             let b = upload(gpu, &bits, "mask bits")?;
             a.bits = b.ptr();
             bufs.push(b);
+            if matches!(data, Data::Encoded(_)) {
+                // The decoder's order (one load per four steps, rans.cu `ctx4`).
+                let b4 = upload(gpu, &rans::interleave4(&bits), "mask bits (decoder order)")?;
+                a.bits4 = b4.ptr();
+                bufs.push(b4);
+            }
         }
         if !part.wint.is_empty() {
             let mut w16 = Vec::with_capacity(n * part.wint.len());

@@ -54,7 +54,7 @@ const ENCODE_CTAS_PER_SM: u64 = 8;
 /// Bit-staging words per encoder warp (rans.cu).
 const ENCODE_WINDOW_WORDS: u32 = 20;
 
-/// The model argument of every kernel (`RansModel` in rans.cu: 4 pointers then 6 u32).
+/// The model argument of every kernel (`RansModel` in rans.cu: 5 pointers then 6 u32).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct ModelArg {
@@ -62,6 +62,7 @@ pub(crate) struct ModelArg {
     tab: u64,
     lut: u64,
     thr: u64,
+    ctx4: u64,
     n: u32,
     k: u32,
     s: u32,
@@ -71,7 +72,7 @@ pub(crate) struct ModelArg {
 }
 
 // SAFETY: `ModelArg` is `repr(C)` plain data with the exact layout of `struct RansModel` in
-// rans.cu (four 8-byte pointers, six 4-byte integers, 56 bytes, 8-byte aligned).
+// rans.cu (five 8-byte pointers, six 4-byte integers, 64 bytes, 8-byte aligned).
 unsafe impl DeviceRepr for ModelArg {}
 
 /// The rANS kernels loaded into one context.
@@ -165,11 +166,26 @@ pub fn device_tables(model: &CountsModel) -> (Vec<u32>, Vec<u8>) {
     (tab, lut)
 }
 
+/// A per-pixel byte map in the decoder's order (`ctx4` in rans.cu): word `g·32 + lane` holds,
+/// in byte `j`, the byte of pixel `(4g + j)·32 + lane` (0 past the map), so in step t of a
+/// stream (pixels 32t..32t+31, one per lane) a lane reads the bytes of four steps with one
+/// coalesced 4-byte load. `⌈⌈n/32⌉/4⌉·32` words.
+pub fn interleave4(map: &[u8]) -> Vec<u32> {
+    let groups = map.len().div_ceil(32).div_ceil(4);
+    let mut out = vec![0u32; groups * 32];
+    for (p, &b) in map.iter().enumerate() {
+        let (t, lane) = (p / 32, p % 32);
+        out[(t / 4) * 32 + lane] |= u32::from(b) << (8 * (t % 4));
+    }
+    out
+}
+
 /// A [`CountsModel`] in device memory.
 #[derive(Debug)]
 pub struct DeviceModel {
     model: CountsModel,
     ctx: DevBuf,
+    ctx4: DevBuf,
     tab: DevBuf,
     lut: DevBuf,
     thr: DevBuf,
@@ -187,6 +203,9 @@ impl DeviceModel {
         let (tab, lut) = device_tables(&model);
         let d_ctx = DevBuf::alloc(ctx, model.frame_len(), counter, "rANS context map")?;
         d_ctx.write(0, model.ctx_map())?;
+        let ctx4 = interleave4(model.ctx_map());
+        let d_ctx4 = DevBuf::alloc(ctx, ctx4.len() * 4, counter, "rANS context map (decoder)")?;
+        d_ctx4.write(0, bytemuck::cast_slice(&ctx4))?;
         let d_tab = DevBuf::alloc(ctx, tab.len() * 4, counter, "rANS tables")?;
         d_tab.write(0, bytemuck::cast_slice(&tab))?;
         let d_lut = DevBuf::alloc(ctx, lut.len(), counter, "rANS lookup")?;
@@ -201,6 +220,7 @@ impl DeviceModel {
             lut_bytes: lut.len() as u32,
             model,
             ctx: d_ctx,
+            ctx4: d_ctx4,
             tab: d_tab,
             lut: d_lut,
             thr: d_thr,
@@ -214,7 +234,11 @@ impl DeviceModel {
 
     /// Device bytes held.
     pub fn nbytes(&self) -> u64 {
-        (self.ctx.bytes() + self.tab.bytes() + self.lut.bytes() + self.thr.bytes()) as u64
+        (self.ctx.bytes()
+            + self.ctx4.bytes()
+            + self.tab.bytes()
+            + self.lut.bytes()
+            + self.thr.bytes()) as u64
     }
 
     /// Shared memory every CTA stages the tables into.
@@ -237,6 +261,7 @@ impl DeviceModel {
             tab: self.tab.ptr(),
             lut: self.lut.ptr(),
             thr: self.thr.ptr(),
+            ctx4: self.ctx4.ptr(),
             n: m.frame_len() as u32,
             k: u32::from(m.literals()),
             s: m.symbols() as u32,
@@ -1082,6 +1107,27 @@ mod tests {
         assert!(checked > 4096 * 4000, "{checked}");
     }
 
+    /// The decoder's view (rans.cu: step t, lane l reads byte t % 4 of word (t / 4)·32 + l)
+    /// gives back every pixel's byte, on a frame that is a multiple of 128 pixels, one that
+    /// ends inside a step, and one that ends inside a group; the padding is zero.
+    #[test]
+    fn interleave4_is_read_back_in_decoder_order() {
+        for n in [36_864usize, 143, 100, 1] {
+            let map: Vec<u8> = (0..n).map(|p| (p * 7 % 251) as u8 + 1).collect();
+            let w = interleave4(&map);
+            let steps = n.div_ceil(32);
+            assert_eq!(w.len(), steps.div_ceil(4) * 32, "n {n}");
+            for t in 0..steps.div_ceil(4) * 4 {
+                for lane in 0..32 {
+                    let got = (w[(t / 4) * 32 + lane] >> (8 * (t % 4))) & 0xff;
+                    let p = t * 32 + lane;
+                    let want = map.get(p).map_or(0, |&b| u32::from(b));
+                    assert_eq!(got, want, "n {n} step {t} lane {lane}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn sample_frames_spread_and_stay_in_range() {
         assert_eq!(sample_frames(5, 10), vec![0, 1, 2, 3, 4]);
@@ -1267,8 +1313,10 @@ mod warp_emulation {
         let exw = |i: usize| u64::from(rd(ex0 + 4 * i));
         let n_ex = (st.len() - ex0) / 4;
         let mut base = 0usize;
-        let mut bitpos = 0u64;
+        let mut bitpos = 0u32;
         let mut out = vec![0u16; n];
+        // The classes as the kernel reads them: one ctx4 word per lane and group of 4 steps.
+        let ctx4 = interleave4(m.ctx_map());
         for t in 0..n.div_ceil(32) {
             let mut sy = [0u32; 32];
             let mut need = [false; 32];
@@ -1277,7 +1325,8 @@ mod warp_emulation {
                 if p >= n {
                     continue;
                 }
-                let row = set * c + m.ctx_map()[p] as usize;
+                let class = (ctx4[(t / 4) * 32 + lane] >> (8 * (t % 4))) & 0xff;
+                let row = set * c + class as usize;
                 let slot = x[lane] & 4095;
                 let mut sym = lut[row * LUT_PER_ROW + (slot >> 4) as usize] as usize;
                 let mut e = tab[row * s + sym];
@@ -1296,7 +1345,7 @@ mod warp_emulation {
                 }
             }
             base += need.iter().filter(|&&b| b).count();
-            let mut acc = 0u64;
+            let mut acc = 0u32;
             for lane in 0..32 {
                 let p = t * 32 + lane;
                 if p >= n {
@@ -1307,13 +1356,12 @@ mod warp_emulation {
                     let nb = sy[lane] - k;
                     let off = bitpos + acc;
                     let wi = (off >> 5) as usize;
-                    let mut win = exw(wi);
-                    if wi + 1 < n_ex {
-                        win |= exw(wi + 1) << 32;
-                    }
-                    let e = ((win >> (off & 31)) as u32) & ((1 << nb) - 1);
+                    // __funnelshift_r(lo, hi, off & 31): the low word of (hi:lo) >> (off & 31).
+                    let lo = exw(wi);
+                    let hi = if wi + 1 < n_ex { exw(wi + 1) } else { 0 };
+                    let e = (((hi << 32 | lo) >> (off & 31)) as u32) & ((1 << nb) - 1);
                     v = k - 1 + (1 << nb) + e;
-                    acc += u64::from(nb);
+                    acc += nb;
                 }
                 out[p] = v as u16;
             }

@@ -62,6 +62,7 @@ struct ProdArgs {
     u64* mom;                        // 3 × count (S, m_row, m_col)
     u64* sum_dp;                     // n
     u32* max_dp;                     // n
+    const u32* __restrict__ bits4;   // bits interleaved like the decoder's ctx4 (ENCODED)
     u64 first, count;
     u32 n, kc, pad0, pad1, pad2, pad3;
 };
@@ -154,7 +155,15 @@ struct ProdAcc {
     __device__ __forceinline__ void add_rest(const ProdArgs& a, u32* ssum, u32* smax, u32 p,
                                              u32 v) {
 #if PROD_NBIN > 0
-        const u32 b = __ldg(a.bits + p);
+        add_rest_b(a, ssum, smax, p, v, __ldg(a.bits + p));
+#else
+        add_rest_b(a, ssum, smax, p, v, 0u);
+#endif
+    }
+    // `add_rest` with the pixel's mask bits `b` given.
+    __device__ __forceinline__ void add_rest_b(const ProdArgs& a, u32* ssum, u32* smax, u32 p,
+                                               u32 v, u32 b) {
+#if PROD_NBIN > 0
 #pragma unroll
         for (int j = 0; j < PROD_NBIN; ++j)
             if ((b >> j) & 1u) bin[j] += (acc_t)v;
@@ -248,15 +257,25 @@ __device__ __forceinline__ void prod_shared_flush(const ProdArgs& a, const u32* 
 }
 
 // The functor `rans_decode_stream` calls for each decoded pixel p (p = 32·t + lane, ascending
-// per lane, so (row, col) advance by 32 pixels per call).
+// per lane, so (row, col) advance by 32 pixels per call). The mask bits come from `bits4`, one
+// coalesced load per group of four steps.
 struct ProdDecodeOp {
     const ProdArgs* a;
     ProdAcc* acc;
     u32* ssum;
     u32* smax;
     u32 row, col;
-    __device__ __forceinline__ void value(u32 p, u32 v) {
-        acc->add(*a, ssum, smax, p, row, col, v);
+    u32 lane;
+    u32 bw;  // the group's mask bits, byte j for step j
+    __device__ __forceinline__ void group(u32 g) {
+#if PROD_NBIN > 0
+        bw = __ldg(a->bits4 + (g << 5) + lane);
+#endif
+        (void)g;
+    }
+    __device__ __forceinline__ void value(u32 p, u32 v, u32 j) {
+        acc->mom_value(row, col, v);
+        acc->add_rest_b(*a, ssum, smax, p, v, (bw >> (8u * j)) & 0xffu);
 #if PROD_MOM
         col += 32u;
         while (col >= a->kc) {
@@ -265,6 +284,7 @@ struct ProdDecodeOp {
         }
 #endif
     }
+    __device__ __forceinline__ void finish() {}
 };
 
 extern "C" __global__ void __launch_bounds__(PROD_WARPS * 32)
@@ -288,7 +308,7 @@ extern "C" __global__ void __launch_bounds__(PROD_WARPS * 32)
         if (!stream_at(arena, arena_len, index, i, st, len)) {
             code = R_INDEX;
         } else {
-            ProdDecodeOp op{&a, &acc, ssum, smax, lane / a.kc, lane % a.kc};
+            ProdDecodeOp op{&a, &acc, ssum, smax, lane / a.kc, lane % a.kc, lane, 0u};
 #if PROD_ROWACC
             acc.cur = op.row;
 #endif

@@ -83,6 +83,10 @@ struct RansModel {
     const u32* tab;               // T*C*S packed entries
     const u8* lut;                // T*C*256 coarse lookup
     const u64* __restrict__ thr;  // T-1 thresholds (global)
+    // The context classes of ctx in decoder order (rans.rs `interleave4`): word g·32 + lane
+    // holds, in byte j, the class of pixel (4g + j)·32 + lane (0 past the frame), so a lane
+    // reads the classes of four steps with one coalesced load.
+    const u32* __restrict__ ctx4;
     u32 n, K, S, C, T, split;
 };
 
@@ -107,9 +111,104 @@ __device__ RansModel stage_model(RansModel m, u32* smem) {
     return m;
 }
 
-// Decode one stream with the whole warp; every lane returns the same code. `op.value(p, v)` is
-// called for every pixel p of the frame (by the lane holding it), in steps of 32 pixels.
-// `a`/`b` carry detail for the error record.
+// 32-bit shared-memory loads (the tables' addresses are computed once per stream; through a
+// generic pointer the compiler rebuilt the shared window's base every step).
+__device__ __forceinline__ u32 lds_u8(u32 addr) {
+    u32 v;
+    asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ u32 lds_u32(u32 addr) {
+    u32 v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+    return v;
+}
+
+// What the steps of one stream share (constant per stream).
+struct StreamCtx {
+    const u16* __restrict__ w;   // renormalisation words
+    const u32* __restrict__ ex;  // extra bits
+    u32 tb, lb, s4;              // shared addresses: this table set's tab and lut; 4·S
+    u32 n, K, split, n_words, n_bits, n_ex, lt;
+};
+
+// What the steps of one stream carry.
+struct StreamState {
+    u32 x;       // the lane's rANS state
+    u32 base;    // words consumed by the warp
+    u32 bitpos;  // extra bits consumed by the warp (≤ 15·n < 2^32)
+    u32 stat;    // the lane's statistic since the last flush (≤ 4 values of < 2^17)
+    u32 bad;     // bit 0: a word was needed past n_words; bit 1: bits past n_bits
+};
+
+// Step t of a stream for one lane: pixel p = 32t + lane of context class c; TAIL = the step
+// may hold pixels past the frame (only the last step when n is not a multiple of 32). `j` is
+// the step's place in its group of four (the functor's interleaved per-pixel data).
+template <bool TAIL, class Op>
+__device__ __forceinline__ void rans_step(StreamState& d, const StreamCtx& k, u32 t, u32 j,
+                                          u32 c, u32 lane, Op& op) {
+    const u32 p = (t << 5) + lane;
+    const bool act = !TAIL || p < k.n;
+    u32 s = 0u;
+    if (act) {
+        const u32 slot = d.x & PROB_MASK;
+        s = lds_u8(k.lb + ((c << 8) | (slot >> 4)));
+        u32 ta = k.tb + c * k.s4 + (s << 2);
+        u32 e = lds_u32(ta);
+        // Terminates: a row's ranges tile [0, 4096) and slot < 4096.
+        while (slot >= (e & 0xffffu) + (e >> 16)) {
+            ta += 4u;
+            ++s;
+            e = lds_u32(ta);
+        }
+        d.x = (e >> 16) * (d.x >> PROB_BITS) + slot - (e & 0xffffu);
+    }
+    const bool need = act && d.x < RANS_L;
+    const u32 mk = __ballot_sync(FULL_MASK, need);
+    if (need) {
+        const u32 idx = d.base + __popc(mk & k.lt);
+        if (idx < k.n_words) {
+            d.x = (d.x << 16) | (u32)__ldg(k.w + idx);
+        } else {
+            d.bad |= 1u;
+        }
+    }
+    d.base += __popc(mk);
+    u32 v = s;
+    const bool bk = act && s >= k.K;
+    if (__any_sync(FULL_MASK, bk)) {
+        const u32 nb = bk ? s - k.K : 0u;
+        u32 incl = nb;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u32 y = __shfl_up_sync(FULL_MASK, incl, o);
+            if ((int)lane >= o) incl += y;
+        }
+        const u32 tot = __shfl_sync(FULL_MASK, incl, 31);
+        if (bk) {
+            const u32 off = d.bitpos + incl - nb;
+            if (off + nb > k.n_bits) {
+                d.bad |= 2u;
+            } else {
+                const u32 wi = off >> 5;
+                const u32 lo = __ldg(k.ex + wi);
+                const u32 hi = wi + 1u < k.n_ex ? __ldg(k.ex + wi + 1u) : 0u;
+                const u32 e = __funnelshift_r(lo, hi, off & 31u) & ((1u << nb) - 1u);
+                v = k.K - 1u + (1u << nb) + e;
+            }
+        }
+        d.bitpos += tot;
+    }
+    if (act) {
+        if (c < k.split) d.stat += v;
+        op.value(p, v, j);
+    }
+}
+
+// Decode one stream with the whole warp; every lane returns the same code. The functor gets
+// `op.group(g)` before the steps 4g..4g+3 (for data interleaved like ctx4), `op.value(p, v, j)`
+// for every pixel p of the frame (by the lane holding it; j = the step's place in its group),
+// and `op.finish()` after the last step. `a`/`b` carry detail for the error record.
 template <class Op>
 __device__ u32 rans_decode_stream(const u8* __restrict__ st, u64 len, const RansModel& m,
                                   u32 lane, Op& op, u32& a, u32& b) {
@@ -144,116 +243,94 @@ __device__ u32 rans_decode_stream(const u8* __restrict__ st, u64 len, const Rans
         b = resv;
         return R_RESERVED;
     }
-    u32 x = __ldg(h + 4 + lane);
+    StreamState d;
+    d.x = __ldg(h + 4 + lane);
     {
-        const u32 lo = __ballot_sync(FULL_MASK, x < RANS_L);
+        const u32 lo = __ballot_sync(FULL_MASK, d.x < RANS_L);
         if (lo) {
             a = __ffs(lo) - 1u;
-            b = __shfl_sync(FULL_MASK, x, __ffs(lo) - 1u);
+            b = __shfl_sync(FULL_MASK, d.x, __ffs(lo) - 1u);
             return R_START_STATE;
         }
     }
-    const u16* __restrict__ w = (const u16*)(st + HDR_BYTES);
-    const u32* __restrict__ ex = (const u32*)(st + HDR_BYTES + word_bytes);
-    if ((n_words & 1u) && __ldg(w + n_words) != 0u) {
+    StreamCtx k;
+    k.w = (const u16*)(st + HDR_BYTES);
+    k.ex = (const u32*)(st + HDR_BYTES + word_bytes);
+    if ((n_words & 1u) && __ldg(k.w + n_words) != 0u) {
         a = 0u;
-        b = __ldg(w + n_words);
+        b = __ldg(k.w + n_words);
         return R_PAD;
     }
-    if ((n_bits & 31u) && (__ldg(ex + n_ex - 1u) >> (n_bits & 31u)) != 0u) {
+    if ((n_bits & 31u) && (__ldg(k.ex + n_ex - 1u) >> (n_bits & 31u)) != 0u) {
         a = n_bits;
-        b = __ldg(ex + n_ex - 1u);
+        b = __ldg(k.ex + n_ex - 1u);
         return R_TAIL_BITS;
     }
     const u32 rows_off = set * m.C;
-    const u32 lt = lanemask_lt();
-    u32 base = 0u;
-    u64 bitpos = 0u;
+    k.s4 = 4u * m.S;
+    k.tb = (u32)__cvta_generic_to_shared(m.tab) + rows_off * k.s4;
+    k.lb = (u32)__cvta_generic_to_shared(m.lut) + rows_off * LUT_PER_ROW;
+    k.n = n;
+    k.K = m.K;
+    k.split = m.split;
+    k.n_words = n_words;
+    k.n_bits = n_bits;
+    k.n_ex = n_ex;
+    k.lt = lanemask_lt();
+    d.base = 0u;
+    d.bitpos = 0u;
+    d.stat = 0u;
+    d.bad = 0u;
     u64 stat = 0u;
-    bool word_overrun = false, bit_overrun = false;
     const u32 steps = (n + 31u) >> 5;
-    for (u32 t = 0; t < steps; ++t) {
-        const u32 p = (t << 5) + lane;
-        const bool act = p < n;
-        u32 s = 0u, c = 0u;
-        if (act) {
-            c = __ldg(m.ctx + p);
-            const u32 slot = x & PROB_MASK;
-            const u32 row = rows_off + c;
-            const u32* tr = m.tab + row * m.S;
-            s = m.lut[row * LUT_PER_ROW + (slot >> 4)];
-            u32 e = tr[s];
-            // Terminates: a row's ranges tile [0, 4096) and slot < 4096.
-            while (slot >= (e & 0xffffu) + (e >> 16)) e = tr[++s];
-            x = (e >> 16) * (x >> PROB_BITS) + slot - (e & 0xffffu);
-        }
-        const bool need = act && x < RANS_L;
-        const u32 mk = __ballot_sync(FULL_MASK, need);
-        if (need) {
-            const u32 idx = base + __popc(mk & lt);
-            if (idx < n_words) {
-                x = (x << 16) | (u32)__ldg(w + idx);
-            } else {
-                word_overrun = true;
-            }
-        }
-        base += __popc(mk);
-        u32 v = s;
-        const bool bk = act && s >= m.K;
-        if (__any_sync(FULL_MASK, bk)) {
-            const u32 nb = bk ? s - m.K : 0u;
-            u32 incl = nb;
+    // Groups of four steps in which every lane holds a pixel, then the rest.
+    const u32 full_groups = (n >> 5) >> 2;
+    const u32* __restrict__ c4 = m.ctx4 + lane;
+    for (u32 g = 0; g < full_groups; ++g) {
+        const u32 cw = __ldg(c4 + (g << 5));
+        op.group(g);
 #pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const u32 y = __shfl_up_sync(FULL_MASK, incl, o);
-                if ((int)lane >= o) incl += y;
-            }
-            const u32 tot = __shfl_sync(FULL_MASK, incl, 31);
-            if (bk) {
-                const u64 off = bitpos + incl - nb;
-                if (off + nb > n_bits) {
-                    bit_overrun = true;
-                } else {
-                    const u32 wi = (u32)(off >> 5);
-                    u64 win = __ldg(ex + wi);
-                    if (wi + 1u < n_ex) win |= (u64)__ldg(ex + wi + 1u) << 32;
-                    const u32 e = (u32)(win >> (off & 31u)) & ((1u << nb) - 1u);
-                    v = m.K - 1u + (1u << nb) + e;
-                }
-            }
-            bitpos += tot;
+        for (u32 j = 0; j < 4u; ++j) {
+            rans_step<false>(d, k, (g << 2) + j, j, (cw >> (8u * j)) & 0xffu, lane, op);
         }
-        if (act) {
-            if (c < m.split) stat += v;
-            op.value(p, v);
-        }
+        stat += d.stat;
+        d.stat = 0u;
     }
-    if (__any_sync(FULL_MASK, word_overrun)) {
+    for (u32 t = full_groups << 2; t < steps; ++t) {
+        const u32 g = t >> 2, j = t & 3u;
+        if (j == 0u || t == (full_groups << 2)) op.group(g);
+        const u32 cw = __ldg(c4 + (g << 5));
+        rans_step<true>(d, k, t, j, (cw >> (8u * j)) & 0xffu, lane, op);
+        stat += d.stat;
+        d.stat = 0u;
+    }
+    op.finish();
+    if (__any_sync(FULL_MASK, d.bad & 1u)) {
         a = n_words;
-        b = base;
+        b = d.base;
         return R_WORD_OVERRUN;
     }
-    if (__any_sync(FULL_MASK, bit_overrun)) {
+    if (__any_sync(FULL_MASK, d.bad & 2u)) {
         a = n_bits;
-        b = (u32)bitpos;
+        b = d.bitpos;
         return R_BIT_OVERRUN;
     }
     {
-        const u32 bad = __ballot_sync(FULL_MASK, x != RANS_L);
+        const u32 bad = __ballot_sync(FULL_MASK, d.x != RANS_L);
         if (bad) {
             a = __ffs(bad) - 1u;
-            b = __shfl_sync(FULL_MASK, x, __ffs(bad) - 1u);
+            b = __shfl_sync(FULL_MASK, d.x, __ffs(bad) - 1u);
             return R_FINAL_STATE;
         }
     }
-    if (base != n_words) {
+    if (d.base != n_words) {
         a = n_words;
-        b = base;
+        b = d.base;
         return R_WORDS_LEFT;
     }
-    if (bitpos != n_bits) {
+    if (d.bitpos != n_bits) {
         a = n_bits;
-        b = (u32)bitpos;
+        b = d.bitpos;
         return R_BITS_LEFT;
     }
     if (m.T > 1u) {
@@ -283,17 +360,27 @@ __device__ __forceinline__ bool stream_at(const u8* arena, u64 arena_len, const 
 // Write the frame as u16 to out[local * n + p].
 struct DenseOut {
     u16* out;
-    __device__ __forceinline__ void value(u32 p, u32 v) { out[p] = (u16)v; }
+    __device__ __forceinline__ void group(u32) {}
+    __device__ __forceinline__ void value(u32 p, u32 v, u32) { out[p] = (u16)v; }
+    __device__ __forceinline__ void finish() {}
 };
 
 // Per-frame total count (exact, u64), the smallest fused reduction; the products issue adds the
 // virtual detectors, moments and diffraction sums on the same template.
 struct FrameSum {
     u64 acc;
-    __device__ __forceinline__ void value(u32, u32 v) { acc += v; }
+    u32 part;  // since the last group: ≤ 4 values of < 2^17
+    __device__ __forceinline__ void group(u32) {
+        acc += part;
+        part = 0u;
+    }
+    __device__ __forceinline__ void value(u32, u32 v, u32) { part += v; }
+    __device__ __forceinline__ void finish() { group(0u); }
 };
 
-// Streams [first, first + count) of the index, warps over streams.
+// Streams [first, first + count) of the index, warps over streams. The decode kernels run 8-warp
+// CTAs (rans.rs DECODE_WARPS) and ask for 6 of them per SM (40 registers, no spills): the
+// decode is issue-bound and 48 warps keep the schedulers busier than 40.
 #define QEM_RANS_WARP_LOOP(body)                                                                 \
     const u32 lane = threadIdx.x & 31u;                                                         \
     const u64 warps = (u64)gridDim.x * (blockDim.x >> 5);                                        \
@@ -312,7 +399,7 @@ struct FrameSum {
     }
 
 // Decode streams [first, first + count) to dense u16 frames out[(i - first) * n + p].
-extern "C" __global__ void qem_rans_decode_dense(const u8* __restrict__ arena, u64 arena_len,
+extern "C" __global__ void __launch_bounds__(256, 6) qem_rans_decode_dense(const u8* __restrict__ arena, u64 arena_len,
                                                  const u32* __restrict__ index, u64 first,
                                                  u64 count, RansModel m, u16* __restrict__ out,
                                                  u32* err) {
@@ -336,7 +423,10 @@ __device__ __forceinline__ u64 splitmix64(u64 z) {
 // check compare every decoded frame with the CPU's without moving frames.
 struct FrameHash {
     u64 acc;
-    __device__ __forceinline__ void value(u32 p, u32 v) { acc += (u64)v * splitmix64(p); }
+    u32 part;  // unused
+    __device__ __forceinline__ void group(u32) {}
+    __device__ __forceinline__ void value(u32 p, u32 v, u32) { acc += (u64)v * splitmix64(p); }
+    __device__ __forceinline__ void finish() {}
 };
 
 // One u64 per stream from a per-lane accumulating functor (u64::MAX for a failed stream).
@@ -347,7 +437,9 @@ __device__ __forceinline__ void frame_reduce(const u8* __restrict__ arena, u64 a
                                              u32* smem) {
     m = stage_model(m, smem);
     QEM_RANS_WARP_LOOP({
-        Op op{0ull};
+        Op op;
+        op.acc = 0ull;
+        op.part = 0u;
         code = rans_decode_stream(st, len, m, lane, op, a, b);
         const u64 t = warp_sum_u64(op.acc);
         if (lane == 0u) out[k] = code == R_OK ? t : ~0ull;
@@ -355,7 +447,7 @@ __device__ __forceinline__ void frame_reduce(const u8* __restrict__ arena, u64 a
 }
 
 // Per-frame sums of streams [first, first + count) to sums[k].
-extern "C" __global__ void qem_rans_frame_sums(const u8* __restrict__ arena, u64 arena_len,
+extern "C" __global__ void __launch_bounds__(256, 6) qem_rans_frame_sums(const u8* __restrict__ arena, u64 arena_len,
                                                const u32* __restrict__ index, u64 first,
                                                u64 count, RansModel m, u64* __restrict__ sums,
                                                u32* err) {
@@ -364,7 +456,7 @@ extern "C" __global__ void qem_rans_frame_sums(const u8* __restrict__ arena, u64
 }
 
 // Per-frame hashes (FrameHash) of streams [first, first + count) to hashes[k].
-extern "C" __global__ void qem_rans_frame_hashes(const u8* __restrict__ arena, u64 arena_len,
+extern "C" __global__ void __launch_bounds__(256, 6) qem_rans_frame_hashes(const u8* __restrict__ arena, u64 arena_len,
                                                  const u32* __restrict__ index, u64 first,
                                                  u64 count, RansModel m,
                                                  u64* __restrict__ hashes, u32* err) {
