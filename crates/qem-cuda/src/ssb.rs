@@ -46,10 +46,10 @@ const OP: &str = "ssb (CUDA)";
 const CUFFT_INVERSE: i32 = 1;
 /// Threads per block of every SSB kernel (the block reductions assume 256).
 const THREADS: u32 = 256;
-/// Most BF pixels in one accumulate slice: its tables (ssb.cu ACC_TABLE_BYTES = 25 bytes a
+/// Most BF pixels in one accumulate slice: its tables (ssb.cu ACC_TABLE_BYTES = 28 bytes a
 /// pixel) and the 2 KB reduction must fit the 48 KB a block gets without opting in.
-const MAX_SLICE_PIXELS: u32 = 1800;
-const ACC_TABLE_BYTES: u32 = 25;
+const MAX_SLICE_PIXELS: u32 = 1600;
+const ACC_TABLE_BYTES: u32 = 28;
 /// G16 stores `G_b(ν)·60000/G_b(0)`: below f16's largest finite value (65504).
 const G16_FULL_SCALE: f64 = 60_000.0;
 /// Most BF pixels one prepare batch takes (bounds the images buffer, 1 MiB per pixel at 512²).
@@ -179,8 +179,12 @@ struct QuadArg {
     dy: f32,
     rin2: f32,
     rout2: f32,
+    lambda: f32,
+    alpha: f32,
+    inv_d: f32,
+    soft: u32,
 }
-// SAFETY: repr(C) plain f32s with the layout of `struct SsbQuad`.
+// SAFETY: repr(C) plain 4-byte fields with the layout of `struct SsbQuad`.
 unsafe impl DeviceRepr for QuadArg {}
 
 #[derive(Debug)]
@@ -322,9 +326,16 @@ pub struct GpuSsb {
     k_step: (f64, f64),
     /// `SsbQuad`'s `rin2`, `rout2`: |v|² (Å⁻²) inside which A(v) = 1 and outside which A(v) = 0.
     aperture_radii: (f32, f32),
+    /// `SsbQuad`'s `inv_d` where the soft aperture has one δ (`aperture_soft`).
+    aperture_soft: Option<f32>,
     quad_enabled: AtomicBool,
     fr: DevBuf,
     fc: DevBuf,
+    /// The quadratic kernel's general pairs (`general_pairs`), taken by its first `gen_blocks`
+    /// blocks.
+    hlist: DevBuf,
+    n_list: u32,
+    gen_blocks: u32,
     b: usize,
     scan: Shape2,
     half: usize,
@@ -460,6 +471,41 @@ fn aperture_radii(o: &Optics) -> (f32, f32) {
     ((inner * (1.0 - 1e-6)) as f32, (outer * (1.0 + 1e-6)) as f32)
 }
 
+/// `SsbQuad`'s `inv_d` = 1/δ for the branch-free soft aperture `A(v) = sat((α − λ|v|)/δ + ½)`,
+/// the CPU's formula, where δ is one constant (square pixels) and not 0; `None` elsewhere (the
+/// kernel then takes `aperture_q`).
+fn aperture_soft(o: &Optics) -> Option<f32> {
+    let (dr, dc) = o.dtheta_rad;
+    let d = dr.abs();
+    // The kernels' `aperture` takes a hard edge at δ² ≤ 1e-30 (f32).
+    (dr == dc && (d * d) as f32 > 1e-30).then(|| (1.0 / d) as f32)
+}
+
+/// The half-spectrum indices the quadratic accumulate kernel leaves to its list blocks: pairs
+/// whose mirror is not −ν (on the Nyquist lines), from ssb.cu `pair_of` on the same f32
+/// frequencies (`take && two && !sym`).
+fn general_pairs(nr: usize, nc: usize, fr: &[f32], fc: &[f32]) -> Vec<u32> {
+    let half = nc / 2 + 1;
+    let mut out = Vec::new();
+    for h in 1..nr * half {
+        let (r, c) = (h / half, h % half);
+        let (rm, cm) = ((nr - r) % nr, (nc - c) % nc);
+        let (mut take, mut two) = (true, true);
+        if cm < half {
+            if rm == r && cm == c {
+                two = false;
+            } else if rm < r {
+                take = false;
+            }
+        }
+        let sym = two && fr[rm] == -fr[r] && fc[cm] == -fc[c];
+        if take && two && !sym {
+            out.push(h as u32);
+        }
+    }
+    out
+}
+
 /// Values per pixel in G: the half spectrum padded to whole tiles of `G_TILE` (ssb.cu) = THREADS.
 fn padded_half(nh: u64) -> u64 {
     nh.div_ceil(u64::from(THREADS)) * u64::from(THREADS)
@@ -558,11 +604,15 @@ impl GpuSsb {
                     .with_found(format!("{b} (bin the detector)")),
             );
         }
+        // The quadratic kernel's list blocks: at most the two Nyquist lines' pairs.
+        let list_max = (scan.rows + scan.cols + 2) as u64;
+        let gen_max = list_max.div_ceil(u64::from(THREADS));
         let fixed = (b as u64) * (8 + 8 + 8 + 4)
             + (scan.rows + scan.cols) as u64 * 4
+            + list_max * 4
             + u64::from(slices) * n64 * 8
             + n64 * 8
-            + (u64::from(slices) * u64::from(blocks_x) + 4096) * 8
+            + (u64::from(slices) * (u64::from(blocks_x) + gen_max) + 4096) * 8
             + plan_work_bytes(scan, cufft_sys::cufftType::CUFFT_C2C, 1)?;
         let scratch = match src {
             Source::Dense(_) | Source::Host { .. } => 0,
@@ -628,6 +678,14 @@ impl GpuSsb {
         let fr32: Vec<f32> = s.nu_r.iter().map(|&v| v as f32).collect();
         let fc32: Vec<f32> = s.nu_c.iter().map(|&v| v as f32).collect();
         let fr = upload(ctx, &fr32, c, "scan frequencies (rows)")?;
+        let list = general_pairs(scan.rows, scan.cols, &fr32, &fc32);
+        let gen_blocks = list.len().div_ceil(THREADS as usize) as u32;
+        let hlist = upload(
+            ctx,
+            if list.is_empty() { &[0u32][..] } else { &list },
+            c,
+            "Nyquist-line pairs",
+        )?;
         let fc = upload(ctx, &fc32, c, "scan frequencies (cols)")?;
         let g = DevBuf::alloc(
             ctx,
@@ -766,7 +824,7 @@ impl GpuSsb {
             s: DevBuf::alloc(ctx, n * 8, c, "mean spectrum")?,
             pow_part: DevBuf::alloc(
                 ctx,
-                (slices as usize * blocks_x as usize) * 8,
+                (slices as usize * (blocks_x + gen_blocks) as usize) * 8,
                 c,
                 "power partials",
             )?,
@@ -801,9 +859,13 @@ impl GpuSsb {
             cont: d_cont,
             k_step,
             aperture_radii: aperture_radii(&s.optics),
+            aperture_soft: aperture_soft(&s.optics),
             quad_enabled: AtomicBool::new(true),
             fr,
             fc,
+            hlist,
+            n_list: list.len() as u32,
+            gen_blocks,
             b,
             scan,
             half,
@@ -855,6 +917,10 @@ impl GpuSsb {
         }
         let c = chi_polynomial(ab, self.lambda);
         let (rin2, rout2) = self.aperture_radii;
+        let (inv_d, soft) = match self.aperture_soft {
+            Some(v) => (v, 1),
+            None => (0.0, 0),
+        };
         Some(QuadArg {
             m_rr: (c[0] + c[1]) as f32,
             m_cc: (c[0] - c[1]) as f32,
@@ -863,6 +929,10 @@ impl GpuSsb {
             dy: self.k_step.1 as f32,
             rin2,
             rout2,
+            lambda: self.optics.lambda,
+            alpha: self.optics.alpha,
+            inv_d,
+            soft,
         })
     }
 
@@ -885,8 +955,9 @@ impl GpuSsb {
         Ok(())
     }
 
-    /// Queue P(k_b), the accumulate launch and the slice sum; returns nothing until synced.
-    fn queue_mean_spectrum(&self, w: &Work, ab: &AbArg, quad: Option<QuadArg>) -> Result<()> {
+    /// Queue P(k_b), the accumulate launch and the slice sum; returns the accumulate grid's x
+    /// size (its blocks' power partials are `slices` × that).
+    fn queue_mean_spectrum(&self, w: &Work, ab: &AbArg, quad: Option<QuadArg>) -> Result<u32> {
         let stream = self.gpu.stream();
         let (kb, pk, nb) = (self.kb.ptr(), w.pk.ptr(), self.b as u32);
         let o = self.optics;
@@ -904,8 +975,10 @@ impl GpuSsb {
             self.half as u32,
         );
         let (sp, pp) = (w.s_part.ptr(), w.pow_part.ptr());
+        let gen_blocks = if quad.is_some() { self.gen_blocks } else { 0 };
+        let grid_x = self.blocks_x + gen_blocks;
         let cfg = LaunchConfig {
-            grid_dim: (self.blocks_x, self.slices, 1),
+            grid_dim: (grid_x, self.slices, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: (per_slice * ACC_TABLE_BYTES).next_multiple_of(16),
         };
@@ -915,6 +988,7 @@ impl GpuSsb {
         };
         let q = quad.unwrap_or_default();
         let (ak, cont) = (self.ak.ptr(), self.cont.ptr());
+        let (hl, n_list) = (self.hlist.ptr(), self.n_list);
         let mut lb = stream.launch_builder(kernel);
         lb.arg(&g)
             .arg(&gs)
@@ -932,14 +1006,19 @@ impl GpuSsb {
             .arg(&o)
             .arg(ab)
             .arg(&q)
+            .arg(&hl)
+            .arg(&n_list)
+            .arg(&gen_blocks)
             .arg(&sp)
             .arg(&pp);
         // SAFETY: matches `qem_ssb_accumulate[_quad]_g{32,16}(const void*, const float*, u32,
         // u32, const float2*, const float2*, const float*, const unsigned char*, const float*,
-        // const float*, u32, u32, u32, SsbOptics, SsbAb, SsbQuad, float2*, double*)`: G holds
-        // b·padded_half(nr·half) values of its storage (tiled), gscale/kb/pk/ak/cont b entries, fr/fc nr/nc floats,
-        // s_part slices·n float2, pow_part slices·blocks_x f64; the dynamic shared memory holds
-        // per_slice·ACC_TABLE_BYTES (≤ 45 KB by MAX_SLICE_PIXELS); the grid is (blocks_x, slices)
+        // const float*, u32, u32, u32, SsbOptics, SsbAb, SsbQuad, const u32*, u32, u32, float2*,
+        // double*)`: G holds b·padded_half(nr·half) values of its storage (tiled),
+        // gscale/kb/pk/ak/cont b entries, fr/fc nr/nc floats, hlist n_list (≥ 1) u32 with
+        // gen_blocks·256 ≥ n_list, s_part slices·n float2, pow_part slices·(blocks_x +
+        // self.gen_blocks) f64 ≥ slices·grid_x; the dynamic shared memory holds
+        // per_slice·ACC_TABLE_BYTES (≤ 45 KB by MAX_SLICE_PIXELS); the grid is (grid_x, slices)
         // with blocks_x·256 ≥ nr·half.
         unsafe { lb.launch(cfg) }.map_err(|er| driver_error("launch ssb accumulate", er))?;
         let n = self.scan.len() as u64;
@@ -956,7 +1035,7 @@ impl GpuSsb {
         // SAFETY: matches `qem_ssb_finish(float2*, u64, float, float, double*)`; s holds n
         // float2, fin_part 4096 f64 ≥ the grid's blocks (grid_1d caps at 4096).
         unsafe { lb.launch(grid_1d(n)) }.map_err(|er| driver_error("launch ssb finish", er))?;
-        Ok(())
+        Ok(grid_x)
     }
 
     fn sync(&self, what: &str) -> Result<()> {
@@ -1000,9 +1079,9 @@ impl GpuSsb {
     pub fn coherence(&self, ab: &Aberrations) -> Result<f64> {
         let w = self.lock()?;
         let a = self.ab_arg(ab);
-        self.queue_mean_spectrum(&w, &a, self.quad_arg(ab))?;
+        let grid_x = self.queue_mean_spectrum(&w, &a, self.quad_arg(ab))?;
         self.sync("coherence")?;
-        let pw: Vec<f64> = read_vec(&w.pow_part, self.slices as usize * self.blocks_x as usize)?;
+        let pw: Vec<f64> = read_vec(&w.pow_part, self.slices as usize * grid_x as usize)?;
         let blocks = grid_1d(self.scan.len() as u64).grid_dim.0 as usize;
         let fin: Vec<f64> = read_vec(&w.fin_part, blocks)?;
         let power: f64 = pw.iter().sum();
@@ -1346,6 +1425,111 @@ mod tests {
         }
         let o = optics(0.0009, 0.0008);
         assert_eq!(aperture_radii(&o), (-1.0, f32::INFINITY));
+    }
+
+    /// The branch-free aperture of the quadratic kernel (ssb.cu `aperture_soft`, replayed in
+    /// f32) follows the CPU's `Optics::aperture` across the soft edge and outside it; no
+    /// coefficients where δ is not one constant or is 0.
+    #[test]
+    fn soft_aperture_follows_the_cpu_aperture() {
+        for dt in [0.0009, 0.0004717, 0.0025] {
+            let o = optics(dt, dt);
+            let inv_d = aperture_soft(&o).expect("square pixels");
+            let (lam, alpha) = (o.lambda_a as f32, o.alpha_rad as f32);
+            let mut edge = 0;
+            for i in 0..20_000 {
+                let r = 1.0 + 0.4 * (i as f64 / 20_000.0 - 0.5);
+                let phi = 0.37 * i as f64;
+                let q = r * (o.alpha_rad / o.lambda_a);
+                let (x, y) = ((q * phi.cos()) as f32, (q * phi.sin()) as f32);
+                let q2 = (x * x + y * y).max(1e-30);
+                let gpu = (alpha - lam * (q2 * (1.0 / q2.sqrt())))
+                    .mul_add(inv_d, 0.5)
+                    .clamp(0.0, 1.0);
+                let cpu = o.aperture(f64::from(x), f64::from(y));
+                // f32 against f64: α − λ|v| cancels to ~1e-9 absolute, ~2e-6 after 1/δ, also at
+                // the ends of the edge (a few 1e-6 for the CPU's exact 0 or 1, as in `aperture`).
+                assert!(
+                    (f64::from(gpu) - cpu).abs() < 1e-5,
+                    "dt {dt} r {r}: {gpu} vs {cpu}"
+                );
+                if cpu > 0.0 && cpu < 1.0 {
+                    edge += 1;
+                }
+            }
+            assert!(edge > 20, "soft edge not sampled: {edge}");
+        }
+        assert_eq!(aperture_soft(&optics(0.0, 0.0)), None);
+        assert_eq!(aperture_soft(&optics(0.0009, 0.0008)), None);
+    }
+
+    /// The quadratic kernel's split of the half spectrum (ssb.cu `accumulate`): quadratic blocks
+    /// take the pairs whose mirror is −ν or themselves, the list blocks the `general_pairs`;
+    /// together every full-plane frequency but the DC is written exactly once, on even, odd
+    /// and mixed scans.
+    #[test]
+    fn general_pairs_and_quadratic_pairs_cover_the_plane_once() {
+        let freq = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| {
+                    let k = if i < n.div_ceil(2) {
+                        i as f64
+                    } else {
+                        i as f64 - n as f64
+                    };
+                    (k / (n as f64 * 0.4)) as f32
+                })
+                .collect()
+        };
+        for (nr, nc) in [
+            (512, 512),
+            (15, 22),
+            (24, 30),
+            (7, 9),
+            (8, 5),
+            (1, 6),
+            (6, 1),
+        ] {
+            let (fr, fc) = (freq(nr), freq(nc));
+            let list = general_pairs(nr, nc, &fr, &fc);
+            let half = nc / 2 + 1;
+            let mut hits = vec![0u32; nr * nc];
+            for h in 1..nr * half {
+                let (r, c) = (h / half, h % half);
+                let (rm, cm) = ((nr - r) % nr, (nc - c) % nc);
+                let (mut take, mut two) = (true, true);
+                if cm < half {
+                    if rm == r && cm == c {
+                        two = false;
+                    } else if rm < r {
+                        take = false;
+                    }
+                }
+                if !take {
+                    continue;
+                }
+                let sym = two && fr[rm] == -fr[r] && fc[cm] == -fc[c];
+                let simple = !two || sym;
+                assert_eq!(list.contains(&(h as u32)), !simple, "{nr}x{nc} h {h}");
+                hits[r * nc + c] += 1;
+                if two {
+                    hits[rm * nc + cm] += 1;
+                }
+            }
+            assert_eq!(hits[0], 0, "{nr}x{nc}: the DC is the finishing kernel's");
+            for (i, &n) in hits.iter().enumerate().skip(1) {
+                assert_eq!(n, 1, "{nr}x{nc}: frequency {i} written {n} times");
+            }
+            // A Nyquist line has general pairs where the other axis has a frequency that is not
+            // its own negative.
+            let expect = nr % 2 == 0 && nc >= 3 || nc % 2 == 0 && nr >= 3;
+            assert_eq!(
+                !list.is_empty(),
+                expect,
+                "{nr}x{nc}: {} general pairs",
+                list.len()
+            );
+        }
     }
 
     #[test]

@@ -177,7 +177,7 @@ fn bench_one(
             "fitted": f.aberrations.to_map(),
             "loss": f.loss,
             "params": ["C10", "C12", "phi12"],
-            "search": "200 scrambled-Halton points + Nelder-Mead (<= 200 iterations) from the 3 best",
+            "search": "200 scrambled-Halton points + Nelder-Mead (<= 200 iterations) from the 3 best, each to a 1 % simplex, the best on to 1e-4",
         }));
     }
     let card_peak_seen = card_after_prepare.max(card_after_pv).max(card_used()?);

@@ -179,8 +179,9 @@ pub struct SsbResult {
 }
 
 /// Fit options of [`Ssb::fit`]. `Default`: seed 0, C10/C12/φ12 over their
-/// [`default_range`]s, the coherence loss ([`Objective`]'s default), 200 global points, 200
-/// Nelder–Mead iterations from each of the 3 best distinct candidates, start at 0.
+/// [`default_range`]s, the coherence loss ([`Objective`]'s default), 200 global points, then
+/// Nelder–Mead (at most 200 iterations each) from the 3 best distinct candidates — each to a
+/// simplex of 1 % of the box, the best of them on to 1e-4 — start at 0.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FitParams {
     /// Seed of the global search.

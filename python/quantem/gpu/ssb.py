@@ -441,7 +441,9 @@ class SSB:
             Start (and fixed) values of the coefficients; 0 when omitted. The start point is
             the global search's first point.
         local_starts : int, optional
-            Nelder–Mead runs, from the best distinct global candidates (default 3).
+            Nelder–Mead runs, from the best distinct global candidates (default 3). Each
+            runs until its simplex spans 1 % of the box; only the best of them goes on to
+            1e-4 (the others stop there).
 
         Notes
         -----

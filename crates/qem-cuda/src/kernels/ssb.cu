@@ -138,14 +138,14 @@ __device__ __forceinline__ float2 load_g(const void* g, const float* gscale, u64
 // Per-pixel tables of the block's slice of BF pixels, staged once in (dynamic) shared memory
 // by the accumulate block: every thread reads the same entry at the same time (a broadcast,
 // never evicted by G), and one barrier serves the whole slice. ssb.rs sizes the launch with
-// ACC_TABLE_BYTES per pixel and keeps a slice within 48 KB.
-#define ACC_TABLE_BYTES 25u
+// ACC_TABLE_BYTES per pixel and keeps a slice within 48 KB with the block's 2 KB reduction.
+#define ACC_TABLE_BYTES 28u
 struct PixelTables {
-    const float2* k;   // k_b
+    // k_b, A(k_b) and 1 where E continues from the previous pixel (same detector row and not
+    // the slice's first pixel), 0 where it restarts: one 16-byte load per pixel.
+    const float4* kq;
     const float2* pk;  // P(k_b) (general terms)
-    const float* ak;   // A(k_b) (quadratic terms)
     const float* gs;   // gscale (G16)
-    const unsigned char* cont;
 };
 
 // The pair a half-spectrum index h = r·half + c stands for: its own full-plane index i1 and,
@@ -225,7 +225,8 @@ __device__ __forceinline__ void general_terms(Sums& t, const void* __restrict__ 
     for (u32 j = 0; j < cn; ++j) {
         const float2 gv = g_nx;
         if (j + 1 < cn) g_nx = load_g_off<G16>(g, tb.gs[j + 1], off, c0 + j + 1);
-        const float2 k = tb.k[j], pkb = tb.pk[j];
+        const float4 kq = tb.kq[j];
+        const float2 k = make_float2(kq.x, kq.y), pkb = tb.pk[j];
         if (pkb.x == 0.f && pkb.y == 0.f) continue;  // zero-aperture pixel: Γ ≡ 0
         float2 c1, c2;
         if (!pair_terms(gv, k, pkb, vr, vc, vr2, vc2, p, o, ab, c1, c2, t.power)) continue;
@@ -251,7 +252,26 @@ struct SsbQuad {
     // |v|² ≤ rin2 → A(v) = 1, |v|² ≥ rout2 → A(v) = 0 (square pixels: δ is a constant);
     // −1 and +∞ on other detectors, where every value takes `aperture`.
     float rin2, rout2;
+    // soft = 1 (square pixels, δ > 0): A(v) = sat((α − λ|v|)·inv_d + ½) with inv_d = 1/δ —
+    // `aperture`'s formula, without its branches.
+    float lambda, alpha, inv_d;
+    u32 soft;
 };
+
+// 1/√x by the hardware approximation, denormals flushed (rsqrtf adds a range fixup for them;
+// every argument here is ≥ 1e-30 or a squared norm of order 1).
+__device__ __forceinline__ float rsqrt_ftz(float x) {
+    float r;
+    asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
+// The soft aperture of a square-pixel detector (SsbQuad::soft) with no branch: 1 deep inside,
+// 0 outside, the linear edge of `aperture` in between.
+__device__ __forceinline__ float aperture_soft(float x, float y, const SsbQuad& q) {
+    const float q2 = fmaxf(fmaf(x, x, y * y), 1e-30f);
+    return __saturatef(fmaf(q.alpha - q.lambda * (q2 * rsqrt_ftz(q2)), q.inv_d, 0.5f));
+}
 
 __device__ __forceinline__ float quad_form(const SsbQuad& q, float ax, float ay, float bx,
                                            float by) {
@@ -271,7 +291,7 @@ __device__ __forceinline__ float aperture_q(float x, float y, const SsbOptics& o
 // thread leaves it waiting on HBM (v5, measured slower than the general kernel).
 #define QUAD_DEPTH 4
 
-// What a thread carries between chunks in the quadratic terms.
+// What a thread carries along its pixels in the quadratic terms.
 struct QuadState {
     float2 u, step, e, s;
     float power;
@@ -287,67 +307,125 @@ __device__ __forceinline__ QuadState quad_start(float vr, float vc, const SsbQua
     return st;
 }
 
-// The quadratic terms of the chunk's pixels [c0, c0 + cn) (c0 = b_lo restarts E).
-template <bool G16>
-__device__ __forceinline__ void quad_terms(QuadState& st, const void* __restrict__ g, u32 b_lo,
-                                           u32 c0, u32 cn, const PixelTables& tb, u32 nb, u32 h,
-                                           float vr, float vc, const SsbOptics& o,
-                                           const SsbQuad& q) {
-    const u64 off = g_at(0, nb, h);
-    for (u32 j0 = 0; j0 < cn; j0 += QUAD_DEPTH) {
+// One pixel's quadratic term (module docs of `quad_terms`). No branch on the apertures: where
+// both are 0, W1 = 0 and the term is exactly ±0 (G is finite), so it adds nothing — and a
+// warp's time is its slowest lane's anyway.
+template <bool SOFT>
+__device__ __forceinline__ void quad_pixel(QuadState& st, float2 gv, float4 kq, float vr,
+                                           float vc, const SsbOptics& o, const SsbQuad& q) {
+    if (kq.w == 0.f) {
+        st.e = expmi(-2.f * quad_form(q, kq.x, kq.y, vr, vc));
+    } else {
+        st.e = cmul(st.e, st.step);
+    }
+    const float a_k = kq.z;
+    if (a_k == 0.f) return;  // zero-aperture pixel (the same for the whole warp): Γ ≡ 0
+    float am, ap;
+    if (SOFT) {
+        am = aperture_soft(kq.x - vr, kq.y - vc, q);
+        ap = aperture_soft(kq.x + vr, kq.y + vc, q);
+    } else {
+        am = aperture_q(kq.x - vr, kq.y - vc, o, q);
+        ap = aperture_q(kq.x + vr, kq.y + vc, o, q);
+    }
+    // W1 = am U − ap U*; C1 = G · E* · W1* · f1
+    const float2 w1 = make_float2((am - ap) * st.u.x, (am + ap) * st.u.y);
+    const float n1 = w1.x * w1.x + w1.y * w1.y;
+    const float f1 = n1 * a_k * a_k > GAMMA_FLOOR_SQ ? rsqrt_ftz(n1) : a_k * 1e8f;
+    const float2 c1 = cmulc(cmulc(gv, st.e), w1);
+    const float2 c = make_float2(c1.x * f1, c1.y * f1);
+    st.s.x += c.x;
+    st.s.y += c.y;
+    st.power = fmaf(c.x, c.x, fmaf(c.y, c.y, st.power));
+}
+
+// The same terms as `general_terms` when χ is quadratic (only C10, C12, φ12: χ(v) = vᵀMv),
+// with ν' = −ν. Then χ(k ∓ ν) = χ(k) ∓ 2kᵀMν + χ(ν), so with E = exp(2i kᵀMν) and
+// U = exp(−iχ(ν)):
+//   Γ(ν)  = A_k E  [A(k−ν) U − A(k+ν) U*] =: A_k E W1,
+//   Γ(−ν) = A_k E* [A(k+ν) U − A(k−ν) U*] =: A_k E* W2,  W2 = −W1*  (A is real),
+// and C = G Γ*/|Γ| = G E* W1*/|W1| (floor case: G A_k E* W1* 10⁸). χ(k) cancels; along a detector
+// row k steps by d, so E is carried by one complex product per pixel (E ← E·exp(2i dᵀMν)),
+// recomputed exactly where a row starts and at the slice's first pixel (kq.w = 0), which bounds
+// the f32 drift to a row (≤ ~10⁻⁵ rad over 10² pixels). No sincos and no χ per pixel. The
+// mirror's term is C_b(−ν) = −C_b(ν)* (see `pair_terms`), so one term per pixel serves both
+// frequencies. G of the slice's pixels [c0, c0 + cn) at this thread's h: `off` = g_at(0, nb, h).
+template <bool G16, bool SOFT>
+__device__ __forceinline__ void quad_terms(QuadState& st, const void* __restrict__ g, u32 c0,
+                                           u32 cn, const PixelTables& tb, u64 off, float vr,
+                                           float vc, const SsbOptics& o, const SsbQuad& q) {
+    // One pointer per thread, stepped a group of pixels at a time (constant offsets inside).
+    const u64 first = off + (u64)c0 * G_TILE;
+    const float2* g32 = reinterpret_cast<const float2*>(g) + first;
+    const unsigned int* g16 = reinterpret_cast<const unsigned int*>(g) + first;
+    u32 j = 0;
+    for (; j + QUAD_DEPTH <= cn; j += QUAD_DEPTH) {
         float2 gq[QUAD_DEPTH];
 #pragma unroll
         for (u32 i = 0; i < QUAD_DEPTH; ++i) {
-            const u32 j = min(j0 + i, cn - 1);
-            gq[i] = load_g_off<G16>(g, tb.gs[j], off, c0 + j);
+            if (G16) {
+                const unsigned int w = __ldcs(g16 + i * G_TILE);
+                const float sc = tb.gs[j + i];
+                gq[i] = make_float2(h2f((u16)(w & 0xffffu)) * sc, h2f((u16)(w >> 16)) * sc);
+            } else {
+                gq[i] = __ldcs(g32 + i * G_TILE);
+            }
         }
 #pragma unroll
         for (u32 i = 0; i < QUAD_DEPTH; ++i) {
-            const u32 j = j0 + i;
-            if (j >= cn) break;
-            const float2 k = tb.k[j];
-            if (c0 + j == b_lo || !tb.cont[j]) {
-                st.e = expmi(-2.f * quad_form(q, k.x, k.y, vr, vc));
-            } else {
-                st.e = cmul(st.e, st.step);
-            }
-            const float a_k = tb.ak[j];
-            if (a_k == 0.f) continue;  // zero-aperture pixel: Γ ≡ 0
-            const float am = aperture_q(k.x - vr, k.y - vc, o, q);
-            const float ap = aperture_q(k.x + vr, k.y + vc, o, q);
-            if (am == 0.f && ap == 0.f) continue;  // both terms exactly 0
-            // W1 = am U − ap U*; C1 = G · E* · W1* · f1
-            const float2 w1 = make_float2((am - ap) * st.u.x, (am + ap) * st.u.y);
-            const float n1 = w1.x * w1.x + w1.y * w1.y;
-            const float f1 = n1 * a_k * a_k > GAMMA_FLOOR_SQ ? rsqrtf(n1) : a_k * 1e8f;
-            const float2 c1 = cmulc(cmulc(gq[i], st.e), w1);
-            const float2 c = make_float2(c1.x * f1, c1.y * f1);
-            st.s.x += c.x;
-            st.s.y += c.y;
-            st.power = fmaf(c.x, c.x, fmaf(c.y, c.y, st.power));
+            quad_pixel<SOFT>(st, gq[i], tb.kq[j + i], vr, vc, o, q);
         }
+        g32 += QUAD_DEPTH * G_TILE;
+        g16 += QUAD_DEPTH * G_TILE;
+    }
+    for (; j < cn; ++j) {
+        float2 gv;
+        if (G16) {
+            const unsigned int w = __ldcs(g16);
+            gv = make_float2(h2f((u16)(w & 0xffffu)) * tb.gs[j], h2f((u16)(w >> 16)) * tb.gs[j]);
+        } else {
+            gv = __ldcs(g32);
+        }
+        quad_pixel<SOFT>(st, gv, tb.kq[j], vr, vc, o, q);
+        g32 += G_TILE;
+        g16 += G_TILE;
     }
 }
 
 // Σ_b C_b(ν) over BF pixels [b_lo, b_hi) of this launch's slice y = blockIdx.y (slices of
 // `per_slice` pixels), for every ν of the full plane: `s_part[y][i]`. `pow_part[y·gridDim.x + x]`
 // gets the block's Σ_{b, ν≠0} |C_b(ν)|². The DC (i = 0) is left 0: every C_b(0) is the same
-// d = mean_b G_b(0), which the finishing kernel puts in. QUAD takes quad_terms wherever the
-// mirror is −ν (all but the Nyquist lines, which keep the general terms).
+// d = mean_b G_b(0), which the finishing kernel puts in.
+//
+// QUAD: quad_terms wherever the mirror is −ν (or the index is its own mirror). The other pairs
+// (on the Nyquist lines, ~1 in 257) need the general terms, ~3× the work of a quadratic one;
+// mixed into the quadratic warps they made one warp of nearly every block 3× slower and the
+// block waited for it (v10: 6.7 of 14.1 cycles per instruction at the barrier). So the first
+// `gen_blocks` blocks take them, from the list `hlist` (n_list entries, ssb.rs
+// `general_pairs`), and the quadratic blocks x ≥ gen_blocks skip them: every block does
+// uniform work. Without QUAD every thread takes the general terms (gen_blocks = 0).
 template <bool G16, bool QUAD>
 __device__ void accumulate(const void* __restrict__ g, const float* __restrict__ gscale, u32 nb,
                            u32 per_slice, const float2* __restrict__ kb,
                            const float2* __restrict__ pk, const float* __restrict__ ak,
                            const unsigned char* __restrict__ cont, const float* __restrict__ fr,
                            const float* __restrict__ fc, u32 nr, u32 nc, u32 half, SsbOptics o,
-                           SsbAb ab, SsbQuad q, float2* __restrict__ s_part,
+                           SsbAb ab, SsbQuad q, const u32* __restrict__ hlist, u32 n_list,
+                           u32 gen_blocks, float2* __restrict__ s_part,
                            double* __restrict__ pow_part) {
     __shared__ double red[256];
     extern __shared__ __align__(16) unsigned char acc_smem[];
     const u64 nh = (u64)nr * half, n = (u64)nr * nc;
     const u32 b_lo = blockIdx.y * per_slice;
     const u32 b_hi = min(nb, b_lo + per_slice);
-    const u32 h = blockIdx.x * blockDim.x + threadIdx.x;
+    const bool list = QUAD && blockIdx.x < gen_blocks;
+    u32 h;
+    if (list) {
+        const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+        h = i < n_list ? __ldg(hlist + i) : 0u;
+    } else {
+        h = (blockIdx.x - (QUAD ? gen_blocks : 0u)) * blockDim.x + threadIdx.x;
+    }
     Pair p;
     bool active = h < nh && h != 0;
     float vr = 0.f, vc = 0.f, vr2 = 0.f, vc2 = 0.f;
@@ -359,29 +437,33 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
         vr2 = fr[p.rm];
         vc2 = fc[p.cm];
     }
-    const bool quad = QUAD && active && (!p.two || p.sym);
+    const bool simple = active && (!p.two || p.sym);  // a pair the quadratic terms can take
+    if (QUAD) active = active && (list ? !simple : simple);
+    const bool quad = QUAD && !list && active;
     QuadState qs = quad_start(vr, vc, q);
     Sums t = {make_float2(0.f, 0.f), make_float2(0.f, 0.f), 0.f};
     // Every thread takes part in staging the slice's tables, active or not.
     const u32 cn = b_hi > b_lo ? b_hi - b_lo : 0u;
-    float2* sk = reinterpret_cast<float2*>(acc_smem);
-    float2* spk = sk + per_slice;
-    float* sak = reinterpret_cast<float*>(spk + per_slice);
-    float* sgs = sak + per_slice;
-    unsigned char* scont = reinterpret_cast<unsigned char*>(sgs + per_slice);
+    float4* skq = reinterpret_cast<float4*>(acc_smem);
+    float2* spk = reinterpret_cast<float2*>(skq + per_slice);
+    float* sgs = reinterpret_cast<float*>(spk + per_slice);
     for (u32 j = threadIdx.x; j < cn; j += blockDim.x) {
         const u32 b = b_lo + j;
-        sk[j] = kb[b];
+        const float2 k = kb[b];
+        skq[j] = make_float4(k.x, k.y, ak[b], (j > 0u && cont[b]) ? 1.f : 0.f);
         spk[j] = pk[b];
-        sak[j] = ak[b];
         sgs[j] = G16 ? gscale[b] : 1.f;
-        scont[j] = cont[b];
     }
     __syncthreads();
-    const PixelTables tb = {sk, spk, sak, sgs, scont};
+    const PixelTables tb = {skq, spk, sgs};
     if (cn > 0) {
         if (quad) {
-            quad_terms<G16>(qs, g, b_lo, b_lo, cn, tb, nb, h, vr, vc, o, q);
+            const u64 off = g_at(0, nb, h);
+            if (q.soft) {
+                quad_terms<G16, true>(qs, g, b_lo, cn, tb, off, vr, vc, o, q);
+            } else {
+                quad_terms<G16, false>(qs, g, b_lo, cn, tb, off, vr, vc, o, q);
+            }
         } else if (active) {
             general_terms<G16>(t, g, b_lo, cn, tb, nb, h, p, vr, vc, vr2, vc2, o, ab);
         }
@@ -412,9 +494,9 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
         NAME(const void* g, const float* gscale, u32 nb, u32 per_slice, const float2* kb,       \
              const float2* pk, const float* ak, const unsigned char* cont, const float* fr,     \
              const float* fc, u32 nr, u32 nc, u32 half, SsbOptics o, SsbAb ab, SsbQuad q,       \
-             float2* s_part, double* pow_part) {                                                \
+             const u32* hlist, u32 n_list, u32 gen_blocks, float2* s_part, double* pow_part) {  \
         accumulate<G16, QUAD>(g, gscale, nb, per_slice, kb, pk, ak, cont, fr, fc, nr, nc, half, \
-                              o, ab, q, s_part, pow_part);                                      \
+                              o, ab, q, hlist, n_list, gen_blocks, s_part, pow_part);           \
     }
 SSB_ACCUMULATE(qem_ssb_accumulate_g32, false, false)
 SSB_ACCUMULATE(qem_ssb_accumulate_g16, true, false)
