@@ -294,6 +294,29 @@ pub fn pixel_k_vectors(
 
 /// Per-pixel images of the BF pixels of a dense `[N][frame_len]` array: `[B][N]` counts.
 pub fn gather_dense(data: &DenseArray, frame_len: usize, pixels: &[usize]) -> Result<Vec<u32>> {
+    let n = if frame_len == 0 {
+        0
+    } else {
+        data.len() / frame_len
+    };
+    let mut out = vec![0u32; pixels.len() * n];
+    gather_dense_into(data, frame_len, pixels, &mut out)?;
+    Ok(out)
+}
+
+/// Frames per task of [`gather_dense_into`].
+const GATHER_FRAMES: usize = 1024;
+
+/// [`gather_dense`] into `out` (`pixels.len()·N` values, `out[j·N + R]`), in parallel over
+/// blocks of frames: a task reads the BF rows of each of its frames once (the pixels are a few
+/// neighbouring detector rows) and writes one run per pixel. The host route of the CUDA SSB
+/// fills its pinned upload buffers with this, a chunk of pixels at a time.
+pub fn gather_dense_into(
+    data: &DenseArray,
+    frame_len: usize,
+    pixels: &[usize],
+    out: &mut [u32],
+) -> Result<()> {
     const OP: &str = "ssb gather_pixels";
     if frame_len == 0 || data.len() % frame_len != 0 {
         return Err(
@@ -307,29 +330,47 @@ pub fn gather_dense(data: &DenseArray, frame_len: usize, pixels: &[usize]) -> Re
             .with_found(p.to_string()));
     }
     let n = data.len() / frame_len;
-    let mut out = vec![0u32; pixels.len() * n];
-    if n == 0 {
-        return Ok(out);
+    if out.len() != pixels.len() * n {
+        return Err(Error::internal(OP, "output buffer size")
+            .with_expected(format!("{} values", pixels.len() * n))
+            .with_found(out.len().to_string()));
     }
-    // A task takes GROUP neighbouring BF pixels (a few cache lines of each frame) through every
-    // frame, so each frame's disk rows are read once per group rather than once per pixel.
-    const GROUP: usize = 64;
-    out.par_chunks_mut(GROUP * n)
-        .zip(pixels.par_chunks(GROUP))
-        .for_each(|(imgs, group)| {
-            for f in 0..n {
-                let base = f * frame_len;
-                for (j, &p) in group.iter().enumerate() {
-                    let i = base + p;
-                    imgs[j * n + f] = match data {
-                        DenseArray::U8(a) => u32::from(a[i]),
-                        DenseArray::U16(a) => u32::from(a[i]),
-                        DenseArray::U32(a) => a[i],
-                    };
-                }
+    if n == 0 || pixels.is_empty() {
+        return Ok(());
+    }
+    // runs[t][j] = pixel j's values over frame block t.
+    let mut runs: Vec<Vec<&mut [u32]>> = (0..n.div_ceil(GATHER_FRAMES))
+        .map(|_| Vec::with_capacity(pixels.len()))
+        .collect();
+    for row in out.chunks_mut(n) {
+        for (t, run) in row.chunks_mut(GATHER_FRAMES).enumerate() {
+            runs[t].push(run);
+        }
+    }
+    fn block<T: Copy + Into<u32> + Sync>(
+        a: &[T],
+        frame_len: usize,
+        pixels: &[usize],
+        f0: usize,
+        runs: &mut [&mut [u32]],
+    ) {
+        let frames = runs.first().map_or(0, |r| r.len());
+        for i in 0..frames {
+            let base = (f0 + i) * frame_len;
+            for (run, &p) in runs.iter_mut().zip(pixels) {
+                run[i] = a[base + p].into();
             }
-        });
-    Ok(out)
+        }
+    }
+    runs.into_par_iter().enumerate().for_each(|(t, mut r)| {
+        let f0 = t * GATHER_FRAMES;
+        match data {
+            DenseArray::U8(a) => block(a, frame_len, pixels, f0, &mut r),
+            DenseArray::U16(a) => block(a, frame_len, pixels, f0, &mut r),
+            DenseArray::U32(a) => block(a, frame_len, pixels, f0, &mut r),
+        }
+    });
+    Ok(())
 }
 
 /// Per-pixel images of the BF pixels of ENCODED frames: every frame decoded once (in
@@ -995,6 +1036,44 @@ impl NelderMead {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// More frames than one gather block, pixels in an irregular order, u8/u16/u32 data, and
+    /// the chunked form the CUDA host route uses: every (pixel, frame) value in its place.
+    #[test]
+    fn gather_dense_into_places_every_value_chunk_by_chunk() {
+        let (frames, frame_len) = (2 * GATHER_FRAMES + 37, 50usize);
+        let pixels: Vec<usize> = (0..23).map(|j| (j * 7 + j / 3) % frame_len).collect();
+        let v = |f: usize, p: usize| ((f * 31 + p * 7) % 251) as u32;
+        let raw: Vec<u32> = (0..frames * frame_len)
+            .map(|i| v(i / frame_len, i % frame_len))
+            .collect();
+        for data in [
+            DenseArray::U8(raw.iter().map(|&x| x as u8).collect()),
+            DenseArray::U16(raw.iter().map(|&x| x as u16).collect()),
+            DenseArray::U32(raw.clone()),
+        ] {
+            for chunk in [1usize, 5, 23] {
+                for p0 in (0..pixels.len()).step_by(chunk) {
+                    let np = chunk.min(pixels.len() - p0);
+                    let mut out = vec![u32::MAX; np * frames];
+                    gather_dense_into(&data, frame_len, &pixels[p0..p0 + np], &mut out).unwrap();
+                    for j in 0..np {
+                        for f in 0..frames {
+                            assert_eq!(
+                                out[j * frames + f],
+                                v(f, pixels[p0 + j]),
+                                "pixel {j} frame {f}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        let mut short = vec![0u32; 3];
+        let e =
+            gather_dense_into(&DenseArray::U32(raw), frame_len, &pixels, &mut short).unwrap_err();
+        assert_eq!(e.kind, qem_core::ErrorKind::Internal);
+    }
 
     /// More pixels than one gather group, in an irregular order: every (pixel, frame) value.
     #[test]

@@ -27,15 +27,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cudarc::cufft::{result as cufft, sys as cufft_sys};
-use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    sys, CudaEvent, CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use qem_core::{DType, Error, Result, Shape2};
 use qem_cpu::ssb::{chi_polynomial, Aberrations, Optics};
 
 use crate::device::{driver_error, Gpu};
-use crate::engine::engine;
+use crate::engine::{engine, Engine};
 use crate::fft::{cufft_error, require_cufft, Plan};
 use crate::load::DeviceArray;
-use crate::mem::{read_vec, upload, DevBuf, MemCounter};
+use crate::mem::{read_vec, upload, DevBuf, MemCounter, PinnedBuf};
 use crate::nvrtc::load_module;
 use crate::rans::{fault_error, new_err_record, read_err, DeviceEncoded};
 
@@ -86,23 +88,65 @@ impl GStorage {
     }
 }
 
+/// The BF pixels' images of a dataset the card does not hold, produced by the host a few
+/// pixels at a time (so neither the card nor the host holds all of them at once).
+pub trait HostImages: Sync {
+    /// The counts of BF pixels `[p0, p0 + np)` (indices into [`Setup::pixels`]) over the scan,
+    /// `out[j·N + R]` for pixel `p0 + j` at scan position `R` (N = the scan's length);
+    /// `out.len() == np·N`.
+    fn fill(&self, p0: usize, np: usize, out: &mut [u32]) -> Result<()>;
+}
+
 /// Where the BF pixels' counts come from.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub enum Source<'a> {
     /// A dense `[R_r, R_c, k_r, k_c]` array on the card.
     Dense(&'a DeviceArray),
     /// ENCODED frames on the card.
     Encoded(&'a DeviceEncoded),
-    /// The BF pixels' images gathered on the host: `images[j·N + R]` = counts of pixel
-    /// `pixels[j]` at scan position `R` (N = the scan's length), for a dataset the card does
-    /// not hold; `frame` is the detector shape. Uploaded batch by batch, so the card holds G
-    /// and one batch, never the acquisition.
+    /// The BF pixels' images from the host, for a dataset the card does not hold: filled into
+    /// two pinned buffers of at most [`HOST_CHUNK_BYTES`] in turn and uploaded asynchronously
+    /// (the host fills the next while the card copies and transforms the last), so the card
+    /// holds G and one batch, never the acquisition.
     Host {
-        /// `[B][N]` counts.
-        images: &'a [u32],
+        /// Produces the images.
+        images: &'a dyn HostImages,
         /// Detector shape (for the pixel-index check and the detector rows).
         frame: Shape2,
     },
+}
+
+impl std::fmt::Debug for Source<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Dense(a) => f.debug_tuple("Dense").field(a).finish(),
+            Source::Encoded(e) => f.debug_tuple("Encoded").field(e).finish(),
+            Source::Host { frame, .. } => f.debug_struct("Host").field("frame", frame).finish(),
+        }
+    }
+}
+
+/// Bytes of each of the two pinned buffers the host route fills and uploads in turn.
+pub const HOST_CHUNK_BYTES: usize = 128 << 20;
+
+/// The host route's pinned buffers; on drop (also on an error) the stream is synchronized
+/// before they go back to the engine, so no queued copy outlives its source.
+struct Staging<'a> {
+    bufs: Vec<(PinnedBuf, CudaEvent, bool)>,
+    stream: &'a CudaStream,
+    engine: &'a Engine,
+}
+
+impl Drop for Staging<'_> {
+    fn drop(&mut self) {
+        if self.bufs.is_empty() {
+            return;
+        }
+        let _ = self.stream.synchronize();
+        for (b, _, _) in self.bufs.drain(..) {
+            self.engine.give_pinned(b);
+        }
+    }
 }
 
 /// What [`GpuSsb::prepare`] needs besides the data: the BF pixels, their k vectors and the
@@ -544,14 +588,7 @@ impl GpuSsb {
                 e.frame_shape().len(),
                 e.frame_shape().cols,
             ),
-            Source::Host { images, frame } => {
-                if images.len() != b * n {
-                    return Err(Error::invalid(OP, "host images do not match the BF pixels")
-                        .with_expected(format!("{b} BF pixels × {n} scan positions"))
-                        .with_found(format!("{} values", images.len())));
-                }
-                (n, frame.len(), frame.cols)
-            }
+            Source::Host { frame, .. } => (n, frame.len(), frame.cols),
         };
         if b == 0 || s.k.len() != b || s.g0.len() != b || n == 0 || frames != n {
             return Err(
@@ -700,6 +737,24 @@ impl GpuSsb {
             // cuFFT writes [pixel][h]; the store kernel moves each batch into G's tiles.
             let temp = DevBuf::alloc(ctx, (batch as u64 * nh * 8) as usize, c, "batch spectra")?;
             let mut plans: Vec<(usize, SizedPlan)> = Vec::new();
+            // The host route's two pinned buffers (filled and uploaded in turn), each with the
+            // event of its last upload.
+            let chunk_px = (HOST_CHUNK_BYTES / (n * 4)).clamp(1, batch);
+            let mut staging = Staging {
+                bufs: Vec::new(),
+                stream,
+                engine: e,
+            };
+            if matches!(src, Source::Host { .. }) {
+                for _ in 0..2 {
+                    let buf = e.take_pinned(chunk_px * n * 4, "SSB host images")?;
+                    let ev = ctx
+                        .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                        .map_err(|er| driver_error("create event", er))?;
+                    staging.bufs.push((buf, ev, false));
+                }
+            }
+            let mut turn = 0usize;
             let (dec, err) = match src {
                 Source::Encoded(_) => (
                     Some(DevBuf::alloc(ctx, scratch as usize, c, "decoded frames")?),
@@ -727,13 +782,29 @@ impl GpuSsb {
                         )?;
                     }
                     Source::Host { images: host, .. } => {
-                        // The previous batch's R2C reads `images`: wait for it before the
-                        // (synchronous) upload overwrites the buffer.
-                        stream
-                            .synchronize()
-                            .map_err(|er| driver_error("synchronize ssb upload", er))?;
-                        let part = &host[p0 * n..(p0 + np) * n];
-                        images.write(0, bytemuck::cast_slice(part))?;
+                        // The copies queue behind the last batch's R2C (which reads `images`)
+                        // in stream order; the host waits only for a buffer's previous copy,
+                        // so it fills the next chunk while the card copies and transforms.
+                        for c0 in (p0..p0 + np).step_by(chunk_px) {
+                            let cn = chunk_px.min(p0 + np - c0);
+                            let (buf, ev, used) = &mut staging.bufs[turn % 2];
+                            turn += 1;
+                            if *used {
+                                ev.synchronize()
+                                    .map_err(|er| driver_error("wait for an SSB upload", er))?;
+                            }
+                            let bytes = cn * n * 4;
+                            let out: &mut [u32] =
+                                bytemuck::try_cast_slice_mut(&mut buf.as_mut_slice()[..bytes])
+                                    .map_err(|_| {
+                                        Error::internal(OP, "pinned buffer not 4-byte aligned")
+                                    })?;
+                            host.fill(c0, cn, out)?;
+                            buf.copy_to_device_async(&images, (c0 - p0) * n * 4, bytes, stream)?;
+                            ev.record(stream)
+                                .map_err(|er| driver_error("record an SSB upload", er))?;
+                            *used = true;
+                        }
                         let (buf, len) = (images.ptr(), (np * n) as u64);
                         let mut lb = stream.launch_builder(&f.u32_to_f32);
                         lb.arg(&buf).arg(&len);

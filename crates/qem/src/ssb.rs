@@ -244,6 +244,48 @@ fn gather(ds: &Dataset, pixels: &[usize]) -> Result<Vec<u32>> {
     cpu::gather_dense(ds.dense()?, frame_len, pixels)
 }
 
+/// The host route's images (`qem_cuda::ssb::HostImages`): dense data the CPU engine holds is
+/// gathered a chunk of BF pixels at a time straight into the upload buffers; ENCODED data the
+/// CPU engine holds is decoded once (every frame) and served from the gathered images.
+enum HostImages<'a> {
+    Dense {
+        data: &'a qem_core::DenseArray,
+        frame_len: usize,
+        pixels: &'a [usize],
+    },
+    Gathered {
+        images: Vec<u32>,
+        n: usize,
+    },
+}
+
+impl qem_cuda::ssb::HostImages for HostImages<'_> {
+    fn fill(&self, p0: usize, np: usize, out: &mut [u32]) -> Result<()> {
+        match self {
+            HostImages::Dense {
+                data,
+                frame_len,
+                pixels,
+            } => {
+                let part = pixels.get(p0..p0 + np).ok_or_else(|| {
+                    Error::internal("ssb gather_pixels", "BF pixel range outside the list")
+                })?;
+                cpu::gather_dense_into(data, *frame_len, part, out)
+            }
+            HostImages::Gathered { images, n } => {
+                let part = images.get(p0 * n..(p0 + np) * n).ok_or_else(|| {
+                    Error::internal("ssb gather_pixels", "BF pixel range outside the images")
+                })?;
+                if part.len() != out.len() {
+                    return Err(Error::internal("ssb gather_pixels", "upload buffer size"));
+                }
+                out.copy_from_slice(part);
+                Ok(())
+            }
+        }
+    }
+}
+
 /// `Im O / mean(Re O)` (see [`SsbResult::weak_phase`]); zeros when the mean is not positive
 /// (no counts in the BF disk: no signal, no phase).
 fn weak_phase(re: &[f64], im: &[f64]) -> Vec<f64> {
@@ -298,8 +340,9 @@ impl Ssb {
         };
         let image_bytes = (flat.len() * scan.len() * 4) as u64;
         let cpu_bytes = cpu::Prepared::bytes_for(flat.len(), scan) + image_bytes;
-        if on_gpu && !data_on_gpu {
-            // The BF images are gathered on the host first.
+        if on_gpu && ds.encoded().is_some() && !data_on_gpu {
+            // ENCODED host data: the BF images are gathered on the host first (dense host data
+            // is gathered a chunk at a time into the upload buffers).
             crate::load::admit(image_bytes, None).map_err(|e| {
                 e.with_op(format!(
                     "{OP} (images of {} BF pixels × {} scan positions on the host; bin the detector)",
@@ -351,17 +394,27 @@ impl Ssb {
                 storage: p.g_storage,
             };
             let host_images = if data_on_gpu {
-                Vec::new()
+                None
+            } else if ds.encoded().is_some() {
+                Some(HostImages::Gathered {
+                    images: gather(ds, &flat).map_err(|e| e.with_op("ssb gather_pixels"))?,
+                    n: scan.len(),
+                })
             } else {
-                gather(ds, &flat).map_err(|e| e.with_op("ssb gather_pixels"))?
+                Some(HostImages::Dense {
+                    data: ds.dense()?,
+                    frame_len: det.len(),
+                    pixels: &flat,
+                })
             };
-            let src = match &ds.storage {
-                Storage::CudaDense(a) => qem_cuda::ssb::Source::Dense(a),
-                Storage::CudaEncoded(e) => qem_cuda::ssb::Source::Encoded(e),
-                _ => qem_cuda::ssb::Source::Host {
-                    images: &host_images,
+            let src = match (&ds.storage, &host_images) {
+                (Storage::CudaDense(a), _) => qem_cuda::ssb::Source::Dense(a),
+                (Storage::CudaEncoded(e), _) => qem_cuda::ssb::Source::Encoded(e),
+                (_, Some(h)) => qem_cuda::ssb::Source::Host {
+                    images: h,
                     frame: det,
                 },
+                (_, None) => return Err(Error::internal(OP, "host data without its images")),
             };
             let g = qem_cuda::ssb::GpuSsb::prepare(src, &setup)?;
             drop(host_images);

@@ -138,19 +138,8 @@ struct StreamState {
     u32 base;    // words consumed by the warp
     u32 bitpos;  // extra bits consumed by the warp (≤ 15·n < 2^32)
     u32 stat;    // the lane's statistic since the last flush (≤ 4 values of < 2^17)
-    u32 bad;     // bit 1: bits past n_bits (words past n_words: base > n_words at the end)
-    // The next 64 renormalisation words, word wbase + 32·i + lane in lane `lane` of win[i]
-    // (0 past n_words): a step takes at most 32, so they are always there, and the next 32 are
-    // loaded ~a dozen steps before they are needed (the load's latency was the decoder's
-    // largest single stall).
-    u32 wbase, win0, win1;
+    u32 bad;     // bit 0: a word was needed past n_words; bit 1: bits past n_bits
 };
-
-// Words [wbase + 32, wbase + 64) for the window: lane's word, 0 past the stream's n_words.
-__device__ __forceinline__ u32 rans_window(const StreamCtx& k, u32 first, u32 lane) {
-    const u32 i = first + lane;
-    return i < k.n_words ? (u32)__ldg(k.w + i) : 0u;
-}
 
 // Step t of a stream for one lane: pixel p = 32t + lane of context class c; TAIL = the step
 // may hold pixels past the frame (only the last step when n is not a multiple of 32). `j` is
@@ -176,19 +165,15 @@ __device__ __forceinline__ void rans_step(StreamState& d, const StreamCtx& k, u3
     }
     const bool need = act && d.x < RANS_L;
     const u32 mk = __ballot_sync(FULL_MASK, need);
-    {
-        // The lane's word from the window (every lane takes part in the shuffles).
-        const u32 o = d.base - d.wbase + __popc(mk & k.lt);  // < 64
-        const u32 w0 = __shfl_sync(FULL_MASK, d.win0, o & 31u);
-        const u32 w1 = __shfl_sync(FULL_MASK, d.win1, o & 31u);
-        if (need) d.x = (d.x << 16) | (o < 32u ? w0 : w1);
+    if (need) {
+        const u32 idx = d.base + __popc(mk & k.lt);
+        if (idx < k.n_words) {
+            d.x = (d.x << 16) | (u32)__ldg(k.w + idx);
+        } else {
+            d.bad |= 1u;
+        }
     }
     d.base += __popc(mk);
-    if (d.base - d.wbase >= 32u) {  // the warp has used the first half: slide by 32
-        d.wbase += 32u;
-        d.win0 = d.win1;
-        d.win1 = rans_window(k, d.wbase + 32u, lane);
-    }
     u32 v = s;
     const bool bk = act && s >= k.K;
     if (__any_sync(FULL_MASK, bk)) {
@@ -296,9 +281,6 @@ __device__ u32 rans_decode_stream(const u8* __restrict__ st, u64 len, const Rans
     d.bitpos = 0u;
     d.stat = 0u;
     d.bad = 0u;
-    d.wbase = 0u;
-    d.win0 = rans_window(k, 0u, lane);
-    d.win1 = rans_window(k, 32u, lane);
     u64 stat = 0u;
     const u32 steps = (n + 31u) >> 5;
     // Groups of four steps in which every lane holds a pixel, then the rest.
@@ -323,9 +305,7 @@ __device__ u32 rans_decode_stream(const u8* __restrict__ st, u64 len, const Rans
         d.stat = 0u;
     }
     op.finish();
-    // A word needed past n_words (it read as 0 from the window): the warp consumed more than
-    // the stream has.
-    if (d.base > n_words) {
+    if (__any_sync(FULL_MASK, d.bad & 1u)) {
         a = n_words;
         b = d.base;
         return R_WORD_OVERRUN;
@@ -399,8 +379,8 @@ struct FrameSum {
 };
 
 // Streams [first, first + count) of the index, warps over streams. The decode kernels run 8-warp
-// CTAs (rans.rs DECODE_WARPS) and ask for 5 of them per SM: 48 registers, no spills (at 6 CTAs,
-// 40 registers, the word window spilled).
+// CTAs (rans.rs DECODE_WARPS) and ask for 6 of them per SM (40 registers, no spills): the
+// decode is issue-bound and 48 warps keep the schedulers busier than 40.
 #define QEM_RANS_WARP_LOOP(body)                                                                 \
     const u32 lane = threadIdx.x & 31u;                                                         \
     const u64 warps = (u64)gridDim.x * (blockDim.x >> 5);                                        \
@@ -419,7 +399,7 @@ struct FrameSum {
     }
 
 // Decode streams [first, first + count) to dense u16 frames out[(i - first) * n + p].
-extern "C" __global__ void __launch_bounds__(256, 5) qem_rans_decode_dense(const u8* __restrict__ arena, u64 arena_len,
+extern "C" __global__ void __launch_bounds__(256, 6) qem_rans_decode_dense(const u8* __restrict__ arena, u64 arena_len,
                                                  const u32* __restrict__ index, u64 first,
                                                  u64 count, RansModel m, u16* __restrict__ out,
                                                  u32* err) {
@@ -467,7 +447,7 @@ __device__ __forceinline__ void frame_reduce(const u8* __restrict__ arena, u64 a
 }
 
 // Per-frame sums of streams [first, first + count) to sums[k].
-extern "C" __global__ void __launch_bounds__(256, 5) qem_rans_frame_sums(const u8* __restrict__ arena, u64 arena_len,
+extern "C" __global__ void __launch_bounds__(256, 6) qem_rans_frame_sums(const u8* __restrict__ arena, u64 arena_len,
                                                const u32* __restrict__ index, u64 first,
                                                u64 count, RansModel m, u64* __restrict__ sums,
                                                u32* err) {
@@ -476,7 +456,7 @@ extern "C" __global__ void __launch_bounds__(256, 5) qem_rans_frame_sums(const u
 }
 
 // Per-frame hashes (FrameHash) of streams [first, first + count) to hashes[k].
-extern "C" __global__ void __launch_bounds__(256, 5) qem_rans_frame_hashes(const u8* __restrict__ arena, u64 arena_len,
+extern "C" __global__ void __launch_bounds__(256, 6) qem_rans_frame_hashes(const u8* __restrict__ arena, u64 arena_len,
                                                  const u32* __restrict__ index, u64 first,
                                                  u64 count, RansModel m,
                                                  u64* __restrict__ hashes, u32* err) {
