@@ -661,7 +661,7 @@ impl Ssb {
                 json!({
                     "seed": f.seed,
                     "objective": f.objective.name(),
-                    "search": "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts",
+                    "search": "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, the best on to 1e-4",
                     "ranges": params.iter().map(|(n, r)| (n.clone(), json!({"lo": r.0, "hi": r.1,
                         "unit": Aberrations::unit(n)}))).collect::<serde_json::Map<_, _>>(),
                     "global_evals": f.global_evals,

@@ -366,17 +366,32 @@ __device__ __forceinline__ void products_dense(const T* __restrict__ data, const
                     u32 v8[8];
 #pragma unroll
                     for (int e = 0; e < 8; ++e) v8[e] = (w[e >> 1] >> (16 * (e & 1))) & 0xffffu;
+                    // The group's eight mask bytes in one 8-byte load (p0 is a multiple of 8
+                    // and the bits buffer is 8-aligned), not one load per value.
+                    u32 b8[2] = {0u, 0u};
+#if PROD_NBIN > 0
+                    {
+                        const uint2 bw = __ldg(reinterpret_cast<const uint2*>(a.bits) + g);
+                        b8[0] = bw.x;
+                        b8[1] = bw.y;
+                    }
+#endif
 #if PROD_MOM && PROD_ROWACC
                     if (col + 8u <= a.kc) {
                         acc.mom_group(row, col, v8);
 #pragma unroll
-                        for (int e = 0; e < 8; ++e) acc.add_rest(a, ssum, smax, p0 + e, v8[e]);
+                        for (int e = 0; e < 8; ++e) {
+                            acc.add_rest_b(a, ssum, smax, p0 + e, v8[e],
+                                           (b8[e >> 2] >> (8 * (e & 3))) & 0xffu);
+                        }
                         continue;
                     }
 #endif
 #pragma unroll
                     for (int e = 0; e < 8; ++e) {
-                        acc.add(a, ssum, smax, p0 + e, row, col, v8[e]);
+                        acc.mom_value(row, col, v8[e]);
+                        acc.add_rest_b(a, ssum, smax, p0 + e, v8[e],
+                                       (b8[e >> 2] >> (8 * (e & 3))) & 0xffu);
 #if PROD_MOM
                         if (++col == a.kc) {
                             col = 0u;
