@@ -294,11 +294,7 @@ pub fn pixel_k_vectors(
 
 /// Per-pixel images of the BF pixels of a dense `[N][frame_len]` array: `[B][N]` counts.
 pub fn gather_dense(data: &DenseArray, frame_len: usize, pixels: &[usize]) -> Result<Vec<u32>> {
-    let n = if frame_len == 0 {
-        0
-    } else {
-        data.len() / frame_len
-    };
+    let n = data.len().checked_div(frame_len).unwrap_or(0);
     let mut out = vec![0u32; pixels.len() * n];
     gather_dense_into(data, frame_len, pixels, &mut out)?;
     Ok(out)

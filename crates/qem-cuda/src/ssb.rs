@@ -529,25 +529,41 @@ fn aperture_soft(o: &Optics) -> Option<f32> {
 /// whose mirror is not −ν (on the Nyquist lines), from ssb.cu `pair_of` on the same f32
 /// frequencies (`take && two && !sym`).
 fn general_pairs(nr: usize, nc: usize, fr: &[f32], fc: &[f32]) -> Vec<u32> {
+    (1..nr * (nc / 2 + 1))
+        .filter(|&h| host_pair(h, nr, nc, fr, fc).is_some_and(|p| !p.simple))
+        .map(|h| h as u32)
+        .collect()
+}
+
+/// The pair a half-spectrum index stands for, as ssb.cu `pair_of` decides it.
+struct HostPair {
+    /// Its full-plane index and its mirror's (when the mirror is another index).
+    i1: usize,
+    i2: Option<usize>,
+    /// The quadratic terms can take it: the mirror is −ν, or the index is its own mirror.
+    simple: bool,
+}
+
+/// ssb.cu `pair_of` for index `h` of the `nr × (nc/2 + 1)` half spectrum; `None` where the
+/// mirror's thread takes the pair.
+fn host_pair(h: usize, nr: usize, nc: usize, fr: &[f32], fc: &[f32]) -> Option<HostPair> {
     let half = nc / 2 + 1;
-    let mut out = Vec::new();
-    for h in 1..nr * half {
-        let (r, c) = (h / half, h % half);
-        let (rm, cm) = ((nr - r) % nr, (nc - c) % nc);
-        let (mut take, mut two) = (true, true);
-        if cm < half {
-            if rm == r && cm == c {
-                two = false;
-            } else if rm < r {
-                take = false;
-            }
-        }
-        let sym = two && fr[rm] == -fr[r] && fc[cm] == -fc[c];
-        if take && two && !sym {
-            out.push(h as u32);
+    let (r, c) = (h / half, h % half);
+    let (rm, cm) = ((nr - r) % nr, (nc - c) % nc);
+    let mut two = true;
+    if cm < half {
+        if rm == r && cm == c {
+            two = false;
+        } else if rm < r {
+            return None;
         }
     }
-    out
+    let sym = two && fr[rm] == -fr[r] && fc[cm] == -fc[c];
+    Some(HostPair {
+        i1: r * nc + c,
+        i2: two.then_some(rm * nc + cm),
+        simple: !two || sym,
+    })
 }
 
 /// Values per pixel in G: the half spectrum padded to whole tiles of `G_TILE` (ssb.cu) = THREADS.
@@ -1563,28 +1579,15 @@ mod tests {
         ] {
             let (fr, fc) = (freq(nr), freq(nc));
             let list = general_pairs(nr, nc, &fr, &fc);
-            let half = nc / 2 + 1;
             let mut hits = vec![0u32; nr * nc];
-            for h in 1..nr * half {
-                let (r, c) = (h / half, h % half);
-                let (rm, cm) = ((nr - r) % nr, (nc - c) % nc);
-                let (mut take, mut two) = (true, true);
-                if cm < half {
-                    if rm == r && cm == c {
-                        two = false;
-                    } else if rm < r {
-                        take = false;
-                    }
-                }
-                if !take {
+            for h in 1..nr * (nc / 2 + 1) {
+                let Some(p) = host_pair(h, nr, nc, &fr, &fc) else {
                     continue;
-                }
-                let sym = two && fr[rm] == -fr[r] && fc[cm] == -fc[c];
-                let simple = !two || sym;
-                assert_eq!(list.contains(&(h as u32)), !simple, "{nr}x{nc} h {h}");
-                hits[r * nc + c] += 1;
-                if two {
-                    hits[rm * nc + cm] += 1;
+                };
+                assert_eq!(list.contains(&(h as u32)), !p.simple, "{nr}x{nc} h {h}");
+                hits[p.i1] += 1;
+                if let Some(i2) = p.i2 {
+                    hits[i2] += 1;
                 }
             }
             assert_eq!(hits[0], 0, "{nr}x{nc}: the DC is the finishing kernel's");

@@ -73,6 +73,16 @@ __device__ __forceinline__ u64 warp_sum_u64(u64 v) {
     return v;
 }
 
+// Σ of v over lanes 0..=lane (every lane of the warp takes part).
+__device__ __forceinline__ u32 warp_inclusive_sum(u32 v, u32 lane) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const u32 y = __shfl_up_sync(FULL_MASK, v, o);
+        if ((int)lane >= o) v += y;
+    }
+    return v;
+}
+
 __device__ __forceinline__ u32 symbol_of(u32 v, u32 K) {
     return v < K ? v : K + (31u - __clz(v - K + 1u));
 }
@@ -178,12 +188,7 @@ __device__ __forceinline__ void rans_step(StreamState& d, const StreamCtx& k, u3
     const bool bk = act && s >= k.K;
     if (__any_sync(FULL_MASK, bk)) {
         const u32 nb = bk ? s - k.K : 0u;
-        u32 incl = nb;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const u32 y = __shfl_up_sync(FULL_MASK, incl, o);
-            if ((int)lane >= o) incl += y;
-        }
+        const u32 incl = warp_inclusive_sum(nb, lane);
         const u32 tot = __shfl_sync(FULL_MASK, incl, 31);
         if (bk) {
             const u32 off = d.bitpos + incl - nb;
@@ -673,12 +678,7 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
                 const bool bk = q < n && s >= m.K;
                 if (!__any_sync(FULL_MASK, bk)) continue;
                 const u32 nb = bk ? s - m.K : 0u;
-                u32 incl = nb;
-#pragma unroll
-                for (int o = 1; o < 32; o <<= 1) {
-                    const u32 y = __shfl_up_sync(FULL_MASK, incl, o);
-                    if ((int)lane >= o) incl += y;
-                }
+                const u32 incl = warp_inclusive_sum(nb, lane);
                 const u32 tot = __shfl_sync(FULL_MASK, incl, 31);
                 const u32 o0 = (u32)(bitpos & 31u) + incl - nb;
                 if (bk && nb > 0u) {
