@@ -1560,15 +1560,9 @@ mod tests {
     #[test]
     fn general_pairs_and_quadratic_pairs_cover_the_plane_once() {
         let freq = |n: usize| -> Vec<f32> {
-            (0..n)
-                .map(|i| {
-                    let k = if i < n.div_ceil(2) {
-                        i as f64
-                    } else {
-                        i as f64 - n as f64
-                    };
-                    (k / (n as f64 * 0.4)) as f32
-                })
+            qem_cpu::ssb::fftfreq(n, 0.4)
+                .iter()
+                .map(|&v| v as f32)
                 .collect()
         };
         for (nr, nc) in [
