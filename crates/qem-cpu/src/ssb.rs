@@ -1272,6 +1272,53 @@ mod tests {
         assert!((radical_inverse(3, 2) - 0.75).abs() < 1e-15);
     }
 
+    /// The staged Nelder–Mead: with three starts on a bowl, the best start's run is exactly
+    /// the single-start run (same minimum, bit for bit), and the two other starts stop at the
+    /// coarse simplex — together well under the two full runs they would cost otherwise.
+    #[test]
+    fn only_the_best_start_is_refined_to_the_end() {
+        let spec = |starts: usize| FitSpec {
+            seed: 3,
+            params: vec![
+                ("C10".into(), (-400.0, 400.0)),
+                ("C12".into(), (0.0, 100.0)),
+                ("phi12".into(), (-PI / 2.0, PI / 2.0)),
+            ],
+            objective: Objective::Coherence,
+            global_evals: 50,
+            local_max_iter: 200,
+            local_starts: starts,
+            start: Aberrations::default(),
+        };
+        let bowl = |abs: &[Aberrations]| -> Result<Vec<f64>> {
+            Ok(abs
+                .iter()
+                .map(|a| {
+                    ((a.c10 - 57.0) / 400.0).powi(2)
+                        + ((a.c12 - 21.0) / 100.0).powi(2)
+                        + ((a.phi12 - 0.3) / 1.5).powi(2)
+                })
+                .collect())
+        };
+        let one = fit_with(&spec(1), &bowl).unwrap();
+        let three = fit_with(&spec(3), &bowl).unwrap();
+        assert_eq!(one.aberrations, three.aberrations);
+        assert_eq!(one.loss, three.loss);
+        let full = one.evaluations - 51;
+        let extra = three.evaluations - one.evaluations;
+        assert!(extra > 0, "the other starts were not run");
+        // Run to the end, the two others would cost about two full runs.
+        assert!(
+            4 * extra < 3 * full * 2,
+            "the other starts ran {extra} evaluations, a full run {full}"
+        );
+        assert!(
+            (one.aberrations.c10 - 57.0).abs() < 0.5,
+            "{:?}",
+            one.aberrations
+        );
+    }
+
     /// `fit_with` on an analytic loss (a bowl around a known point): the search finds it, the
     /// global points come in one batch, and an objective that answers with the wrong number of
     /// losses is an error, not a silent mis-assignment.
