@@ -412,14 +412,16 @@ fn run(
                     }
                 }
             }
-            let b = upload(gpu, &bits, "mask bits")?;
-            a.bits = b.ptr();
-            bufs.push(b);
+            // Dense kernels read `bits` by pixel, the ENCODED one in the decoder's order (one
+            // load per four steps, rans.cu `ctx4`).
             if matches!(data, Data::Encoded(_)) {
-                // The decoder's order (one load per four steps, rans.cu `ctx4`).
                 let b4 = upload(gpu, &rans::interleave4(&bits), "mask bits (decoder order)")?;
                 a.bits4 = b4.ptr();
                 bufs.push(b4);
+            } else {
+                let b = upload(gpu, &bits, "mask bits")?;
+                a.bits = b.ptr();
+                bufs.push(b);
             }
         }
         if !part.wint.is_empty() {

@@ -223,13 +223,13 @@ struct QuadArg {
     dy: f32,
     rin2: f32,
     rout2: f32,
-    lambda: f32,
-    alpha: f32,
     inv_d: f32,
     soft: u32,
 }
-// SAFETY: repr(C) plain 4-byte fields with the layout of `struct SsbQuad`.
+// SAFETY: repr(C) plain 4-byte fields with the layout of `struct SsbQuad` (ssb.cu asserts the
+// same 36 bytes).
 unsafe impl DeviceRepr for QuadArg {}
+const _: () = assert!(std::mem::size_of::<QuadArg>() == 36);
 
 #[derive(Debug)]
 struct Funcs {
@@ -375,11 +375,10 @@ pub struct GpuSsb {
     quad_enabled: AtomicBool,
     fr: DevBuf,
     fc: DevBuf,
-    /// The quadratic kernel's general pairs (`general_pairs`), taken by its first `gen_blocks`
-    /// blocks.
+    /// The quadratic kernel's general pairs (`general_pairs`, `n_list` of them), taken by its
+    /// first ⌈n_list / THREADS⌉ blocks.
     hlist: DevBuf,
     n_list: u32,
-    gen_blocks: u32,
     b: usize,
     scan: Shape2,
     half: usize,
@@ -735,7 +734,6 @@ impl GpuSsb {
         let fc32: Vec<f32> = s.nu_c.iter().map(|&v| v as f32).collect();
         let fr = upload(ctx, &fr32, c, "scan frequencies (rows)")?;
         let list = general_pairs(scan.rows, scan.cols, &fr32, &fc32);
-        let gen_blocks = list.len().div_ceil(THREADS as usize) as u32;
         let hlist = upload(
             ctx,
             if list.is_empty() { &[0u32][..] } else { &list },
@@ -914,7 +912,7 @@ impl GpuSsb {
             s: DevBuf::alloc(ctx, n * 8, c, "mean spectrum")?,
             pow_part: DevBuf::alloc(
                 ctx,
-                (slices as usize * (blocks_x + gen_blocks) as usize) * 8,
+                (slices as usize * (blocks_x as usize + list.len().div_ceil(THREADS as usize))) * 8,
                 c,
                 "power partials",
             )?,
@@ -955,7 +953,6 @@ impl GpuSsb {
             fc,
             hlist,
             n_list: list.len() as u32,
-            gen_blocks,
             b,
             scan,
             half,
@@ -1019,8 +1016,6 @@ impl GpuSsb {
             dy: self.k_step.1 as f32,
             rin2,
             rout2,
-            lambda: self.optics.lambda,
-            alpha: self.optics.alpha,
             inv_d,
             soft,
         })
@@ -1065,7 +1060,11 @@ impl GpuSsb {
             self.half as u32,
         );
         let (sp, pp) = (w.s_part.ptr(), w.pow_part.ptr());
-        let gen_blocks = if quad.is_some() { self.gen_blocks } else { 0 };
+        let gen_blocks = if quad.is_some() {
+            self.n_list.div_ceil(THREADS)
+        } else {
+            0
+        };
         let grid_x = self.blocks_x + gen_blocks;
         let cfg = LaunchConfig {
             grid_dim: (grid_x, self.slices, 1),
@@ -1107,7 +1106,7 @@ impl GpuSsb {
         // double*)`: G holds b·padded_half(nr·half) values of its storage (tiled),
         // gscale/kb/pk/ak/cont b entries, fr/fc nr/nc floats, hlist n_list (≥ 1) u32 with
         // gen_blocks·256 ≥ n_list, s_part slices·n float2, pow_part slices·(blocks_x +
-        // self.gen_blocks) f64 ≥ slices·grid_x; the dynamic shared memory holds
+        // ⌈n_list / 256⌉) f64 ≥ slices·grid_x; the dynamic shared memory holds
         // per_slice·ACC_TABLE_BYTES (≤ 45 KB by MAX_SLICE_PIXELS); the grid is (grid_x, slices)
         // with blocks_x·256 ≥ nr·half.
         unsafe { lb.launch(cfg) }.map_err(|er| driver_error("launch ssb accumulate", er))?;

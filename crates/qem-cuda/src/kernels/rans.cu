@@ -303,7 +303,7 @@ __device__ u32 rans_decode_stream(const u8* __restrict__ st, u64 len, const Rans
     }
     for (u32 t = full_groups << 2; t < steps; ++t) {
         const u32 g = t >> 2, j = t & 3u;
-        if (j == 0u || t == (full_groups << 2)) op.group(g);
+        if (j == 0u) op.group(g);  // the tail starts at a group boundary
         const u32 cw = __ldg(c4 + (g << 5));
         rans_step<true>(d, k, t, j, (cw >> (8u * j)) & 0xffu, lane, op);
         stat += d.stat;
@@ -428,7 +428,6 @@ __device__ __forceinline__ u64 splitmix64(u64 z) {
 // check compare every decoded frame with the CPU's without moving frames.
 struct FrameHash {
     u64 acc;
-    u32 part;  // unused
     __device__ __forceinline__ void group(u32) {}
     __device__ __forceinline__ void value(u32 p, u32 v, u32) { acc += (u64)v * splitmix64(p); }
     __device__ __forceinline__ void finish() {}
@@ -442,9 +441,7 @@ __device__ __forceinline__ void frame_reduce(const u8* __restrict__ arena, u64 a
                                              u32* smem) {
     m = stage_model(m, smem);
     QEM_RANS_WARP_LOOP({
-        Op op;
-        op.acc = 0ull;
-        op.part = 0u;
+        Op op{};  // every field zero
         code = rans_decode_stream(st, len, m, lane, op, a, b);
         const u64 t = warp_sum_u64(op.acc);
         if (lane == 0u) out[k] = code == R_OK ? t : ~0ull;

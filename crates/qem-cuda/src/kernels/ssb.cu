@@ -111,18 +111,23 @@ __device__ __forceinline__ u64 g_at(u64 b, u64 nb, u64 h) {
     return (h / G_TILE) * nb * G_TILE + b * G_TILE + (h % G_TILE);
 }
 
+// Value i of G's storage starting at `p` (float2, or two f16 bit patterns) times `scale`.
+template <bool G16>
+__device__ __forceinline__ float2 g_value(const void* p, u64 i, float scale) {
+    if (G16) {
+        const unsigned int w = __ldcs(reinterpret_cast<const unsigned int*>(p) + i);
+        return make_float2(h2f((u16)(w & 0xffffu)) * scale, h2f((u16)(w >> 16)) * scale);
+    } else {
+        return __ldcs(reinterpret_cast<const float2*>(p) + i);
+    }
+}
+
 // G_b at the thread's h times `scale` (G16: the pixel's gscale; G32: 1), `off` = g_at(0, nb, h)
 // (pixel b's value lies b·G_TILE further). G is read once per evaluation, so the loads are
 // streaming (evict-first).
 template <bool G16>
 __device__ __forceinline__ float2 load_g_off(const void* g, float scale, u64 off, u32 b) {
-    const u64 i = off + (u64)b * G_TILE;
-    if (G16) {
-        const unsigned int w = __ldcs(reinterpret_cast<const unsigned int*>(g) + i);
-        return make_float2(h2f((u16)(w & 0xffffu)) * scale, h2f((u16)(w >> 16)) * scale);
-    } else {
-        return __ldcs(reinterpret_cast<const float2*>(g) + i);
-    }
+    return g_value<G16>(g, off + (u64)b * G_TILE, scale);
 }
 
 template <bool G16>
@@ -252,11 +257,12 @@ struct SsbQuad {
     // |v|² ≤ rin2 → A(v) = 1, |v|² ≥ rout2 → A(v) = 0 (square pixels: δ is a constant);
     // −1 and +∞ on other detectors, where every value takes `aperture`.
     float rin2, rout2;
-    // soft = 1 (square pixels, δ > 0): A(v) = sat((α − λ|v|)·inv_d + ½) with inv_d = 1/δ —
-    // `aperture`'s formula, without its branches.
-    float lambda, alpha, inv_d;
+    // soft = 1 (square pixels, δ > 0): A(v) = sat((α − λ|v|)·inv_d + ½) with inv_d = 1/δ (λ, α
+    // of SsbOptics) — `aperture`'s formula, without its branches.
+    float inv_d;
     u32 soft;
 };
+static_assert(sizeof(SsbQuad) == 36, "SsbQuad must match ssb.rs QuadArg");
 
 // 1/√x by the hardware approximation, denormals flushed (rsqrtf adds a range fixup for them;
 // every argument here is ≥ 1e-30 or a squared norm of order 1).
@@ -268,9 +274,10 @@ __device__ __forceinline__ float rsqrt_ftz(float x) {
 
 // The soft aperture of a square-pixel detector (SsbQuad::soft) with no branch: 1 deep inside,
 // 0 outside, the linear edge of `aperture` in between.
-__device__ __forceinline__ float aperture_soft(float x, float y, const SsbQuad& q) {
+__device__ __forceinline__ float aperture_soft(float x, float y, const SsbOptics& o,
+                                              const SsbQuad& q) {
     const float q2 = fmaxf(fmaf(x, x, y * y), 1e-30f);
-    return __saturatef(fmaf(q.alpha - q.lambda * (q2 * rsqrt_ftz(q2)), q.inv_d, 0.5f));
+    return __saturatef(fmaf(o.alpha - o.lambda * (q2 * rsqrt_ftz(q2)), q.inv_d, 0.5f));
 }
 
 __device__ __forceinline__ float quad_form(const SsbQuad& q, float ax, float ay, float bx,
@@ -322,8 +329,8 @@ __device__ __forceinline__ void quad_pixel(QuadState& st, float2 gv, float4 kq, 
     if (a_k == 0.f) return;  // zero-aperture pixel (the same for the whole warp): Γ ≡ 0
     float am, ap;
     if (SOFT) {
-        am = aperture_soft(kq.x - vr, kq.y - vc, q);
-        ap = aperture_soft(kq.x + vr, kq.y + vc, q);
+        am = aperture_soft(kq.x - vr, kq.y - vc, o, q);
+        ap = aperture_soft(kq.x + vr, kq.y + vc, o, q);
     } else {
         am = aperture_q(kq.x - vr, kq.y - vc, o, q);
         ap = aperture_q(kq.x + vr, kq.y + vc, o, q);
@@ -358,19 +365,16 @@ __device__ __forceinline__ void quad_terms(QuadState& st, const void* __restrict
     const u64 first = off + (u64)c0 * G_TILE;
     const float2* g32 = reinterpret_cast<const float2*>(g) + first;
     const unsigned int* g16 = reinterpret_cast<const unsigned int*>(g) + first;
+    // Pixel j + i of the current step: G's value i·G_TILE past the pointer.
+    auto gv = [&](u32 i, u32 j) {
+        return g_value<G16>(G16 ? (const void*)g16 : (const void*)g32, (u64)i * G_TILE,
+                            G16 ? tb.gs[j + i] : 1.f);
+    };
     u32 j = 0;
     for (; j + QUAD_DEPTH <= cn; j += QUAD_DEPTH) {
         float2 gq[QUAD_DEPTH];
 #pragma unroll
-        for (u32 i = 0; i < QUAD_DEPTH; ++i) {
-            if (G16) {
-                const unsigned int w = __ldcs(g16 + i * G_TILE);
-                const float sc = tb.gs[j + i];
-                gq[i] = make_float2(h2f((u16)(w & 0xffffu)) * sc, h2f((u16)(w >> 16)) * sc);
-            } else {
-                gq[i] = __ldcs(g32 + i * G_TILE);
-            }
-        }
+        for (u32 i = 0; i < QUAD_DEPTH; ++i) gq[i] = gv(i, j);
 #pragma unroll
         for (u32 i = 0; i < QUAD_DEPTH; ++i) {
             quad_pixel<SOFT>(st, gq[i], tb.kq[j + i], vr, vc, o, q);
@@ -379,14 +383,7 @@ __device__ __forceinline__ void quad_terms(QuadState& st, const void* __restrict
         g16 += QUAD_DEPTH * G_TILE;
     }
     for (; j < cn; ++j) {
-        float2 gv;
-        if (G16) {
-            const unsigned int w = __ldcs(g16);
-            gv = make_float2(h2f((u16)(w & 0xffffu)) * tb.gs[j], h2f((u16)(w >> 16)) * tb.gs[j]);
-        } else {
-            gv = __ldcs(g32);
-        }
-        quad_pixel<SOFT>(st, gv, tb.kq[j], vr, vc, o, q);
+        quad_pixel<SOFT>(st, gv(0u, j), tb.kq[j], vr, vc, o, q);
         g32 += G_TILE;
         g16 += G_TILE;
     }
