@@ -18,11 +18,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    sys::CUfunction_attribute_enum, CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg,
+    sys::{CUevent_flags, CUfunction_attribute_enum},
+    CudaEvent, CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use qem_core::{
-    DType, DetectorMask, Error, Moments, ReduceRequest, ReduceResult, Result, VirtualImage,
+    DType, DetectorMask, Error, Moments, ReduceRequest, ReduceResult, Result, StageTiming,
+    VirtualImage,
 };
+use std::time::Instant;
 
 use crate::device::{driver_error, Gpu};
 use crate::engine::engine;
@@ -65,12 +68,34 @@ struct ProdArgs {
     count: u64,
     n: u32,
     kc: u32,
-    pad: [u32; 4],
+    /// [`row_magic`] of `kc`.
+    kc_magic: u32,
+    pad: [u32; 3],
 }
 
 // SAFETY: `ProdArgs` is `repr(C)` plain data with the exact layout of `struct ProdArgs` in
 // products.cu.
 unsafe impl DeviceRepr for ProdArgs {}
+
+/// The multiplier with which the dense kernel finds the detector row of pixel `p` as
+/// `(p · m) >> 32` (`__umulhi`) when `kc` is a multiple of 8 (else 0: that path is not taken).
+/// `m = ⌊2^32 / kc⌋ + 1` exceeds `2^32/kc` by less than 1, so `p · m / 2^32` exceeds `p / kc` by
+/// less than `p / 2^32`; with `p / kc = ⌊p / kc⌋ + r / kc`, `r ≤ kc − 1`, the floor is exact while
+/// `p / 2^32 ≤ 1 / kc`, i.e. `p · kc ≤ 2^32` — always, as `p < n ≤ 2^16`
+/// ([`qem_core::reduce::MAX_FRAME_PIXELS`]) and `kc ≤ n`.
+fn row_magic(kc: usize) -> u32 {
+    if kc < 8 || kc % 8 != 0 {
+        return 0;
+    }
+    ((1u64 << 32) / kc as u64 + 1) as u32
+}
+
+fn stage(name: &str, seconds: f64) -> StageTiming {
+    StageTiming {
+        stage: name.to_string(),
+        seconds,
+    }
+}
 
 /// What one launch computes: the products.cu defines of its module (one module per shape,
 /// compiled on first use and kept, in memory and in NVRTC's on-disk CUBIN cache).
@@ -276,7 +301,7 @@ fn zeroed(gpu: &Gpu, bytes: usize, what: &str) -> Result<DevBuf> {
     Ok(b)
 }
 
-use crate::mem::read_vec;
+use crate::mem::{read_vec, read_vec_at};
 
 /// The pixel range `[lo, hi)` a dense pass must read: the whole frame unless only masks are
 /// requested, then the span of their support, widened to multiples of 8 for 16-byte loads.
@@ -308,6 +333,7 @@ fn run(
     req: &ReduceRequest,
 ) -> Result<ReduceResult> {
     let op = "detector reduction (CUDA)";
+    let t0 = Instant::now();
     req.validate(n_frames, n)?;
     let e = engine()?;
     let k = e.products()?;
@@ -359,6 +385,12 @@ fn run(
     };
     let err = new_err_record(gpu.ctx(), None)?;
     let stream = gpu.stream();
+    let timed_event = || -> Result<CudaEvent> {
+        gpu.ctx()
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|er| driver_error("create event", er))
+    };
+    let (ev_start, ev_end) = (timed_event()?, timed_event()?);
     let mut parts = Vec::new();
     for part in partition(req) {
         let mut bufs = Vec::new();
@@ -368,6 +400,7 @@ fn run(
             count,
             n: n as u32,
             kc: kc as u32,
+            kc_magic: row_magic(kc),
             ..Default::default()
         };
         let rest = part.carries_rest;
@@ -477,6 +510,11 @@ fn run(
         }
         let this_smem = if shape.shared() { smem } else { table_smem };
         let cfg = k.config(kernel, this_smem, count, &shape)?;
+        if parts.is_empty() {
+            ev_start
+                .record(stream)
+                .map_err(|er| driver_error("record event", er))?;
+        }
         let mut b = stream.launch_builder(kernel);
         let errp = err.ptr();
         match &data {
@@ -515,25 +553,38 @@ fn run(
             img_flt,
         });
     }
+    ev_end
+        .record(stream)
+        .map_err(|er| driver_error("record event", er))?;
+    let t_launched = t0.elapsed().as_secs_f64();
     stream
         .synchronize()
         .map_err(|er| driver_error("synchronize products", er))?;
+    let t_done = t0.elapsed().as_secs_f64();
     if let Some(f) = read_err(&err)? {
         return Err(fault_error(&f, f.frame).with_op(op));
     }
+    let kernels_s = if parts.is_empty() {
+        0.0
+    } else {
+        f64::from(
+            ev_start
+                .elapsed_ms(&ev_end)
+                .map_err(|er| driver_error("event elapsed time", er))?,
+        ) * 1e-3
+    };
     let c = count as usize;
     let mut images: Vec<Option<VirtualImage>> = vec![None; req.masks.len()];
+    // Each image and moment straight into its own vector (no staging copy on the host).
     for p in &parts {
         if let Some(b) = &p.img_int {
-            let v: Vec<u64> = read_vec(b, (p.part.bin.len() + p.part.wint.len()) * c)?;
             for (j, &mi) in p.part.bin.iter().chain(&p.part.wint).enumerate() {
-                images[mi] = Some(VirtualImage::U64(v[j * c..(j + 1) * c].to_vec()));
+                images[mi] = Some(VirtualImage::U64(read_vec_at(b, j * c, c)?));
             }
         }
         if let Some(b) = &p.img_flt {
-            let v: Vec<f64> = read_vec(b, p.part.flt.len() * c)?;
             for (j, &mi) in p.part.flt.iter().enumerate() {
-                images[mi] = Some(VirtualImage::F64(v[j * c..(j + 1) * c].to_vec()));
+                images[mi] = Some(VirtualImage::F64(read_vec_at(b, j * c, c)?));
             }
         }
     }
@@ -542,14 +593,11 @@ fn run(
         .map(|x| x.ok_or_else(|| Error::internal(op, "a mask's image was not computed")))
         .collect::<Result<Vec<_>>>()?;
     let moments = match &mom {
-        Some(b) => {
-            let v: Vec<u64> = read_vec(b, 3 * c)?;
-            Some(Moments {
-                sum: v[..c].to_vec(),
-                m_row: v[c..2 * c].to_vec(),
-                m_col: v[2 * c..].to_vec(),
-            })
-        }
+        Some(b) => Some(Moments {
+            sum: read_vec_at(b, 0, c)?,
+            m_row: read_vec_at(b, c, c)?,
+            m_col: read_vec_at(b, 2 * c, c)?,
+        }),
         None => None,
     };
     Ok(ReduceResult {
@@ -558,6 +606,12 @@ fn run(
         max_dp: max_dp.as_ref().map(|b| read_vec(b, n)).transpose()?,
         moments,
         n_frames: count,
+        stages: vec![
+            stage("set-up and launch (host)", t_launched),
+            stage("wait for the GPU", t_done - t_launched),
+            stage("kernels (GPU events, first launch to last end)", kernels_s),
+            stage("download and unpack", t0.elapsed().as_secs_f64() - t_done),
+        ],
     })
 }
 
@@ -592,6 +646,26 @@ pub fn reduce_dense(arr: &DeviceArray, req: &ReduceRequest) -> Result<ReduceResu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn row_magic_gives_every_pixels_row() {
+        let kcs = (8..=1024)
+            .step_by(8)
+            .chain([1032, 2048, 4096, 8192, 8200, 32768, 65536]);
+        for kc in kcs {
+            let m = row_magic(kc) as u64;
+            assert!(m > 0, "kc {kc}");
+            for p in 0..qem_core::reduce::MAX_FRAME_PIXELS as u64 {
+                assert_eq!((p * m) >> 32, p / kc as u64, "pixel {p}, kc {kc}");
+            }
+        }
+        // kc = 2^16: m = 2^16 + 1, still a u32.
+        assert_eq!(row_magic(65536), 65537);
+        assert_eq!(row_magic(192), (4294967296u64 / 192 + 1) as u32);
+        for kc in [1, 4, 7, 9, 191, 193] {
+            assert_eq!(row_magic(kc), 0, "kc {kc}");
+        }
+    }
 
     #[test]
     fn masks_are_split_by_kind_and_launch_capacity() {

@@ -64,7 +64,9 @@ struct ProdArgs {
     u32* max_dp;                     // n
     const u32* __restrict__ bits4;   // bits interleaved like the decoder's ctx4 (ENCODED)
     u64 first, count;
-    u32 n, kc, pad0, pad1, pad2, pad3;
+    u32 n, kc;
+    u32 kc_magic;  // ⌊2^32 / kc⌋ + 1 when kc % 8 == 0: row = umulhi(p, kc_magic) (products.rs)
+    u32 pad1, pad2, pad3;
 };
 
 #if PROD_WIDE
@@ -81,6 +83,9 @@ struct ProdAcc {
     u64 wi[PROD_ARR(PROD_NWINT)];
     double fl[PROD_ARR(PROD_NFLT)];
     u64 s, mr, mc;
+    // The dense 8-pixel groups' Σ v and Σ e·v (e = the pixel's place in its group), per lane
+    // and frame: ≤ 256 groups (n ≤ 2^16) · 28 · 65535 < 2^32, folded into s and mc by store().
+    u32 s32, c32;
 #if PROD_ROWACC
     u32 rs, cs, cur;
 #endif
@@ -92,6 +97,7 @@ struct ProdAcc {
 #pragma unroll
         for (int j = 0; j < PROD_NFLT; ++j) fl[j] = 0.0;
         s = mr = mc = 0ull;
+        s32 = c32 = 0u;
 #if PROD_ROWACC
         rs = cs = 0u;
         cur = 0u;
@@ -130,26 +136,40 @@ struct ProdAcc {
         (void)col;
         (void)v;
     }
-    // The moments of 8 consecutive pixels starting at (row, col) in one detector row:
-    // Σ (col + e)·v_e = col·Σ v_e + Σ e·v_e, one row check for the group.
-    __device__ __forceinline__ void mom_group(u32 row, u32 col, const u32* v) {
-#if PROD_MOM && PROD_ROWACC
-        u32 s8 = 0u, c8 = 0u;
+    // The binary masks and moments of one 16-byte group of 8 u16 pixels p0..p0+7 that lie in
+    // one detector row starting at (row, col): each u32 word holds two pixels (low half
+    // first) and `dp2a` multiplies both halves by two bytes and adds, so a mask's 8 terms are
+    // four instructions (its bit of each pixel's mask byte `b8`, moved to bit 0 of a byte)
+    // and the moments eight: Σ (col + e)·v_e = col·Σ v_e + Σ e·v_e.
+    __device__ __forceinline__ void group8_u16(u32 row, u32 col, const uint4& q, uint2 b8) {
+#if PROD_NBIN > 0
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            s8 += v[e];
-            c8 += (u32)e * v[e];
+        for (int j = 0; j < PROD_NBIN; ++j) {
+            const u32 lo = (b8.x >> j) & 0x01010101u, hi = (b8.y >> j) & 0x01010101u;
+            u32 t = __dp2a_lo(q.x, lo, 0u);
+            t = __dp2a_hi(q.y, lo, t);
+            t = __dp2a_lo(q.z, hi, t);
+            t = __dp2a_hi(q.w, hi, t);
+            bin[j] += (acc_t)t;
         }
-        if (row != cur) {
-            flush_row();
-            cur = row;
-        }
-        rs += s8;
-        cs += col * s8 + c8;
+#endif
+#if PROD_MOM
+        u32 s8 = __dp2a_lo(q.x, 0x0101u, 0u);
+        s8 = __dp2a_lo(q.y, 0x0101u, s8);
+        s8 = __dp2a_lo(q.z, 0x0101u, s8);
+        s8 = __dp2a_lo(q.w, 0x0101u, s8);
+        c32 = __dp2a_lo(q.x, 0x0100u, c32);
+        c32 = __dp2a_lo(q.y, 0x0302u, c32);
+        c32 = __dp2a_lo(q.z, 0x0504u, c32);
+        c32 = __dp2a_lo(q.w, 0x0706u, c32);
+        s32 += s8;
+        mr += (u64)row * s8;
+        mc += (u64)col * s8;
 #endif
         (void)row;
         (void)col;
-        (void)v;
+        (void)q;
+        (void)b8;
     }
     // Everything but the moments.
     __device__ __forceinline__ void add_rest(const ProdArgs& a, u32* ssum, u32* smax, u32 p,
@@ -168,6 +188,12 @@ struct ProdAcc {
         for (int j = 0; j < PROD_NBIN; ++j)
             if ((b >> j) & 1u) bin[j] += (acc_t)v;
 #endif
+        add_others(a, ssum, smax, p, v);
+        (void)b;
+    }
+    // The weighted masks, sum DP and max DP of one value.
+    __device__ __forceinline__ void add_others(const ProdArgs& a, u32* ssum, u32* smax, u32 p,
+                                               u32 v) {
 #pragma unroll
         for (int j = 0; j < PROD_NWINT; ++j) wi[j] += (u64)v * __ldg(a.wint + (u64)j * a.n + p);
 #pragma unroll
@@ -207,6 +233,8 @@ struct ProdAcc {
 #if PROD_ROWACC
         flush_row();
 #endif
+        s += s32;
+        mc += c32;
         const u64 ts = warp_sum_u64(s), tr = warp_sum_u64(mr), tc = warp_sum_u64(mc);
         if (lane == 0u) {
             a.mom[k] = ts;
@@ -342,6 +370,13 @@ __device__ __forceinline__ void products_dense(const T* __restrict__ data, const
         if (vec) {
             const uint4* f8 = (const uint4*)fr;
             const u32 g_lo = p_lo >> 3, g_hi = (p_hi + 7u) >> 3;
+            // With kc % 8 == 0 no group straddles two detector rows (p0 is a multiple of 8),
+            // so a group's masks and moments take the packed path (group8_u16).
+#if PROD_MOM
+            const bool packed = (a.kc & 7u) == 0u;
+#else
+            const bool packed = true;
+#endif
 #if PROD_ROWACC
             acc.cur = (g_lo + lane) * 8u / a.kc;
 #endif
@@ -356,48 +391,41 @@ __device__ __forceinline__ void products_dense(const T* __restrict__ data, const
                 for (int u = 0; u < PROD_UNROLL; ++u) {
                     const u32 g = g0 + 32u * u;
                     if (g >= g_hi) break;
-                    const u32 w[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
                     const u32 p0 = g << 3;
-                    u32 row = 0u, col = 0u;
-#if PROD_MOM
-                    row = p0 / a.kc;
-                    col = p0 - row * a.kc;
+                    // The group's eight mask bytes in one 8-byte load (p0 is a multiple of 8
+                    // and the bits buffer is 8-aligned), not one load per value.
+                    uint2 bw = make_uint2(0u, 0u);
+#if PROD_NBIN > 0
+                    bw = __ldg(reinterpret_cast<const uint2*>(a.bits) + g);
 #endif
+                    const u32 w[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
                     u32 v8[8];
 #pragma unroll
                     for (int e = 0; e < 8; ++e) v8[e] = (w[e >> 1] >> (16 * (e & 1))) & 0xffffu;
-                    // The group's eight mask bytes in one 8-byte load (p0 is a multiple of 8
-                    // and the bits buffer is 8-aligned), not one load per value.
-                    u32 b8[2] = {0u, 0u};
-#if PROD_NBIN > 0
-                    {
-                        const uint2 bw = __ldg(reinterpret_cast<const uint2*>(a.bits) + g);
-                        b8[0] = bw.x;
-                        b8[1] = bw.y;
-                    }
+                    if (packed) {
+                        u32 row = 0u, col = 0u;
+#if PROD_MOM
+                        row = __umulhi(p0, a.kc_magic);
+                        col = p0 - row * a.kc;
 #endif
-#if PROD_MOM && PROD_ROWACC
-                    if (col + 8u <= a.kc) {
-                        acc.mom_group(row, col, v8);
+                        acc.group8_u16(row, col, q[u], bw);
+#if PROD_NWINT > 0 || PROD_NFLT > 0 || PROD_SUM > 0 || PROD_MAX > 0
 #pragma unroll
-                        for (int e = 0; e < 8; ++e) {
-                            acc.add_rest_b(a, ssum, smax, p0 + e, v8[e],
-                                           (b8[e >> 2] >> (8 * (e & 3))) & 0xffu);
-                        }
+                        for (int e = 0; e < 8; ++e) acc.add_others(a, ssum, smax, p0 + e, v8[e]);
+#endif
                         continue;
                     }
-#endif
+                    const u32 b8[2] = {bw.x, bw.y};
+                    u32 row = p0 / a.kc, col = p0 - (p0 / a.kc) * a.kc;
 #pragma unroll
                     for (int e = 0; e < 8; ++e) {
                         acc.mom_value(row, col, v8[e]);
                         acc.add_rest_b(a, ssum, smax, p0 + e, v8[e],
                                        (b8[e >> 2] >> (8 * (e & 3))) & 0xffu);
-#if PROD_MOM
                         if (++col == a.kc) {
                             col = 0u;
                             ++row;
                         }
-#endif
                     }
                 }
             }
