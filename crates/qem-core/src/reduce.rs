@@ -8,6 +8,7 @@
 //! the additions is engine-defined, so float images agree between engines to rounding only.
 
 use crate::error::{Error, Result};
+use crate::provenance::StageTiming;
 
 /// The largest weight an integer mask may hold. With `u32` counts and frames of up to 2^16
 /// pixels, `65535 · (2^32 − 1) · 2^16 < 2^64`, so an integer image can never wrap.
@@ -198,7 +199,8 @@ pub struct Moments {
 }
 
 /// What a [`ReduceRequest`] returns; a field is `Some` (or non-empty) exactly when requested.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// Equality compares the values only, not [`ReduceResult::stages`].
+#[derive(Debug, Clone, Default)]
 pub struct ReduceResult {
     /// One image per requested mask, in request order.
     pub images: Vec<VirtualImage>,
@@ -210,6 +212,19 @@ pub struct ReduceResult {
     pub moments: Option<Moments>,
     /// Frames visited.
     pub n_frames: u64,
+    /// Where the engine spent the time (the CUDA engine: set-up, the kernels by GPU events,
+    /// the wait, the download); empty when the engine does not say.
+    pub stages: Vec<StageTiming>,
+}
+
+impl PartialEq for ReduceResult {
+    fn eq(&self, o: &Self) -> bool {
+        self.images == o.images
+            && self.sum_dp == o.sum_dp
+            && self.max_dp == o.max_dp
+            && self.moments == o.moments
+            && self.n_frames == o.n_frames
+    }
 }
 
 #[cfg(test)]

@@ -259,6 +259,7 @@ fn run<S: FrameSource>(
         max_dp: req.max_dp.then_some(max_dp),
         moments,
         n_frames: n_sel as u64,
+        stages: Vec::new(),
     })
 }
 

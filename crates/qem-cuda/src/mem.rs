@@ -156,8 +156,20 @@ pub(crate) fn upload<T: bytemuck::Pod>(
 
 /// The first `n` values of type `T` in `b`.
 pub(crate) fn read_vec<T: bytemuck::Pod + Default + Clone>(b: &DevBuf, n: usize) -> Result<Vec<T>> {
+    read_vec_at(b, 0, n)
+}
+
+/// `n` values of `T` starting at value `first` of `b` (synchronous).
+pub(crate) fn read_vec_at<T: bytemuck::Pod + Default + Clone>(
+    b: &DevBuf,
+    first: usize,
+    n: usize,
+) -> Result<Vec<T>> {
     let mut v = vec![T::default(); n];
-    b.read(0, bytemuck::cast_slice_mut(&mut v))?;
+    b.read(
+        first * std::mem::size_of::<T>(),
+        bytemuck::cast_slice_mut(&mut v),
+    )?;
     Ok(v)
 }
 

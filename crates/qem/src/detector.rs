@@ -1137,12 +1137,13 @@ pub fn products(ds: &Dataset, which: &[Product], p: &DetectorParams) -> Result<P
     };
     let t1 = Instant::now();
     let nothing_to_read = req.masks.is_empty() && !req.sum_dp && !req.max_dp && !req.moments;
-    let r = if nothing_to_read {
+    let mut r = if nothing_to_read {
         ReduceResult::default()
     } else {
         reduce(ds, &req).map_err(|e| e.with_op(OP))?
     };
     let reduce_secs = t1.elapsed().as_secs_f64();
+    let engine_stages = std::mem::take(&mut r.stages);
 
     let sum = match (r.sum_dp, cached_sum) {
         (Some(s), _) => {
@@ -1219,6 +1220,9 @@ pub fn products(ds: &Dataset, which: &[Product], p: &DetectorParams) -> Result<P
         provenance.stage("disk_fit", g.disk_secs);
     }
     provenance.stage("reduce", reduce_secs);
+    for st in &engine_stages {
+        provenance.stage(&format!("reduce: {}", st.stage), st.seconds);
+    }
     provenance.stage("total (wall)", t0.elapsed().as_secs_f64());
     Ok(Products {
         images,

@@ -281,9 +281,11 @@ pub fn run(ds: &Dataset, p: &DpcParams) -> Result<DpcResult> {
     });
 
     let shape = ds.scan_shape();
+    let t_c = Instant::now();
     let (mut com_row, mut com_col, zero_frames) = com_from_moments(moments, shape, true);
     let cal = Calibration::of(ds);
     cal.apply(&mut com_row, &mut com_col);
+    let t_com = t_c.elapsed().as_secs_f64();
 
     // Rotation and transpose.
     let t1 = Instant::now();
@@ -357,7 +359,9 @@ pub fn run(ds: &Dataset, p: &DpcParams) -> Result<DpcResult> {
     let t_integrate = t2.elapsed().as_secs_f64();
 
     // The 180° ambiguity.
+    let t3 = Instant::now();
     let decision = cpu::resolve_sign(&phase, adf.as_deref());
+    let t_sign = t3.elapsed().as_secs_f64();
     let (flip, criterion, confident) = if !determined {
         (false, "none".to_string(), false)
     } else if p.rotation_deg.is_some() {
@@ -415,8 +419,15 @@ pub fn run(ds: &Dataset, p: &DpcParams) -> Result<DpcResult> {
         }),
     );
     provenance.stage("reduce (adf + moments)", t_reduce);
+    for st in &prods.provenance.timings {
+        if st.stage.starts_with("reduce: ") {
+            provenance.stage(&st.stage, st.seconds);
+        }
+    }
+    provenance.stage("centre of mass from the moments", t_com);
     provenance.stage("rotation", t_rotation);
     provenance.stage("integrate", t_integrate);
+    provenance.stage("sign criterion", t_sign);
     provenance.stage("total (wall)", t0.elapsed().as_secs_f64());
     Ok(DpcResult {
         com_row,
