@@ -13,7 +13,7 @@ use qem_core::{Error, ErrorKind, Result};
 
 use crate::device::driver_error;
 use crate::engine::engine;
-use crate::mem::DevBuf;
+use crate::mem::{par_copy, with_staging, DevBuf};
 use crate::nvrtc::load_module;
 
 const KERNEL_SOURCE: &str = include_str!("kernels/dpc.cu");
@@ -138,63 +138,104 @@ pub fn integrate_periodic(
     };
     let (fwd, inv, d_gr, d_gc, d_a, d_b, combine) =
         (&w.fwd, &w.inv, &w.d_gr, &w.d_gc, &w.d_a, &w.d_b, &w.combine);
-    d_gr.write(0, bytemuck::cast_slice(g_row))?;
-    d_gc.write(0, bytemuck::cast_slice(g_col))?;
     let stream = gpu.stream();
-    for p in [fwd, inv] {
-        // SAFETY: a live plan and this context's stream.
-        unsafe { cufft::set_stream(p.0, stream.cu_stream() as _) }
-            .map_err(|er| fft_error("set stream", er))?;
-    }
-    // SAFETY: the plans are rows × cols D2Z/Z2D; inputs hold n f64, spectra rows·half double2,
-    // all live until the synchronize below.
-    unsafe {
-        cufft::exec_d2z(
-            fwd.0,
-            d_gr.ptr() as *mut f64,
-            d_a.ptr() as *mut cufft_sys::double2,
-        )
-        .map_err(|er| fft_error("D2Z g_row", er))?;
-        cufft::exec_d2z(
-            fwd.0,
-            d_gc.ptr() as *mut f64,
-            d_b.ptr() as *mut cufft_sys::double2,
-        )
-        .map_err(|er| fft_error("D2Z g_col", er))?;
-    }
-    let total = (rows * half) as u64;
-    let cfg = LaunchConfig {
-        grid_dim: (total.div_ceil(256).clamp(1, 4096) as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
+    // The transforms, the combine and the inverse, queued on `stream` after the uploads.
+    let queue_solve = || -> Result<()> {
+        for p in [fwd, inv] {
+            // SAFETY: a live plan and this context's stream.
+            unsafe { cufft::set_stream(p.0, stream.cu_stream() as _) }
+                .map_err(|er| fft_error("set stream", er))?;
+        }
+        // SAFETY: the plans are rows × cols D2Z/Z2D; inputs hold n f64, spectra rows·half double2,
+        // all live until the synchronize below.
+        unsafe {
+            cufft::exec_d2z(
+                fwd.0,
+                d_gr.ptr() as *mut f64,
+                d_a.ptr() as *mut cufft_sys::double2,
+            )
+            .map_err(|er| fft_error("D2Z g_row", er))?;
+            cufft::exec_d2z(
+                fwd.0,
+                d_gc.ptr() as *mut f64,
+                d_b.ptr() as *mut cufft_sys::double2,
+            )
+            .map_err(|er| fft_error("D2Z g_col", er))?;
+        }
+        let total = (rows * half) as u64;
+        let cfg = LaunchConfig {
+            grid_dim: (total.div_ceil(256).clamp(1, 4096) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (pa, pb) = (d_a.ptr(), d_b.ptr());
+        let (r32, c32, h32) = (rows as u32, cols as u32, half as u32);
+        let scale = 1.0 / n as f64;
+        let mut b = stream.launch_builder(combine);
+        b.arg(&pa)
+            .arg(&pb)
+            .arg(&r32)
+            .arg(&c32)
+            .arg(&h32)
+            .arg(&scale);
+        // SAFETY: matches `qem_idpc_combine(double2*, const double2*, u32, u32, u32, double)`; both
+        // spectra hold rows·half double2, the grid-stride loop stays below that.
+        unsafe { b.launch(cfg) }.map_err(|er| driver_error("launch iDPC combine", er))?;
+        // SAFETY: inverse of the combined half spectrum into d_gr (n f64), live until the
+        // synchronize below.
+        unsafe {
+            cufft::exec_z2d(
+                inv.0,
+                d_a.ptr() as *mut cufft_sys::double2,
+                d_gr.ptr() as *mut f64,
+            )
+            .map_err(|er| fft_error("Z2D", er))?;
+        }
+        Ok(())
     };
-    let (pa, pb) = (d_a.ptr(), d_b.ptr());
-    let (r32, c32, h32) = (rows as u32, cols as u32, half as u32);
-    let scale = 1.0 / n as f64;
-    let mut b = stream.launch_builder(combine);
-    b.arg(&pa)
-        .arg(&pb)
-        .arg(&r32)
-        .arg(&c32)
-        .arg(&h32)
-        .arg(&scale);
-    // SAFETY: matches `qem_idpc_combine(double2*, const double2*, u32, u32, u32, double)`; both
-    // spectra hold rows·half double2, the grid-stride loop stays below that.
-    unsafe { b.launch(cfg) }.map_err(|er| driver_error("launch iDPC combine", er))?;
-    // SAFETY: inverse of the combined half spectrum into d_gr (n f64), live until the
-    // synchronize below.
-    unsafe {
-        cufft::exec_z2d(
-            inv.0,
-            d_a.ptr() as *mut cufft_sys::double2,
-            d_gr.ptr() as *mut f64,
-        )
-        .map_err(|er| fft_error("Z2D", er))?;
-    }
-    stream
-        .synchronize()
-        .map_err(|er| driver_error("synchronize iDPC", er))?;
+    let bytes = n * 8;
     let mut phi = vec![0f64; n];
-    d_gr.read(0, bytemuck::cast_slice_mut(&mut phi))?;
+    // One pinned buffer for the two fields and the phase: the copies are queued with the
+    // transforms and the host waits once (each synchronous copy is a driver round trip).
+    let staged = with_staging(gpu.ctx(), 3 * bytes, |pin| {
+        let mut queue_all = || -> Result<()> {
+            par_copy(
+                &mut pin.as_mut_slice()[..bytes],
+                bytemuck::cast_slice(g_row),
+            );
+            par_copy(
+                &mut pin.as_mut_slice()[bytes..2 * bytes],
+                bytemuck::cast_slice(g_col),
+            );
+            pin.copy_range_to_device_async(0, d_gr, 0, bytes, stream)?;
+            pin.copy_range_to_device_async(bytes, d_gc, 0, bytes, stream)?;
+            queue_solve()?;
+            pin.copy_range_from_device_async(2 * bytes, d_gr, 0, bytes, stream)
+        };
+        let queued = queue_all();
+        // Also after a failure: no queued copy may still use the buffer once it is released.
+        let waited = stream
+            .synchronize()
+            .map_err(|er| driver_error("synchronize iDPC", er));
+        queued?;
+        waited?;
+        par_copy(
+            bytemuck::cast_slice_mut(&mut phi),
+            &pin.as_slice()[2 * bytes..3 * bytes],
+        );
+        Ok(())
+    });
+    match staged {
+        Some(r) => r?,
+        None => {
+            d_gr.write(0, bytemuck::cast_slice(g_row))?;
+            d_gc.write(0, bytemuck::cast_slice(g_col))?;
+            queue_solve()?;
+            stream
+                .synchronize()
+                .map_err(|er| driver_error("synchronize iDPC", er))?;
+            d_gr.read(0, bytemuck::cast_slice_mut(&mut phi))?;
+        }
+    }
     Ok(phi)
 }

@@ -32,7 +32,7 @@ use crate::engine::engine;
 use crate::load::DeviceArray;
 use crate::mem::DevBuf;
 use crate::nvrtc::load_module;
-use crate::rans::{self, fault_error, new_err_record, read_err, DeviceEncoded};
+use crate::rans::{self, fault_error, new_err_record, DeviceEncoded};
 
 const KERNEL_SOURCE: &str = include_str!("kernels/products.cu");
 const KERNEL_FILE: &str = "products.cu";
@@ -301,7 +301,7 @@ fn zeroed(gpu: &Gpu, bytes: usize, what: &str) -> Result<DevBuf> {
     Ok(b)
 }
 
-use crate::mem::{read_vec, read_vec_at};
+use crate::mem::{fetch_all, Fetch};
 
 /// The pixel range `[lo, hi)` a dense pass must read: the whole frame unless only masks are
 /// requested, then the span of their support, widened to multiples of 8 for 16-byte loads.
@@ -557,11 +557,73 @@ fn run(
         .record(stream)
         .map_err(|er| driver_error("record event", er))?;
     let t_launched = t0.elapsed().as_secs_f64();
-    stream
-        .synchronize()
-        .map_err(|er| driver_error("synchronize products", er))?;
+    // Every output into its own vector with one wait (mem::fetch_all).
+    let c = count as usize;
+    let mut err_words = [0u32; rans::ERR_WORDS];
+    let mut part_images: Vec<Vec<Vec<u64>>> = Vec::new();
+    let mut part_flt: Vec<Vec<Vec<f64>>> = Vec::new();
+    for p in &parts {
+        part_images.push(vec![vec![0u64; c]; p.part.bin.len() + p.part.wint.len()]);
+        part_flt.push(vec![vec![0f64; c]; p.part.flt.len()]);
+    }
+    let mut mom_v = mom
+        .as_ref()
+        .map(|_| [vec![0u64; c], vec![0u64; c], vec![0u64; c]]);
+    let mut sum_v = sum_dp.as_ref().map(|_| vec![0u64; n]);
+    let mut max_v = max_dp.as_ref().map(|_| vec![0u32; n]);
+    {
+        let mut fetches = vec![Fetch {
+            src: &err,
+            offset: 0,
+            dst: bytemuck::cast_slice_mut(&mut err_words),
+        }];
+        for ((p, ints), flts) in parts.iter().zip(&mut part_images).zip(&mut part_flt) {
+            if let Some(b) = &p.img_int {
+                for (j, v) in ints.iter_mut().enumerate() {
+                    fetches.push(Fetch {
+                        src: b,
+                        offset: j * c * 8,
+                        dst: bytemuck::cast_slice_mut(v),
+                    });
+                }
+            }
+            if let Some(b) = &p.img_flt {
+                for (j, v) in flts.iter_mut().enumerate() {
+                    fetches.push(Fetch {
+                        src: b,
+                        offset: j * c * 8,
+                        dst: bytemuck::cast_slice_mut(v),
+                    });
+                }
+            }
+        }
+        if let (Some(b), Some(vs)) = (&mom, &mut mom_v) {
+            for (j, v) in vs.iter_mut().enumerate() {
+                fetches.push(Fetch {
+                    src: b,
+                    offset: j * c * 8,
+                    dst: bytemuck::cast_slice_mut(v),
+                });
+            }
+        }
+        if let (Some(b), Some(v)) = (&sum_dp, &mut sum_v) {
+            fetches.push(Fetch {
+                src: b,
+                offset: 0,
+                dst: bytemuck::cast_slice_mut(v),
+            });
+        }
+        if let (Some(b), Some(v)) = (&max_dp, &mut max_v) {
+            fetches.push(Fetch {
+                src: b,
+                offset: 0,
+                dst: bytemuck::cast_slice_mut(v),
+            });
+        }
+        fetch_all(gpu.ctx(), stream, &mut fetches)?;
+    }
     let t_done = t0.elapsed().as_secs_f64();
-    if let Some(f) = read_err(&err)? {
+    if let Some(f) = rans::fault_from_words(&err_words) {
         return Err(fault_error(&f, f.frame).with_op(op));
     }
     let kernels_s = if parts.is_empty() {
@@ -573,44 +635,34 @@ fn run(
                 .map_err(|er| driver_error("event elapsed time", er))?,
         ) * 1e-3
     };
-    let c = count as usize;
     let mut images: Vec<Option<VirtualImage>> = vec![None; req.masks.len()];
-    // Each image and moment straight into its own vector (no staging copy on the host).
-    for p in &parts {
-        if let Some(b) = &p.img_int {
-            for (j, &mi) in p.part.bin.iter().chain(&p.part.wint).enumerate() {
-                images[mi] = Some(VirtualImage::U64(read_vec_at(b, j * c, c)?));
-            }
+    for ((p, ints), flts) in parts.iter().zip(part_images).zip(part_flt) {
+        for (&mi, v) in p.part.bin.iter().chain(&p.part.wint).zip(ints) {
+            images[mi] = Some(VirtualImage::U64(v));
         }
-        if let Some(b) = &p.img_flt {
-            for (j, &mi) in p.part.flt.iter().enumerate() {
-                images[mi] = Some(VirtualImage::F64(read_vec_at(b, j * c, c)?));
-            }
+        for (&mi, v) in p.part.flt.iter().zip(flts) {
+            images[mi] = Some(VirtualImage::F64(v));
         }
     }
     let images = images
         .into_iter()
         .map(|x| x.ok_or_else(|| Error::internal(op, "a mask's image was not computed")))
         .collect::<Result<Vec<_>>>()?;
-    let moments = match &mom {
-        Some(b) => Some(Moments {
-            sum: read_vec_at(b, 0, c)?,
-            m_row: read_vec_at(b, c, c)?,
-            m_col: read_vec_at(b, 2 * c, c)?,
-        }),
-        None => None,
-    };
+    let moments = mom_v.map(|[sum, m_row, m_col]| Moments { sum, m_row, m_col });
     Ok(ReduceResult {
         images,
-        sum_dp: sum_dp.as_ref().map(|b| read_vec(b, n)).transpose()?,
-        max_dp: max_dp.as_ref().map(|b| read_vec(b, n)).transpose()?,
+        sum_dp: sum_v,
+        max_dp: max_v,
         moments,
         n_frames: count,
         stages: vec![
             stage("set-up and launch (host)", t_launched),
-            stage("wait for the GPU", t_done - t_launched),
             stage("kernels (GPU events, first launch to last end)", kernels_s),
-            stage("download and unpack", t0.elapsed().as_secs_f64() - t_done),
+            stage(
+                "wait and download (one batch of copies through pinned memory)",
+                t_done - t_launched,
+            ),
+            stage("unpack", t0.elapsed().as_secs_f64() - t_done),
         ],
     })
 }
