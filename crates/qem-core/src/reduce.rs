@@ -239,6 +239,26 @@ mod tests {
     }
 
     #[test]
+    fn equality_compares_values_not_timings() {
+        let a = ReduceResult {
+            sum_dp: Some(vec![1, 2]),
+            n_frames: 3,
+            ..Default::default()
+        };
+        let mut b = a.clone();
+        b.stages.push(StageTiming {
+            stage: "kernels".into(),
+            seconds: 0.5,
+        });
+        assert_eq!(a, b);
+        b.sum_dp = Some(vec![1, 3]);
+        assert_ne!(a, b);
+        let mut c = a.clone();
+        c.n_frames = 4;
+        assert_ne!(a, c);
+    }
+
+    #[test]
     fn validation_names_what_is_wrong() {
         assert!(ReduceRequest::default().validate(4, 4).is_err());
         assert!(req().validate(4, 4).is_ok());

@@ -13,6 +13,13 @@
 //! `u32` counts, or detectors too large for shared memory, use global atomics instead.
 //! A request with more masks than one launch takes ([`MAX_BIN`] binary, [`MAX_WINT`] integer,
 //! [`MAX_FLT`] float) is split into several launches over the same frames.
+//!
+//! Dense `u16` frames are read 16 bytes (8 pixels) per lane at a time; when `kc % 8 == 0` the
+//! binary masks and moments of a group take two pixels per `dp2a` (products.cu `group8_u16`).
+//! All results come back with one wait: async copies into the process's pinned staging
+//! buffer, then one stream synchronize (`mem::fetch_all`); the reduce's
+//! [`ReduceResult::stages`] say where the time went (host set-up, the kernels by GPU events,
+//! the wait and download).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

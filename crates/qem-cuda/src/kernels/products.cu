@@ -21,6 +21,8 @@
 //                    group with at most ⌈k_c/256⌉ + 1 groups — so Σ col·v < 40·1023·65535 < 2^32)
 //   PROD_WARPS       warps per CTA (launch bounds)
 // Per-frame results go to slot k of each output (k = position in the visited list).
+// Dense u16 frames are read as 16-byte groups of 8 pixels; with kc % 8 == 0 a group lies in one
+// detector row and its binary masks and moments go two pixels per dp2a (ProdAcc::group8_u16).
 
 #ifndef PROD_NBIN
 #define PROD_NBIN 0
