@@ -38,18 +38,15 @@ impl MemCounter {
     }
 }
 
-/// Synchronous transfers of at least this many bytes go through [`STAGING`].
-const STAGED_MIN_BYTES: usize = 256 << 10;
-/// The size of [`STAGING`]; larger transfers go through it in pieces.
+/// The size [`STAGING`] is first allocated with.
 const STAGING_BYTES: usize = 16 << 20;
 /// The most [`STAGING`] grows to for one batch of [`fetch_all`].
 const STAGING_MAX_BYTES: usize = 256 << 20;
 
-/// The pinned host buffer of this process's large synchronous transfers ([`DevBuf::read`],
-/// [`DevBuf::write`]). A copy from or to pageable memory goes through the driver's own bounce
-/// buffer: 8 MB of reduce results came back at 3.7 GB/s on the H200 host (run 14). Through a
-/// pinned buffer the DMA runs at the link's speed, and the host copy into or out of it is split
-/// over the cores.
+/// The pinned host buffer through which batches of copies are queued on a stream and waited
+/// for once ([`fetch_all`], the iDPC): only pinned memory makes a copy asynchronous. (Single
+/// synchronous reads through it measured no faster than pageable ones, run 15: the cost was the
+/// round trip per copy, not the DMA.) The host side of each copy is split over the cores.
 static STAGING: Mutex<Option<PinnedBuf>> = Mutex::new(None);
 
 /// `dst.copy_from_slice(src)` in 1 MiB pieces over the rayon pool.
@@ -213,24 +210,6 @@ impl DevBuf {
         if dst.is_empty() {
             return Ok(());
         }
-        if dst.len() >= STAGED_MIN_BYTES {
-            let staged = with_staging(&self.ctx, STAGING_BYTES, |pin| {
-                let mut at = self.ptr + offset as u64;
-                for piece in dst.chunks_mut(STAGING_BYTES) {
-                    let bounce = &mut pin.as_mut_slice()[..piece.len()];
-                    // SAFETY: the source range lies inside this allocation (checked above),
-                    // `bounce` is pinned host memory of the same length; synchronous.
-                    unsafe { result::memcpy_dtoh_sync(bounce, at) }
-                        .map_err(|e| driver_error("download from the GPU", e))?;
-                    par_copy(piece, bounce);
-                    at += piece.len() as u64;
-                }
-                Ok(())
-            });
-            if let Some(r) = staged {
-                return r;
-            }
-        }
         // SAFETY: the source range lies inside this allocation (checked above) and `dst` is a
         // valid host slice of the same length; the copy is synchronous.
         unsafe { result::memcpy_dtoh_sync(dst, self.ptr + offset as u64) }
@@ -253,25 +232,6 @@ impl DevBuf {
             .map_err(|e| driver_error("bind CUDA context", e))?;
         if src.is_empty() {
             return Ok(());
-        }
-        if src.len() >= STAGED_MIN_BYTES {
-            let staged = with_staging(&self.ctx, STAGING_BYTES, |pin| {
-                let mut at = self.ptr + offset as u64;
-                for piece in src.chunks(STAGING_BYTES) {
-                    let bounce = &mut pin.as_mut_slice()[..piece.len()];
-                    par_copy(bounce, piece);
-                    // SAFETY: the destination range lies inside this allocation (checked
-                    // above); `bounce` is pinned host memory; synchronous, so the next piece
-                    // may overwrite it.
-                    unsafe { result::memcpy_htod_sync(at, &*bounce) }
-                        .map_err(|e| driver_error("upload to the GPU", e))?;
-                    at += piece.len() as u64;
-                }
-                Ok(())
-            });
-            if let Some(r) = staged {
-                return r;
-            }
         }
         // SAFETY: the destination range lies inside this allocation (checked above).
         unsafe { result::memcpy_htod_sync(self.ptr + offset as u64, src) }
@@ -306,20 +266,8 @@ pub(crate) fn upload<T: bytemuck::Pod>(
 
 /// The first `n` values of type `T` in `b`.
 pub(crate) fn read_vec<T: bytemuck::Pod + Default + Clone>(b: &DevBuf, n: usize) -> Result<Vec<T>> {
-    read_vec_at(b, 0, n)
-}
-
-/// `n` values of `T` starting at value `first` of `b` (synchronous).
-pub(crate) fn read_vec_at<T: bytemuck::Pod + Default + Clone>(
-    b: &DevBuf,
-    first: usize,
-    n: usize,
-) -> Result<Vec<T>> {
     let mut v = vec![T::default(); n];
-    b.read(
-        first * std::mem::size_of::<T>(),
-        bytemuck::cast_slice_mut(&mut v),
-    )?;
+    b.read(0, bytemuck::cast_slice_mut(&mut v))?;
     Ok(v)
 }
 
