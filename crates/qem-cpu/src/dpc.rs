@@ -104,23 +104,50 @@ pub struct ComField {
 /// them; should they differ in length, only the frames present in all three are used.
 pub fn com_from_moments(m: &Moments, centered: bool) -> ComField {
     debug_assert!(m.sum.len() == m.m_row.len() && m.sum.len() == m.m_col.len());
-    let zero_frames = m.sum.par_iter().filter(|&&s| s == 0).count() as u64;
-    let (mut com_row, mut com_col): (Vec<f64>, Vec<f64>) = m
-        .sum
-        .par_iter()
-        .zip(&m.m_row)
-        .zip(&m.m_col)
-        .map(|((&s, &mr), &mc)| {
-            if s == 0 {
-                (0.0, 0.0)
-            } else {
-                (mr as f64 / s as f64, mc as f64 / s as f64)
+    let n = m.sum.len();
+    let mut com_row = vec![0.0; n];
+    let mut com_col = vec![0.0; n];
+    // One pass computes every frame's CoM and, per chunk of ORDERED_CHUNK frames, the sums the
+    // centring needs — the chunks and order of `ordered_sums`, so the mean has the same bits as
+    // `subtract_mean`'s; a second pass centres. (Two parallel regions, not six: each region is
+    // as slow as its slowest worker, and the device host's workers are sometimes late.)
+    let parts: Vec<(f64, f64, u64)> = com_row
+        .par_chunks_mut(ORDERED_CHUNK)
+        .zip(com_col.par_chunks_mut(ORDERED_CHUNK))
+        .enumerate()
+        .map(|(j, (r, c))| {
+            let base = j * ORDERED_CHUNK;
+            let (mut sr, mut sc, mut zeros) = (0.0f64, 0.0f64, 0u64);
+            for (k, (a, b)) in r.iter_mut().zip(c.iter_mut()).enumerate() {
+                let i = base + k;
+                let s = m.sum[i];
+                if s == 0 {
+                    zeros += 1;
+                } else {
+                    *a = m.m_row[i] as f64 / s as f64;
+                    *b = m.m_col[i] as f64 / s as f64;
+                }
+                sr += *a;
+                sc += *b;
             }
+            (sr, sc, zeros)
         })
-        .unzip();
-    if centered {
-        subtract_mean(&mut com_row);
-        subtract_mean(&mut com_col);
+        .collect();
+    let zero_frames = parts.iter().map(|p| p.2).sum();
+    if centered && n > 0 {
+        let (mut tr, mut tc) = (0.0f64, 0.0f64);
+        for p in &parts {
+            tr += p.0;
+            tc += p.1;
+        }
+        let (mr, mc) = (tr / n as f64, tc / n as f64);
+        com_row
+            .par_chunks_mut(ORDERED_CHUNK)
+            .zip(com_col.par_chunks_mut(ORDERED_CHUNK))
+            .for_each(|(r, c)| {
+                r.iter_mut().for_each(|x| *x -= mr);
+                c.iter_mut().for_each(|x| *x -= mc);
+            });
     }
     ComField {
         com_row,
@@ -476,16 +503,18 @@ pub fn align(
         .unzip()
 }
 
+/// The chunk of [`ordered_sums`] (and of [`com_from_moments`]' centring sums).
+const ORDERED_CHUNK: usize = 8192;
+
 /// `Σ_i f(i)` for `i < n`, K sums at once, in parallel but in a fixed order (chunks of 8192
 /// indices summed serially, then the chunk sums in chunk order): the same bits whatever the
 /// thread count.
 fn ordered_sums<const K: usize>(n: usize, f: impl Fn(usize) -> [f64; K] + Sync) -> [f64; K] {
-    const CHUNK: usize = 8192;
-    let parts: Vec<[f64; K]> = (0..n.div_ceil(CHUNK))
+    let parts: Vec<[f64; K]> = (0..n.div_ceil(ORDERED_CHUNK))
         .into_par_iter()
         .map(|j| {
             let mut t = [0.0f64; K];
-            for i in j * CHUNK..((j + 1) * CHUNK).min(n) {
+            for i in j * ORDERED_CHUNK..((j + 1) * ORDERED_CHUNK).min(n) {
                 for (a, b) in t.iter_mut().zip(f(i)) {
                     *a += b;
                 }
@@ -772,6 +801,58 @@ pub fn electron_wavelength_a(voltage_kv: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn com_from_moments_centres_with_the_ordered_mean() {
+        use super::*;
+        // 3 chunks and a tail, zero frames included; the reference is the plain per-frame
+        // division and `subtract_mean` (the ordered sums), compared bit for bit.
+        let n = 2 * ORDERED_CHUNK + 1234;
+        let mix = |i: u64| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) % 1_000_003;
+        let m = Moments {
+            sum: (0..n as u64)
+                .map(|i| if i % 97 == 5 { 0 } else { 1 + mix(i) })
+                .collect(),
+            m_row: (0..n as u64).map(|i| mix(i ^ 0x55) * 37).collect(),
+            m_col: (0..n as u64).map(|i| mix(i ^ 0xaa) * 91).collect(),
+        };
+        let plain = |centered: bool| {
+            let f = |w: &[u64]| -> Vec<f64> {
+                (0..n)
+                    .map(|i| {
+                        if m.sum[i] == 0 {
+                            0.0
+                        } else {
+                            w[i] as f64 / m.sum[i] as f64
+                        }
+                    })
+                    .collect()
+            };
+            let (mut r, mut c) = (f(&m.m_row), f(&m.m_col));
+            if centered {
+                subtract_mean(&mut r);
+                subtract_mean(&mut c);
+            }
+            (r, c)
+        };
+        for centered in [false, true] {
+            let got = com_from_moments(&m, centered);
+            let (r, c) = plain(centered);
+            assert_eq!(
+                got.zero_frames,
+                (0..n).filter(|i| i % 97 == 5).count() as u64
+            );
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got.com_row), bits(&r), "centered {centered}");
+            assert_eq!(bits(&got.com_col), bits(&c), "centered {centered}");
+        }
+        let empty = Moments {
+            sum: vec![],
+            m_row: vec![],
+            m_col: vec![],
+        };
+        assert!(com_from_moments(&empty, true).com_row.is_empty());
+    }
+
     use super::*;
 
     /// One pass gives both fields' moments: the transposed one bit-equal to `of` on the
