@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run 19: dpc.run's host stages (CoM, rotation, sign; rayon) took 2–8× longer in run 18 than in
-# run 17 on the same code. The façade bench with RAYON_NUM_THREADS = 16 (default), 4, 2 and 1,
+# run 17 on the same code. With com_from_moments in two regions (was six), the façade bench with RAYON_NUM_THREADS = 16 (default), 4 and 1,
 # and the host's load before each. Builds nothing; carried: device_carry/.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; R=$OUT/res; mkdir -p "$R"
@@ -9,7 +9,7 @@ D=$PWD/device_carry
 pack() { tar czf "$OUT/results.tgz" -C "$OUT" res; }
 nproc > "$R/host.txt"; cat /proc/cpuinfo | grep "model name" | head -1 >> "$R/host.txt"
 python3 $D/make_reference_acquisition.py /tmp/ref > "$R/make_ref30.json" 2>/dev/null; cat /tmp/ref/*.h5 > /dev/null
-for t in 16 4 2 1; do
+for t in 16 4 1; do
   [ $SECONDS -ge 400 ] && break
   echo "threads $t loadavg $(cat /proc/loadavg)" | tee -a "$R/host.txt"
   RAYON_NUM_THREADS=$t timeout 100 $D/cuda_products_bench /tmp/ref/scan_master.h5 "$R/facade_t$t.json" 10 > "$R/facade_t$t.log" 2>&1; echo "t=$t rc=$?"
