@@ -86,9 +86,9 @@ unsafe impl DeviceRepr for ProdArgs {}
 
 /// The multiplier with which the dense kernel finds the detector row of pixel `p` as
 /// `(p · m) >> 32` (`__umulhi`) when `kc` is a multiple of 8 (else 0: that path is not taken).
-/// `m = ⌊2^32 / kc⌋ + 1` exceeds `2^32/kc` by less than 1, so `p · m / 2^32` exceeds `p / kc` by
-/// less than `p / 2^32`; with `p / kc = ⌊p / kc⌋ + r / kc`, `r ≤ kc − 1`, the floor is exact while
-/// `p / 2^32 ≤ 1 / kc`, i.e. `p · kc ≤ 2^32` — always, as `p < n ≤ 2^16`
+/// `m = ⌊2^32 / kc⌋ + 1` exceeds `2^32/kc` by at most 1, so `p · m / 2^32` exceeds `p / kc` by at
+/// most `p / 2^32`; with `p / kc = ⌊p / kc⌋ + r / kc`, `r ≤ kc − 1`, the floor is exact while
+/// `p / 2^32 < 1 / kc`, i.e. `p · kc < 2^32` — always, as `p < n ≤ 2^16`
 /// ([`qem_core::reduce::MAX_FRAME_PIXELS`]) and `kc ≤ n`.
 fn row_magic(kc: usize) -> u32 {
     if kc < 8 || kc % 8 != 0 {
