@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run 19: dpc.run's host stages (CoM, rotation, sign; rayon) took 2–8× longer in run 18 than in
-# run 17 on the same code. With com_from_moments in two regions (was six), the façade bench with RAYON_NUM_THREADS = 16 (default), 4 and 1,
+# run 17 on the same code. With com_from_moments and the sign statistics in two regions each (were
+# six and four), the façade bench with RAYON_NUM_THREADS = 16 (default), 4 and 1,
 # and the host's load before each. Builds nothing; carried: device_carry/.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; R=$OUT/res; mkdir -p "$R"
