@@ -44,6 +44,16 @@ pub struct StageTiming {
     pub seconds: f64,
 }
 
+impl StageTiming {
+    /// Stage `stage` took `seconds`.
+    pub fn new(stage: impl Into<String>, seconds: f64) -> StageTiming {
+        StageTiming {
+            stage: stage.into(),
+            seconds,
+        }
+    }
+}
+
 /// The record attached to every dataset and result.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Provenance {

@@ -219,11 +219,20 @@ pub struct ReduceResult {
 
 impl PartialEq for ReduceResult {
     fn eq(&self, o: &Self) -> bool {
-        self.images == o.images
-            && self.sum_dp == o.sum_dp
-            && self.max_dp == o.max_dp
-            && self.moments == o.moments
-            && self.n_frames == o.n_frames
+        // Exhaustive: a new field fails to compile here until it is compared or excluded.
+        let ReduceResult {
+            images,
+            sum_dp,
+            max_dp,
+            moments,
+            n_frames,
+            stages: _,
+        } = self;
+        *images == o.images
+            && *sum_dp == o.sum_dp
+            && *max_dp == o.max_dp
+            && *moments == o.moments
+            && *n_frames == o.n_frames
     }
 }
 
@@ -246,10 +255,7 @@ mod tests {
             ..Default::default()
         };
         let mut b = a.clone();
-        b.stages.push(StageTiming {
-            stage: "kernels".into(),
-            seconds: 0.5,
-        });
+        b.stages.push(StageTiming::new("kernels", 0.5));
         assert_eq!(a, b);
         b.sum_dp = Some(vec![1, 3]);
         assert_ne!(a, b);

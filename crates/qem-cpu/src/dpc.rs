@@ -691,8 +691,20 @@ pub fn pearson(a: &[f64], b: &[f64]) -> Option<f64> {
         let (dx, dy) = (a[i] - ma, b[i] - mb);
         [dx * dy, dx * dx, dy * dy]
     });
+    pearson_of(sab, saa, sbb)
+}
+
+/// Pearson's r from the centred sums `Σ dx·dy, Σ dx², Σ dy²`; `None` when not finite.
+fn pearson_of(sab: f64, saa: f64, sbb: f64) -> Option<f64> {
     let r = sab / (saa * sbb).sqrt();
     r.is_finite().then_some(r)
+}
+
+/// Population skewness from the centred sums `Σ d², Σ d³` of `n` values.
+fn skewness_of(s2: f64, s3: f64, n: f64) -> Option<f64> {
+    let (m2, m3) = (s2 / n, s3 / n);
+    let s = m3 / m2.powf(1.5);
+    (m2 > 0.0 && s.is_finite()).then_some(s)
 }
 
 /// Population skewness `m₃ / m₂^{3/2}`; `None` for a constant series or fewer than 3 values.
@@ -706,9 +718,7 @@ pub fn skewness(a: &[f64]) -> Option<f64> {
         let d = a[i] - m;
         [d * d, d * d * d]
     });
-    let (m2, m3) = (m2 / n, m3 / n);
-    let s = m3 / m2.powf(1.5);
-    (m2 > 0.0 && s.is_finite()).then_some(s)
+    skewness_of(m2, m3, n)
 }
 
 /// `(pearson(phase, adf), skewness(phase))` with the same bits, in two parallel regions instead
@@ -726,13 +736,7 @@ fn sign_statistics(phase: &[f64], adf: Option<&[f64]>) -> (Option<f64>, Option<f
         let (dx, dy) = (a[i] - ma, b[i] - mb);
         [dx * dy, dx * dx, dy * dy, dx * dx * dx]
     });
-    let r = sab / (saa * sbb).sqrt();
-    let (m2, m3) = (saa / n, sa3 / n);
-    let sk = m3 / m2.powf(1.5);
-    (
-        r.is_finite().then_some(r),
-        (m2 > 0.0 && sk.is_finite()).then_some(sk),
-    )
+    (pearson_of(sab, saa, sbb), skewness_of(saa, sa3, n))
 }
 
 /// Which criterion fixed the sign of the phase (θ vs θ + π).

@@ -96,10 +96,7 @@ pub(crate) fn fetch_all(
 ) -> Result<()> {
     const ALIGN: usize = 256;
     for f in fetches.iter() {
-        if f.offset
-            .checked_add(f.dst.len())
-            .is_none_or(|end| end > f.src.bytes)
-        {
+        if !range_fits(f.offset, f.dst.len(), f.src.bytes) {
             return Err(Error::internal(
                 "download",
                 "read past the end of a device buffer",
@@ -146,6 +143,11 @@ pub(crate) fn fetch_all(
         f.src.read(f.offset, f.dst)?;
     }
     Ok(())
+}
+
+/// Whether `offset .. offset + bytes` lies inside a buffer of `len` bytes.
+fn range_fits(offset: usize, bytes: usize, len: usize) -> bool {
+    offset.checked_add(bytes).is_some_and(|end| end <= len)
 }
 
 /// One device allocation (freed on drop).
@@ -334,9 +336,7 @@ impl PinnedBuf {
         bytes: usize,
         stream: &CudaStream,
     ) -> Result<()> {
-        if src_offset.checked_add(bytes).is_none_or(|e| e > self.bytes)
-            || dst_offset.checked_add(bytes).is_none_or(|e| e > dst.bytes)
-        {
+        if !range_fits(src_offset, bytes, self.bytes) || !range_fits(dst_offset, bytes, dst.bytes) {
             return Err(Error::internal("H2D copy", "copy out of bounds"));
         }
         if bytes == 0 {
@@ -366,9 +366,7 @@ impl PinnedBuf {
         bytes: usize,
         stream: &CudaStream,
     ) -> Result<()> {
-        if dst_offset.checked_add(bytes).is_none_or(|e| e > self.bytes)
-            || src_offset.checked_add(bytes).is_none_or(|e| e > src.bytes)
-        {
+        if !range_fits(dst_offset, bytes, self.bytes) || !range_fits(src_offset, bytes, src.bytes) {
             return Err(Error::internal("D2H copy", "copy out of bounds"));
         }
         if bytes == 0 {
@@ -398,25 +396,7 @@ impl PinnedBuf {
         bytes: usize,
         stream: &CudaStream,
     ) -> Result<()> {
-        if bytes > self.bytes || dst_offset.checked_add(bytes).is_none_or(|e| e > dst.bytes) {
-            return Err(Error::internal("H2D copy", "copy out of bounds"));
-        }
-        if bytes == 0 {
-            return Ok(());
-        }
-        // SAFETY: both ranges are inside their allocations (checked above); the source is
-        // page-locked so the copy is truly asynchronous, and the pipeline does not write the
-        // slot again before the event recorded after this copy has completed.
-        unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
-                dst.ptr + dst_offset as u64,
-                self.ptr as *const std::ffi::c_void,
-                bytes,
-                stream.cu_stream(),
-            )
-        }
-        .result()
-        .map_err(|e| driver_error("H2D copy", e))
+        self.copy_range_to_device_async(0, dst, dst_offset, bytes, stream)
     }
 }
 

@@ -97,10 +97,23 @@ fn row_magic(kc: usize) -> u32 {
     ((1u64 << 32) / kc as u64 + 1) as u32
 }
 
-fn stage(name: &str, seconds: f64) -> StageTiming {
-    StageTiming {
-        stage: name.to_string(),
-        seconds,
+/// Fetches of `src` into `dst`, the vectors laid out one after another from byte 0 (a
+/// launch's images of one kind, the three moments).
+fn fetch_consecutive<'a, T: bytemuck::Pod>(
+    src: &'a DevBuf,
+    dst: &'a mut [Vec<T>],
+    out: &mut Vec<Fetch<'a>>,
+) {
+    let mut offset = 0;
+    for v in dst {
+        let d: &mut [u8] = bytemuck::cast_slice_mut(v.as_mut_slice());
+        let len = d.len();
+        out.push(Fetch {
+            src,
+            offset,
+            dst: d,
+        });
+        offset += len;
     }
 }
 
@@ -586,32 +599,14 @@ fn run(
         }];
         for ((p, ints), flts) in parts.iter().zip(&mut part_images).zip(&mut part_flt) {
             if let Some(b) = &p.img_int {
-                for (j, v) in ints.iter_mut().enumerate() {
-                    fetches.push(Fetch {
-                        src: b,
-                        offset: j * c * 8,
-                        dst: bytemuck::cast_slice_mut(v),
-                    });
-                }
+                fetch_consecutive(b, ints, &mut fetches);
             }
             if let Some(b) = &p.img_flt {
-                for (j, v) in flts.iter_mut().enumerate() {
-                    fetches.push(Fetch {
-                        src: b,
-                        offset: j * c * 8,
-                        dst: bytemuck::cast_slice_mut(v),
-                    });
-                }
+                fetch_consecutive(b, flts, &mut fetches);
             }
         }
         if let (Some(b), Some(vs)) = (&mom, &mut mom_v) {
-            for (j, v) in vs.iter_mut().enumerate() {
-                fetches.push(Fetch {
-                    src: b,
-                    offset: j * c * 8,
-                    dst: bytemuck::cast_slice_mut(v),
-                });
-            }
+            fetch_consecutive(b, vs, &mut fetches);
         }
         if let (Some(b), Some(v)) = (&sum_dp, &mut sum_v) {
             fetches.push(Fetch {
@@ -663,13 +658,13 @@ fn run(
         moments,
         n_frames: count,
         stages: vec![
-            stage("set-up and launch (host)", t_launched),
-            stage("kernels (GPU events, first launch to last end)", kernels_s),
-            stage(
+            StageTiming::new("set-up and launch (host)", t_launched),
+            StageTiming::new("kernels (GPU events, first launch to last end)", kernels_s),
+            StageTiming::new(
                 "wait and download (one batch of copies through pinned memory)",
                 t_done - t_launched,
             ),
-            stage("unpack", t0.elapsed().as_secs_f64() - t_done),
+            StageTiming::new("unpack", t0.elapsed().as_secs_f64() - t_done),
         ],
     })
 }

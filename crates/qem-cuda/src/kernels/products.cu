@@ -418,7 +418,8 @@ __device__ __forceinline__ void products_dense(const T* __restrict__ data, const
                         continue;
                     }
                     const u32 b8[2] = {bw.x, bw.y};
-                    u32 row = p0 / a.kc, col = p0 - (p0 / a.kc) * a.kc;
+                    u32 row = p0 / a.kc;
+                    u32 col = p0 - row * a.kc;
 #pragma unroll
                     for (int e = 0; e < 8; ++e) {
                         acc.mom_value(row, col, v8[e]);
