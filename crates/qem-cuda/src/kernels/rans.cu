@@ -151,13 +151,13 @@ struct StreamState {
     u32 bad;     // bit 0: a word was needed past n_words; bit 1: bits past n_bits
 };
 
-// Step t of a stream for one lane: pixel p = 32t + lane of context class c; TAIL = the step
-// may hold pixels past the frame (only the last step when n is not a multiple of 32). `j` is
-// the step's place in its group of four (the functor's interleaved per-pixel data).
-template <bool TAIL, class Op>
-__device__ __forceinline__ void rans_step(StreamState& d, const StreamCtx& k, u32 t, u32 j,
-                                          u32 c, u32 lane, Op& op) {
-    const u32 p = (t << 5) + lane;
+// The value of step t of a stream for one lane: pixel p = 32t + lane of context class c; TAIL =
+// the step may hold pixels past the frame (only the last step when n is not a multiple of 32).
+// Every lane of the warp calls it (the renormalisation and the bucket bits are warp votes); a
+// lane past the frame gets 0 and changes nothing.
+template <bool TAIL>
+__device__ __forceinline__ u32 rans_symbol(StreamState& d, const StreamCtx& k, u32 p, u32 c,
+                                           u32 lane) {
     const bool act = !TAIL || p < k.n;
     u32 s = 0u;
     if (act) {
@@ -204,19 +204,26 @@ __device__ __forceinline__ void rans_step(StreamState& d, const StreamCtx& k, u3
         }
         d.bitpos += tot;
     }
-    if (act) {
-        if (c < k.split) d.stat += v;
-        op.value(p, v, j);
-    }
+    if (act && c < k.split) d.stat += v;
+    return v;
 }
 
-// Decode one stream with the whole warp; every lane returns the same code. The functor gets
-// `op.group(g)` before the steps 4g..4g+3 (for data interleaved like ctx4), `op.value(p, v, j)`
-// for every pixel p of the frame (by the lane holding it; j = the step's place in its group),
-// and `op.finish()` after the last step. `a`/`b` carry detail for the error record.
-template <class Op>
-__device__ u32 rans_decode_stream(const u8* __restrict__ st, u64 len, const RansModel& m,
-                                  u32 lane, Op& op, u32& a, u32& b) {
+// One stream being decoded by a warp: its constants, its lane state and its statistic.
+struct RansStream {
+    StreamCtx k;
+    StreamState d;
+    u64 stat;  // the lane's statistic, flushed from d.stat per group of four steps
+    u32 set;   // the header's table set
+    __device__ __forceinline__ void flush_stat() {
+        stat += d.stat;
+        d.stat = 0u;
+    }
+};
+
+// Check the header of stream `st` (`len` bytes from the index) against the model and set up
+// `s` for its first step; every lane returns the same code (R_OK or the first check failed).
+__device__ __forceinline__ u32 rans_open(const u8* __restrict__ st, u64 len, const RansModel& m, u32 lane,
+                         RansStream& s, u32& a, u32& b) {
     if (len < HDR_BYTES) {
         a = HDR_BYTES;
         b = (u32)len;
@@ -248,7 +255,7 @@ __device__ u32 rans_decode_stream(const u8* __restrict__ st, u64 len, const Rans
         b = resv;
         return R_RESERVED;
     }
-    StreamState d;
+    StreamState& d = s.d;
     d.x = __ldg(h + 4 + lane);
     {
         const u32 lo = __ballot_sync(FULL_MASK, d.x < RANS_L);
@@ -258,7 +265,7 @@ __device__ u32 rans_decode_stream(const u8* __restrict__ st, u64 len, const Rans
             return R_START_STATE;
         }
     }
-    StreamCtx k;
+    StreamCtx& k = s.k;
     k.w = (const u16*)(st + HDR_BYTES);
     k.ex = (const u32*)(st + HDR_BYTES + word_bytes);
     if ((n_words & 1u) && __ldg(k.w + n_words) != 0u) {
@@ -286,37 +293,23 @@ __device__ u32 rans_decode_stream(const u8* __restrict__ st, u64 len, const Rans
     d.bitpos = 0u;
     d.stat = 0u;
     d.bad = 0u;
-    u64 stat = 0u;
-    const u32 steps = (n + 31u) >> 5;
-    // Groups of four steps in which every lane holds a pixel, then the rest.
-    const u32 full_groups = (n >> 5) >> 2;
-    const u32* __restrict__ c4 = m.ctx4 + lane;
-    for (u32 g = 0; g < full_groups; ++g) {
-        const u32 cw = __ldg(c4 + (g << 5));
-        op.group(g);
-#pragma unroll
-        for (u32 j = 0; j < 4u; ++j) {
-            rans_step<false>(d, k, (g << 2) + j, j, (cw >> (8u * j)) & 0xffu, lane, op);
-        }
-        stat += d.stat;
-        d.stat = 0u;
-    }
-    for (u32 t = full_groups << 2; t < steps; ++t) {
-        const u32 g = t >> 2, j = t & 3u;
-        if (j == 0u) op.group(g);  // the tail starts at a group boundary
-        const u32 cw = __ldg(c4 + (g << 5));
-        rans_step<true>(d, k, t, j, (cw >> (8u * j)) & 0xffu, lane, op);
-        stat += d.stat;
-        d.stat = 0u;
-    }
-    op.finish();
+    s.stat = 0u;
+    s.set = set;
+    return R_OK;
+}
+
+// The checks after the last step of `s`: every word and extra bit read and none past the end,
+// every final state = L, and (T > 1) the frame statistic maps to the header's table set.
+__device__ __forceinline__ u32 rans_close(const RansStream& s, const RansModel& m, u32& a, u32& b) {
+    const StreamState& d = s.d;
+    const StreamCtx& k = s.k;
     if (__any_sync(FULL_MASK, d.bad & 1u)) {
-        a = n_words;
+        a = k.n_words;
         b = d.base;
         return R_WORD_OVERRUN;
     }
     if (__any_sync(FULL_MASK, d.bad & 2u)) {
-        a = n_bits;
+        a = k.n_bits;
         b = d.bitpos;
         return R_BIT_OVERRUN;
     }
@@ -328,26 +321,111 @@ __device__ u32 rans_decode_stream(const u8* __restrict__ st, u64 len, const Rans
             return R_FINAL_STATE;
         }
     }
-    if (d.base != n_words) {
-        a = n_words;
+    if (d.base != k.n_words) {
+        a = k.n_words;
         b = d.base;
         return R_WORDS_LEFT;
     }
-    if (d.bitpos != n_bits) {
-        a = n_bits;
+    if (d.bitpos != k.n_bits) {
+        a = k.n_bits;
         b = d.bitpos;
         return R_BITS_LEFT;
     }
     if (m.T > 1u) {
-        const u64 total = warp_sum_u64(stat);
+        const u64 total = warp_sum_u64(s.stat);
         const u32 want_set = table_set_of(m, total);
-        if (want_set != set) {
+        if (want_set != s.set) {
             a = want_set;
-            b = set;
+            b = s.set;
             return R_SET_MISMATCH;
         }
     }
     return R_OK;
+}
+
+// Every step of an opened stream. The functor gets `op.group(g)` before the steps 4g..4g+3
+// (for data interleaved like ctx4), `op.value(p, v, j)` for every pixel p of the frame (by the
+// lane holding it; j = the step's place in its group), and `op.finish()` after the last step.
+template <class Op>
+__device__ __forceinline__ void rans_run(RansStream& s, const RansModel& m, u32 lane, Op& op) {
+    const u32 n = m.n;
+    const u32 steps = (n + 31u) >> 5;
+    // Groups of four steps in which every lane holds a pixel, then the rest.
+    const u32 full_groups = (n >> 5) >> 2;
+    const u32* __restrict__ c4 = m.ctx4 + lane;
+    for (u32 g = 0; g < full_groups; ++g) {
+        const u32 cw = __ldg(c4 + (g << 5));
+        op.group(g);
+#pragma unroll
+        for (u32 j = 0; j < 4u; ++j) {
+            const u32 p = (((g << 2) + j) << 5) + lane;
+            const u32 v = rans_symbol<false>(s.d, s.k, p, (cw >> (8u * j)) & 0xffu, lane);
+            op.value(p, v, j);
+        }
+        s.flush_stat();
+    }
+    for (u32 t = full_groups << 2; t < steps; ++t) {
+        const u32 g = t >> 2, j = t & 3u;
+        if (j == 0u) op.group(g);  // the tail starts at a group boundary
+        const u32 cw = __ldg(c4 + (g << 5));
+        const u32 p = (t << 5) + lane;
+        const u32 v = rans_symbol<true>(s.d, s.k, p, (cw >> (8u * j)) & 0xffu, lane);
+        if (p < n) op.value(p, v, j);
+        s.flush_stat();
+    }
+    op.finish();
+}
+
+// Two opened streams of the same model in lock step: lane `lane` decodes pixel p of both at
+// once, so what depends only on p (the context class, the functor's per-pixel data) is read
+// once for two frames, and the two streams' independent dependency chains interleave. The
+// functor gets `op.group(g)`, `op.value2(p, v0, v1, j)` and `op.finish()` as in `rans_run`.
+template <class Op>
+__device__ __forceinline__ void rans_run2(RansStream& s0, RansStream& s1, const RansModel& m,
+                                          u32 lane, Op& op) {
+    const u32 n = m.n;
+    const u32 steps = (n + 31u) >> 5;
+    const u32 full_groups = (n >> 5) >> 2;
+    const u32* __restrict__ c4 = m.ctx4 + lane;
+    for (u32 g = 0; g < full_groups; ++g) {
+        const u32 cw = __ldg(c4 + (g << 5));
+        op.group(g);
+#pragma unroll
+        for (u32 j = 0; j < 4u; ++j) {
+            const u32 p = (((g << 2) + j) << 5) + lane;
+            const u32 c = (cw >> (8u * j)) & 0xffu;
+            const u32 v0 = rans_symbol<false>(s0.d, s0.k, p, c, lane);
+            const u32 v1 = rans_symbol<false>(s1.d, s1.k, p, c, lane);
+            op.value2(p, v0, v1, j);
+        }
+        s0.flush_stat();
+        s1.flush_stat();
+    }
+    for (u32 t = full_groups << 2; t < steps; ++t) {
+        const u32 g = t >> 2, j = t & 3u;
+        if (j == 0u) op.group(g);
+        const u32 cw = __ldg(c4 + (g << 5));
+        const u32 p = (t << 5) + lane;
+        const u32 c = (cw >> (8u * j)) & 0xffu;
+        const u32 v0 = rans_symbol<true>(s0.d, s0.k, p, c, lane);
+        const u32 v1 = rans_symbol<true>(s1.d, s1.k, p, c, lane);
+        if (p < n) op.value2(p, v0, v1, j);
+        s0.flush_stat();
+        s1.flush_stat();
+    }
+    op.finish();
+}
+
+// Decode one stream with the whole warp (open, every step, close); every lane returns the same
+// code. `a`/`b` carry detail for the error record.
+template <class Op>
+__device__ u32 rans_decode_stream(const u8* __restrict__ st, u64 len, const RansModel& m,
+                                  u32 lane, Op& op, u32& a, u32& b) {
+    RansStream s;
+    const u32 code = rans_open(st, len, m, lane, s, a, b);
+    if (code != R_OK) return code;
+    rans_run(s, m, lane, op);
+    return rans_close(s, m, a, b);
 }
 
 // Index entry i (16 bytes): u64 offset, u32 length, u32 tag.
