@@ -7,10 +7,7 @@
 //! 192×192 frame). Integer results are byte-exact against the CPU engine (`qem_cpu::products`);
 //! float images are f64 sums in another order, equal to rounding.
 //!
-//! Shape of a launch: one warp per frame, or over ENCODED data one warp per two frames decoded
-//! in lock step (products.cu `PROD_PAIR`: the per-pixel work — context class, mask bits,
-//! detector position, sum DP update — is shared by both, and their two dependency chains
-//! interleave; `QUANTEM_GPU_PAIR_DECODE=0` selects one frame per warp). The sum DP (and the max DP when it fits too) is
+//! Shape of a launch: one warp per frame. The sum DP (and the max DP when it fits too) is
 //! accumulated per CTA in shared `u32` and added to the `u64` result at the CTA's end; a CTA sums
 //! at most [`MAX_FRAMES_PER_CTA`] frames of `u16` values, so its `u32`s cannot wrap. Data of
 //! `u32` counts, or detectors too large for shared memory, use global atomics instead.
@@ -58,27 +55,6 @@ pub const MAX_FRAMES_PER_CTA: u64 = 65_536;
 const WARPS_PLAIN: u32 = 8;
 /// Warps per CTA with shared accumulators (one CTA per SM; launch bounds cap registers at 64).
 const WARPS_SHARED: u32 = 32;
-/// The same for the ENCODED kernel decoding two frames per warp (`PROD_PAIR`): two streams'
-/// state and accumulators take ~120 registers, which 16 warps allow without spills.
-const WARPS_SHARED_PAIR: u32 = 16;
-
-/// Whether ENCODED products decode two frames per warp in lock step (products.cu
-/// `PROD_PAIR`). On unless `QUANTEM_GPU_PAIR_DECODE=0`, which selects the one-frame kernel
-/// (the same results; kept for comparison and as a fallback).
-fn pair_decode() -> bool {
-    std::env::var_os("QUANTEM_GPU_PAIR_DECODE").is_none_or(|v| v != "0")
-}
-
-/// Warps per CTA of the two-frame ENCODED kernel with shared accumulators:
-/// [`WARPS_SHARED_PAIR`], or `QUANTEM_GPU_PAIR_WARPS` (8..=32; a tuning experiment: fewer
-/// registers per thread are then allowed, and ptxas spills what does not fit).
-fn pair_warps() -> u32 {
-    std::env::var("QUANTEM_GPU_PAIR_WARPS")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .filter(|w| (8..=32).contains(w))
-        .unwrap_or(WARPS_SHARED_PAIR)
-}
 
 /// `ProdArgs` in products.cu: 10 pointers, 2 u64, 6 u32 (120 bytes, 8-byte aligned). What
 /// the kernel computes comes from its module's defines ([`Shape`]), not from these fields.
@@ -157,8 +133,6 @@ struct Shape {
     wide: bool,
     /// Moments summed per detector row (u32), see products.cu.
     rowacc: bool,
-    /// ENCODED: two frames per warp.
-    pair: bool,
     warps: u32,
 }
 
@@ -174,7 +148,6 @@ impl Shape {
             ("PROD_MAX".into(), self.max.to_string()),
             ("PROD_WIDE".into(), b(self.wide)),
             ("PROD_ROWACC".into(), b(self.rowacc)),
-            ("PROD_PAIR".into(), b(self.pair)),
             ("PROD_WARPS".into(), self.warps.to_string()),
         ]
     }
@@ -256,9 +229,9 @@ impl ProductKernels {
         .map_err(|e| driver_error("set kernel shared memory", e))?;
         let ctas = if shape.shared() {
             // One CTA per SM, but enough that no CTA sums more than MAX_FRAMES_PER_CTA frames:
-            // a warp takes ⌈units / all warps⌉ units of ≤ 2 frames, so a CTA sums at most
-            // count/ctas + 1 + 2·warps frames.
-            let per = MAX_FRAMES_PER_CTA - 1 - 2 * shape.warps as u64;
+            // a warp takes ⌈count / all warps⌉ frames, so a CTA sums at most
+            // count/ctas + warps of them.
+            let per = MAX_FRAMES_PER_CTA - shape.warps as u64;
             (self.sms as u64).max(count.div_ceil(per))
         } else {
             count
@@ -408,7 +381,6 @@ fn run(
     let max_shared = req.max_dp && table_smem + frame_smem * (1 + u32::from(sum_shared)) <= budget;
     let smem = table_smem + frame_smem * (u32::from(sum_shared) + u32::from(max_shared));
     let (p_lo, p_hi) = pixel_range(req, n);
-    let pair = matches!(data, Data::Encoded(_)) && pair_decode();
     let mode = |want: bool, shared: bool| match (want, shared) {
         (false, _) => 0,
         (true, true) => 1,
@@ -472,11 +444,10 @@ fn run(
             },
             wide: !small_values,
             rowacc: small_values && kc <= 1024,
-            pair,
-            warps: match (rest && (sum_shared || max_shared), pair) {
-                (true, true) => pair_warps(),
-                (true, false) => WARPS_SHARED,
-                (false, _) => WARPS_PLAIN,
+            warps: if rest && (sum_shared || max_shared) {
+                WARPS_SHARED
+            } else {
+                WARPS_PLAIN
             },
         };
         let var = k.variant(gpu, shape)?;
@@ -812,13 +783,7 @@ mod tests {
             max: 2,
             wide: false,
             rowacc: true,
-            pair: false,
             warps: WARPS_SHARED,
-        };
-        let pair = Shape {
-            pair: true,
-            warps: WARPS_SHARED_PAIR,
-            ..all
         };
         let wide = Shape {
             sum: 2,
@@ -837,7 +802,7 @@ mod tests {
             warps: WARPS_PLAIN,
             ..all
         };
-        for shape in [all, pair, wide, small] {
+        for shape in [all, wide, small] {
             let defs = shape.defines();
             let refs: Vec<(&str, &str)> =
                 defs.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();

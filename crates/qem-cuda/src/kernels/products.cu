@@ -19,8 +19,6 @@
 //                    row changes (the host allows it for ≤ u16 values and k_c ≤ 1024: a lane then
 //                    sees at most 40 values of a row — ⌈k_c/32⌉ one at a time, or 8 per 16-byte
 //                    group with at most ⌈k_c/256⌉ + 1 groups — so Σ col·v < 40·1023·65535 < 2^32)
-//   PROD_PAIR  0/1   ENCODED: a warp decodes two frames in lock step (rans_run2), sharing the
-//                    per-pixel work and interleaving two dependency chains
 //   PROD_WARPS       warps per CTA (launch bounds)
 // Per-frame results go to slot k of each output (k = position in the visited list).
 // Dense u16 frames are read as 16-byte groups of 8 pixels; with kc % 8 == 0 a group lies in one
@@ -52,9 +50,6 @@
 #endif
 #ifndef PROD_WARPS
 #define PROD_WARPS 8
-#endif
-#ifndef PROD_PAIR
-#define PROD_PAIR 0
 #endif
 
 #define PROD_ARR(n) ((n) > 0 ? (n) : 1)
@@ -111,10 +106,9 @@ struct ProdAcc {
 #endif
     }
 #if PROD_ROWACC
-    __device__ __forceinline__ void flush_row() { flush_row_of(cur); }
-    __device__ __forceinline__ void flush_row_of(u32 row) {
+    __device__ __forceinline__ void flush_row() {
         s += rs;
-        mr += (u64)row * rs;
+        mr += (u64)cur * rs;
         mc += cs;
         rs = cs = 0u;
     }
@@ -143,24 +137,6 @@ struct ProdAcc {
         (void)row;
         (void)col;
         (void)v;
-    }
-    // The moments of two frames' values at one pixel, v0 here and v1 in `o`; with row
-    // accumulation, this accumulator's `cur` is the row of both (`o.cur` is not used).
-    __device__ __forceinline__ void mom_value2(ProdAcc& o, u32 row, u32 col, u32 v0, u32 v1) {
-#if PROD_MOM && PROD_ROWACC
-        if (row != cur) {
-            flush_row();
-            o.flush_row_of(cur);
-            cur = row;
-        }
-        rs += v0;
-        cs += col * v0;
-        o.rs += v1;
-        o.cs += col * v1;
-#else
-        mom_value(row, col, v0);
-        o.mom_value(row, col, v1);
-#endif
     }
     // The binary masks and moments of one 16-byte group of 8 u16 pixels p0..p0+7 that lie in
     // one detector row starting at (row, col): each u32 word holds two pixels (low half
@@ -209,17 +185,12 @@ struct ProdAcc {
     // `add_rest` with the pixel's mask bits `b` given.
     __device__ __forceinline__ void add_rest_b(const ProdArgs& a, u32* ssum, u32* smax, u32 p,
                                                u32 v, u32 b) {
-        add_bits(v, b);
-        add_others(a, ssum, smax, p, v);
-    }
-    // The binary masks of one value with the pixel's mask bits `b`.
-    __device__ __forceinline__ void add_bits(u32 v, u32 b) {
 #if PROD_NBIN > 0
 #pragma unroll
         for (int j = 0; j < PROD_NBIN; ++j)
             if ((b >> j) & 1u) bin[j] += (acc_t)v;
 #endif
-        (void)v;
+        add_others(a, ssum, smax, p, v);
         (void)b;
     }
     // The weighted masks, sum DP and max DP of one value.
@@ -241,46 +212,6 @@ struct ProdAcc {
 #endif
         (void)ssum;
         (void)smax;
-    }
-    // `add_others` for the values v0 (this accumulator) and v1 (`o`) of two frames at the same
-    // pixel: each weight is read once, and the sum DP and max DP take one update for both.
-    __device__ __forceinline__ void add_others2(ProdAcc& o, const ProdArgs& a, u32* ssum,
-                                                u32* smax, u32 p, u32 v0, u32 v1) {
-#pragma unroll
-        for (int j = 0; j < PROD_NWINT; ++j) {
-            const u64 w = __ldg(a.wint + (u64)j * a.n + p);
-            wi[j] += (u64)v0 * w;
-            o.wi[j] += (u64)v1 * w;
-        }
-#pragma unroll
-        for (int j = 0; j < PROD_NFLT; ++j) {
-            const double w = __ldg(a.wflt + (u64)j * a.n + p);
-            fl[j] += (double)v0 * w;
-            o.fl[j] += (double)v1 * w;
-        }
-#if PROD_SUM > 0 || PROD_MAX > 0
-        const u32 t = v0 + v1;  // both < 2^17: no wrap
-#endif
-#if PROD_SUM == 1
-        atomicAdd(ssum + p, t);  // shared: adding 0 is cheaper than the branch around it
-#elif PROD_SUM == 2
-        if (t) atomicAdd((unsigned long long*)(a.sum_dp + p), (unsigned long long)t);
-#endif
-#if PROD_MAX > 0
-        const u32 mx = max(v0, v1);
-#endif
-#if PROD_MAX == 1
-        if (mx) atomicMax(smax + p, mx);
-#elif PROD_MAX == 2
-        if (mx && mx > *((volatile u32*)(a.max_dp + p))) atomicMax(a.max_dp + p, mx);
-#endif
-        (void)o;
-        (void)a;
-        (void)ssum;
-        (void)smax;
-        (void)p;
-        (void)v0;
-        (void)v1;
     }
     // Warp-reduce and store slot k (lane 0 writes).
     __device__ __forceinline__ void store(const ProdArgs& a, u64 k, u32 lane) {
@@ -355,15 +286,12 @@ __device__ __forceinline__ void prod_shared_flush(const ProdArgs& a, const u32* 
     (void)smax;
 }
 
-// The functor `rans_run` calls for each decoded pixel p (p = 32·t + lane, ascending per lane,
-// so (row, col) advance by 32 pixels per call). The mask bits come from `bits4`, one coalesced
-// load per group of four steps. `value` feeds one frame's accumulators (`acc`), `value2` two
-// frames' at the same pixel (`acc`, `acc1`; `rans_run2`), sharing the pixel's mask bits,
-// detector position, weights and sum/max DP update.
+// The functor `rans_decode_stream` calls for each decoded pixel p (p = 32·t + lane, ascending
+// per lane, so (row, col) advance by 32 pixels per call). The mask bits come from `bits4`, one
+// coalesced load per group of four steps.
 struct ProdDecodeOp {
     const ProdArgs* a;
     ProdAcc* acc;
-    ProdAcc* acc1;
     u32* ssum;
     u32* smax;
     u32 row, col;
@@ -375,7 +303,9 @@ struct ProdDecodeOp {
 #endif
         (void)g;
     }
-    __device__ __forceinline__ void next_pixel() {
+    __device__ __forceinline__ void value(u32 p, u32 v, u32 j) {
+        acc->mom_value(row, col, v);
+        acc->add_rest_b(*a, ssum, smax, p, v, (bw >> (8u * j)) & 0xffu);
 #if PROD_MOM
         col += 32u;
         while (col >= a->kc) {
@@ -384,33 +314,9 @@ struct ProdDecodeOp {
         }
 #endif
     }
-    __device__ __forceinline__ void value(u32 p, u32 v, u32 j) {
-        acc->mom_value(row, col, v);
-        acc->add_rest_b(*a, ssum, smax, p, v, (bw >> (8u * j)) & 0xffu);
-        next_pixel();
-    }
-    __device__ __forceinline__ void value2(u32 p, u32 v0, u32 v1, u32 j) {
-        const u32 b = (bw >> (8u * j)) & 0xffu;
-        acc->mom_value2(*acc1, row, col, v0, v1);
-        acc->add_bits(v0, b);
-        acc1->add_bits(v1, b);
-        acc->add_others2(*acc1, *a, ssum, smax, p, v0, v1);
-        next_pixel();
-    }
     __device__ __forceinline__ void finish() {}
 };
 
-// Frame slot k of the visited list: its index entry, checked.
-__device__ __forceinline__ u32 prod_stream(const u8* __restrict__ arena, u64 arena_len,
-                                           const u32* __restrict__ index, const ProdArgs& a,
-                                           u64 k, u64& i, const u8*& st, u64& len) {
-    i = a.frames ? __ldg(a.frames + k) : a.first + k;
-    return stream_at(arena, arena_len, index, i, st, len) ? R_OK : R_INDEX;
-}
-
-// ENCODED frames: one warp per frame (PROD_PAIR 0), or per two consecutive slots of the
-// visited list decoded in lock step (PROD_PAIR 1; `rans_run2`). A pair whose other stream
-// fails its header check decodes the good one alone.
 extern "C" __global__ void __launch_bounds__(PROD_WARPS * 32)
     qem_products_encoded(const u8* __restrict__ arena, u64 arena_len,
                          const u32* __restrict__ index, RansModel m, ProdArgs a, u32* err) {
@@ -421,65 +327,25 @@ extern "C" __global__ void __launch_bounds__(PROD_WARPS * 32)
     prod_shared_init(a, smem_p + tab_words, ssum, smax);
     const u32 lane = threadIdx.x & 31u;
     const u64 warps = (u64)gridDim.x * (blockDim.x >> 5);
-    const u32 row0 = lane / a.kc, col0 = lane % a.kc;
-#if PROD_PAIR
-    const u64 units = (a.count + 1u) >> 1;
-#else
-    const u64 units = a.count;
-#endif
-    for (u64 q = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); q < units;
-         q += warps) {
-#if PROD_PAIR
-        const u64 k0 = q << 1, k1 = k0 + 1u;
-        const bool has1 = k1 < a.count;
-#else
-        const u64 k0 = q, k1 = 0u;
-        const bool has1 = false;
-#endif
-        u64 i0, i1 = 0u, len0, len1 = 0u;
-        const u8 *st0, *st1 = nullptr;
-        u32 a0 = 0u, b0 = 0u, a1 = 0u, b1 = 0u;
-        RansStream s0, s1;
-        u32 code0 = prod_stream(arena, arena_len, index, a, k0, i0, st0, len0);
-        if (code0 == R_OK) code0 = rans_open(st0, len0, m, lane, s0, a0, b0);
-        u32 code1 = R_OK;
-        if (has1) {
-            code1 = prod_stream(arena, arena_len, index, a, k1, i1, st1, len1);
-            if (code1 == R_OK) code1 = rans_open(st1, len1, m, lane, s1, a1, b1);
-        }
-        ProdAcc acc0, acc1;
-        acc0.zero();
-        acc1.zero();
-#if PROD_ROWACC
-        acc0.cur = row0;
-        acc1.cur = row0;
-#endif
-        if (has1 && code0 == R_OK && code1 == R_OK) {
-            ProdDecodeOp op{&a, &acc0, &acc1, ssum, smax, row0, col0, lane, 0u};
-            rans_run2(s0, s1, m, lane, op);
-#if PROD_ROWACC
-            acc1.cur = acc0.cur;  // mom_value2 tracked the row of both in acc0
-#endif
-            code0 = rans_close(s0, m, a0, b0);
-            code1 = rans_close(s1, m, a1, b1);
+    for (u64 k = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); k < a.count;
+         k += warps) {
+        const u64 i = a.frames ? __ldg(a.frames + k) : a.first + k;
+        const u8* st;
+        u64 len;
+        u32 ea = 0u, eb = 0u, code;
+        ProdAcc acc;
+        acc.zero();
+        if (!stream_at(arena, arena_len, index, i, st, len)) {
+            code = R_INDEX;
         } else {
-            if (code0 == R_OK) {
-                ProdDecodeOp op{&a, &acc0, &acc0, ssum, smax, row0, col0, lane, 0u};
-                rans_run(s0, m, lane, op);
-                code0 = rans_close(s0, m, a0, b0);
-            }
-            if (has1 && code1 == R_OK) {
-                ProdDecodeOp op{&a, &acc1, &acc1, ssum, smax, row0, col0, lane, 0u};
-                rans_run(s1, m, lane, op);
-                code1 = rans_close(s1, m, a1, b1);
-            }
+            ProdDecodeOp op{&a, &acc, ssum, smax, lane / a.kc, lane % a.kc, lane, 0u};
+#if PROD_ROWACC
+            acc.cur = op.row;
+#endif
+            code = rans_decode_stream(st, len, m, lane, op, ea, eb);
         }
-        if (code0 != R_OK && lane == 0u) rans_report(err, i0, code0, a0, b0);
-        acc0.store(a, k0, lane);
-        if (has1) {
-            if (code1 != R_OK && lane == 0u) rans_report(err, i1, code1, a1, b1);
-            acc1.store(a, k1, lane);
-        }
+        if (code != R_OK && lane == 0u) rans_report(err, i, code, ea, eb);
+        acc.store(a, k, lane);
     }
     prod_shared_flush(a, ssum, smax);
 }

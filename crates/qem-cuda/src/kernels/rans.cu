@@ -376,46 +376,6 @@ __device__ __forceinline__ void rans_run(RansStream& s, const RansModel& m, u32 
     op.finish();
 }
 
-// Two opened streams of the same model in lock step: lane `lane` decodes pixel p of both at
-// once, so what depends only on p (the context class, the functor's per-pixel data) is read
-// once for two frames, and the two streams' independent dependency chains interleave. The
-// functor gets `op.group(g)`, `op.value2(p, v0, v1, j)` and `op.finish()` as in `rans_run`.
-template <class Op>
-__device__ __forceinline__ void rans_run2(RansStream& s0, RansStream& s1, const RansModel& m,
-                                          u32 lane, Op& op) {
-    const u32 n = m.n;
-    const u32 steps = (n + 31u) >> 5;
-    const u32 full_groups = (n >> 5) >> 2;
-    const u32* __restrict__ c4 = m.ctx4 + lane;
-    for (u32 g = 0; g < full_groups; ++g) {
-        const u32 cw = __ldg(c4 + (g << 5));
-        op.group(g);
-#pragma unroll
-        for (u32 j = 0; j < 4u; ++j) {
-            const u32 p = (((g << 2) + j) << 5) + lane;
-            const u32 c = (cw >> (8u * j)) & 0xffu;
-            const u32 v0 = rans_symbol<false>(s0.d, s0.k, p, c, lane);
-            const u32 v1 = rans_symbol<false>(s1.d, s1.k, p, c, lane);
-            op.value2(p, v0, v1, j);
-        }
-        s0.flush_stat();
-        s1.flush_stat();
-    }
-    for (u32 t = full_groups << 2; t < steps; ++t) {
-        const u32 g = t >> 2, j = t & 3u;
-        if (j == 0u) op.group(g);
-        const u32 cw = __ldg(c4 + (g << 5));
-        const u32 p = (t << 5) + lane;
-        const u32 c = (cw >> (8u * j)) & 0xffu;
-        const u32 v0 = rans_symbol<true>(s0.d, s0.k, p, c, lane);
-        const u32 v1 = rans_symbol<true>(s1.d, s1.k, p, c, lane);
-        if (p < n) op.value2(p, v0, v1, j);
-        s0.flush_stat();
-        s1.flush_stat();
-    }
-    op.finish();
-}
-
 // Decode one stream with the whole warp (open, every step, close); every lane returns the same
 // code. `a`/`b` carry detail for the error record.
 template <class Op>
