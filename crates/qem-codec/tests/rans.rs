@@ -601,6 +601,37 @@ fn corrupt_streams_are_typed_errors() {
     assert_eq!(STATE_LOWER, 65536);
 }
 
+/// Extra bits do not touch the rANS states, so a stream whose extra bits are all set stays
+/// consistent (words, bit count and final states all check out) while its buckets decode to
+/// their largest member: for the nb = 15 bucket that is above 65535, and only the u16 range
+/// check rejects it (the GPU decoder mirrors this check, qem-cuda-rans-check "forged").
+#[test]
+fn forged_extra_bits_above_65535_are_rejected() {
+    let mut fr = frames(24, 24, 2, 6.0, 43);
+    fr[0][10] = 65535;
+    fr[0][11] = 40000;
+    let model = fit(&fr, 576, &ModelParams::default());
+    let enc = encode_stream(&model, &fr[0]).unwrap();
+    let n_words = header_u32(&enc, 0) as usize;
+    let n_bits = header_u32(&enc, 4) as usize;
+    assert!(n_bits >= 30, "both large values have 15 extra bits");
+    let ex0 = STREAM_HEADER_BYTES + 4 * n_words.div_ceil(2);
+    let mut forged = enc.clone();
+    for b in 0..n_bits {
+        forged[ex0 + b / 8] |= 1 << (b % 8);
+    }
+    let mut out = vec![0u16; 576];
+    decode_stream(&model, &enc, &mut out).unwrap();
+    assert_eq!(out, fr[0]);
+    match decode_stream(&model, &forged, &mut out) {
+        Err(RansError::Corrupt {
+            fault: RansFault::ValueTooLarge { value },
+            ..
+        }) => assert!(value > 65535),
+        other => panic!("expected ValueTooLarge, got {other:?}"),
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 

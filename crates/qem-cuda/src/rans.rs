@@ -322,6 +322,7 @@ pub fn fault_error(f: &RansFaultRecord, frame: u64) -> Error {
         12 => ("words left unread", Some(f.a), Some(f.b)),
         13 => ("extra bits left unread", Some(f.a), Some(f.b)),
         14 => ("table set does not match the decoded frame", Some(f.a), Some(f.b)),
+        17 => ("a decoded value above 65535", Some(f.a), None),
         15 => {
             return Error::invalid(
                 "rANS encode (GPU)",

@@ -551,7 +551,7 @@ fn run_load(master: &Path, repeats: usize) -> Result<(Value, bool)> {
 
 /// Corrupt ENCODED data must give a typed decode error naming a corrupted frame, on every
 /// request shape, never a result: byte flips in the middle of chosen streams, a truncated index
-/// length, and an index pointing outside the arena.
+/// length, an index pointing outside the arena, and forged extra bits (values above 65535).
 fn run_corrupt() -> Result<(Value, bool)> {
     let e = engine()?;
     let det = Shape2::new(13, 11);
@@ -570,6 +570,7 @@ fn run_corrupt() -> Result<(Value, bool)> {
         ("flip a byte in the word/bit area", 0u8),
         ("length one word short", 1),
         ("offset outside the arena", 2),
+        ("every extra bit set (buckets above 65535)", 3),
     ] {
         let mut streams = enc.streams().to_vec();
         let mut index = enc.index().to_vec();
@@ -588,6 +589,25 @@ fn run_corrupt() -> Result<(Value, bool)> {
                 }
                 1 => {
                     ent.length -= 4;
+                    touched.push(f);
+                }
+                3 => {
+                    // Only the values change: the stream stays consistent, and the u16 range
+                    // check must reject it (where the frame has an nb = 15 bucket).
+                    let o = ent.offset as usize;
+                    let word = |at: usize| {
+                        u32::from_le_bytes([
+                            streams[o + at],
+                            streams[o + at + 1],
+                            streams[o + at + 2],
+                            streams[o + at + 3],
+                        ]) as usize
+                    };
+                    let (n_words, n_bits) = (word(0), word(4));
+                    let ex0 = o + 144 + 4 * n_words.div_ceil(2);
+                    for b in 0..n_bits {
+                        streams[ex0 + b / 8] |= 1 << (b % 8);
+                    }
                     touched.push(f);
                 }
                 _ => {

@@ -290,7 +290,11 @@ fn run_mutations(k: &RansKernels) -> Result<(Value, bool)> {
     let e = engine()?;
     let shape = Shape2::new(64, 48);
     let len = shape.len();
-    let frames = make_frames(shape, 8000.0, 10.0, 64)?;
+    let mut frames = make_frames(shape, 8000.0, 10.0, 64)?;
+    // Frame 5 holds a 65535 and a 40000: their bucket (nb = 15) can be forged below to decode
+    // above 65535 with every rANS check still consistent (extra bits do not touch the states).
+    frames[5 * len + 100] = 65535;
+    frames[5 * len + 101] = 40000;
     let slices: Vec<&[u16]> = frames.chunks_exact(len).collect();
     let params = ModelParams {
         floor: FloorPolicy::SeenPlusOne,
@@ -341,6 +345,22 @@ fn run_mutations(k: &RansKernels) -> Result<(Value, bool)> {
         }
         muts.push(s);
     }
+    // Forged extra bits: frame 5 with all of its n_bits extra bits set. Only the values change
+    // (buckets decode to their largest member), so the stream stays consistent and only the
+    // u16 range check (the CPU's ValueTooLarge) can reject it; and frame 5 untouched.
+    {
+        let s = &base[5];
+        let word = |o: usize| u32::from_le_bytes([s[o], s[o + 1], s[o + 2], s[o + 3]]);
+        let (n_words, n_bits) = (word(0) as usize, word(4) as usize);
+        let ex0 = rans::STREAM_HEADER_BYTES + 4 * n_words.div_ceil(2);
+        let mut f = s.clone();
+        for b in 0..n_bits {
+            f[ex0 + b / 8] |= 1 << (b % 8);
+        }
+        muts.push(f);
+        muts.push(s.clone());
+    }
+    let forged = muts.len() - 2;
     let cpu: Vec<Option<u64>> = muts
         .iter()
         .map(|s| {
@@ -350,6 +370,14 @@ fn run_mutations(k: &RansKernels) -> Result<(Value, bool)> {
                 .map(|_| out.iter().map(|&v| u64::from(v)).sum())
         })
         .collect();
+    // The forged stream must be rejected by both (the CPU's reason: a value above 65535).
+    let forged_cpu = {
+        let mut out = vec![0u16; len];
+        match rans::decode_stream(&model, &muts[forged], &mut out) {
+            Err(er) => er.to_string(),
+            Ok(()) => "accepted".into(),
+        }
+    };
     let mut index = Vec::new();
     let mut streams = Vec::new();
     for s in &muts {
@@ -374,16 +402,20 @@ fn run_mutations(k: &RansKernels) -> Result<(Value, bool)> {
             rejected += 1;
         }
     }
-    let pass = disagree == 0;
+    let forged_ok = cpu[forged].is_none() && gpu[forged] == u64::MAX && cpu[forged + 1].is_some();
+    let pass = disagree == 0 && forged_ok;
     println!(
-        "mutations: {} streams, {} rejected by the CPU, {} verdicts differ -> {}",
+        "mutations: {} streams, {} rejected by the CPU, {} verdicts differ; forged extra bits: CPU {forged_cpu:?}, GPU {} -> {}",
         muts.len(),
         rejected,
         disagree,
+        if gpu[forged] == u64::MAX { "rejects" } else { "ACCEPTS" },
         if pass { "PASS" } else { "FAIL" }
     );
     Ok((
-        json!({"streams": muts.len(), "cpu_rejected": rejected, "verdicts_differing": disagree, "pass": pass}),
+        json!({"streams": muts.len(), "cpu_rejected": rejected, "verdicts_differing": disagree,
+            "forged_extra_bits": {"cpu": forged_cpu, "gpu_rejects": gpu[forged] == u64::MAX, "pass": forged_ok},
+            "pass": pass}),
         pass,
     ))
 }

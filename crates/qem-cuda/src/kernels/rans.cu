@@ -48,6 +48,7 @@ typedef unsigned long long u64;
 #define R_SET_MISMATCH 14u  // the decoded frame's statistic maps to another table set
 #define R_UNCODABLE 15u     // encode: a value whose symbol has frequency 0 in its context
 #define R_OVERFLOW 16u      // encode: the arena was full (the host retries with more room)
+#define R_VALUE 17u         // a decoded value above 65535 (a bucket with forged extra bits)
 
 // err: [0] flag, [1] code, [2..4) frame (u64 lo, hi), [4] a, [5] b, [6] count of failing streams,
 // [7] overflowing frames (encode).
@@ -148,7 +149,8 @@ struct StreamState {
     u32 base;    // words consumed by the warp
     u32 bitpos;  // extra bits consumed by the warp (≤ 15·n < 2^32)
     u32 stat;    // the lane's statistic since the last flush (≤ 4 values of < 2^17)
-    u32 bad;     // bit 0: a word was needed past n_words; bit 1: bits past n_bits
+    u32 bad;     // bit 0: a word was needed past n_words; bit 1: bits past n_bits;
+                 // bit 2: a value above 65535
 };
 
 // The value of step t of a stream for one lane: pixel p = 32t + lane of context class c; TAIL =
@@ -200,6 +202,7 @@ __device__ __forceinline__ u32 rans_symbol(StreamState& d, const StreamCtx& k, u
                 const u32 hi = wi + 1u < k.n_ex ? __ldg(k.ex + wi + 1u) : 0u;
                 const u32 e = __funnelshift_r(lo, hi, off & 31u) & ((1u << nb) - 1u);
                 v = k.K - 1u + (1u << nb) + e;
+                if (v > 65535u) d.bad |= 4u;  // the codec codes u16 values only
             }
         }
         d.bitpos += tot;
@@ -312,6 +315,11 @@ __device__ __forceinline__ u32 rans_close(const RansStream& s, const RansModel& 
         a = k.n_bits;
         b = d.bitpos;
         return R_BIT_OVERRUN;
+    }
+    if (__any_sync(FULL_MASK, d.bad & 4u)) {
+        a = 65535u;
+        b = 0u;
+        return R_VALUE;
     }
     {
         const u32 bad = __ballot_sync(FULL_MASK, d.x != RANS_L);
