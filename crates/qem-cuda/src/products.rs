@@ -133,6 +133,8 @@ struct Shape {
     wide: bool,
     /// Moments summed per detector row (u32), see products.cu.
     rowacc: bool,
+    /// ENCODED: masks and moments per group of four steps (products.cu `PROD_GROUP4`).
+    group4: bool,
     warps: u32,
 }
 
@@ -148,6 +150,7 @@ impl Shape {
             ("PROD_MAX".into(), self.max.to_string()),
             ("PROD_WIDE".into(), b(self.wide)),
             ("PROD_ROWACC".into(), b(self.rowacc)),
+            ("PROD_GROUP4".into(), b(self.group4)),
             ("PROD_WARPS".into(), self.warps.to_string()),
         ]
     }
@@ -444,6 +447,8 @@ fn run(
             },
             wide: !small_values,
             rowacc: small_values && kc <= 1024,
+            // At most one row change per lane in a group of four steps (128 pixels on).
+            group4: !(rest && req.moments) || kc >= 128,
             warps: if rest && (sum_shared || max_shared) {
                 WARPS_SHARED
             } else {
@@ -704,6 +709,107 @@ pub fn reduce_dense(arr: &DeviceArray, req: &ReduceRequest) -> Result<ReduceResu
 mod tests {
     use super::*;
 
+    /// products.cu `__dp2a_lo` / `__dp2a_hi`: the two u16 halves of `a` times bytes 0–1 / 2–3
+    /// of `b`, plus `c`.
+    fn dp2a(a: u32, b: u32, c: u32, hi: bool) -> u32 {
+        let sh = if hi { 16 } else { 0 };
+        let (b0, b1) = ((b >> sh) & 0xff, (b >> (sh + 8)) & 0xff);
+        c.wrapping_add((a & 0xffff) * b0)
+            .wrapping_add((a >> 16) * b1)
+    }
+
+    /// `ProdDecodeOp::group_done` (PROD_GROUP4) replayed lane by lane: the moments of the full
+    /// groups of four steps from Σ v, Σ t·v and Σ row·v, the row change inside a group from
+    /// `jb`, and the masks by dp2a, against the direct sums, for every kc the host allows it
+    /// (≥ 128) up to 1024 with frames of several rows and a partial last row.
+    #[test]
+    fn group4_masks_and_moments_match_direct_sums() {
+        let mut z = 0x1234_5678_9abc_def0u64;
+        let mut rnd = move || {
+            z ^= z << 13;
+            z ^= z >> 7;
+            z ^= z << 17;
+            z
+        };
+        for kc in (128u32..=1024)
+            .step_by(7)
+            .chain([128, 192, 256, 384, 512, 1024])
+        {
+            let rows = (65_536 / kc).min(5 + kc % 4);
+            let n = kc * rows - (kc % 5); // not a multiple of the row
+            let vals: Vec<u32> = (0..n)
+                .map(|_| match rnd() % 4 {
+                    0 => 65_535,
+                    1 => 0,
+                    _ => (rnd() % 300) as u32,
+                })
+                .collect();
+            let bits: Vec<u32> = (0..n).map(|_| (rnd() % 4) as u32).collect();
+            let full_groups = (n >> 5) >> 2;
+            for lane in 0..32u32 {
+                let (mut row, mut col) = (lane / kc, lane % kc);
+                let (mut gs, mut gt, mut gr) = (0u32, 0u64, 0u64);
+                let mut bin = [0u32; 2];
+                let (mut ws, mut wr, mut wc, mut wb) = (0u64, 0u64, 0u64, [0u64; 2]);
+                for g in 0..full_groups {
+                    let p = |j: u32| ((4 * g + j) << 5) + lane;
+                    let v: Vec<u32> = (0..4).map(|j| vals[p(j) as usize]).collect();
+                    let bw: u32 = (0..4).map(|j| bits[p(j) as usize] << (8 * j)).sum();
+                    let (q01, q23) = (v[0] | v[1] << 16, v[2] | v[3] << 16);
+                    for (m, b) in bin.iter_mut().enumerate() {
+                        let mb = (bw >> m) & 0x0101_0101;
+                        *b += dp2a(q23, mb, dp2a(q01, mb, 0, false), true);
+                    }
+                    let s4 = dp2a(q23, 0x0101_0000, dp2a(q01, 0x0000_0101, 0, false), true);
+                    let jv = dp2a(q23, 0x0302_0000, dp2a(q01, 0x0000_0100, 0, false), true);
+                    gs += s4;
+                    gt += u64::from((g << 2) * s4 + jv);
+                    let jb = (kc - col + 31) >> 5;
+                    let dl = if jb >= 4 {
+                        0
+                    } else {
+                        0x0101_0101u32 << (8 * jb)
+                    };
+                    let ds = dp2a(q23, dl, dp2a(q01, dl, 0, false), true);
+                    gr += u64::from(row * s4 + ds);
+                    col += 128;
+                    if col >= kc {
+                        col -= kc;
+                        row += 1;
+                    }
+                    for j in 0..4 {
+                        let q = p(j);
+                        let x = u64::from(vals[q as usize]);
+                        ws += x;
+                        wr += u64::from(q / kc) * x;
+                        wc += u64::from(q % kc) * x;
+                        for (m, b) in wb.iter_mut().enumerate() {
+                            *b += x * u64::from((bits[q as usize] >> m) & 1);
+                        }
+                    }
+                }
+                let mc = 32 * gt + u64::from(lane) * u64::from(gs) - u64::from(kc) * gr;
+                assert_eq!(
+                    (u64::from(gs), gr, mc),
+                    (ws, wr, wc),
+                    "kc {kc} n {n} lane {lane}"
+                );
+                assert_eq!(
+                    [u64::from(bin[0]), u64::from(bin[1])],
+                    wb,
+                    "kc {kc} lane {lane}"
+                );
+                // Where the tail starts: the position of step 4·full_groups.
+                let p_tail = (full_groups << 7) + lane;
+                assert_eq!(
+                    (row, col),
+                    (p_tail / kc, p_tail % kc),
+                    "kc {kc} lane {lane}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn row_magic_gives_every_pixels_row() {
         let kcs = (8..=1024)
@@ -783,6 +889,7 @@ mod tests {
             max: 2,
             wide: false,
             rowacc: true,
+            group4: true,
             warps: WARPS_SHARED,
         };
         let wide = Shape {
@@ -799,6 +906,7 @@ mod tests {
             mom: false,
             sum: 0,
             max: 0,
+            group4: false,
             warps: WARPS_PLAIN,
             ..all
         };

@@ -758,6 +758,19 @@ fn main() {
                 ),
             },
             Case {
+                // kc = 136 ≥ 128: the ENCODED moments go by groups of four steps, whose row
+                // change falls at every step position across the lanes (kc % 32 != 0).
+                name: "21x136 u16, ENCODED moments by 4-step groups",
+                scan,
+                det: Shape2::new(21, 136),
+                data: DenseArray::U16(
+                    odd_values(scan, Shape2::new(21, 136), 65535, 5)
+                        .into_iter()
+                        .map(|x| x as u16)
+                        .collect(),
+                ),
+            },
+            Case {
                 name: "odd 13x11 u32 (dense only)",
                 scan,
                 det: odd,

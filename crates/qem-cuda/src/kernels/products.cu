@@ -19,6 +19,9 @@
 //                    row changes (the host allows it for ≤ u16 values and k_c ≤ 1024: a lane then
 //                    sees at most 40 values of a row — ⌈k_c/32⌉ one at a time, or 8 per 16-byte
 //                    group with at most ⌈k_c/256⌉ + 1 groups — so Σ col·v < 40·1023·65535 < 2^32)
+//   PROD_GROUP4 0/1  ENCODED: the binary masks and moments of each full group of four steps
+//                    at once (ProdDecodeOp::group_done, two values per dp2a); the host sets it
+//                    when there are no moments or kc ≥ 128 (≤ one row change per lane and group)
 //   PROD_WARPS       warps per CTA (launch bounds)
 // Per-frame results go to slot k of each output (k = position in the visited list).
 // Dense u16 frames are read as 16-byte groups of 8 pixels; with kc % 8 == 0 a group lies in one
@@ -50,6 +53,9 @@
 #endif
 #ifndef PROD_WARPS
 #define PROD_WARPS 8
+#endif
+#ifndef PROD_GROUP4
+#define PROD_GROUP4 0
 #endif
 
 #define PROD_ARR(n) ((n) > 0 ? (n) : 1)
@@ -88,6 +94,10 @@ struct ProdAcc {
     // The dense 8-pixel groups' Σ v and Σ e·v (e = the pixel's place in its group), per lane
     // and frame: ≤ 256 groups (n ≤ 2^16) · 28 · 65535 < 2^32, folded into s and mc by store().
     u32 s32, c32;
+    // The ENCODED full groups' moments (PROD_GROUP4), per lane: Σ v, Σ t·v (t = the step) and
+    // Σ row·v; store() turns them into S, m_row and m_col with col = 32·t + lane − kc·row.
+    u32 gs;
+    u64 gt, gr;
 #if PROD_ROWACC
     u32 rs, cs, cur;
 #endif
@@ -100,6 +110,8 @@ struct ProdAcc {
         for (int j = 0; j < PROD_NFLT; ++j) fl[j] = 0.0;
         s = mr = mc = 0ull;
         s32 = c32 = 0u;
+        gs = 0u;
+        gt = gr = 0ull;
 #if PROD_ROWACC
         rs = cs = 0u;
         cur = 0u;
@@ -193,7 +205,10 @@ struct ProdAcc {
         add_others(a, ssum, smax, p, v);
         (void)b;
     }
-    // The weighted masks, sum DP and max DP of one value.
+    // The weighted masks, sum DP and max DP of one value. SKIP0: no shared sum-DP atomic for
+    // v = 0 (the dense path, bound by memory; the ENCODED one, bound by issue, adds the 0
+    // rather than branch around it).
+    template <bool SKIP0 = true>
     __device__ __forceinline__ void add_others(const ProdArgs& a, u32* ssum, u32* smax, u32 p,
                                                u32 v) {
 #pragma unroll
@@ -201,7 +216,7 @@ struct ProdAcc {
 #pragma unroll
         for (int j = 0; j < PROD_NFLT; ++j) fl[j] += (double)v * __ldg(a.wflt + (u64)j * a.n + p);
 #if PROD_SUM == 1
-        if (v) atomicAdd(ssum + p, v);
+        if (!SKIP0 || v) atomicAdd(ssum + p, v);
 #elif PROD_SUM == 2
         if (v) atomicAdd((unsigned long long*)(a.sum_dp + p), (unsigned long long)v);
 #endif
@@ -237,6 +252,9 @@ struct ProdAcc {
 #endif
         s += s32;
         mc += c32;
+        s += gs;
+        mr += gr;
+        mc += 32ull * gt + (u64)lane * gs - (u64)a.kc * gr;
         const u64 ts = warp_sum_u64(s), tr = warp_sum_u64(mr), tc = warp_sum_u64(mc);
         if (lane == 0u) {
             a.mom[k] = ts;
@@ -294,14 +312,54 @@ struct ProdDecodeOp {
     ProdAcc* acc;
     u32* ssum;
     u32* smax;
-    u32 row, col;
+    u32 row, col;  // of the lane's next pixel (with PROD_GROUP4: of the group's first)
     u32 lane;
-    u32 bw;  // the group's mask bits, byte j for step j
-    __device__ __forceinline__ void group(u32 g) {
+    u32 bw;        // the group's mask bits, byte j for step j
+    u32 g;         // the group
+    u32 vv[4];     // the group's values, step j in vv[j] (registers: j is constant)
+    __device__ __forceinline__ void group(u32 gi) {
 #if PROD_NBIN > 0
-        bw = __ldg(a->bits4 + (g << 5) + lane);
+        bw = __ldg(a->bits4 + (gi << 5) + lane);
 #endif
-        (void)g;
+        g = gi;
+    }
+    __device__ __forceinline__ void value_full(u32 p, u32 v, u32 j) {
+#if PROD_GROUP4
+        acc->template add_others<false>(*a, ssum, smax, p, v);
+        vv[j] = v;
+        if (j == 3u) group_done();
+#else
+        value(p, v, j);
+#endif
+    }
+    // The binary masks and moments of the four values of group g (steps t = 4g + j, pixels
+    // 32t + lane), two per dp2a (each u32 holds two values; the decoder's values are u16 — one
+    // above 65535 fails the stream, and its results are not used).
+    __device__ __forceinline__ void group_done() {
+        const u32 q01 = vv[0] | (vv[1] << 16), q23 = vv[2] | (vv[3] << 16);
+#if PROD_NBIN > 0
+#pragma unroll
+        for (int m = 0; m < PROD_NBIN; ++m) {
+            const u32 mb = (bw >> m) & 0x01010101u;
+            acc->bin[m] += (acc_t)__dp2a_hi(q23, mb, __dp2a_lo(q01, mb, 0u));
+        }
+#endif
+#if PROD_MOM
+        const u32 s4 = __dp2a_hi(q23, 0x01010000u, __dp2a_lo(q01, 0x00000101u, 0u));
+        const u32 jv = __dp2a_hi(q23, 0x03020000u, __dp2a_lo(q01, 0x00000100u, 0u));
+        acc->gs += s4;
+        acc->gt += (u64)((g << 2) * s4 + jv);  // t ≤ 2047, so < 2^32
+        // With kc ≥ 128 the group's pixels lie in rows `row` and `row + 1`: steps j ≥ jb are in
+        // the next row, jb = ⌈(kc − col)/32⌉ ≥ 1.
+        const u32 jb = (a->kc - col + 31u) >> 5;
+        const u32 dl = jb >= 4u ? 0u : 0x01010101u << (8u * jb);
+        const u32 ds = __dp2a_hi(q23, dl, __dp2a_lo(q01, dl, 0u));
+        acc->gr += (u64)(row * s4 + ds);  // row ≤ 512, so < 2^32
+        col += 128u;
+        const bool wrap = col >= a->kc;
+        col -= wrap ? a->kc : 0u;
+        row += (u32)wrap;
+#endif
     }
     __device__ __forceinline__ void value(u32 p, u32 v, u32 j) {
         acc->mom_value(row, col, v);

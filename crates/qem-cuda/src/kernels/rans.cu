@@ -1,7 +1,7 @@
 // The rANS counts codec on the GPU (qem_codec::rans, format v2, is the specification):
 //
 // * decode: one warp per stream, the model's tables in shared memory, fused with a reduction
-//   through a functor (`rans_decode_stream<Op>`): each decoded value goes to `op.value(p, v)`
+//   through a functor (`rans_decode_stream<Op>`): each decoded value goes to `op.value(p, v, j)`
 //   and never to global memory unless the functor writes it there;
 // * encode: one warp per frame over a batch of dense u16 frames, words staged in a per-warp
 //   scratch in encoder order and written reversed (decoder order) at an atomically allocated
@@ -352,8 +352,10 @@ __device__ __forceinline__ u32 rans_close(const RansStream& s, const RansModel& 
 }
 
 // Every step of an opened stream. The functor gets `op.group(g)` before the steps 4g..4g+3
-// (for data interleaved like ctx4), `op.value(p, v, j)` for every pixel p of the frame (by the
-// lane holding it; j = the step's place in its group), and `op.finish()` after the last step.
+// (for data interleaved like ctx4), `op.value_full(p, v, j)` for every pixel p of the full
+// groups (by the lane holding it; j = the step's place in its group, a compile-time constant
+// there, so a functor may keep a group's four values in registers) and `op.value(p, v, j)` for
+// the pixels of the partial tail (j not constant), and `op.finish()` after the last step.
 template <class Op>
 __device__ __forceinline__ void rans_run(RansStream& s, const RansModel& m, u32 lane, Op& op) {
     const u32 n = m.n;
@@ -368,7 +370,7 @@ __device__ __forceinline__ void rans_run(RansStream& s, const RansModel& m, u32 
         for (u32 j = 0; j < 4u; ++j) {
             const u32 p = (((g << 2) + j) << 5) + lane;
             const u32 v = rans_symbol<false>(s.d, s.k, p, (cw >> (8u * j)) & 0xffu, lane);
-            op.value(p, v, j);
+            op.value_full(p, v, j);
         }
         s.flush_stat();
     }
@@ -413,6 +415,7 @@ struct DenseOut {
     u16* out;
     __device__ __forceinline__ void group(u32) {}
     __device__ __forceinline__ void value(u32 p, u32 v, u32) { out[p] = (u16)v; }
+    __device__ __forceinline__ void value_full(u32 p, u32 v, u32 j) { value(p, v, j); }
     __device__ __forceinline__ void finish() {}
 };
 
@@ -426,6 +429,7 @@ struct FrameSum {
         part = 0u;
     }
     __device__ __forceinline__ void value(u32, u32 v, u32) { part += v; }
+    __device__ __forceinline__ void value_full(u32 p, u32 v, u32 j) { value(p, v, j); }
     __device__ __forceinline__ void finish() { group(0u); }
 };
 
@@ -476,6 +480,7 @@ struct FrameHash {
     u64 acc;
     __device__ __forceinline__ void group(u32) {}
     __device__ __forceinline__ void value(u32 p, u32 v, u32) { acc += (u64)v * splitmix64(p); }
+    __device__ __forceinline__ void value_full(u32 p, u32 v, u32 j) { value(p, v, j); }
     __device__ __forceinline__ void finish() {}
 };
 
