@@ -153,13 +153,13 @@ struct StreamState {
                  // bit 2: a value above 65535
 };
 
-// The value of step t of a stream for one lane: pixel p = 32t + lane of context class c; TAIL =
-// the step may hold pixels past the frame (only the last step when n is not a multiple of 32).
-// Every lane of the warp calls it (the renormalisation and the bucket bits are warp votes); a
-// lane past the frame gets 0 and changes nothing.
+// The symbol of step t of a stream for one lane (pixel p = 32t + lane, context class c): the
+// lookup, state update and renormalisation. TAIL = the step may hold pixels past the frame
+// (only the last step when n is not a multiple of 32): a lane past the frame gets symbol 0 and
+// changes nothing. Every lane of the warp calls it (the renormalisation is a warp vote).
 template <bool TAIL>
-__device__ __forceinline__ u32 rans_symbol(StreamState& d, const StreamCtx& k, u32 p, u32 c,
-                                           u32 lane) {
+__device__ __forceinline__ u32 rans_decode_symbol(StreamState& d, const StreamCtx& k, u32 p,
+                                                  u32 c) {
     const bool act = !TAIL || p < k.n;
     u32 s = 0u;
     if (act) {
@@ -186,6 +186,15 @@ __device__ __forceinline__ u32 rans_symbol(StreamState& d, const StreamCtx& k, u
         }
     }
     d.base += __popc(mk);
+    return s;
+}
+
+// The value of symbol s of one step: s itself for a literal, else the bucket's extra bits,
+// which come in raster order (step-major, lane-minor) and do not touch the rANS state, so a
+// step's buckets may be read after later steps' symbols. Every lane calls it for the step; a
+// lane past the frame (act = false) has none.
+__device__ __forceinline__ u32 rans_bucket_value(StreamState& d, const StreamCtx& k, u32 s,
+                                                 bool act, u32 lane) {
     u32 v = s;
     const bool bk = act && s >= k.K;
     if (__any_sync(FULL_MASK, bk)) {
@@ -207,6 +216,15 @@ __device__ __forceinline__ u32 rans_symbol(StreamState& d, const StreamCtx& k, u
         }
         d.bitpos += tot;
     }
+    return v;
+}
+
+// The value of step t (rans_decode_symbol, then its bucket bits) and the statistic.
+template <bool TAIL>
+__device__ __forceinline__ u32 rans_symbol(StreamState& d, const StreamCtx& k, u32 p, u32 c,
+                                           u32 lane) {
+    const bool act = !TAIL || p < k.n;
+    const u32 v = rans_bucket_value(d, k, rans_decode_symbol<TAIL>(d, k, p, c), act, lane);
     if (act && c < k.split) d.stat += v;
     return v;
 }
@@ -366,11 +384,24 @@ __device__ __forceinline__ void rans_run(RansStream& s, const RansModel& m, u32 
     for (u32 g = 0; g < full_groups; ++g) {
         const u32 cw = __ldg(c4 + (g << 5));
         op.group(g);
+        // The four symbols first, then (one vote for the group) their bucket bits in step
+        // order: most groups hold no bucket symbol and skip three votes.
+        u32 sym[4];
 #pragma unroll
         for (u32 j = 0; j < 4u; ++j) {
             const u32 p = (((g << 2) + j) << 5) + lane;
-            const u32 v = rans_symbol<false>(s.d, s.k, p, (cw >> (8u * j)) & 0xffu, lane);
-            op.value_full(p, v, j);
+            sym[j] = rans_decode_symbol<false>(s.d, s.k, p, (cw >> (8u * j)) & 0xffu);
+        }
+        const u32 top = max(max(sym[0], sym[1]), max(sym[2], sym[3]));
+        if (__any_sync(FULL_MASK, top >= s.k.K)) {
+#pragma unroll
+            for (u32 j = 0; j < 4u; ++j) sym[j] = rans_bucket_value(s.d, s.k, sym[j], true, lane);
+        }
+#pragma unroll
+        for (u32 j = 0; j < 4u; ++j) {
+            const u32 p = (((g << 2) + j) << 5) + lane;
+            if (((cw >> (8u * j)) & 0xffu) < s.k.split) s.d.stat += sym[j];
+            op.value_full(p, sym[j], j);
         }
         s.flush_stat();
     }
