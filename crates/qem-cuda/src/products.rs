@@ -16,6 +16,8 @@
 //!
 //! Dense `u16` frames are read 16 bytes (8 pixels) per lane at a time; when `kc % 8 == 0` the
 //! binary masks and moments of a group take two pixels per `dp2a` (products.cu `group8_u16`).
+//! Over ENCODED data a lane's four values of each group of four decode steps do the same
+//! (products.cu `PROD_GROUP4`, for kc ≥ 128 when moments are asked for).
 //! All results come back with one wait: async copies into the process's pinned staging
 //! buffer, then one stream synchronize (`mem::fetch_all`); the reduce's
 //! [`ReduceResult::stages`] say where the time went (host set-up, the kernels by GPU events,

@@ -243,8 +243,8 @@ struct RansStream {
 
 // Check the header of stream `st` (`len` bytes from the index) against the model and set up
 // `s` for its first step; every lane returns the same code (R_OK or the first check failed).
-__device__ __forceinline__ u32 rans_open(const u8* __restrict__ st, u64 len, const RansModel& m, u32 lane,
-                         RansStream& s, u32& a, u32& b) {
+__device__ __forceinline__ u32 rans_open(const u8* __restrict__ st, u64 len, const RansModel& m,
+                                         u32 lane, RansStream& s, u32& a, u32& b) {
     if (len < HDR_BYTES) {
         a = HDR_BYTES;
         b = (u32)len;
