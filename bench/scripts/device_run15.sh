@@ -5,18 +5,8 @@
 # ssb tests, the rANS check and the GPU-facing Python tests again, on the r = 30 reference.
 # Builds nothing; carried: device_carry/. Writes $OUT/results.tgz (res/). Steps are skipped once
 # 500 s have passed.
-set -uo pipefail
-OUT=${OUT:-/tmp/out}; R=$OUT/res; mkdir -p "$R"
-export PYTHONPATH=$PWD/device_carry/site:$PWD/device_carry/h5p PATH=$PWD/device_carry/site/bin:$PATH
-D=$PWD/device_carry
-pack() { tar czf "$OUT/results.tgz" -C "$OUT" res; }
-rc=0
-step() { # name, log, command...
-  local name=$1 log=$2; shift 2
-  if [ $SECONDS -ge 500 ]; then echo "$name skipped (time)"; return; fi
-  "$@" > "$R/$log" 2>&1; local r=$?; rc=$((rc|r)); echo "$name rc=$r (${SECONDS}s)"; pack
-}
-python3 $D/make_reference_acquisition.py /tmp/ref > "$R/make_ref30.json" 2>/dev/null; cat /tmp/ref/*.h5 > /dev/null
+source "$(dirname "$0")/device_lib.sh"
+make_reference
 step "facade bench" facade_products.log timeout 120 $D/cuda_products_bench /tmp/ref/scan_master.h5 "$R/facade_products.json" 10
 grep -E "^(encoded|dense) " "$R/facade_products.log"
 step "products check" products_check.log timeout 120 $D/qem-cuda-products-check --load /tmp/ref/scan_master.h5 --repeats 10 --out "$R/products"

@@ -2,12 +2,8 @@
 # Run 16: is the host time of dpc.run / products page faults on fresh result vectors? The façade
 # bench as shipped, then again with glibc told to keep freed memory (MALLOC_MMAP_THRESHOLD_ /
 # MALLOC_TRIM_THRESHOLD_: no fresh mappings per call). Builds nothing; carried: device_carry/.
-set -uo pipefail
-OUT=${OUT:-/tmp/out}; R=$OUT/res; mkdir -p "$R"
-export PYTHONPATH=$PWD/device_carry/site:$PWD/device_carry/h5p
-D=$PWD/device_carry
-pack() { tar czf "$OUT/results.tgz" -C "$OUT" res; }
-python3 $D/make_reference_acquisition.py /tmp/ref > "$R/make_ref30.json" 2>/dev/null; cat /tmp/ref/*.h5 > /dev/null
+source "$(dirname "$0")/device_lib.sh"
+make_reference
 timeout 120 $D/cuda_products_bench /tmp/ref/scan_master.h5 "$R/facade_default.json" 10 > "$R/facade_default.log" 2>&1; echo "default rc=$?"
 grep -E "^(encoded|dense) " "$R/facade_default.log"; pack
 MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824 timeout 120 $D/cuda_products_bench /tmp/ref/scan_master.h5 "$R/facade_keep.json" 10 > "$R/facade_keep.log" 2>&1; echo "keep rc=$?"

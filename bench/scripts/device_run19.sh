@@ -3,13 +3,9 @@
 # run 17 on the same code. With com_from_moments and the sign statistics in two regions each (were
 # six and four), the façade bench with RAYON_NUM_THREADS = 16 (default), 4 and 1,
 # and the host's load before each. Builds nothing; carried: device_carry/.
-set -uo pipefail
-OUT=${OUT:-/tmp/out}; R=$OUT/res; mkdir -p "$R"
-export PYTHONPATH=$PWD/device_carry/h5p
-D=$PWD/device_carry
-pack() { tar czf "$OUT/results.tgz" -C "$OUT" res; }
+source "$(dirname "$0")/device_lib.sh"
 nproc > "$R/host.txt"; cat /proc/cpuinfo | grep "model name" | head -1 >> "$R/host.txt"
-python3 $D/make_reference_acquisition.py /tmp/ref > "$R/make_ref30.json" 2>/dev/null; cat /tmp/ref/*.h5 > /dev/null
+make_reference
 for t in 16 4 1; do
   [ $SECONDS -ge 400 ] && break
   echo "threads $t loadavg $(cat /proc/loadavg)" | tee -a "$R/host.txt"

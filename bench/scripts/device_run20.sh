@@ -4,21 +4,13 @@
 # streams) and their ENCODED/dense timings on the r = 30 reference, the façade bench, a warps
 # sweep of the pair kernel, Nsight Compute on the fused pair kernel, and the rANS check.
 # Builds nothing; carried: device_carry/. Writes $OUT/results.tgz (res/). Steps are skipped
-# once 540 s have passed.
-set -uo pipefail
-OUT=${OUT:-/tmp/out}; R=$OUT/res; mkdir -p "$R"
-export PYTHONPATH=$PWD/device_carry/site:$PWD/device_carry/h5p PATH=$PWD/device_carry/site/bin:$PATH
+# once 540 s have passed. The pair kernel and its QUANTEM_GPU_PAIR_* knobs were removed after
+# this run (20d49a8): this script records what ran.
+STEP_BUDGET=540
+source "$(dirname "$0")/device_lib.sh"
 export QEM_GIT_REVISION=958f52a
-D=$PWD/device_carry
-pack() { tar czf "$OUT/results.tgz" -C "$OUT" res; }
-rc=0
-step() { # name, log, command...
-  local name=$1 log=$2; shift 2
-  if [ $SECONDS -ge 540 ]; then echo "$name skipped (time)"; return; fi
-  "$@" > "$R/$log" 2>&1; local r=$?; rc=$((rc|r)); echo "$name rc=$r (${SECONDS}s)"; pack
-}
 cat /proc/loadavg > "$R/host.txt"
-python3 $D/make_reference_acquisition.py /tmp/ref > "$R/make_ref30.json" 2>/dev/null; cat /tmp/ref/*.h5 > /dev/null
+make_reference
 step "products check (pair)" products_check_pair.log timeout 150 $D/qem-cuda-products-check --load /tmp/ref/scan_master.h5 --repeats 10 --out "$R/products_pair"
 grep -E "^(encoded|dense) |ALL|FAIL" "$R/products_check_pair.log" | head -16
 step "products check (one frame)" products_check_single.log env QUANTEM_GPU_PAIR_DECODE=0 timeout 150 $D/qem-cuda-products-check --load /tmp/ref/scan_master.h5 --repeats 10 --out "$R/products_single"
