@@ -26,23 +26,11 @@ fn frames(n: usize, dose: f64) -> Result<Vec<Vec<u16>>, Box<dyn std::error::Erro
         ..ReferenceParams::default()
     })?;
     let len = pat.params().detector_shape.len();
-    let mask = pat.pixel_mask();
     let total = pat.frames();
     let mut lam = vec![0f32; len];
     let mut out = vec![0u32; len];
     Ok((0..n as u64)
-        .map(|k| {
-            pat.frame(
-                k.wrapping_mul(2_654_435_761) % total,
-                65535,
-                &mut lam,
-                &mut out,
-            );
-            out.iter()
-                .zip(&mask)
-                .map(|(&v, &m)| if m != 0 { 0 } else { v.min(65535) as u16 })
-                .collect()
-        })
+        .map(|k| pat.loaded_frame(k.wrapping_mul(2_654_435_761) % total, &mut lam, &mut out))
         .collect())
 }
 

@@ -35,14 +35,12 @@ fn make_frames(n: usize, dose: f64) -> Result<Vec<Vec<u16>>, Box<dyn std::error:
         ..ReferenceParams::default()
     })?;
     let len = pat.params().detector_shape.len();
-    let mask = pat.pixel_mask();
     let total = pat.frames();
     let threads = std::thread::available_parallelism().map_or(2, |t| t.get());
     let mut frames = vec![Vec::new(); n];
     std::thread::scope(|sc| {
         for (part, chunk) in frames.chunks_mut(n.div_ceil(threads)).enumerate() {
             let pat = &pat;
-            let mask = &mask;
             let base = part * n.div_ceil(threads);
             sc.spawn(move || {
                 let mut lam = vec![0f32; len];
@@ -50,12 +48,7 @@ fn make_frames(n: usize, dose: f64) -> Result<Vec<Vec<u16>>, Box<dyn std::error:
                 for (i, f) in chunk.iter_mut().enumerate() {
                     let k = (base + i) as u64;
                     let idx = k.wrapping_mul(2_654_435_761) % total;
-                    pat.frame(idx, 65535, &mut lam, &mut out);
-                    *f = out
-                        .iter()
-                        .zip(mask)
-                        .map(|(&v, &m)| if m != 0 { 0 } else { v.min(65535) as u16 })
-                        .collect();
+                    *f = pat.loaded_frame(idx, &mut lam, &mut out);
                 }
             });
         }

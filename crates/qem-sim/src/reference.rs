@@ -181,6 +181,17 @@ impl ReferencePattern {
             out[k] = max_value;
         }
     }
+
+    /// Frame `n` as a loader holds it: counts clipped to 65535, as u16, with the bad pixels
+    /// of [`ReferencePattern::pixel_mask`] zeroed. `lam` and `out` are scratch of `k_r·k_c`.
+    pub fn loaded_frame(&self, n: u64, lam: &mut [f32], out: &mut [u32]) -> Vec<u16> {
+        self.frame(n, 65535, lam, out);
+        let mut f: Vec<u16> = out.iter().map(|&v| v as u16).collect();
+        for &k in &self.bad {
+            f[k] = 0;
+        }
+        f
+    }
 }
 
 /// A uniform draw in `[0, 1)` with 53 random bits.
@@ -345,6 +356,12 @@ mod tests {
         assert_eq!(a, b);
         p.frame(8, 65535, &mut lam, &mut b);
         assert_ne!(a, b);
+        // The loaded form: the same counts, the bad pixels zeroed.
+        let loaded = p.loaded_frame(7, &mut lam, &mut b);
+        let mask0 = p.pixel_mask();
+        for (k, (&l, &v)) in loaded.iter().zip(&a).enumerate() {
+            assert_eq!(u32::from(l), if mask0[k] != 0 { 0 } else { v }, "pixel {k}");
+        }
         // Bad pixels read the maximum and are flagged.
         assert_eq!(a[17 * 192 + 101], 65535);
         assert_eq!(a[150 * 192 + 3], 65535);

@@ -170,7 +170,6 @@ fn reference_case(scan: Shape2) -> Result<Case> {
         dose_e_per_frame: 120_000.0,
         ..ReferenceParams::default()
     })?;
-    let mask = pat.pixel_mask();
     let total = pat.frames();
     let n = scan.len() as u64;
     let frames: Vec<Vec<u16>> = (0..n)
@@ -178,11 +177,7 @@ fn reference_case(scan: Shape2) -> Result<Case> {
         .map(|i| {
             let mut lam = vec![0f32; det.len()];
             let mut out = vec![0u32; det.len()];
-            pat.frame(i * total / n, 65535, &mut lam, &mut out);
-            out.iter()
-                .zip(&mask)
-                .map(|(&v, &m)| if m != 0 { 0 } else { v as u16 })
-                .collect()
+            pat.loaded_frame(i * total / n, &mut lam, &mut out)
         })
         .collect();
     Ok(Case {

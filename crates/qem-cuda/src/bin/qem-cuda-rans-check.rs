@@ -107,7 +107,6 @@ fn make_frames(detector: Shape2, dose: f64, radius: f64, n: u64) -> Result<Vec<u
         radius_px: radius,
         ..ReferenceParams::default()
     })?;
-    let mask = pat.pixel_mask();
     let len = detector.len();
     let total = pat.frames();
     let pick = qem_cuda::rans::sample_frames(total, n);
@@ -116,11 +115,7 @@ fn make_frames(detector: Shape2, dose: f64, radius: f64, n: u64) -> Result<Vec<u
         .map(|&f| {
             let mut lam = vec![0f32; len];
             let mut out = vec![0u32; len];
-            pat.frame(f, 65535, &mut lam, &mut out);
-            out.iter()
-                .zip(&mask)
-                .map(|(&v, &m)| if m != 0 { 0 } else { v as u16 })
-                .collect()
+            pat.loaded_frame(f, &mut lam, &mut out)
         })
         .collect();
     Ok(frames.concat())
