@@ -99,6 +99,26 @@ fn row_magic(kc: usize) -> u32 {
     ((1u64 << 32) / kc as u64 + 1) as u32
 }
 
+/// Bits 6 and 7 of the ENCODED mask bytes (products.cu `PROD_ROWFLAG`), per pixel `p` of an
+/// `n`-pixel frame with `kc` ≥ 128 columns: pixel `p = 32·t + lane` of group `g = t / 4` is
+/// compared with the lane's first pixel of the group `p0 = 128·g + lane`. Bit 7: `p` lies one
+/// row below `p0` (with kc ≥ 128 a lane's group spans at most two rows); bit 6, on `p0` only:
+/// the lane's first pixel of the next group, `p0 + 128`, lies one row below `p0`. Only the
+/// full groups read them; the tail's values find their row by division.
+fn row_flag_bits(n: usize, kc: usize) -> Vec<u8> {
+    (0..n)
+        .map(|p| {
+            let (t, lane) = (p / 32, p % 32);
+            let p0 = (t / 4) * 128 + lane;
+            let mut b = u8::from(p / kc > p0 / kc) << 7;
+            if p == p0 && (p0 + 128) / kc > p0 / kc {
+                b |= 1 << 6;
+            }
+            b
+        })
+        .collect()
+}
+
 /// Fetches of `src` into `dst`, the vectors laid out one after another from byte 0 (a
 /// launch's images of one kind, the three moments).
 fn fetch_consecutive<'a, T: bytemuck::Pod>(
@@ -137,6 +157,9 @@ struct Shape {
     rowacc: bool,
     /// ENCODED: masks and moments per group of four steps (products.cu `PROD_GROUP4`).
     group4: bool,
+    /// ENCODED with group4 and moments: the rows from flag bits 6 and 7 of the mask bytes
+    /// ([`row_flag_bits`], products.cu `PROD_ROWFLAG`; at most 6 binary masks).
+    rowflag: bool,
     warps: u32,
 }
 
@@ -153,6 +176,7 @@ impl Shape {
             ("PROD_WIDE".into(), b(self.wide)),
             ("PROD_ROWACC".into(), b(self.rowacc)),
             ("PROD_GROUP4".into(), b(self.group4)),
+            ("PROD_ROWFLAG".into(), b(self.rowflag)),
             ("PROD_WARPS".into(), self.warps.to_string()),
         ]
     }
@@ -451,6 +475,11 @@ fn run(
             rowacc: small_values && kc <= 1024,
             // At most one row change per lane in a group of four steps (128 pixels on).
             group4: !(rest && req.moments) || kc >= 128,
+            rowflag: matches!(data, Data::Encoded(_))
+                && rest
+                && req.moments
+                && kc >= 128
+                && part.bin.len() <= 6,
             warps: if rest && (sum_shared || max_shared) {
                 WARPS_SHARED
             } else {
@@ -466,8 +495,12 @@ fn run(
                 DType::U32 => &var.dense_u32,
             },
         };
-        if !part.bin.is_empty() {
-            let mut bits = vec![0u8; n];
+        if !part.bin.is_empty() || shape.rowflag {
+            let mut bits = if shape.rowflag {
+                row_flag_bits(n, kc)
+            } else {
+                vec![0u8; n]
+            };
             for (j, &mi) in part.bin.iter().enumerate() {
                 if let DetectorMask::Int(w) = &req.masks[mi] {
                     for (b, &x) in bits.iter_mut().zip(w) {
@@ -812,6 +845,49 @@ mod tests {
         }
     }
 
+    /// `ProdDecodeOp::group_done` with `PROD_ROWFLAG`: Σ row·v of the full groups from the
+    /// flag bits of [`row_flag_bits`] (row of the group's first pixel, carried by bit 6; the
+    /// next-row steps by bit 7), against the direct sum, for every kc the host allows it (≥ 128)
+    /// up to 1024 and frames with a partial last row; and the flags stay out of the mask bits
+    /// 0..6.
+    #[test]
+    fn row_flags_give_every_full_groups_rows() {
+        for kc in (128usize..=1024)
+            .step_by(3)
+            .chain([128, 129, 160, 192, 255, 256, 384, 512, 1024])
+        {
+            let rows = (65_536 / kc).min(6 + kc % 5);
+            let n = kc * rows - (kc % 7);
+            let flags = row_flag_bits(n, kc);
+            assert!(flags.iter().all(|&b| b & 0x3f == 0), "kc {kc}");
+            let full_groups = n / 128;
+            for lane in 0..32usize {
+                // Values that tell rows apart: v = 1 + (p mod 251).
+                let v = |p: usize| (1 + p % 251) as u32;
+                let mut row = (lane / kc) as u32;
+                let (mut gr, mut want) = (0u64, 0u64);
+                for g in 0..full_groups {
+                    let p = |j: usize| (4 * g + j) * 32 + lane;
+                    let bw: u32 = (0..4).map(|j| u32::from(flags[p(j)]) << (8 * j)).sum();
+                    let dl = (bw >> 7) & 0x0101_0101;
+                    let (q01, q23) = (v(p(0)) | v(p(1)) << 16, v(p(2)) | v(p(3)) << 16);
+                    let s4 = (0..4).map(|j| v(p(j))).sum::<u32>();
+                    let ds = dp2a(q23, dl, dp2a(q01, dl, 0, false), true);
+                    gr += u64::from(row * s4 + ds);
+                    row += (bw >> 6) & 1;
+                    want += (0..4)
+                        .map(|j| (p(j) / kc) as u64 * u64::from(v(p(j))))
+                        .sum::<u64>();
+                }
+                assert_eq!(gr, want, "kc {kc} n {n} lane {lane}");
+                // The row carried past the last full group is that of the tail's first pixel.
+                if full_groups * 128 + lane < n {
+                    assert_eq!(row as usize, (full_groups * 128 + lane) / kc, "kc {kc}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn row_magic_gives_every_pixels_row() {
         let kcs = (8..=1024)
@@ -892,7 +968,17 @@ mod tests {
             wide: false,
             rowacc: true,
             group4: true,
+            rowflag: false,
             warps: WARPS_SHARED,
+        };
+        // The fused four over ENCODED data as the reference acquisition runs them.
+        let flags = Shape {
+            nbin: 2,
+            nwint: 0,
+            nflt: 0,
+            max: 0,
+            rowflag: true,
+            ..all
         };
         let wide = Shape {
             sum: 2,
@@ -912,7 +998,7 @@ mod tests {
             warps: WARPS_PLAIN,
             ..all
         };
-        for shape in [all, wide, small] {
+        for shape in [all, wide, small, flags] {
             let defs = shape.defines();
             let refs: Vec<(&str, &str)> =
                 defs.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();

@@ -46,7 +46,7 @@ pub const INDEX_ENTRY_BYTES: usize = 16;
 /// Streams start at multiples of this in the arena.
 pub const STREAM_ALIGN: u64 = 16;
 /// Warps per CTA of the decode kernels.
-const DECODE_WARPS: u32 = 8;
+const DECODE_WARPS: u32 = 16;
 /// Warps per CTA of the encoder.
 const ENCODE_WARPS: u32 = 8;
 /// Encoder CTAs per SM the scratch is sized for.
@@ -139,28 +139,35 @@ impl RansKernels {
     }
 }
 
-/// The device tables of `model`: packed `freq << 16 | cum` per `[set][ctx][symbol]`, and the
-/// coarse lookup `[set][ctx][slot >> 4]` = the symbol whose range holds slot `16·(slot >> 4)`.
-pub fn device_tables(model: &CountsModel) -> (Vec<u32>, Vec<u8>) {
+/// Classes per symbol of the device tables (rans.cu `CPAD`): every row is padded to
+/// [`rans::MAX_CONTEXTS`] classes so a lookup address is `((x & 0xff0) | class) · 2`.
+pub const CPAD: usize = rans::MAX_CONTEXTS;
+
+/// The device tables of `model` (rans.cu): packed `freq << 16 | cum` at `[set][symbol][class]`
+/// (classes padded to [`CPAD`], zero past `C`), and the coarse lookup `[set][slot >> 4][class]`
+/// = `symbol·16 + class`, the index in the set's table of the symbol whose range holds slot
+/// `16·(slot >> 4)`.
+pub fn device_tables(model: &CountsModel) -> (Vec<u32>, Vec<u16>) {
     let s = model.symbols();
-    let freq = model.freq();
-    let rows = freq.len() / s.max(1);
-    let mut tab = Vec::with_capacity(freq.len());
-    let mut lut = vec![0u8; rows * LUT_PER_ROW];
-    for r in 0..rows {
-        let row = &freq[r * s..(r + 1) * s];
-        let mut cum = 0u32;
-        for (sym, &f) in row.iter().enumerate() {
-            let f = u32::from(f);
-            tab.push(f << 16 | cum);
-            // Buckets b whose first slot 16b lies in [cum, cum + f).
-            let first = cum.div_ceil(16);
-            let mut b = first;
-            while b < 256 && 16 * b < cum + f {
-                lut[r * LUT_PER_ROW + b as usize] = sym as u8;
-                b += 1;
+    let c_n = model.contexts() as usize;
+    let t_n = model.table_sets() as usize;
+    let mut tab = vec![0u32; t_n * s * CPAD];
+    let mut lut = vec![0u16; t_n * LUT_PER_ROW * CPAD];
+    for set in 0..t_n {
+        for c in 0..c_n {
+            let row = model.freq_row_of(set, c);
+            let mut cum = 0u32;
+            for (sym, &f) in row.iter().enumerate() {
+                let f = u32::from(f);
+                tab[(set * s + sym) * CPAD + c] = f << 16 | cum;
+                // Buckets b whose first slot 16b lies in [cum, cum + f).
+                let mut b = cum.div_ceil(16);
+                while b < 256 && 16 * b < cum + f {
+                    lut[(set * LUT_PER_ROW + b as usize) * CPAD + c] = (sym * CPAD + c) as u16;
+                    b += 1;
+                }
+                cum += f;
             }
-            cum += f;
         }
     }
     (tab, lut)
@@ -208,8 +215,8 @@ impl DeviceModel {
         d_ctx4.write(0, bytemuck::cast_slice(&ctx4))?;
         let d_tab = DevBuf::alloc(ctx, tab.len() * 4, counter, "rANS tables")?;
         d_tab.write(0, bytemuck::cast_slice(&tab))?;
-        let d_lut = DevBuf::alloc(ctx, lut.len(), counter, "rANS lookup")?;
-        d_lut.write(0, &lut)?;
+        let d_lut = DevBuf::alloc(ctx, lut.len() * 2, counter, "rANS lookup")?;
+        d_lut.write(0, bytemuck::cast_slice(&lut))?;
         let thr = model.thresholds();
         let d_thr = DevBuf::alloc(ctx, thr.len().max(1) * 8, counter, "rANS thresholds")?;
         if !thr.is_empty() {
@@ -217,7 +224,7 @@ impl DeviceModel {
         }
         Ok(DeviceModel {
             tab_bytes: (tab.len() * 4) as u32,
-            lut_bytes: lut.len() as u32,
+            lut_bytes: (lut.len() * 2) as u32,
             model,
             ctx: d_ctx,
             ctx4: d_ctx4,
@@ -246,12 +253,13 @@ impl DeviceModel {
         self.tab_bytes + self.lut_bytes
     }
 
-    /// Shared memory of an encoder CTA: tables, the warps' bit windows and their per-step
-    /// bucket maps (the divisions need no table: rans.cu `div_freq`).
+    /// Shared memory of an encoder CTA: the frequency table (no lookup), the warps' bit
+    /// windows and their per-step bucket maps (the divisions need no table: rans.cu
+    /// `div_freq`).
     fn smem_encoder(&self) -> u32 {
         let steps = (self.model.frame_len() as u32).div_ceil(32);
         let map_words = steps.div_ceil(32);
-        self.smem_tables() + ENCODE_WARPS * ENCODE_WINDOW_WORDS * 4 + ENCODE_WARPS * map_words * 4
+        self.tab_bytes + ENCODE_WARPS * ENCODE_WINDOW_WORDS * 4 + ENCODE_WARPS * map_words * 4
     }
 
     pub(crate) fn arg(&self) -> ModelArg {
@@ -1051,13 +1059,19 @@ mod tests {
         row[5] = 89;
         let m = model(&row, k);
         let (tab, lut) = device_tables(&m);
-        assert_eq!(tab.len(), s);
+        assert_eq!(tab.len(), s * CPAD);
+        assert_eq!(lut.len(), LUT_PER_ROW * CPAD);
         for slot in 0..rans::PROB_SCALE {
-            // The kernel's walk.
-            let mut sym = lut[(slot >> 4) as usize] as usize;
-            while slot >= (tab[sym] & 0xffff) + (tab[sym] >> 16) {
-                sym += 1;
+            // The kernel's lookup (class 0: the model has one) and walk.
+            let mut ti = lut[slot as usize & 0xff0] as usize;
+            assert_eq!(ti % CPAD, 0, "slot {slot}: the entry keeps the class");
+            let mut r = slot.wrapping_sub(tab[ti] & 0xffff);
+            assert!(r < 4096, "slot {slot}: the entry starts after the slot");
+            while r >= tab[ti] >> 16 {
+                ti += CPAD;
+                r = slot - (tab[ti] & 0xffff);
             }
+            let sym = ti / CPAD;
             // Independent answer from the frequencies.
             let mut cum = 0u32;
             let mut want = usize::MAX;
@@ -1068,7 +1082,6 @@ mod tests {
                 cum += u32::from(f);
             }
             assert_eq!(sym, want, "slot {slot}");
-            assert!(tab[lut[(slot >> 4) as usize] as usize] & 0xffff <= slot);
         }
     }
 
@@ -1184,14 +1197,13 @@ mod warp_emulation {
         let n = frame.len();
         let k = u32::from(m.literals());
         let s = m.symbols();
-        let c = m.contexts() as usize;
         let ctx = m.ctx_map();
         let set = if m.table_sets() > 1 {
             rans::table_set_of(m.thresholds(), m.statistic(frame)) as usize
         } else {
             0
         };
-        let tset = &tab[set * c * s..];
+        let tset = &tab[set * s * CPAD..];
         let steps = n.div_ceil(32);
         // Extra bits through the 20-word window.
         let mut bits: Vec<u32> = vec![0; (15 * n >> 5) + 2];
@@ -1257,7 +1269,7 @@ mod warp_emulation {
             for lane in 0..32 {
                 let p = t * 32 + lane;
                 if p < n {
-                    let e = tset[ctx[p] as usize * s + sym_of(u32::from(frame[p]), k) as usize];
+                    let e = tset[sym_of(u32::from(frame[p]), k) as usize * CPAD + ctx[p] as usize];
                     fc[lane] = (e >> 16, e & 0xffff);
                     emit[lane] = u64::from(x[lane]) >= u64::from(fc[lane].0) << 20;
                 }
@@ -1304,7 +1316,6 @@ mod warp_emulation {
         let n = m.frame_len();
         let k = u32::from(m.literals());
         let s = m.symbols();
-        let c = m.contexts() as usize;
         let rd = |o: usize| u32::from_le_bytes(st[o..o + 4].try_into().unwrap());
         let (n_words, set) = (rd(0) as usize, rd(8) as usize);
         let mut x: Vec<u32> = (0..32).map(|l| rd(16 + 4 * l)).collect();
@@ -1327,22 +1338,33 @@ mod warp_emulation {
                     continue;
                 }
                 let class = (ctx4[(t / 4) * 32 + lane] >> (8 * (t % 4))) & 0xff;
-                let row = set * c + class as usize;
+                // lds_u16(lb + (((x & 0xff0) | c) << 1)), then the walk by +CPAD.
+                let lset = &lut[set * LUT_PER_ROW * CPAD..];
+                let tset = &tab[set * s * CPAD..];
+                let mut ti = lset[(x[lane] & 0xff0 | class) as usize] as usize;
                 let slot = x[lane] & 4095;
-                let mut sym = lut[row * LUT_PER_ROW + (slot >> 4) as usize] as usize;
-                let mut e = tab[row * s + sym];
-                while slot >= (e & 0xffff) + (e >> 16) {
-                    sym += 1;
-                    e = tab[row * s + sym];
+                let mut e = tset[ti];
+                let mut r = slot - (e & 0xffff);
+                while r >= e >> 16 {
+                    ti += CPAD;
+                    e = tset[ti];
+                    r = slot - (e & 0xffff);
                 }
-                x[lane] = (e >> 16) * (x[lane] >> 12) + slot - (e & 0xffff);
-                sy[lane] = sym as u32;
+                x[lane] = (e >> 16) * (x[lane] >> 12) + r;
+                sy[lane] = (ti >> 4) as u32;
                 need[lane] = x[lane] < L as u32;
             }
+            // Every lane reads its would-be word, clamped to the last one; the needy take it.
+            let wlim = n_words.saturating_sub(1);
             for lane in 0..32 {
+                let r = need[..lane].iter().filter(|&&b| b).count();
+                let w = if n_words == 0 {
+                    0
+                } else {
+                    word((base + r).min(wlim))
+                };
                 if need[lane] {
-                    let r = need[..lane].iter().filter(|&&b| b).count();
-                    x[lane] = (x[lane] << 16) | word(base + r);
+                    x[lane] = (x[lane] << 16) | w;
                 }
             }
             base += need.iter().filter(|&&b| b).count();
@@ -1370,6 +1392,30 @@ mod warp_emulation {
         }
         assert!(x.iter().all(|&v| v == L as u32));
         assert_eq!(base, n_words);
+        // rans_run's statistic of a full group: byte j of `fl` is 1 when step j's class is
+        // below split, two values per dp2a.
+        let split4 = (128 - u32::from(m.split())).wrapping_mul(0x0101_0101);
+        let dp2a = |q: u32, b: u32, hi: bool| {
+            let b = if hi { b >> 16 } else { b };
+            (q & 0xffff) * (b & 0xff) + (q >> 16) * ((b >> 8) & 0xff)
+        };
+        let mut stat = 0u64;
+        for g in 0..n / 128 {
+            for lane in 0..32 {
+                let cw = ctx4[g * 32 + lane];
+                let fl = !(cw.wrapping_add(split4) >> 7) & 0x0101_0101;
+                let v = |j: usize| u32::from(out[(4 * g + j) * 32 + lane]);
+                let q01 = v(0) | v(1) << 16;
+                let q23 = v(2) | v(3) << 16;
+                stat += u64::from(dp2a(q01, fl, false) + dp2a(q23, fl, true));
+            }
+        }
+        for p in n / 128 * 128..n {
+            if m.ctx_map()[p] < m.split() {
+                stat += u64::from(out[p]);
+            }
+        }
+        assert_eq!(stat, m.statistic(&out), "the group statistic");
         out
     }
 

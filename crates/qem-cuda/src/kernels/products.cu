@@ -22,6 +22,11 @@
 //   PROD_GROUP4 0/1  ENCODED: the binary masks and moments of each full group of four steps
 //                    at once (ProdDecodeOp::group_done, two values per dp2a); the host sets it
 //                    when there are no moments or kc ≥ 128 (≤ one row change per lane and group)
+//   PROD_ROWFLAG 0/1 ENCODED with PROD_GROUP4 and moments: a group's rows from bits 6 and 7
+//                    of its mask bytes (products.rs `row_flag_bits`: bit 7 = the pixel is one
+//                    row below the lane's first pixel of the group, bit 6 of that first
+//                    pixel = the next group starts one row below), not from a tracked column;
+//                    the host sets it with at most 6 binary masks
 //   PROD_WARPS       warps per CTA (launch bounds)
 // Per-frame results go to slot k of each output (k = position in the visited list).
 // Dense u16 frames are read as 16-byte groups of 8 pixels; with kc % 8 == 0 a group lies in one
@@ -56,6 +61,9 @@
 #endif
 #ifndef PROD_GROUP4
 #define PROD_GROUP4 0
+#endif
+#ifndef PROD_ROWFLAG
+#define PROD_ROWFLAG 0
 #endif
 
 #define PROD_ARR(n) ((n) > 0 ? (n) : 1)
@@ -208,7 +216,8 @@ struct ProdAcc {
     // The weighted masks, sum DP and max DP of one value. SKIP0: no shared sum-DP atomic for
     // v = 0 (the dense path, bound by memory; the ENCODED one, bound by issue, adds the 0
     // rather than branch around it).
-    template <bool SKIP0 = true>
+    // SUM = false leaves the sum DP to the caller (ProdDecodeOp::group_done).
+    template <bool SKIP0 = true, bool SUM = true>
     __device__ __forceinline__ void add_others(const ProdArgs& a, u32* ssum, u32* smax, u32 p,
                                                u32 v) {
 #pragma unroll
@@ -216,7 +225,7 @@ struct ProdAcc {
 #pragma unroll
         for (int j = 0; j < PROD_NFLT; ++j) fl[j] += (double)v * __ldg(a.wflt + (u64)j * a.n + p);
 #if PROD_SUM == 1
-        if (!SKIP0 || v) atomicAdd(ssum + p, v);
+        if (SUM && (!SKIP0 || v)) atomicAdd(ssum + p, v);
 #elif PROD_SUM == 2
         if (v) atomicAdd((unsigned long long*)(a.sum_dp + p), (unsigned long long)v);
 #endif
@@ -317,15 +326,16 @@ struct ProdDecodeOp {
     u32 bw;        // the group's mask bits, byte j for step j
     u32 g;         // the group
     u32 vv[4];     // the group's values, step j in vv[j] (registers: j is constant)
+    u32 ssum_lane; // shared address of the lane's first pixel in the sum DP (PROD_SUM == 1)
     __device__ __forceinline__ void group(u32 gi) {
-#if PROD_NBIN > 0
+#if PROD_NBIN > 0 || PROD_ROWFLAG
         bw = __ldg(a->bits4 + (gi << 5) + lane);
 #endif
         g = gi;
     }
     __device__ __forceinline__ void value_full(u32 p, u32 v, u32 j) {
 #if PROD_GROUP4
-        acc->template add_others<false>(*a, ssum, smax, p, v);
+        acc->template add_others<false, false>(*a, ssum, smax, p, v);
         vv[j] = v;
         if (j == 3u) group_done();
 #else
@@ -336,6 +346,16 @@ struct ProdDecodeOp {
     // 32t + lane), two per dp2a (each u32 holds two values; the decoder's values are u16 — one
     // above 65535 fails the stream, and its results are not used).
     __device__ __forceinline__ void group_done() {
+#if PROD_SUM == 1
+        // The group's four shared sum-DP atomics from one address (pixels 128g + 32j + lane),
+        // the steps as immediate offsets; zeros are added too (no branch on this issue-bound
+        // path).
+        const u32 sa = ssum_lane + (g << 9);
+        asm volatile("red.shared.add.u32 [%0], %1;" ::"r"(sa), "r"(vv[0]));
+        asm volatile("red.shared.add.u32 [%0+128], %1;" ::"r"(sa), "r"(vv[1]));
+        asm volatile("red.shared.add.u32 [%0+256], %1;" ::"r"(sa), "r"(vv[2]));
+        asm volatile("red.shared.add.u32 [%0+384], %1;" ::"r"(sa), "r"(vv[3]));
+#endif
         const u32 q01 = vv[0] | (vv[1] << 16), q23 = vv[2] | (vv[3] << 16);
 #if PROD_NBIN > 0
 #pragma unroll
@@ -349,6 +369,13 @@ struct ProdDecodeOp {
         const u32 jv = __dp2a_hi(q23, 0x03020000u, __dp2a_lo(q01, 0x00000100u, 0u));
         acc->gs += s4;
         acc->gt += (u64)((g << 2) * s4 + jv);  // t ≤ 2047, so < 2^32
+#if PROD_ROWFLAG
+        // Byte j of dl is 1 when step j lies one row below the group's first pixel.
+        const u32 dl = (bw >> 7) & 0x01010101u;
+        const u32 ds = __dp2a_hi(q23, dl, __dp2a_lo(q01, dl, 0u));
+        acc->gr += (u64)(row * s4 + ds);  // row ≤ 512, so < 2^32
+        row += (bw >> 6) & 1u;
+#else
         // With kc ≥ 128 the group's pixels lie in rows `row` and `row + 1`: steps j ≥ jb are in
         // the next row, jb = ⌈(kc − col)/32⌉ ≥ 1.
         const u32 jb = (a->kc - col + 31u) >> 5;
@@ -360,8 +387,14 @@ struct ProdDecodeOp {
         col -= wrap ? a->kc : 0u;
         row += (u32)wrap;
 #endif
+#endif
     }
     __device__ __forceinline__ void value(u32 p, u32 v, u32 j) {
+#if PROD_ROWFLAG
+        // Only the tail (< 4 steps) comes here; the full groups tracked no column.
+        row = p / a->kc;
+        col = p - row * a->kc;
+#endif
         acc->mom_value(row, col, v);
         acc->add_rest_b(*a, ssum, smax, p, v, (bw >> (8u * j)) & 0xffu);
 #if PROD_MOM
@@ -380,9 +413,8 @@ extern "C" __global__ void __launch_bounds__(PROD_WARPS * 32)
                          const u32* __restrict__ index, RansModel m, ProdArgs a, u32* err) {
     extern __shared__ __align__(16) u32 smem_p[];
     m = stage_model(m, smem_p);
-    const u32 tab_words = m.T * m.C * m.S + ((m.T * m.C * LUT_PER_ROW) >> 2);
     u32 *ssum, *smax;
-    prod_shared_init(a, smem_p + tab_words, ssum, smax);
+    prod_shared_init(a, smem_p + model_smem_words(m), ssum, smax);
     const u32 lane = threadIdx.x & 31u;
     const u64 warps = (u64)gridDim.x * (blockDim.x >> 5);
     for (u64 k = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); k < a.count;
@@ -397,6 +429,9 @@ extern "C" __global__ void __launch_bounds__(PROD_WARPS * 32)
             code = R_INDEX;
         } else {
             ProdDecodeOp op{&a, &acc, ssum, smax, lane / a.kc, lane % a.kc, lane, 0u};
+#if PROD_SUM == 1
+            op.ssum_lane = (u32)__cvta_generic_to_shared(ssum) + 4u * lane;
+#endif
 #if PROD_ROWACC
             acc.cur = op.row;
 #endif

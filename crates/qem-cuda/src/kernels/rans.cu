@@ -10,9 +10,13 @@
 //   [table set][context][symbol] histogram. The host finishes the fit with the CPU code, so
 //   CPU and GPU models are identical for the same sample.
 //
-// Tables (built by the Rust wrapper, rans.rs): `tab[(set·C + ctx)·S + s] = freq << 16 | cum`
-// and a coarse lookup `lut[(set·C + ctx)·256 + (slot >> 4)]` = the symbol whose range holds
-// slot `16·(slot >> 4)`; the decoder walks forward from it to the symbol holding `slot`.
+// Tables (built by the Rust wrapper, rans.rs `device_tables`), classes padded to CPAD = 16:
+// `tab[(set·S + s)·16 + ctx] = freq << 16 | cum` (symbol-major, so lanes of different classes
+// reading the common symbols hit different banks) and a coarse lookup
+// `lut[(set·256 + (slot >> 4))·16 + ctx]` (u16) = `s·16 + ctx`, the index in the set's tab of
+// the symbol whose range holds slot `16·(slot >> 4)`; the decoder walks forward from it (+16
+// per symbol) to the symbol holding `slot`. The lookup's address is `((x & 0xff0) | ctx) · 2`
+// from the state x, one LOP3 and one LEA.
 //
 // Every read of a stream is bounds-checked against its header counts and the stream length
 // from the index; a corrupt stream sets an error record naming the frame and never reads or
@@ -29,6 +33,7 @@ typedef unsigned long long u64;
 #define PROB_MASK 4095u
 #define HDR_BYTES 144u
 #define LUT_PER_ROW 256u
+#define CPAD 16u           // classes per tab symbol / lut bucket (MAX_CONTEXTS)
 
 // Error codes; the wrapper (rans.rs) maps them to messages.
 #define R_OK 0u
@@ -91,8 +96,8 @@ __device__ __forceinline__ u32 symbol_of(u32 v, u32 K) {
 // The model as the kernels see it (tab and lut point to shared memory once staged).
 struct RansModel {
     const u8* __restrict__ ctx;   // frame_len context classes (global, read through L1)
-    const u32* tab;               // T*C*S packed entries
-    const u8* lut;                // T*C*256 coarse lookup
+    const u32* tab;               // T*S*CPAD packed entries
+    const u16* lut;               // T*256*CPAD coarse lookup
     const u64* __restrict__ thr;  // T-1 thresholds (global)
     // The context classes of ctx in decoder order (rans.rs `interleave4`): word g·32 + lane
     // holds, in byte j, the class of pixel (4g + j)·32 + lane (0 past the frame), so a lane
@@ -107,18 +112,31 @@ __device__ __forceinline__ u32 table_set_of(const RansModel& m, u64 stat) {
     return s;
 }
 
+// Shared memory the staged tables take, in u32 words (tab, then lut; rans.rs `smem_tables`).
+__device__ __forceinline__ u32 model_tab_words(const RansModel& m) { return m.T * m.S * CPAD; }
+__device__ __forceinline__ u32 model_smem_words(const RansModel& m) {
+    return model_tab_words(m) + ((m.T * LUT_PER_ROW * CPAD) >> 1);
+}
+
 // Stage the tables of `m` (global) into dynamic shared memory: tab first (u32), then lut.
 // Returns the model pointing at shared memory. Call from every thread of the block.
+// WITH_LUT = false stages only tab (the encoder needs no lookup).
+template <bool WITH_LUT = true>
 __device__ RansModel stage_model(RansModel m, u32* smem) {
-    const u32 rows = m.T * m.C;
-    const u32 tab_words = rows * m.S;
+    const u32 tab_words = model_tab_words(m);
     for (u32 i = threadIdx.x; i < tab_words; i += blockDim.x) smem[i] = __ldg(m.tab + i);
-    u8* lut_s = (u8*)(smem + tab_words);
-    const u32 lut_bytes = rows * LUT_PER_ROW;
-    for (u32 i = threadIdx.x; i < lut_bytes; i += blockDim.x) lut_s[i] = __ldg(m.lut + i);
+    if (!WITH_LUT) {
+        __syncthreads();
+        m.tab = smem;
+        return m;
+    }
+    u32* lut_s = smem + tab_words;
+    const u32 lut_words = (m.T * LUT_PER_ROW * CPAD) >> 1;
+    const u32* lut_g = (const u32*)m.lut;
+    for (u32 i = threadIdx.x; i < lut_words; i += blockDim.x) lut_s[i] = __ldg(lut_g + i);
     __syncthreads();
     m.tab = smem;
-    m.lut = lut_s;
+    m.lut = (const u16*)lut_s;
     return m;
 }
 
@@ -129,6 +147,11 @@ __device__ __forceinline__ u32 lds_u8(u32 addr) {
     asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(addr));
     return v;
 }
+__device__ __forceinline__ u32 lds_u16(u32 addr) {
+    u32 v;
+    asm volatile("ld.shared.u16 %0, [%1];" : "=r"(v) : "r"(addr));
+    return v;
+}
 __device__ __forceinline__ u32 lds_u32(u32 addr) {
     u32 v;
     asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
@@ -137,54 +160,58 @@ __device__ __forceinline__ u32 lds_u32(u32 addr) {
 
 // What the steps of one stream share (constant per stream).
 struct StreamCtx {
-    const u16* __restrict__ w;   // renormalisation words
+    const u16* __restrict__ w;   // renormalisation words (a safe address when n_words = 0)
     const u32* __restrict__ ex;  // extra bits
-    u32 tb, lb, s4;              // shared addresses: this table set's tab and lut; 4·S
+    u32 tb, lb;                  // shared addresses: this table set's tab and lut
     u32 n, K, split, n_words, n_bits, n_ex, lt;
+    u32 wlim;                    // the last word a lane may read (clamp; see rans_decode_symbol)
+    u32 split4;                  // (128 − split)·0x01010101: byte j + this has bit 7 clear iff
+                                 // class j < split (classes < 16, so no byte carries)
 };
 
 // What the steps of one stream carry.
 struct StreamState {
     u32 x;       // the lane's rANS state
-    u32 base;    // words consumed by the warp
+    u32 base;    // words consumed by the warp (> n_words: a word was needed past the end)
     u32 bitpos;  // extra bits consumed by the warp (≤ 15·n < 2^32)
-    u32 stat;    // the lane's statistic since the last flush (≤ 4 values of < 2^17)
-    u32 bad;     // bit 0: a word was needed past n_words; bit 1: bits past n_bits;
-                 // bit 2: a value above 65535
+    u32 stat;    // the lane's statistic since the last flush (≤ 2^14 groups of 4 values < 2^17)
+    u32 bad;     // bit 1: bits past n_bits; bit 2: a value above 65535
 };
 
 // The symbol of step t of a stream for one lane (pixel p = 32t + lane, context class c): the
 // lookup, state update and renormalisation. TAIL = the step may hold pixels past the frame
 // (only the last step when n is not a multiple of 32): a lane past the frame gets symbol 0 and
 // changes nothing. Every lane of the warp calls it (the renormalisation is a warp vote).
+//
+// The renormalisation has no per-lane branch: every lane loads the word at its would-be index
+// (clamped to the stream's last word, so no read leaves the stream) and the lanes that need one
+// take it. A stream that needs more words than it has is caught at the end (rans_close: the
+// warp's count `base` passed n_words); the words read past the end were only ever the last
+// word again, and the result of such a stream is never used.
 template <bool TAIL>
 __device__ __forceinline__ u32 rans_decode_symbol(StreamState& d, const StreamCtx& k, u32 p,
                                                   u32 c) {
     const bool act = !TAIL || p < k.n;
     u32 s = 0u;
     if (act) {
+        // The bucket's entry: the tab index (symbol·16 + class) of its first slot's symbol.
+        u32 ti = lds_u16(k.lb + (((d.x & 0xff0u) | c) << 1));
+        u32 e = lds_u32(k.tb + (ti << 2));
         const u32 slot = d.x & PROB_MASK;
-        s = lds_u8(k.lb + ((c << 8) | (slot >> 4)));
-        u32 ta = k.tb + c * k.s4 + (s << 2);
-        u32 e = lds_u32(ta);
+        u32 r = slot - (e & 0xffffu);  // ≥ 0: the entry's range starts at or before slot
         // Terminates: a row's ranges tile [0, 4096) and slot < 4096.
-        while (slot >= (e & 0xffffu) + (e >> 16)) {
-            ta += 4u;
-            ++s;
-            e = lds_u32(ta);
+        while (r >= (e >> 16)) {
+            ti += CPAD;
+            e = lds_u32(k.tb + (ti << 2));
+            r = slot - (e & 0xffffu);
         }
-        d.x = (e >> 16) * (d.x >> PROB_BITS) + slot - (e & 0xffffu);
+        d.x = (e >> 16) * (d.x >> PROB_BITS) + r;
+        s = ti >> 4;
     }
     const bool need = act && d.x < RANS_L;
     const u32 mk = __ballot_sync(FULL_MASK, need);
-    if (need) {
-        const u32 idx = d.base + __popc(mk & k.lt);
-        if (idx < k.n_words) {
-            d.x = (d.x << 16) | (u32)__ldg(k.w + idx);
-        } else {
-            d.bad |= 1u;
-        }
-    }
+    const u32 wv = (u32)__ldg(k.w + min(d.base + __popc(mk & k.lt), k.wlim));
+    if (need) d.x = (d.x << 16) | wv;
     d.base += __popc(mk);
     return s;
 }
@@ -233,7 +260,7 @@ __device__ __forceinline__ u32 rans_symbol(StreamState& d, const StreamCtx& k, u
 struct RansStream {
     StreamCtx k;
     StreamState d;
-    u64 stat;  // the lane's statistic, flushed from d.stat per group of four steps
+    u64 stat;  // the lane's statistic, flushed from d.stat every STAT_FLUSH_GROUPS groups
     u32 set;   // the header's table set
     __device__ __forceinline__ void flush_stat() {
         stat += d.stat;
@@ -294,18 +321,20 @@ __device__ __forceinline__ u32 rans_open(const u8* __restrict__ st, u64 len, con
         b = __ldg(k.w + n_words);
         return R_PAD;
     }
+    // Without words every clamped read goes to the last half of state[31] (in the stream).
+    if (n_words == 0u) k.w = (const u16*)(st + HDR_BYTES - 2u);
+    k.wlim = n_words == 0u ? 0u : n_words - 1u;
     if ((n_bits & 31u) && (__ldg(k.ex + n_ex - 1u) >> (n_bits & 31u)) != 0u) {
         a = n_bits;
         b = __ldg(k.ex + n_ex - 1u);
         return R_TAIL_BITS;
     }
-    const u32 rows_off = set * m.C;
-    k.s4 = 4u * m.S;
-    k.tb = (u32)__cvta_generic_to_shared(m.tab) + rows_off * k.s4;
-    k.lb = (u32)__cvta_generic_to_shared(m.lut) + rows_off * LUT_PER_ROW;
+    k.tb = (u32)__cvta_generic_to_shared(m.tab) + set * m.S * CPAD * 4u;
+    k.lb = (u32)__cvta_generic_to_shared(m.lut) + set * LUT_PER_ROW * CPAD * 2u;
     k.n = n;
     k.K = m.K;
     k.split = m.split;
+    k.split4 = (128u - m.split) * 0x01010101u;
     k.n_words = n_words;
     k.n_bits = n_bits;
     k.n_ex = n_ex;
@@ -324,7 +353,7 @@ __device__ __forceinline__ u32 rans_open(const u8* __restrict__ st, u64 len, con
 __device__ __forceinline__ u32 rans_close(const RansStream& s, const RansModel& m, u32& a, u32& b) {
     const StreamState& d = s.d;
     const StreamCtx& k = s.k;
-    if (__any_sync(FULL_MASK, d.bad & 1u)) {
+    if (d.base > k.n_words) {
         a = k.n_words;
         b = d.base;
         return R_WORD_OVERRUN;
@@ -369,6 +398,9 @@ __device__ __forceinline__ u32 rans_close(const RansStream& s, const RansModel& 
     return R_OK;
 }
 
+// Groups between flushes of a lane's u32 statistic: 4·2^12 values of < 2^17 stay below 2^31.
+#define STAT_FLUSH_GROUPS 4096u
+
 // Every step of an opened stream. The functor gets `op.group(g)` before the steps 4g..4g+3
 // (for data interleaved like ctx4), `op.value_full(p, v, j)` for every pixel p of the full
 // groups (by the lane holding it; j = the step's place in its group, a compile-time constant
@@ -381,27 +413,35 @@ __device__ __forceinline__ void rans_run(RansStream& s, const RansModel& m, u32 
     // Groups of four steps in which every lane holds a pixel, then the rest.
     const u32 full_groups = (n >> 5) >> 2;
     const u32* __restrict__ c4 = m.ctx4 + lane;
-    for (u32 g = 0; g < full_groups; ++g) {
-        const u32 cw = __ldg(c4 + (g << 5));
-        op.group(g);
-        // The four symbols first, then (one vote for the group) their bucket bits in step
-        // order: most groups hold no bucket symbol and skip three votes.
-        u32 sym[4];
+    for (u32 g0 = 0; g0 < full_groups; g0 += STAT_FLUSH_GROUPS) {
+        const u32 g1 = min(full_groups, g0 + STAT_FLUSH_GROUPS);
+        for (u32 g = g0; g < g1; ++g) {
+            const u32 cw = __ldg(c4 + (g << 5));
+            op.group(g);
+            // The four symbols first, then (one vote for the group) their bucket bits in step
+            // order: most groups hold no bucket symbol and skip three votes.
+            u32 sym[4];
 #pragma unroll
-        for (u32 j = 0; j < 4u; ++j) {
-            const u32 p = (((g << 2) + j) << 5) + lane;
-            sym[j] = rans_decode_symbol<false>(s.d, s.k, p, (cw >> (8u * j)) & 0xffu);
-        }
-        const u32 top = max(max(sym[0], sym[1]), max(sym[2], sym[3]));
-        if (__any_sync(FULL_MASK, top >= s.k.K)) {
+            for (u32 j = 0; j < 4u; ++j) {
+                const u32 p = (((g << 2) + j) << 5) + lane;
+                sym[j] = rans_decode_symbol<false>(s.d, s.k, p, __byte_perm(cw, 0u, 0x4440u + j));
+            }
+            const u32 top = max(max(sym[0], sym[1]), max(sym[2], sym[3]));
+            if (__any_sync(FULL_MASK, top >= s.k.K)) {
 #pragma unroll
-            for (u32 j = 0; j < 4u; ++j) sym[j] = rans_bucket_value(s.d, s.k, sym[j], true, lane);
-        }
+                for (u32 j = 0; j < 4u; ++j)
+                    sym[j] = rans_bucket_value(s.d, s.k, sym[j], true, lane);
+            }
+            // The statistic: byte j of `fl` is 1 when step j's class is below split; two
+            // values per dp2a (a value above 65535 is garbled here, but fails the stream).
+            const u32 fl = ~((cw + s.k.split4) >> 7) & 0x01010101u;
+            const u32 q01 = sym[0] | (sym[1] << 16), q23 = sym[2] | (sym[3] << 16);
+            s.d.stat += __dp2a_hi(q23, fl, __dp2a_lo(q01, fl, 0u));
 #pragma unroll
-        for (u32 j = 0; j < 4u; ++j) {
-            const u32 p = (((g << 2) + j) << 5) + lane;
-            if (((cw >> (8u * j)) & 0xffu) < s.k.split) s.d.stat += sym[j];
-            op.value_full(p, sym[j], j);
+            for (u32 j = 0; j < 4u; ++j) {
+                const u32 p = (((g << 2) + j) << 5) + lane;
+                op.value_full(p, sym[j], j);
+            }
         }
         s.flush_stat();
     }
@@ -412,8 +452,8 @@ __device__ __forceinline__ void rans_run(RansStream& s, const RansModel& m, u32 
         const u32 p = (t << 5) + lane;
         const u32 v = rans_symbol<true>(s.d, s.k, p, (cw >> (8u * j)) & 0xffu, lane);
         if (p < n) op.value(p, v, j);
-        s.flush_stat();
     }
+    s.flush_stat();
     op.finish();
 }
 
@@ -464,9 +504,10 @@ struct FrameSum {
     __device__ __forceinline__ void finish() { group(0u); }
 };
 
-// Streams [first, first + count) of the index, warps over streams. The decode kernels run 8-warp
-// CTAs (rans.rs DECODE_WARPS) and ask for 6 of them per SM (40 registers, no spills): the
-// decode is issue-bound and 48 warps keep the schedulers busier than 40.
+// Streams [first, first + count) of the index, warps over streams. The decode kernels run
+// 16-warp CTAs (rans.rs DECODE_WARPS) and ask for 3 of them per SM (40 registers): the decode
+// is issue-bound and 48 warps keep the schedulers busier than 40, and three CTAs' tables
+// (52 KB each with C16 K64 T4) fit the shared memory where six 8-warp CTAs' would not.
 #define QEM_RANS_WARP_LOOP(body)                                                                 \
     const u32 lane = threadIdx.x & 31u;                                                         \
     const u64 warps = (u64)gridDim.x * (blockDim.x >> 5);                                        \
@@ -485,7 +526,7 @@ struct FrameSum {
     }
 
 // Decode streams [first, first + count) to dense u16 frames out[(i - first) * n + p].
-extern "C" __global__ void __launch_bounds__(256, 6) qem_rans_decode_dense(const u8* __restrict__ arena, u64 arena_len,
+extern "C" __global__ void __launch_bounds__(512, 3) qem_rans_decode_dense(const u8* __restrict__ arena, u64 arena_len,
                                                  const u32* __restrict__ index, u64 first,
                                                  u64 count, RansModel m, u16* __restrict__ out,
                                                  u32* err) {
@@ -531,7 +572,7 @@ __device__ __forceinline__ void frame_reduce(const u8* __restrict__ arena, u64 a
 }
 
 // Per-frame sums of streams [first, first + count) to sums[k].
-extern "C" __global__ void __launch_bounds__(256, 6) qem_rans_frame_sums(const u8* __restrict__ arena, u64 arena_len,
+extern "C" __global__ void __launch_bounds__(512, 3) qem_rans_frame_sums(const u8* __restrict__ arena, u64 arena_len,
                                                const u32* __restrict__ index, u64 first,
                                                u64 count, RansModel m, u64* __restrict__ sums,
                                                u32* err) {
@@ -540,7 +581,7 @@ extern "C" __global__ void __launch_bounds__(256, 6) qem_rans_frame_sums(const u
 }
 
 // Per-frame hashes (FrameHash) of streams [first, first + count) to hashes[k].
-extern "C" __global__ void __launch_bounds__(256, 6) qem_rans_frame_hashes(const u8* __restrict__ arena, u64 arena_len,
+extern "C" __global__ void __launch_bounds__(512, 3) qem_rans_frame_hashes(const u8* __restrict__ arena, u64 arena_len,
                                                  const u32* __restrict__ index, u64 first,
                                                  u64 count, RansModel m,
                                                  u64* __restrict__ hashes, u32* err) {
@@ -586,13 +627,11 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
                                            u64 scratch_warps, u32* err) {
     extern __shared__ __align__(16) u32 smem_e[];
     const u32 warps_per_block = blockDim.x >> 5;
-    const u32 entries = m.T * m.C * m.S;
-    const u32 lut_words = (m.T * m.C * LUT_PER_ROW) >> 2;
     const u32 steps = (m.n + 31u) >> 5;
     const u32 map_words = (steps + 31u) >> 5;  // one bit per step: "has a bucket symbol"
-    u32* win_all = smem_e + entries + lut_words;
+    u32* win_all = smem_e + model_tab_words(m);
     u32* map_all = win_all + warps_per_block * 20u;
-    m = stage_model(m, smem_e);  // syncs the block
+    m = stage_model<false>(m, smem_e);  // syncs the block; tab only
     const u32 lane = threadIdx.x & 31u;
     const u32 wib = threadIdx.x >> 5;
     u32* win = win_all + wib * 20u;  // bit staging window of this warp
@@ -638,7 +677,7 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
         }
         for (u32 i = lane; i < map_words; i += 32u) bmap[i] = 0u;
         __syncwarp();
-        const u32 row0 = set * m.C;
+        const u32 row0 = set * m.S;
         // 2. rANS, steps last to first (loads of the next step issued before this one's math).
         u32 x = RANS_L;
         u32 cnt = 0u;
@@ -665,7 +704,7 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
             bool bk_any = false;
             if (act) {
                 const u32 s = symbol_of(v, m.K);
-                const u32 ei = (row0 + c) * m.S + s;
+                const u32 ei = (row0 + s) * CPAD + c;
                 const u32 e = m.tab[ei];
                 f = e >> 16;
                 cu = e & 0xffffu;
