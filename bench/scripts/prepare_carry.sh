@@ -2,7 +2,7 @@
 # Fill device_carry/ (git-ignored) with what device_checks.sh runs on the GPU machine, built
 # here: the check binaries, the façade bench, the Rust ssb test binary (stripped), the wheel
 # installed into site/, hdf5plugin for the device's Python 3.12 unpacked into h5p/, the
-# reference-acquisition tool, the GPU-facing Python tests and ../shared. Needs a release build
+# reference-acquisition tool, the GPU-facing Python tests and ../shared (≈ 38 MB). Needs a release build
 # (`cargo build --release --workspace --all-targets`) and maturin. Run from the repository root.
 set -euo pipefail
 D=device_carry
@@ -25,6 +25,9 @@ python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d /tmp/h5p_whl hdf5plugin
 python3 -m zipfile -e /tmp/h5p_whl/hdf5plugin-*.whl "$D/h5p"
+# Only the bitshuffle filter is used (the carry must stay under 64 MiB): 186 MB → 0.9 MB.
+find "$D/h5p/hdf5plugin/plugins" -type f ! -name 'libh5bshuf.so' -delete
+strip "$D/h5p/hdf5plugin/plugins/libh5bshuf.so" "$D"/site/quantem/gpu/_native*.so
 cp ../shared/tools/make_reference_acquisition.py "$D/"
 cp tests/python/*.py "$D/tests/"
 cp -r ../shared "$D/shared" && chmod -R u+w "$D/shared"
