@@ -21,6 +21,8 @@ cp "$ssb" "$D/ssb_tests"
 strip "$D"/qem-cuda-products-check "$D"/qem-cuda-rans-check "$D"/cuda_products_bench "$D"/ssb_tests
 rm -rf dist && python3 -m maturin build --release --quiet -o dist
 python3 -m pip install --quiet --no-deps --no-compile --target "$D/site" dist/quantem_gpu-*.whl
+# The console script's interpreter as the device has it (pip wrote this machine's).
+sed -i '1s|^#!.*python.*$|#!/usr/bin/env python3|' "$D/site/bin/quantem-gpu"
 python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d /tmp/h5p_whl hdf5plugin

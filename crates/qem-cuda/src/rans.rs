@@ -139,31 +139,36 @@ impl RansKernels {
     }
 }
 
-/// Classes per symbol of the device tables (rans.cu `CPAD`): every row is padded to
-/// [`rans::MAX_CONTEXTS`] classes so a lookup address is `((x & 0xff0) | class) · 2`.
+/// Class columns of a coarse-lookup bucket (rans.cu `CPAD`): the lookup's byte offset in a set
+/// is `(x & 0xff0) | class`.
 pub const CPAD: usize = rans::MAX_CONTEXTS;
 
-/// The device tables of `model` (rans.cu): packed `freq << 16 | cum` at `[set][symbol][class]`
-/// (classes padded to [`CPAD`], zero past `C`), and the coarse lookup `[set][slot >> 4][class]`
-/// = `symbol·16 + class`, the index in the set's table of the symbol whose range holds slot
-/// `16·(slot >> 4)`.
-pub fn device_tables(model: &CountsModel) -> (Vec<u32>, Vec<u16>) {
-    let s = model.symbols();
+/// Row stride of the device table (rans.cu `SP`): `S | 1`, odd, so lanes reading one symbol in
+/// different classes, or different symbols in one class, hit different shared-memory banks.
+pub fn table_stride(model: &CountsModel) -> usize {
+    model.symbols() | 1
+}
+
+/// The device tables of `model` (rans.cu): packed `freq << 16 | cum` at `[set][class]` rows of
+/// [`table_stride`] entries (the pad entry zero), and the coarse lookup `[set][slot >> 4][class]`
+/// ([`CPAD`] class columns, zero past `C`) = the symbol whose range holds slot `16·(slot >> 4)`.
+pub fn device_tables(model: &CountsModel) -> (Vec<u32>, Vec<u8>) {
+    let sp = table_stride(model);
     let c_n = model.contexts() as usize;
     let t_n = model.table_sets() as usize;
-    let mut tab = vec![0u32; t_n * s * CPAD];
-    let mut lut = vec![0u16; t_n * LUT_PER_ROW * CPAD];
+    let mut tab = vec![0u32; t_n * c_n * sp];
+    let mut lut = vec![0u8; t_n * LUT_PER_ROW * CPAD];
     for set in 0..t_n {
         for c in 0..c_n {
             let row = model.freq_row_of(set, c);
             let mut cum = 0u32;
             for (sym, &f) in row.iter().enumerate() {
                 let f = u32::from(f);
-                tab[(set * s + sym) * CPAD + c] = f << 16 | cum;
+                tab[(set * c_n + c) * sp + sym] = f << 16 | cum;
                 // Buckets b whose first slot 16b lies in [cum, cum + f).
                 let mut b = cum.div_ceil(16);
                 while b < 256 && 16 * b < cum + f {
-                    lut[(set * LUT_PER_ROW + b as usize) * CPAD + c] = (sym * CPAD + c) as u16;
+                    lut[(set * LUT_PER_ROW + b as usize) * CPAD + c] = sym as u8;
                     b += 1;
                 }
                 cum += f;
@@ -176,10 +181,11 @@ pub fn device_tables(model: &CountsModel) -> (Vec<u32>, Vec<u16>) {
 /// A per-pixel byte map in the decoder's order (`ctx4` in rans.cu): word `g·32 + lane` holds,
 /// in byte `j`, the byte of pixel `(4g + j)·32 + lane` (0 past the map), so in step t of a
 /// stream (pixels 32t..32t+31, one per lane) a lane reads the bytes of four steps with one
-/// coalesced 4-byte load. `⌈⌈n/32⌉/4⌉·32` words.
+/// coalesced 4-byte load. `(⌈⌈n/32⌉/4⌉ + 1)·32` words: one zero group past the last, so the
+/// kernels may load group `g + 1` while working on group `g` without a bounds check.
 pub fn interleave4(map: &[u8]) -> Vec<u32> {
     let groups = map.len().div_ceil(32).div_ceil(4);
-    let mut out = vec![0u32; groups * 32];
+    let mut out = vec![0u32; (groups + 1) * 32];
     for (p, &b) in map.iter().enumerate() {
         let (t, lane) = (p / 32, p % 32);
         out[(t / 4) * 32 + lane] |= u32::from(b) << (8 * (t % 4));
@@ -215,8 +221,8 @@ impl DeviceModel {
         d_ctx4.write(0, bytemuck::cast_slice(&ctx4))?;
         let d_tab = DevBuf::alloc(ctx, tab.len() * 4, counter, "rANS tables")?;
         d_tab.write(0, bytemuck::cast_slice(&tab))?;
-        let d_lut = DevBuf::alloc(ctx, lut.len() * 2, counter, "rANS lookup")?;
-        d_lut.write(0, bytemuck::cast_slice(&lut))?;
+        let d_lut = DevBuf::alloc(ctx, lut.len(), counter, "rANS lookup")?;
+        d_lut.write(0, &lut)?;
         let thr = model.thresholds();
         let d_thr = DevBuf::alloc(ctx, thr.len().max(1) * 8, counter, "rANS thresholds")?;
         if !thr.is_empty() {
@@ -224,7 +230,7 @@ impl DeviceModel {
         }
         Ok(DeviceModel {
             tab_bytes: (tab.len() * 4) as u32,
-            lut_bytes: (lut.len() * 2) as u32,
+            lut_bytes: lut.len() as u32,
             model,
             ctx: d_ctx,
             ctx4: d_ctx4,
@@ -1059,19 +1065,17 @@ mod tests {
         row[5] = 89;
         let m = model(&row, k);
         let (tab, lut) = device_tables(&m);
-        assert_eq!(tab.len(), s * CPAD);
+        assert_eq!(tab.len(), s | 1);
         assert_eq!(lut.len(), LUT_PER_ROW * CPAD);
         for slot in 0..rans::PROB_SCALE {
             // The kernel's lookup (class 0: the model has one) and walk.
-            let mut ti = lut[slot as usize & 0xff0] as usize;
-            assert_eq!(ti % CPAD, 0, "slot {slot}: the entry keeps the class");
-            let mut r = slot.wrapping_sub(tab[ti] & 0xffff);
+            let mut sym = lut[slot as usize & 0xff0] as usize;
+            let mut r = slot.wrapping_sub(tab[sym] & 0xffff);
             assert!(r < 4096, "slot {slot}: the entry starts after the slot");
-            while r >= tab[ti] >> 16 {
-                ti += CPAD;
-                r = slot - (tab[ti] & 0xffff);
+            while r >= tab[sym] >> 16 {
+                sym += 1;
+                r = slot - (tab[sym] & 0xffff);
             }
-            let sym = ti / CPAD;
             // Independent answer from the frequencies.
             let mut cum = 0u32;
             let mut want = usize::MAX;
@@ -1130,8 +1134,8 @@ mod tests {
             let map: Vec<u8> = (0..n).map(|p| (p * 7 % 251) as u8 + 1).collect();
             let w = interleave4(&map);
             let steps = n.div_ceil(32);
-            assert_eq!(w.len(), steps.div_ceil(4) * 32, "n {n}");
-            for t in 0..steps.div_ceil(4) * 4 {
+            assert_eq!(w.len(), (steps.div_ceil(4) + 1) * 32, "n {n}");
+            for t in 0..(steps.div_ceil(4) + 1) * 4 {
                 for lane in 0..32 {
                     let got = (w[(t / 4) * 32 + lane] >> (8 * (t % 4))) & 0xff;
                     let p = t * 32 + lane;
@@ -1196,14 +1200,15 @@ mod warp_emulation {
         let (tab, _) = device_tables(m);
         let n = frame.len();
         let k = u32::from(m.literals());
-        let s = m.symbols();
         let ctx = m.ctx_map();
         let set = if m.table_sets() > 1 {
             rans::table_set_of(m.thresholds(), m.statistic(frame)) as usize
         } else {
             0
         };
-        let tset = &tab[set * s * CPAD..];
+        let sp = table_stride(m);
+        let c = m.contexts() as usize;
+        let tset = &tab[set * c * sp..];
         let steps = n.div_ceil(32);
         // Extra bits through the 20-word window.
         let mut bits: Vec<u32> = vec![0; (15 * n >> 5) + 2];
@@ -1269,7 +1274,7 @@ mod warp_emulation {
             for lane in 0..32 {
                 let p = t * 32 + lane;
                 if p < n {
-                    let e = tset[sym_of(u32::from(frame[p]), k) as usize * CPAD + ctx[p] as usize];
+                    let e = tset[ctx[p] as usize * sp + sym_of(u32::from(frame[p]), k) as usize];
                     fc[lane] = (e >> 16, e & 0xffff);
                     emit[lane] = u64::from(x[lane]) >= u64::from(fc[lane].0) << 20;
                 }
@@ -1315,7 +1320,8 @@ mod warp_emulation {
         let (tab, lut) = device_tables(m);
         let n = m.frame_len();
         let k = u32::from(m.literals());
-        let s = m.symbols();
+        let sp = table_stride(m);
+        let c = m.contexts() as usize;
         let rd = |o: usize| u32::from_le_bytes(st[o..o + 4].try_into().unwrap());
         let (n_words, set) = (rd(0) as usize, rd(8) as usize);
         let mut x: Vec<u32> = (0..32).map(|l| rd(16 + 4 * l)).collect();
@@ -1338,20 +1344,20 @@ mod warp_emulation {
                     continue;
                 }
                 let class = (ctx4[(t / 4) * 32 + lane] >> (8 * (t % 4))) & 0xff;
-                // lds_u16(lb + (((x & 0xff0) | c) << 1)), then the walk by +CPAD.
+                // lds_u8(lb + ((x & 0xff0) | c)), the entry at c·SP + s, then the walk.
                 let lset = &lut[set * LUT_PER_ROW * CPAD..];
-                let tset = &tab[set * s * CPAD..];
-                let mut ti = lset[(x[lane] & 0xff0 | class) as usize] as usize;
+                let tset = &tab[set * c * sp..];
+                let mut sym = lset[(x[lane] & 0xff0 | class) as usize] as usize;
                 let slot = x[lane] & 4095;
-                let mut e = tset[ti];
+                let mut e = tset[class as usize * sp + sym];
                 let mut r = slot - (e & 0xffff);
                 while r >= e >> 16 {
-                    ti += CPAD;
-                    e = tset[ti];
+                    sym += 1;
+                    e = tset[class as usize * sp + sym];
                     r = slot - (e & 0xffff);
                 }
                 x[lane] = (e >> 16) * (x[lane] >> 12) + r;
-                sy[lane] = (ti >> 4) as u32;
+                sy[lane] = sym as u32;
                 need[lane] = x[lane] < L as u32;
             }
             // Every lane reads its would-be word, clamped to the last one; the needy take it.

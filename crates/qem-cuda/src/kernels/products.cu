@@ -324,12 +324,16 @@ struct ProdDecodeOp {
     u32 row, col;  // of the lane's next pixel (with PROD_GROUP4: of the group's first)
     u32 lane;
     u32 bw;        // the group's mask bits, byte j for step j
+    u32 bw_next;   // the next group's, loaded one group ahead (bits4 has a zero group past
+                   // the last, rans.rs `interleave4`)
     u32 g;         // the group
     u32 vv[4];     // the group's values, step j in vv[j] (registers: j is constant)
     u32 ssum_lane; // shared address of the lane's first pixel in the sum DP (PROD_SUM == 1)
     __device__ __forceinline__ void group(u32 gi) {
 #if PROD_NBIN > 0 || PROD_ROWFLAG
-        bw = __ldg(a->bits4 + (gi << 5) + lane);
+        // Groups come in order from 0 (bw_next starts as group 0's bits).
+        bw = bw_next;
+        bw_next = __ldg(a->bits4 + ((gi + 1u) << 5) + lane);
 #endif
         g = gi;
     }
@@ -431,6 +435,9 @@ extern "C" __global__ void __launch_bounds__(PROD_WARPS * 32)
             ProdDecodeOp op{&a, &acc, ssum, smax, lane / a.kc, lane % a.kc, lane, 0u};
 #if PROD_SUM == 1
             op.ssum_lane = (u32)__cvta_generic_to_shared(ssum) + 4u * lane;
+#endif
+#if PROD_NBIN > 0 || PROD_ROWFLAG
+            op.bw_next = __ldg(a.bits4 + lane);
 #endif
 #if PROD_ROWACC
             acc.cur = op.row;

@@ -10,13 +10,13 @@
 //   [table set][context][symbol] histogram. The host finishes the fit with the CPU code, so
 //   CPU and GPU models are identical for the same sample.
 //
-// Tables (built by the Rust wrapper, rans.rs `device_tables`), classes padded to CPAD = 16:
-// `tab[(set·S + s)·16 + ctx] = freq << 16 | cum` (symbol-major, so lanes of different classes
-// reading the common symbols hit different banks) and a coarse lookup
-// `lut[(set·256 + (slot >> 4))·16 + ctx]` (u16) = `s·16 + ctx`, the index in the set's tab of
-// the symbol whose range holds slot `16·(slot >> 4)`; the decoder walks forward from it (+16
-// per symbol) to the symbol holding `slot`. The lookup's address is `((x & 0xff0) | ctx) · 2`
-// from the state x, one LOP3 and one LEA.
+// Tables (built by the Rust wrapper, rans.rs `device_tables`):
+// `tab[(set·C + ctx)·SP + s] = freq << 16 | cum` with the row stride SP = S | 1 (odd, so lanes
+// reading one symbol in different classes, or different symbols in one class, hit different
+// banks), and a coarse lookup `lut[(set·256 + (slot >> 4))·CPAD + ctx]` (u8, CPAD = 16 class
+// columns) = the symbol whose range holds slot `16·(slot >> 4)`; its byte offset in the set's
+// lookup is `(x & 0xff0) | ctx` from the state x (one LOP3). The decoder walks forward from
+// that symbol to the one holding `slot`.
 //
 // Every read of a stream is bounds-checked against its header counts and the stream length
 // from the index; a corrupt stream sets an error record naming the frame and never reads or
@@ -33,7 +33,7 @@ typedef unsigned long long u64;
 #define PROB_MASK 4095u
 #define HDR_BYTES 144u
 #define LUT_PER_ROW 256u
-#define CPAD 16u           // classes per tab symbol / lut bucket (MAX_CONTEXTS)
+#define CPAD 16u           // class columns of a lut bucket (MAX_CONTEXTS)
 
 // Error codes; the wrapper (rans.rs) maps them to messages.
 #define R_OK 0u
@@ -96,12 +96,12 @@ __device__ __forceinline__ u32 symbol_of(u32 v, u32 K) {
 // The model as the kernels see it (tab and lut point to shared memory once staged).
 struct RansModel {
     const u8* __restrict__ ctx;   // frame_len context classes (global, read through L1)
-    const u32* tab;               // T*S*CPAD packed entries
-    const u16* lut;               // T*256*CPAD coarse lookup
+    const u32* tab;               // T*C*SP packed entries (SP = S | 1)
+    const u8* lut;                // T*256*CPAD coarse lookup
     const u64* __restrict__ thr;  // T-1 thresholds (global)
     // The context classes of ctx in decoder order (rans.rs `interleave4`): word g·32 + lane
-    // holds, in byte j, the class of pixel (4g + j)·32 + lane (0 past the frame), so a lane
-    // reads the classes of four steps with one coalesced load.
+    // holds, in byte j, the class of pixel (4g + j)·32 + lane (0 past the frame, and one zero
+    // group past the last), so a lane reads the classes of four steps with one coalesced load.
     const u32* __restrict__ ctx4;
     u32 n, K, S, C, T, split;
 };
@@ -113,9 +113,11 @@ __device__ __forceinline__ u32 table_set_of(const RansModel& m, u64 stat) {
 }
 
 // Shared memory the staged tables take, in u32 words (tab, then lut; rans.rs `smem_tables`).
-__device__ __forceinline__ u32 model_tab_words(const RansModel& m) { return m.T * m.S * CPAD; }
+__device__ __forceinline__ u32 model_tab_words(const RansModel& m) {
+    return m.T * m.C * (m.S | 1u);
+}
 __device__ __forceinline__ u32 model_smem_words(const RansModel& m) {
-    return model_tab_words(m) + ((m.T * LUT_PER_ROW * CPAD) >> 1);
+    return model_tab_words(m) + ((m.T * LUT_PER_ROW * CPAD) >> 2);
 }
 
 // Stage the tables of `m` (global) into dynamic shared memory: tab first (u32), then lut.
@@ -131,12 +133,12 @@ __device__ RansModel stage_model(RansModel m, u32* smem) {
         return m;
     }
     u32* lut_s = smem + tab_words;
-    const u32 lut_words = (m.T * LUT_PER_ROW * CPAD) >> 1;
+    const u32 lut_words = (m.T * LUT_PER_ROW * CPAD) >> 2;
     const u32* lut_g = (const u32*)m.lut;
     for (u32 i = threadIdx.x; i < lut_words; i += blockDim.x) lut_s[i] = __ldg(lut_g + i);
     __syncthreads();
     m.tab = smem;
-    m.lut = (const u16*)lut_s;
+    m.lut = (const u8*)lut_s;
     return m;
 }
 
@@ -147,14 +149,17 @@ __device__ __forceinline__ u32 lds_u8(u32 addr) {
     asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(addr));
     return v;
 }
-__device__ __forceinline__ u32 lds_u16(u32 addr) {
-    u32 v;
-    asm volatile("ld.shared.u16 %0, [%1];" : "=r"(v) : "r"(addr));
-    return v;
-}
 __device__ __forceinline__ u32 lds_u32(u32 addr) {
     u32 v;
     asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+    return v;
+}
+
+// A renormalisation word: read-only, and a miss brings the next 256 bytes of the stream into L2
+// (the words are read front to back, a few per step).
+__device__ __forceinline__ u32 ldg_u16_stream(const u16* p) {
+    unsigned short v;
+    asm("ld.global.nc.L2::256B.u16 %0, [%1];" : "=h"(v) : "l"(p));
     return v;
 }
 
@@ -163,6 +168,7 @@ struct StreamCtx {
     const u16* __restrict__ w;   // renormalisation words (a safe address when n_words = 0)
     const u32* __restrict__ ex;  // extra bits
     u32 tb, lb;                  // shared addresses: this table set's tab and lut
+    u32 sp;                      // tab row stride (S | 1)
     u32 n, K, split, n_words, n_bits, n_ex, lt;
     u32 wlim;                    // the last word a lane may read (clamp; see rans_decode_symbol)
     u32 split4;                  // (128 − split)·0x01010101: byte j + this has bit 7 clear iff
@@ -194,23 +200,24 @@ __device__ __forceinline__ u32 rans_decode_symbol(StreamState& d, const StreamCt
     const bool act = !TAIL || p < k.n;
     u32 s = 0u;
     if (act) {
-        // The bucket's entry: the tab index (symbol·16 + class) of its first slot's symbol.
-        u32 ti = lds_u16(k.lb + (((d.x & 0xff0u) | c) << 1));
-        u32 e = lds_u32(k.tb + (ti << 2));
+        // The symbol of the bucket's first slot, then its entry.
+        s = lds_u8(k.lb + ((d.x & 0xff0u) | c));
+        u32 ta = k.tb + ((c * k.sp + s) << 2);
+        u32 e = lds_u32(ta);
         const u32 slot = d.x & PROB_MASK;
         u32 r = slot - (e & 0xffffu);  // ≥ 0: the entry's range starts at or before slot
         // Terminates: a row's ranges tile [0, 4096) and slot < 4096.
         while (r >= (e >> 16)) {
-            ti += CPAD;
-            e = lds_u32(k.tb + (ti << 2));
+            ta += 4u;
+            ++s;
+            e = lds_u32(ta);
             r = slot - (e & 0xffffu);
         }
         d.x = (e >> 16) * (d.x >> PROB_BITS) + r;
-        s = ti >> 4;
     }
     const bool need = act && d.x < RANS_L;
     const u32 mk = __ballot_sync(FULL_MASK, need);
-    const u32 wv = (u32)__ldg(k.w + min(d.base + __popc(mk & k.lt), k.wlim));
+    const u32 wv = ldg_u16_stream(k.w + min(d.base + __popc(mk & k.lt), k.wlim));
     if (need) d.x = (d.x << 16) | wv;
     d.base += __popc(mk);
     return s;
@@ -329,8 +336,9 @@ __device__ __forceinline__ u32 rans_open(const u8* __restrict__ st, u64 len, con
         b = __ldg(k.ex + n_ex - 1u);
         return R_TAIL_BITS;
     }
-    k.tb = (u32)__cvta_generic_to_shared(m.tab) + set * m.S * CPAD * 4u;
-    k.lb = (u32)__cvta_generic_to_shared(m.lut) + set * LUT_PER_ROW * CPAD * 2u;
+    k.sp = m.S | 1u;
+    k.tb = (u32)__cvta_generic_to_shared(m.tab) + set * m.C * k.sp * 4u;
+    k.lb = (u32)__cvta_generic_to_shared(m.lut) + set * LUT_PER_ROW * CPAD;
     k.n = n;
     k.K = m.K;
     k.split = m.split;
@@ -413,10 +421,14 @@ __device__ __forceinline__ void rans_run(RansStream& s, const RansModel& m, u32 
     // Groups of four steps in which every lane holds a pixel, then the rest.
     const u32 full_groups = (n >> 5) >> 2;
     const u32* __restrict__ c4 = m.ctx4 + lane;
+    // The classes of the next group are loaded one group ahead (ctx4 has a zero group past
+    // the last, rans.rs `interleave4`, so g + 1 ≤ full_groups is always inside it).
+    u32 cw_next = __ldg(c4);
     for (u32 g0 = 0; g0 < full_groups; g0 += STAT_FLUSH_GROUPS) {
         const u32 g1 = min(full_groups, g0 + STAT_FLUSH_GROUPS);
         for (u32 g = g0; g < g1; ++g) {
-            const u32 cw = __ldg(c4 + (g << 5));
+            const u32 cw = cw_next;
+            cw_next = __ldg(c4 + ((g + 1u) << 5));
             op.group(g);
             // The four symbols first, then (one vote for the group) their bucket bits in step
             // order: most groups hold no bucket symbol and skip three votes.
@@ -677,7 +689,8 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
         }
         for (u32 i = lane; i < map_words; i += 32u) bmap[i] = 0u;
         __syncwarp();
-        const u32 row0 = set * m.S;
+        const u32 row0 = set * m.C;
+        const u32 sp = m.S | 1u;
         // 2. rANS, steps last to first (loads of the next step issued before this one's math).
         u32 x = RANS_L;
         u32 cnt = 0u;
@@ -704,7 +717,7 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
             bool bk_any = false;
             if (act) {
                 const u32 s = symbol_of(v, m.K);
-                const u32 ei = (row0 + s) * CPAD + c;
+                const u32 ei = (row0 + c) * sp + s;
                 const u32 e = m.tab[ei];
                 f = e >> 16;
                 cu = e & 0xffffu;
