@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks of a final code on the card (runs 21–23): the product checks (GPU = CPU, ENCODED
 # = dense, corrupt and forged streams typed) with their ENCODED/dense timings, the façade bench,
-# Nsight Compute on the ENCODED product kernels when NCU=1, the Rust ssb tests, the GPU-facing
+# Nsight Compute on the ENCODED product kernels when NCU=1 (NCU_EXTRA: more sections), the Rust
+# ssb tests, the GPU-facing
 # Python tests and the rANS check, on the r = 30 reference. QEM_GIT_REVISION names the code.
 # Builds nothing; carried: device_carry/. Writes $OUT/results.tgz (res/).
 source "$(dirname "$0")/device_lib.sh"
@@ -14,7 +15,7 @@ step "facade bench" facade_products.log timeout 120 $D/cuda_products_bench /tmp/
 grep -E "^(encoded|dense) " "$R/facade_products.log"
 if [ "${NCU:-0}" = 1 ]; then
   NCU_BIN=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
-  S="--section SpeedOfLight --section LaunchStats --section SchedulerStats --section InstructionStats --section Occupancy"
+  S="--section SpeedOfLight --section LaunchStats --section SchedulerStats --section InstructionStats --section Occupancy ${NCU_EXTRA:-}"
   step "ncu encoded" ncu_encoded.log timeout 100 "$NCU_BIN" -k regex:qem_products_encoded -c 4 $S $D/cuda_products_bench /tmp/ref/scan_master.h5 /tmp/ncu.json 1
   grep -E "qem_products_encoded|Duration|Registers Per|Block Size|Achieved Occupancy|Issue Slots Busy|Executed Instructions  |Issued Warp Per" "$R/ncu_encoded.log" | head -40
 fi
