@@ -72,7 +72,7 @@ struct ProdArgs {
     mom: u64,
     sum_dp: u64,
     max_dp: u64,
-    bits4: u64,
+    cb4: u64,
     first: u64,
     count: u64,
     n: u32,
@@ -97,6 +97,22 @@ fn row_magic(kc: usize) -> u32 {
         return 0;
     }
     ((1u64 << 32) / kc as u64 + 1) as u32
+}
+
+/// rans.cu `RANS_PREFETCH` for the ENCODED kernels: on unless `QEM_GPU_RANS_PREFETCH=0`
+/// (an A/B switch for benchmarks; read once per process).
+fn word_prefetch() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("QEM_GPU_RANS_PREFETCH").map_or(true, |v| v != "0"))
+}
+
+/// The ENCODED kernel's per-group words (products.cu `ProdArgs::cb4`): for group `g` and lane
+/// `l`, words `2·(32g + l)` and `2·(32g + l) + 1` are word `32g + l` of
+/// [`rans::interleave4`] of the context classes and of the mask bytes (one zero group past the
+/// last, as there).
+fn class_bits4(ctx_map: &[u8], bits: &[u8]) -> Vec<u32> {
+    let (c4, b4) = (rans::interleave4(ctx_map), rans::interleave4(bits));
+    c4.iter().zip(&b4).flat_map(|(&c, &b)| [c, b]).collect()
 }
 
 /// Bits 6 and 7 of the ENCODED mask bytes (products.cu `PROD_ROWFLAG`), per pixel `p` of an
@@ -178,6 +194,7 @@ impl Shape {
             ("PROD_GROUP4".into(), b(self.group4)),
             ("PROD_ROWFLAG".into(), b(self.rowflag)),
             ("PROD_WARPS".into(), self.warps.to_string()),
+            ("RANS_PREFETCH".into(), b(word_prefetch())),
         ]
     }
     fn shared(&self) -> bool {
@@ -508,11 +525,12 @@ fn run(
                     }
                 }
             }
-            // Dense kernels read `bits` by pixel, the ENCODED one in the decoder's order (one
-            // load per four steps, rans.cu `ctx4`).
-            if matches!(data, Data::Encoded(_)) {
-                let b4 = upload(gpu, &rans::interleave4(&bits), "mask bits (decoder order)")?;
-                a.bits4 = b4.ptr();
+            // Dense kernels read `bits` by pixel, the ENCODED one in the decoder's order beside
+            // the model's classes (one 8-byte load per four steps, [`class_bits4`]).
+            if let Data::Encoded(enc) = &data {
+                let cb = class_bits4(enc.model().ctx_map(), &bits);
+                let b4 = upload(gpu, &cb, "classes and mask bits (decoder order)")?;
+                a.cb4 = b4.ptr();
                 bufs.push(b4);
             } else {
                 let b = upload(gpu, &bits, "mask bits")?;
@@ -883,6 +901,30 @@ mod tests {
                 // The row carried past the last full group is that of the tail's first pixel.
                 if full_groups * 128 + lane < n {
                     assert_eq!(row as usize, (full_groups * 128 + lane) / kc, "kc {kc}");
+                }
+            }
+        }
+    }
+
+    /// products.cu `ProdDecodeOp::fetch` reads `cb4[2·(32g + l)]` as the classes and the next
+    /// word as the mask bits of group g, lane l: byte j of each is pixel (4g + j)·32 + l's.
+    #[test]
+    fn class_bits4_pairs_classes_and_masks_per_group_and_lane() {
+        for n in [36_864usize, 1000, 100] {
+            let ctx: Vec<u8> = (0..n).map(|p| (p % 13) as u8).collect();
+            let bits: Vec<u8> = (0..n).map(|p| (p * 7 % 251) as u8).collect();
+            let cb = class_bits4(&ctx, &bits);
+            let groups = n.div_ceil(32).div_ceil(4) + 1;
+            assert_eq!(cb.len(), 2 * 32 * groups, "n {n}");
+            for g in 0..groups {
+                for l in 0..32 {
+                    let (cw, bw) = (cb[2 * (32 * g + l)], cb[2 * (32 * g + l) + 1]);
+                    for j in 0..4 {
+                        let p = (4 * g + j) * 32 + l;
+                        let byte = |w: u32| (w >> (8 * j)) as u8;
+                        assert_eq!(byte(cw), ctx.get(p).copied().unwrap_or(0), "n {n} p {p}");
+                        assert_eq!(byte(bw), bits.get(p).copied().unwrap_or(0), "n {n} p {p}");
+                    }
                 }
             }
         }

@@ -54,7 +54,7 @@ const ENCODE_CTAS_PER_SM: u64 = 8;
 /// Bit-staging words per encoder warp (rans.cu).
 const ENCODE_WINDOW_WORDS: u32 = 20;
 
-/// The model argument of every kernel (`RansModel` in rans.cu: 5 pointers then 6 u32).
+/// The model argument of every kernel (`RansModel` in rans.cu: 5 pointers then 8 u32).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct ModelArg {
@@ -69,10 +69,14 @@ pub(crate) struct ModelArg {
     c: u32,
     t: u32,
     split: u32,
+    /// `(128 − split)·0x01010101` (rans.cu: the class flags of a group's statistic).
+    split4: u32,
+    /// The table's row stride ([`table_stride`]).
+    sp: u32,
 }
 
 // SAFETY: `ModelArg` is `repr(C)` plain data with the exact layout of `struct RansModel` in
-// rans.cu (five 8-byte pointers, six 4-byte integers, 64 bytes, 8-byte aligned).
+// rans.cu (five 8-byte pointers, eight 4-byte integers, 72 bytes, 8-byte aligned).
 unsafe impl DeviceRepr for ModelArg {}
 
 /// The rANS kernels loaded into one context.
@@ -282,6 +286,8 @@ impl DeviceModel {
             c: u32::from(m.contexts()),
             t: u32::from(m.table_sets()),
             split: u32::from(m.split()),
+            split4: (128 - u32::from(m.split())).wrapping_mul(0x0101_0101),
+            sp: table_stride(m) as u32,
         }
     }
 }

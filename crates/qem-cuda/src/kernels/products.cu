@@ -78,7 +78,9 @@ struct ProdArgs {
     u64* mom;                        // 3 × count (S, m_row, m_col)
     u64* sum_dp;                     // n
     u32* max_dp;                     // n
-    const u32* __restrict__ bits4;   // bits interleaved like the decoder's ctx4 (ENCODED)
+    // ENCODED: per group g and lane, {ctx4 word, mask-bits word} (products.rs `class_bits4`):
+    // the decoder's classes and the masks of the same four pixels in one 8-byte load.
+    const uint2* __restrict__ cb4;
     u64 first, count;
     u32 n, kc;
     u32 kc_magic;  // ⌊2^32 / kc⌋ + 1 when kc % 8 == 0: row = umulhi(p, kc_magic) (products.rs)
@@ -278,8 +280,9 @@ struct ProdAcc {
 };
 
 // Shared accumulators at `base`: the sum DP first (PROD_SUM == 1), then the max DP.
-__device__ __forceinline__ void prod_shared_init(const ProdArgs& a, u32* base, u32*& ssum,
-                                                 u32*& smax) {
+// Returns the words they take.
+__device__ __forceinline__ u32 prod_shared_init(const ProdArgs& a, u32* base, u32*& ssum,
+                                                u32*& smax) {
     ssum = nullptr;
     smax = nullptr;
     u32 words = 0u;
@@ -293,6 +296,7 @@ __device__ __forceinline__ void prod_shared_init(const ProdArgs& a, u32* base, u
 #endif
     for (u32 i = threadIdx.x; i < words; i += blockDim.x) base[i] = 0u;
     if (words) __syncthreads();
+    return words;
 }
 
 __device__ __forceinline__ void prod_shared_flush(const ProdArgs& a, const u32* ssum,
@@ -314,9 +318,11 @@ __device__ __forceinline__ void prod_shared_flush(const ProdArgs& a, const u32* 
 }
 
 // The functor `rans_decode_stream` calls for each decoded pixel p (p = 32·t + lane, ascending
-// per lane, so (row, col) advance by 32 pixels per call). The mask bits come from `bits4`, one
+// per lane, so (row, col) advance by 32 pixels per call). The mask bits come from `cb4`, one
 // coalesced load per group of four steps.
 struct ProdDecodeOp {
+    // The host checks n ≤ 2^16 (qem_core::reduce::MAX_FRAME_PIXELS): rans_run needs no flush.
+    static constexpr bool kSmallFrames = true;
     const ProdArgs* a;
     ProdAcc* acc;
     u32* ssum;
@@ -324,19 +330,25 @@ struct ProdDecodeOp {
     u32 row, col;  // of the lane's next pixel (with PROD_GROUP4: of the group's first)
     u32 lane;
     u32 bw;        // the group's mask bits, byte j for step j
-    u32 bw_next;   // the next group's, loaded one group ahead (bits4 has a zero group past
-                   // the last, rans.rs `interleave4`)
+    u32 bw_next;   // the next group's, loaded one group ahead (cb4 has a zero group past
+                   // the last, like ctx4)
     u32 g;         // the group
     u32 vv[4];     // the group's values, step j in vv[j] (registers: j is constant)
     u32 ssum_lane; // shared address of the lane's first pixel in the sum DP (PROD_SUM == 1)
-    __device__ __forceinline__ void group(u32 gi) {
+    // rans_run's fetch of group gi, one group ahead: the class word and mask bits of group
+    // gi in one load; the bits of the group before move to bw (group() comes after the fetch
+    // of the next group).
+    __device__ __forceinline__ u32 fetch(const RansModel& m, u32 gi, u32 ln) {
 #if PROD_NBIN > 0 || PROD_ROWFLAG
-        // Groups come in order from 0 (bw_next starts as group 0's bits).
+        const uint2 q = __ldg(a->cb4 + (gi << 5) + ln);
         bw = bw_next;
-        bw_next = __ldg(a->bits4 + ((gi + 1u) << 5) + lane);
+        bw_next = q.y;
+        return q.x;
+#else
+        return __ldg(m.ctx4 + (gi << 5) + ln);
 #endif
-        g = gi;
     }
+    __device__ __forceinline__ void group(u32 gi) { g = gi; }
     __device__ __forceinline__ void value_full(u32 p, u32 v, u32 j) {
 #if PROD_GROUP4
         acc->template add_others<false, false>(*a, ssum, smax, p, v);
@@ -416,9 +428,10 @@ extern "C" __global__ void __launch_bounds__(PROD_WARPS * 32)
     qem_products_encoded(const u8* __restrict__ arena, u64 arena_len,
                          const u32* __restrict__ index, RansModel m, ProdArgs a, u32* err) {
     extern __shared__ __align__(16) u32 smem_p[];
-    m = stage_model(m, smem_p);
+    // The shared sums first (their address is then the window's own), the tables after them.
     u32 *ssum, *smax;
-    prod_shared_init(a, smem_p + model_smem_words(m), ssum, smax);
+    const u32 shared_words = prod_shared_init(a, smem_p, ssum, smax);
+    m = stage_model(m, smem_p + shared_words);
     const u32 lane = threadIdx.x & 31u;
     const u64 warps = (u64)gridDim.x * (blockDim.x >> 5);
     for (u64 k = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); k < a.count;
@@ -435,9 +448,6 @@ extern "C" __global__ void __launch_bounds__(PROD_WARPS * 32)
             ProdDecodeOp op{&a, &acc, ssum, smax, lane / a.kc, lane % a.kc, lane, 0u};
 #if PROD_SUM == 1
             op.ssum_lane = (u32)__cvta_generic_to_shared(ssum) + 4u * lane;
-#endif
-#if PROD_NBIN > 0 || PROD_ROWFLAG
-            op.bw_next = __ldg(a.bits4 + lane);
 #endif
 #if PROD_ROWACC
             acc.cur = op.row;

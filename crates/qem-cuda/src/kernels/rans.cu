@@ -104,6 +104,9 @@ struct RansModel {
     // group past the last), so a lane reads the classes of four steps with one coalesced load.
     const u32* __restrict__ ctx4;
     u32 n, K, S, C, T, split;
+    u32 split4;  // (128 − split)·0x01010101: byte j + this has bit 7 clear iff class j < split
+                 // (classes < 16, so no byte carries); from the host, so no register holds it
+    u32 sp;      // tab row stride, S | 1
 };
 
 __device__ __forceinline__ u32 table_set_of(const RansModel& m, u64 stat) {
@@ -113,9 +116,7 @@ __device__ __forceinline__ u32 table_set_of(const RansModel& m, u64 stat) {
 }
 
 // Shared memory the staged tables take, in u32 words (tab, then lut; rans.rs `smem_tables`).
-__device__ __forceinline__ u32 model_tab_words(const RansModel& m) {
-    return m.T * m.C * (m.S | 1u);
-}
+__device__ __forceinline__ u32 model_tab_words(const RansModel& m) { return m.T * m.C * m.sp; }
 __device__ __forceinline__ u32 model_smem_words(const RansModel& m) {
     return model_tab_words(m) + ((m.T * LUT_PER_ROW * CPAD) >> 2);
 }
@@ -157,6 +158,9 @@ __device__ __forceinline__ u32 lds_u32(u32 addr) {
 
 // A renormalisation word: read-only, and a miss brings the next 256 bytes of the stream into L2
 // (the words are read front to back, a few per step).
+__device__ __forceinline__ void prefetch_l2(const u16* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
 __device__ __forceinline__ u32 ldg_u16_stream(const u16* p) {
     unsigned short v;
     asm("ld.global.nc.L2::256B.u16 %0, [%1];" : "=h"(v) : "l"(p));
@@ -168,11 +172,9 @@ struct StreamCtx {
     const u16* __restrict__ w;   // renormalisation words (a safe address when n_words = 0)
     const u32* __restrict__ ex;  // extra bits
     u32 tb, lb;                  // shared addresses: this table set's tab and lut
-    u32 sp;                      // tab row stride (S | 1)
+    u32 sp;                      // tab row stride (S | 1, from the model)
     u32 n, K, split, n_words, n_bits, n_ex, lt;
     u32 wlim;                    // the last word a lane may read (clamp; see rans_decode_symbol)
-    u32 split4;                  // (128 − split)·0x01010101: byte j + this has bit 7 clear iff
-                                 // class j < split (classes < 16, so no byte carries)
 };
 
 // What the steps of one stream carry.
@@ -336,13 +338,12 @@ __device__ __forceinline__ u32 rans_open(const u8* __restrict__ st, u64 len, con
         b = __ldg(k.ex + n_ex - 1u);
         return R_TAIL_BITS;
     }
-    k.sp = m.S | 1u;
+    k.sp = m.sp;
     k.tb = (u32)__cvta_generic_to_shared(m.tab) + set * m.C * k.sp * 4u;
     k.lb = (u32)__cvta_generic_to_shared(m.lut) + set * LUT_PER_ROW * CPAD;
     k.n = n;
     k.K = m.K;
     k.split = m.split;
-    k.split4 = (128u - m.split) * 0x01010101u;
     k.n_words = n_words;
     k.n_bits = n_bits;
     k.n_ex = n_ex;
@@ -409,58 +410,90 @@ __device__ __forceinline__ u32 rans_close(const RansStream& s, const RansModel& 
 // Groups between flushes of a lane's u32 statistic: 4·2^12 values of < 2^17 stay below 2^31.
 #define STAT_FLUSH_GROUPS 4096u
 
-// Every step of an opened stream. The functor gets `op.group(g)` before the steps 4g..4g+3
-// (for data interleaved like ctx4), `op.value_full(p, v, j)` for every pixel p of the full
+// RANS_PREFETCH 1: each group asks L2 for the stream's words 1 KB ahead of the warp's position.
+#ifndef RANS_PREFETCH
+#define RANS_PREFETCH 1
+#endif
+
+// One full group g of four steps (classes cw): the four symbols, their bucket bits, the
+// statistic, and the values to the functor.
+template <class Op>
+__device__ __forceinline__ void rans_group(RansStream& s, const RansModel& m, u32 lane, Op& op,
+                                           u32 g, u32 cw) {
+    op.group(g);
+#if RANS_PREFETCH
+    // The words of the coming groups into L2 (a group reads ~16–64 bytes of them).
+    prefetch_l2(s.k.w + min(s.d.base + 512u, s.k.wlim));
+#endif
+    // The four symbols first, then (one vote for the group) their bucket bits in step order:
+    // most groups hold no bucket symbol and skip three votes.
+    u32 sym[4];
+#pragma unroll
+    for (u32 j = 0; j < 4u; ++j) {
+        const u32 p = (((g << 2) + j) << 5) + lane;
+        sym[j] = rans_decode_symbol<false>(s.d, s.k, p, __byte_perm(cw, 0u, 0x4440u + j));
+    }
+    const u32 top = max(max(sym[0], sym[1]), max(sym[2], sym[3]));
+    if (__any_sync(FULL_MASK, top >= s.k.K)) {
+#pragma unroll
+        for (u32 j = 0; j < 4u; ++j) sym[j] = rans_bucket_value(s.d, s.k, sym[j], true, lane);
+    }
+    // The statistic: byte j of `fl` is 1 when step j's class is below split; two values per
+    // dp2a (a value above 65535 is garbled here, but fails the stream).
+    const u32 fl = ~((cw + m.split4) >> 7) & 0x01010101u;
+    const u32 q01 = sym[0] | (sym[1] << 16), q23 = sym[2] | (sym[3] << 16);
+    s.d.stat += __dp2a_hi(q23, fl, __dp2a_lo(q01, fl, 0u));
+#pragma unroll
+    for (u32 j = 0; j < 4u; ++j) {
+        const u32 p = (((g << 2) + j) << 5) + lane;
+        op.value_full(p, sym[j], j);
+    }
+}
+
+// Every step of an opened stream. The functor gets `op.fetch(m, g, lane)` one group ahead of
+// group g (returning the group's class word, ctx4's by default; a functor with words of its own
+// per group may load them along: they arrive a group early), `op.group(g)` before the steps
+// 4g..4g+3, `op.value_full(p, v, j)` for every pixel p of the full
 // groups (by the lane holding it; j = the step's place in its group, a compile-time constant
 // there, so a functor may keep a group's four values in registers) and `op.value(p, v, j)` for
 // the pixels of the partial tail (j not constant), and `op.finish()` after the last step.
+// `Op::kSmallFrames`: the host guarantees n ≤ 2^16, so a lane's u32 statistic (≤ 2048 values
+// of < 2^17) needs no flush inside the frame.
 template <class Op>
 __device__ __forceinline__ void rans_run(RansStream& s, const RansModel& m, u32 lane, Op& op) {
     const u32 n = m.n;
     const u32 steps = (n + 31u) >> 5;
     // Groups of four steps in which every lane holds a pixel, then the rest.
     const u32 full_groups = (n >> 5) >> 2;
-    const u32* __restrict__ c4 = m.ctx4 + lane;
     // The classes of the next group are loaded one group ahead (ctx4 has a zero group past
     // the last, rans.rs `interleave4`, so g + 1 ≤ full_groups is always inside it).
-    u32 cw_next = __ldg(c4);
-    for (u32 g0 = 0; g0 < full_groups; g0 += STAT_FLUSH_GROUPS) {
-        const u32 g1 = min(full_groups, g0 + STAT_FLUSH_GROUPS);
-        for (u32 g = g0; g < g1; ++g) {
+    u32 cw_next = op.fetch(m, 0u, lane);
+    if (Op::kSmallFrames) {
+#pragma unroll 2
+        for (u32 g = 0; g < full_groups; ++g) {
             const u32 cw = cw_next;
-            cw_next = __ldg(c4 + ((g + 1u) << 5));
-            op.group(g);
-            // The four symbols first, then (one vote for the group) their bucket bits in step
-            // order: most groups hold no bucket symbol and skip three votes.
-            u32 sym[4];
-#pragma unroll
-            for (u32 j = 0; j < 4u; ++j) {
-                const u32 p = (((g << 2) + j) << 5) + lane;
-                sym[j] = rans_decode_symbol<false>(s.d, s.k, p, __byte_perm(cw, 0u, 0x4440u + j));
-            }
-            const u32 top = max(max(sym[0], sym[1]), max(sym[2], sym[3]));
-            if (__any_sync(FULL_MASK, top >= s.k.K)) {
-#pragma unroll
-                for (u32 j = 0; j < 4u; ++j)
-                    sym[j] = rans_bucket_value(s.d, s.k, sym[j], true, lane);
-            }
-            // The statistic: byte j of `fl` is 1 when step j's class is below split; two
-            // values per dp2a (a value above 65535 is garbled here, but fails the stream).
-            const u32 fl = ~((cw + s.k.split4) >> 7) & 0x01010101u;
-            const u32 q01 = sym[0] | (sym[1] << 16), q23 = sym[2] | (sym[3] << 16);
-            s.d.stat += __dp2a_hi(q23, fl, __dp2a_lo(q01, fl, 0u));
-#pragma unroll
-            for (u32 j = 0; j < 4u; ++j) {
-                const u32 p = (((g << 2) + j) << 5) + lane;
-                op.value_full(p, sym[j], j);
-            }
+            cw_next = op.fetch(m, g + 1u, lane);
+            rans_group(s, m, lane, op, g, cw);
         }
-        s.flush_stat();
+    } else {
+        for (u32 g0 = 0; g0 < full_groups; g0 += STAT_FLUSH_GROUPS) {
+            const u32 g1 = min(full_groups, g0 + STAT_FLUSH_GROUPS);
+            for (u32 g = g0; g < g1; ++g) {
+                const u32 cw = cw_next;
+                cw_next = op.fetch(m, g + 1u, lane);
+                rans_group(s, m, lane, op, g, cw);
+            }
+            s.flush_stat();
+        }
     }
+    // The tail starts at a group boundary (group full_groups, fetched last).
     for (u32 t = full_groups << 2; t < steps; ++t) {
         const u32 g = t >> 2, j = t & 3u;
-        if (j == 0u) op.group(g);  // the tail starts at a group boundary
-        const u32 cw = __ldg(c4 + (g << 5));
+        if (j == 0u) {
+            op.fetch(m, g + 1u, lane);
+            op.group(g);
+        }
+        const u32 cw = __ldg(m.ctx4 + (g << 5) + lane);
         const u32 p = (t << 5) + lane;
         const u32 v = rans_symbol<true>(s.d, s.k, p, (cw >> (8u * j)) & 0xffu, lane);
         if (p < n) op.value(p, v, j);
@@ -493,8 +526,16 @@ __device__ __forceinline__ bool stream_at(const u8* arena, u64 arena_len, const 
 
 // ---- Functors (reductions fused with decode)
 
+// The class word of group g (rans_run's `op.fetch` for functors without words of their own).
+#define RANS_DEFAULT_FETCH                                                                       \
+    __device__ __forceinline__ u32 fetch(const RansModel& m, u32 g, u32 lane) {                  \
+        return __ldg(m.ctx4 + (g << 5) + lane);                                                  \
+    }
+
 // Write the frame as u16 to out[local * n + p].
 struct DenseOut {
+    static constexpr bool kSmallFrames = false;
+    RANS_DEFAULT_FETCH
     u16* out;
     __device__ __forceinline__ void group(u32) {}
     __device__ __forceinline__ void value(u32 p, u32 v, u32) { out[p] = (u16)v; }
@@ -505,6 +546,8 @@ struct DenseOut {
 // Per-frame total count (exact, u64), the smallest fused reduction; the products issue adds the
 // virtual detectors, moments and diffraction sums on the same template.
 struct FrameSum {
+    static constexpr bool kSmallFrames = false;
+    RANS_DEFAULT_FETCH
     u64 acc;
     u32 part;  // since the last group: ≤ 4 values of < 2^17
     __device__ __forceinline__ void group(u32) {
@@ -561,6 +604,8 @@ __device__ __forceinline__ u64 splitmix64(u64 z) {
 // hashes, and any changed pixel changes it unless the differences cancel modulo 2^64. Lets a
 // check compare every decoded frame with the CPU's without moving frames.
 struct FrameHash {
+    static constexpr bool kSmallFrames = false;
+    RANS_DEFAULT_FETCH
     u64 acc;
     __device__ __forceinline__ void group(u32) {}
     __device__ __forceinline__ void value(u32 p, u32 v, u32) { acc += (u64)v * splitmix64(p); }
@@ -690,7 +735,7 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
         for (u32 i = lane; i < map_words; i += 32u) bmap[i] = 0u;
         __syncwarp();
         const u32 row0 = set * m.C;
-        const u32 sp = m.S | 1u;
+        const u32 sp = m.sp;
         // 2. rANS, steps last to first (loads of the next step issued before this one's math).
         u32 x = RANS_L;
         u32 cnt = 0u;
