@@ -1,10 +1,11 @@
 //! The rANS counts codec on the GPU: the wrapper of `kernels/rans.cu` (the only place that
 //! knows its kernel names and launch shapes).
 //!
-//! * [`DeviceModel`]: a [`CountsModel`] uploaded as the kernels read it (packed
-//!   `freq << 16 | cum` rows and a 256-entry coarse symbol lookup per row, staged into shared
-//!   memory by every CTA; the per-pixel context map and the table-set thresholds in global
-//!   memory);
+//! * [`DeviceModel`]: a [`CountsModel`] uploaded as the kernels read it ([`device_tables`]:
+//!   packed `freq << 16 | cum` rows of an odd stride and a 256-bucket coarse symbol lookup
+//!   addressed straight from the state, staged into shared memory by every CTA; the per-pixel
+//!   context map, also in decoder order ([`interleave4`]), and the table-set thresholds in
+//!   global memory);
 //! * [`DeviceEncoded`]: an acquisition held encoded on the GPU — one stream per frame in an
 //!   arena, a 16-byte index entry per frame (the `.qem` StreamIndex layout: offset, length,
 //!   tag), and the model. It decodes frames (to host or device), runs the fused per-frame sum,
@@ -16,8 +17,8 @@
 //!
 //! Errors from a kernel come back through an 8-word record (first failing stream, code,
 //! detail) and become [`Error`]s naming the frame; a corrupt stream never makes a kernel read
-//! or write outside its buffers (rans.cu checks every access against the header counts and the
-//! index against the arena).
+//! or write outside its buffers (rans.cu checks the index against the arena and the header
+//! against the stream, and clamps every word read to the stream's last word).
 
 use std::sync::Arc;
 

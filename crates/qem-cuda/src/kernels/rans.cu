@@ -18,9 +18,11 @@
 // lookup is `(x & 0xff0) | ctx` from the state x (one LOP3). The decoder walks forward from
 // that symbol to the one holding `slot`.
 //
-// Every read of a stream is bounds-checked against its header counts and the stream length
-// from the index; a corrupt stream sets an error record naming the frame and never reads or
-// writes out of bounds.
+// Every read of a stream stays inside it: the header is checked against the stream length from
+// the index, extra bits against their count, and the renormalisation words are read at an
+// index clamped to the last word (a stream that needs more words than it has is caught from
+// the warp's word count at the end). A corrupt stream sets an error record naming the frame
+// and never reads or writes out of bounds; its results are not used.
 
 typedef unsigned char u8;
 typedef unsigned short u16;
