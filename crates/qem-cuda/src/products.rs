@@ -99,11 +99,11 @@ fn row_magic(kc: usize) -> u32 {
     ((1u64 << 32) / kc as u64 + 1) as u32
 }
 
-/// rans.cu `RANS_PREFETCH` for the ENCODED kernels: on unless `QEM_GPU_RANS_PREFETCH=0`
-/// (an A/B switch for benchmarks; read once per process).
-fn word_prefetch() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("QEM_GPU_RANS_PREFETCH").map_or(true, |v| v != "0"))
+/// The ENCODED kernels' decoder options (rans.cu `RANS_PREFETCH`, `RANS_WINDOW`): on unless
+/// the environment variable `name` is `0` — A/B switches for benchmarks, read per module
+/// build (a process keeps the modules it built).
+fn switch_on(name: &str) -> bool {
+    std::env::var(name).map_or(true, |v| v != "0")
 }
 
 /// The ENCODED kernel's per-group words (products.cu `ProdArgs::cb4`): for group `g` and lane
@@ -194,7 +194,11 @@ impl Shape {
             ("PROD_GROUP4".into(), b(self.group4)),
             ("PROD_ROWFLAG".into(), b(self.rowflag)),
             ("PROD_WARPS".into(), self.warps.to_string()),
-            ("RANS_PREFETCH".into(), b(word_prefetch())),
+            (
+                "RANS_PREFETCH".into(),
+                b(switch_on("QEM_GPU_RANS_PREFETCH")),
+            ),
+            ("RANS_WINDOW".into(), b(switch_on("QEM_GPU_RANS_WINDOW"))),
         ]
     }
     fn shared(&self) -> bool {

@@ -40,6 +40,8 @@ pub const KERNEL_SOURCE: &str = include_str!("kernels/rans.cu");
 const KERNEL_FILE: &str = "rans.cu";
 /// Coarse lookup entries per table row (slot >> 4).
 pub const LUT_PER_ROW: usize = 256;
+/// Alignment of the staged lookup in shared memory (rans.cu `stage_model`).
+const LUT_ALIGN: u32 = 4096;
 /// Words of the kernels' error record.
 pub const ERR_WORDS: usize = 8;
 /// Bytes of one index entry.
@@ -55,7 +57,7 @@ const ENCODE_CTAS_PER_SM: u64 = 8;
 /// Bit-staging words per encoder warp (rans.cu).
 const ENCODE_WINDOW_WORDS: u32 = 20;
 
-/// The model argument of every kernel (`RansModel` in rans.cu: 5 pointers then 8 u32).
+/// The model argument of every kernel (`RansModel` in rans.cu: 5 pointers then 10 u32).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct ModelArg {
@@ -74,10 +76,13 @@ pub(crate) struct ModelArg {
     split4: u32,
     /// The table's row stride ([`table_stride`]).
     sp: u32,
+    /// `4·sp`, the row stride in bytes.
+    sp4: u32,
+    pad: u32,
 }
 
 // SAFETY: `ModelArg` is `repr(C)` plain data with the exact layout of `struct RansModel` in
-// rans.cu (five 8-byte pointers, eight 4-byte integers, 72 bytes, 8-byte aligned).
+// rans.cu (five 8-byte pointers, ten 4-byte integers, 80 bytes, 8-byte aligned).
 unsafe impl DeviceRepr for ModelArg {}
 
 /// The rANS kernels loaded into one context.
@@ -259,9 +264,10 @@ impl DeviceModel {
             + self.thr.bytes()) as u64
     }
 
-    /// Shared memory every CTA stages the tables into.
+    /// Shared memory every CTA stages the tables into: the lookup starts at the next 4 KB
+    /// boundary of the shared window after the table (rans.cu `stage_model`).
     pub(crate) fn smem_tables(&self) -> u32 {
-        self.tab_bytes + self.lut_bytes
+        self.tab_bytes + LUT_ALIGN + self.lut_bytes
     }
 
     /// Shared memory of an encoder CTA: the frequency table (no lookup), the warps' bit
@@ -289,6 +295,8 @@ impl DeviceModel {
             split: u32::from(m.split()),
             split4: (128 - u32::from(m.split())).wrapping_mul(0x0101_0101),
             sp: table_stride(m) as u32,
+            sp4: 4 * table_stride(m) as u32,
+            pad: 0,
         }
     }
 }

@@ -109,6 +109,8 @@ struct RansModel {
     u32 split4;  // (128 − split)·0x01010101: byte j + this has bit 7 clear iff class j < split
                  // (classes < 16, so no byte carries); from the host, so no register holds it
     u32 sp;      // tab row stride, S | 1
+    u32 sp4;     // 4·sp, the row stride in bytes
+    u32 pad_;
 };
 
 __device__ __forceinline__ u32 table_set_of(const RansModel& m, u64 stat) {
@@ -117,7 +119,8 @@ __device__ __forceinline__ u32 table_set_of(const RansModel& m, u64 stat) {
     return s;
 }
 
-// Shared memory the staged tables take, in u32 words (tab, then lut; rans.rs `smem_tables`).
+// Shared memory the staged tables take, in u32 words (tab, then lut at the next 4 KB boundary of
+// the shared window; rans.rs `smem_tables` adds the 4 KB the alignment may need).
 __device__ __forceinline__ u32 model_tab_words(const RansModel& m) { return m.T * m.C * m.sp; }
 __device__ __forceinline__ u32 model_smem_words(const RansModel& m) {
     return model_tab_words(m) + ((m.T * LUT_PER_ROW * CPAD) >> 2);
@@ -135,7 +138,10 @@ __device__ RansModel stage_model(RansModel m, u32* smem) {
         m.tab = smem;
         return m;
     }
-    u32* lut_s = smem + tab_words;
+    // The lookup at a 4 KB boundary: a set's lookup is 4 KB, so every set's base has its low
+    // 12 bits zero and the decoder forms an address with one LOP3 ((x & 0xff0) | base | class).
+    const u32 after_tab = (u32)__cvta_generic_to_shared(smem + tab_words);
+    u32* lut_s = smem + tab_words + ((((after_tab + 4095u) & ~4095u) - after_tab) >> 2);
     const u32 lut_words = (m.T * LUT_PER_ROW * CPAD) >> 2;
     const u32* lut_g = (const u32*)m.lut;
     for (u32 i = threadIdx.x; i < lut_words; i += blockDim.x) lut_s[i] = __ldg(lut_g + i);
@@ -169,12 +175,26 @@ __device__ __forceinline__ u32 ldg_u16_stream(const u16* p) {
     return v;
 }
 
+// (x & 0xff0) | lbc as one LOP3 (lbc = a set's 4 KB-aligned lookup base | the class, formed off
+// the state's path; written out so the compiler cannot re-associate the class to the end).
+__device__ __forceinline__ u32 bucket_addr(u32 x, u32 lbc) {
+    u32 a;
+    asm("lop3.b32 %0, %1, 0xff0, %2, 0xea;" : "=r"(a) : "r"(x), "r"(lbc));
+    return a;
+}
+
+// RANS_WINDOW 1: the renormalisation words come from a per-warp window of 32 loaded one step
+// ahead (a shuffle on the state's path), 0: from a load at the lane's index (on the path).
+#ifndef RANS_WINDOW
+#define RANS_WINDOW 1
+#endif
+
 // What the steps of one stream share (constant per stream).
 struct StreamCtx {
     const u16* __restrict__ w;   // renormalisation words (a safe address when n_words = 0)
     const u32* __restrict__ ex;  // extra bits
     u32 tb, lb;                  // shared addresses: this table set's tab and lut
-    u32 sp;                      // tab row stride (S | 1, from the model)
+    u32 sp, sp4;                 // tab row stride (S | 1, from the model), in bytes
     u32 n, K, split, n_words, n_bits, n_ex, lt;
     u32 wlim;                    // the last word a lane may read (clamp; see rans_decode_symbol)
 };
@@ -186,6 +206,7 @@ struct StreamState {
     u32 bitpos;  // extra bits consumed by the warp (≤ 15·n < 2^32)
     u32 stat;    // the lane's statistic since the last flush (≤ 2^14 groups of 4 values < 2^17)
     u32 bad;     // bit 1: bits past n_bits; bit 2: a value above 65535
+    u32 win;     // the word at base + lane (clamped to the last): the warp's next 32 words
 };
 
 // The symbol of step t of a stream for one lane (pixel p = 32t + lane, context class c): the
@@ -193,20 +214,25 @@ struct StreamState {
 // (only the last step when n is not a multiple of 32): a lane past the frame gets symbol 0 and
 // changes nothing. Every lane of the warp calls it (the renormalisation is a warp vote).
 //
-// The renormalisation has no per-lane branch: every lane loads the word at its would-be index
-// (clamped to the stream's last word, so no read leaves the stream) and the lanes that need one
-// take it. A stream that needs more words than it has is caught at the end (rans_close: the
-// warp's count `base` passed n_words); the words read past the end were only ever the last
-// word again, and the result of such a stream is never used.
+// The renormalisation has no per-lane branch and no memory access on the state's path: lane i
+// holds the word at base + i (`win`, a step's 32 possible words, loaded one step ahead at an
+// index clamped to the stream's last word, so no read leaves the stream), and a lane that
+// needs a word takes its own from the window with one shuffle. A stream that needs more words
+// than it has is caught at the end (rans_close: the warp's count `base` passed n_words); the
+// words read past the end were only ever the last word again, and the result of such a
+// stream is never used.
 template <bool TAIL>
 __device__ __forceinline__ u32 rans_decode_symbol(StreamState& d, const StreamCtx& k, u32 p,
-                                                  u32 c) {
+                                                  u32 c, u32 lane) {
     const bool act = !TAIL || p < k.n;
     u32 s = 0u;
     if (act) {
+        // Off the state's path: the class's lookup column and table row.
+        const u32 lbc = k.lb | c;
+        const u32 cb = k.tb + c * k.sp4;
         // The symbol of the bucket's first slot, then its entry.
-        s = lds_u8(k.lb + ((d.x & 0xff0u) | c));
-        u32 ta = k.tb + ((c * k.sp + s) << 2);
+        s = lds_u8(bucket_addr(d.x, lbc));
+        u32 ta = cb + (s << 2);
         u32 e = lds_u32(ta);
         const u32 slot = d.x & PROB_MASK;
         u32 r = slot - (e & 0xffffu);  // ≥ 0: the entry's range starts at or before slot
@@ -221,9 +247,18 @@ __device__ __forceinline__ u32 rans_decode_symbol(StreamState& d, const StreamCt
     }
     const bool need = act && d.x < RANS_L;
     const u32 mk = __ballot_sync(FULL_MASK, need);
+#if RANS_WINDOW
+    const u32 wv = __shfl_sync(FULL_MASK, d.win, __popc(mk & k.lt));
+    if (need) d.x = (d.x << 16) | wv;
+    d.base += __popc(mk);
+    d.win = ldg_u16_stream(k.w + min(d.base + lane, k.wlim));
+#else
+    // Without the window: every lane reads the word at its would-be index (clamped).
     const u32 wv = ldg_u16_stream(k.w + min(d.base + __popc(mk & k.lt), k.wlim));
     if (need) d.x = (d.x << 16) | wv;
     d.base += __popc(mk);
+    (void)lane;
+#endif
     return s;
 }
 
@@ -262,7 +297,7 @@ template <bool TAIL>
 __device__ __forceinline__ u32 rans_symbol(StreamState& d, const StreamCtx& k, u32 p, u32 c,
                                            u32 lane) {
     const bool act = !TAIL || p < k.n;
-    const u32 v = rans_bucket_value(d, k, rans_decode_symbol<TAIL>(d, k, p, c), act, lane);
+    const u32 v = rans_bucket_value(d, k, rans_decode_symbol<TAIL>(d, k, p, c, lane), act, lane);
     if (act && c < k.split) d.stat += v;
     return v;
 }
@@ -341,6 +376,7 @@ __device__ __forceinline__ u32 rans_open(const u8* __restrict__ st, u64 len, con
         return R_TAIL_BITS;
     }
     k.sp = m.sp;
+    k.sp4 = m.sp4;
     k.tb = (u32)__cvta_generic_to_shared(m.tab) + set * m.C * k.sp * 4u;
     k.lb = (u32)__cvta_generic_to_shared(m.lut) + set * LUT_PER_ROW * CPAD;
     k.n = n;
@@ -351,6 +387,9 @@ __device__ __forceinline__ u32 rans_open(const u8* __restrict__ st, u64 len, con
     k.n_ex = n_ex;
     k.lt = lanemask_lt();
     d.base = 0u;
+#if RANS_WINDOW
+    d.win = ldg_u16_stream(k.w + min(lane, k.wlim));
+#endif
     d.bitpos = 0u;
     d.stat = 0u;
     d.bad = 0u;
@@ -433,7 +472,7 @@ __device__ __forceinline__ void rans_group(RansStream& s, const RansModel& m, u3
 #pragma unroll
     for (u32 j = 0; j < 4u; ++j) {
         const u32 p = (((g << 2) + j) << 5) + lane;
-        sym[j] = rans_decode_symbol<false>(s.d, s.k, p, __byte_perm(cw, 0u, 0x4440u + j));
+        sym[j] = rans_decode_symbol<false>(s.d, s.k, p, __byte_perm(cw, 0u, 0x4440u + j), lane);
     }
     const u32 top = max(max(sym[0], sym[1]), max(sym[2], sym[3]));
     if (__any_sync(FULL_MASK, top >= s.k.K)) {
