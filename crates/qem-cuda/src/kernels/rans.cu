@@ -204,7 +204,8 @@ struct StreamState {
     u32 x;       // the lane's rANS state
     u32 base;    // words consumed by the warp (> n_words: a word was needed past the end)
     u32 bitpos;  // extra bits consumed by the warp (≤ 15·n < 2^32)
-    u32 stat;    // the lane's statistic since the last flush (≤ 2^14 groups of 4 values < 2^17)
+    u32 stat;    // the lane's statistic since the last flush (≤ STAT_FLUSH_GROUPS groups of 4
+                 // values < 2^17, or the whole frame when n ≤ 2^16: < 2^31 either way)
     u32 bad;     // bit 1: bits past n_bits; bit 2: a value above 65535
     u32 win;     // the word at base + lane (clamped to the last): the warp's next 32 words
 };
