@@ -424,7 +424,9 @@ struct ProdDecodeOp {
     __device__ __forceinline__ void finish() {}
 };
 
-extern "C" __global__ void __launch_bounds__(PROD_WARPS * 32)
+// ENCODED: at least 32 / PROD_WARPS CTAs per SM (≤ 64 registers: 32 warps), as the
+// decode is latency-bound and wants the warps more than the registers.
+extern "C" __global__ void __launch_bounds__(PROD_WARPS * 32, 32 / PROD_WARPS)
     qem_products_encoded(const u8* __restrict__ arena, u64 arena_len,
                          const u32* __restrict__ index, RansModel m, ProdArgs a, u32* err) {
     extern __shared__ __align__(16) u32 smem_p[];
