@@ -9,10 +9,8 @@ source "$(dirname "$0")/device_lib.sh"
 export QEM_GIT_REVISION=${QEM_GIT_REVISION:-unknown}
 cat /proc/loadavg > "$R/host.txt"
 make_reference
-step "products check" products_check.log timeout 120 $D/qem-cuda-products-check --load /tmp/ref/scan_master.h5 --repeats 10 --out "$R/products"
-grep -E "^(encoded|dense) |ALL|FAIL" "$R/products_check.log" | head -16
-step "facade bench" facade_products.log timeout 120 $D/cuda_products_bench /tmp/ref/scan_master.h5 "$R/facade_products.json" 10
-grep -E "^(encoded|dense) " "$R/facade_products.log"
+products_check
+facade_bench
 if [ "${NCU:-0}" = 1 ]; then
   NCU_BIN=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
   S="--section SpeedOfLight --section LaunchStats --section SchedulerStats --section InstructionStats --section Occupancy ${NCU_EXTRA:-}"

@@ -8,7 +8,7 @@
 export QEM_GIT_REVISION=37da410 NCU=1
 bash "$(dirname "$0")/device_checks.sh"; r=$?
 source "$(dirname "$0")/device_lib.sh"
-STEP_BUDGET=560 step "cupy" cupy.log timeout 90 python3 bench/scripts/cupy_products.py /tmp/ref/scan_master.h5 "$R/cupy_products.json" 10
-tail -3 "$R/cupy.log"
+STEP_BUDGET=580
+cupy_step
 pack
 exit $((r|rc))
