@@ -99,13 +99,6 @@ fn row_magic(kc: usize) -> u32 {
     ((1u64 << 32) / kc as u64 + 1) as u32
 }
 
-/// The ENCODED kernels' decoder options (rans.cu `RANS_PREFETCH`, `RANS_WINDOW`): on unless
-/// the environment variable `name` is `0` — A/B switches for benchmarks, read per module
-/// build (a process keeps the modules it built).
-fn switch_on(name: &str) -> bool {
-    std::env::var(name).map_or(true, |v| v != "0")
-}
-
 /// The ENCODED kernel's per-group words (products.cu `ProdArgs::cb4`): for group `g` and lane
 /// `l`, words `2·(32g + l)` and `2·(32g + l) + 1` are word `32g + l` of
 /// [`rans::interleave4`] of the context classes and of the mask bytes (one zero group past the
@@ -194,11 +187,6 @@ impl Shape {
             ("PROD_GROUP4".into(), b(self.group4)),
             ("PROD_ROWFLAG".into(), b(self.rowflag)),
             ("PROD_WARPS".into(), self.warps.to_string()),
-            (
-                "RANS_PREFETCH".into(),
-                b(switch_on("QEM_GPU_RANS_PREFETCH")),
-            ),
-            ("RANS_WINDOW".into(), b(switch_on("QEM_GPU_RANS_WINDOW"))),
         ]
     }
     fn shared(&self) -> bool {

@@ -119,12 +119,9 @@ __device__ __forceinline__ u32 table_set_of(const RansModel& m, u64 stat) {
     return s;
 }
 
-// Shared memory the staged tables take, in u32 words (tab, then lut at the next 4 KB boundary of
-// the shared window; rans.rs `smem_tables` adds the 4 KB the alignment may need).
+// Words of the staged tab (the lut follows at the next 4 KB boundary of the shared window;
+// rans.rs `smem_tables` adds the 4 KB the alignment may need).
 __device__ __forceinline__ u32 model_tab_words(const RansModel& m) { return m.T * m.C * m.sp; }
-__device__ __forceinline__ u32 model_smem_words(const RansModel& m) {
-    return model_tab_words(m) + ((m.T * LUT_PER_ROW * CPAD) >> 2);
-}
 
 // Stage the tables of `m` (global) into dynamic shared memory: tab first (u32), then lut.
 // Returns the model pointing at shared memory. Call from every thread of the block.
@@ -164,11 +161,12 @@ __device__ __forceinline__ u32 lds_u32(u32 addr) {
     return v;
 }
 
-// A renormalisation word: read-only, and a miss brings the next 256 bytes of the stream into L2
-// (the words are read front to back, a few per step).
+// Ask L2 for the line at p (the words of coming groups).
 __device__ __forceinline__ void prefetch_l2(const u16* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
+// A renormalisation word: read-only, and a miss brings the next 256 bytes of the stream into L2
+// (the words are read front to back, a few per step).
 __device__ __forceinline__ u32 ldg_u16_stream(const u16* p) {
     unsigned short v;
     asm("ld.global.nc.L2::256B.u16 %0, [%1];" : "=h"(v) : "l"(p));
@@ -183,18 +181,12 @@ __device__ __forceinline__ u32 bucket_addr(u32 x, u32 lbc) {
     return a;
 }
 
-// RANS_WINDOW 1: the renormalisation words come from a per-warp window of 32 loaded one step
-// ahead (a shuffle on the state's path), 0: from a load at the lane's index (on the path).
-#ifndef RANS_WINDOW
-#define RANS_WINDOW 1
-#endif
-
 // What the steps of one stream share (constant per stream).
 struct StreamCtx {
     const u16* __restrict__ w;   // renormalisation words (a safe address when n_words = 0)
     const u32* __restrict__ ex;  // extra bits
     u32 tb, lb;                  // shared addresses: this table set's tab and lut
-    u32 sp, sp4;                 // tab row stride (S | 1, from the model), in bytes
+    u32 sp4;                     // tab row stride in bytes (4·(S | 1), from the model)
     u32 n, K, split, n_words, n_bits, n_ex, lt;
     u32 wlim;                    // the last word a lane may read (clamp; see rans_decode_symbol)
 };
@@ -248,18 +240,10 @@ __device__ __forceinline__ u32 rans_decode_symbol(StreamState& d, const StreamCt
     }
     const bool need = act && d.x < RANS_L;
     const u32 mk = __ballot_sync(FULL_MASK, need);
-#if RANS_WINDOW
     const u32 wv = __shfl_sync(FULL_MASK, d.win, __popc(mk & k.lt));
     if (need) d.x = (d.x << 16) | wv;
     d.base += __popc(mk);
     d.win = ldg_u16_stream(k.w + min(d.base + lane, k.wlim));
-#else
-    // Without the window: every lane reads the word at its would-be index (clamped).
-    const u32 wv = ldg_u16_stream(k.w + min(d.base + __popc(mk & k.lt), k.wlim));
-    if (need) d.x = (d.x << 16) | wv;
-    d.base += __popc(mk);
-    (void)lane;
-#endif
     return s;
 }
 
@@ -376,9 +360,8 @@ __device__ __forceinline__ u32 rans_open(const u8* __restrict__ st, u64 len, con
         b = __ldg(k.ex + n_ex - 1u);
         return R_TAIL_BITS;
     }
-    k.sp = m.sp;
     k.sp4 = m.sp4;
-    k.tb = (u32)__cvta_generic_to_shared(m.tab) + set * m.C * k.sp * 4u;
+    k.tb = (u32)__cvta_generic_to_shared(m.tab) + set * m.C * k.sp4;
     k.lb = (u32)__cvta_generic_to_shared(m.lut) + set * LUT_PER_ROW * CPAD;
     k.n = n;
     k.K = m.K;
@@ -388,9 +371,7 @@ __device__ __forceinline__ u32 rans_open(const u8* __restrict__ st, u64 len, con
     k.n_ex = n_ex;
     k.lt = lanemask_lt();
     d.base = 0u;
-#if RANS_WINDOW
     d.win = ldg_u16_stream(k.w + min(lane, k.wlim));
-#endif
     d.bitpos = 0u;
     d.stat = 0u;
     d.bad = 0u;
@@ -452,21 +433,14 @@ __device__ __forceinline__ u32 rans_close(const RansStream& s, const RansModel& 
 // Groups between flushes of a lane's u32 statistic: 4·2^12 values of < 2^17 stay below 2^31.
 #define STAT_FLUSH_GROUPS 4096u
 
-// RANS_PREFETCH 1: each group asks L2 for the stream's words 1 KB ahead of the warp's position.
-#ifndef RANS_PREFETCH
-#define RANS_PREFETCH 1
-#endif
-
 // One full group g of four steps (classes cw): the four symbols, their bucket bits, the
 // statistic, and the values to the functor.
 template <class Op>
 __device__ __forceinline__ void rans_group(RansStream& s, const RansModel& m, u32 lane, Op& op,
                                            u32 g, u32 cw) {
     op.group(g);
-#if RANS_PREFETCH
-    // The words of the coming groups into L2 (a group reads ~16–64 bytes of them).
+    // The words of the coming groups into L2, 1 KB ahead (a group reads ~16–64 bytes of them).
     prefetch_l2(s.k.w + min(s.d.base + 512u, s.k.wlim));
-#endif
     // The four symbols first, then (one vote for the group) their bucket bits in step order:
     // most groups hold no bucket symbol and skip three votes.
     u32 sym[4];
