@@ -4,7 +4,7 @@
 # words (A/B: the products check again with QEM_GPU_RANS_PREFETCH=0). The final-code checks with
 # Nsight Compute (warp states with details) and CuPy on the same data. Carried: device_carry/.
 # (The steps are now device_lib.sh functions; when it ran, the A/B log was products_check_no*.log.)
-# (The A/B switches QEM_GPU_RANS_PREFETCH / QEM_GPU_RANS_WINDOW were removed after run 28: the
+# (The A/B switches QEM_GPU_RANS_PREFETCH / QEM_GPU_RANS_WINDOW were removed after run 29: the
 # window and the prefetch are always on in the final code.)
 export QEM_GIT_REVISION=d8f2870 NCU=1 NCU_EXTRA="--section WarpStateStats --print-details all"
 bash "$(dirname "$0")/device_checks.sh"; r=$?

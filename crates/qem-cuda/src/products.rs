@@ -100,12 +100,12 @@ fn row_magic(kc: usize) -> u32 {
 }
 
 /// The ENCODED kernel's per-group words (products.cu `ProdArgs::cb4`): for group `g` and lane
-/// `l`, words `2·(32g + l)` and `2·(32g + l) + 1` are word `32g + l` of
-/// [`rans::interleave4`] of the context classes and of the mask bytes (one zero group past the
-/// last, as there).
-fn class_bits4(ctx_map: &[u8], bits: &[u8]) -> Vec<u32> {
-    let (c4, b4) = (rans::interleave4(ctx_map), rans::interleave4(bits));
-    c4.iter().zip(&b4).flat_map(|(&c, &b)| [c, b]).collect()
+/// `l`, words `2·(32g + l)` and `2·(32g + l) + 1` are word `32g + l` of the model's context
+/// classes in decoder order (`ctx4`, [`rans::interleave4`]) and of [`rans::interleave4`] of the
+/// mask bytes (one zero group past the last, as there).
+fn class_bits4(ctx4: &[u32], bits: &[u8]) -> Vec<u32> {
+    let b4 = rans::interleave4(bits);
+    ctx4.iter().zip(&b4).flat_map(|(&c, &b)| [c, b]).collect()
 }
 
 /// Bits 6 and 7 of the ENCODED mask bytes (products.cu `PROD_ROWFLAG`), per pixel `p` of an
@@ -520,7 +520,7 @@ fn run(
             // Dense kernels read `bits` by pixel, the ENCODED one in the decoder's order beside
             // the model's classes (one 8-byte load per four steps, [`class_bits4`]).
             if let Data::Encoded(enc) = &data {
-                let cb = class_bits4(enc.model().ctx_map(), &bits);
+                let cb = class_bits4(enc.ctx4(), &bits);
                 let b4 = upload(gpu, &cb, "classes and mask bits (decoder order)")?;
                 a.cb4 = b4.ptr();
                 bufs.push(b4);
@@ -905,7 +905,7 @@ mod tests {
         for n in [36_864usize, 1000, 100] {
             let ctx: Vec<u8> = (0..n).map(|p| (p % 13) as u8).collect();
             let bits: Vec<u8> = (0..n).map(|p| (p * 7 % 251) as u8).collect();
-            let cb = class_bits4(&ctx, &bits);
+            let cb = class_bits4(&rans::interleave4(&ctx), &bits);
             let groups = n.div_ceil(32).div_ceil(4) + 1;
             assert_eq!(cb.len(), 2 * 32 * groups, "n {n}");
             for g in 0..groups {

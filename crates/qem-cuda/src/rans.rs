@@ -207,6 +207,8 @@ pub fn interleave4(map: &[u8]) -> Vec<u32> {
 #[derive(Debug)]
 pub struct DeviceModel {
     model: CountsModel,
+    /// The context map in decoder order as uploaded (products pair it with their mask bits).
+    ctx4_host: Vec<u32>,
     ctx: DevBuf,
     ctx4: DevBuf,
     tab: DevBuf,
@@ -244,6 +246,7 @@ impl DeviceModel {
             model,
             ctx: d_ctx,
             ctx4: d_ctx4,
+            ctx4_host: ctx4,
             tab: d_tab,
             lut: d_lut,
             thr: d_thr,
@@ -253,6 +256,11 @@ impl DeviceModel {
     /// The host model.
     pub fn model(&self) -> &CountsModel {
         &self.model
+    }
+
+    /// The context map in decoder order ([`interleave4`] of the model's map).
+    pub fn ctx4(&self) -> &[u32] {
+        &self.ctx4_host
     }
 
     /// Device bytes held.
@@ -512,6 +520,11 @@ impl DeviceEncoded {
     /// The model.
     pub fn model(&self) -> &CountsModel {
         self.model.model()
+    }
+
+    /// The model's context map in decoder order ([`DeviceModel::ctx4`]).
+    pub fn ctx4(&self) -> &[u32] {
+        self.model.ctx4()
     }
 
     /// CUDA device ordinal.
