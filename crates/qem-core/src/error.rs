@@ -27,6 +27,11 @@ pub enum ErrorKind {
     BackendUnavailable,
     /// The plan needs more memory than the budget allows.
     MemoryBudget,
+    /// The GPU context hit a sticky fault (an illegal address, a failed launch): everything
+    /// resident on that device is lost and every later call on it fails with this kind, naming
+    /// the first fault and the operation where it happened. The process must be restarted to
+    /// use the device again; the CPU backend keeps working.
+    DeviceLost,
     /// An operating-system I/O error (open, read, write).
     Io,
     /// A file written by this library fails its own integrity checks, or a broken invariant.
@@ -39,7 +44,7 @@ impl ErrorKind {
         match self {
             ErrorKind::InvalidArgument => 2,
             ErrorKind::Source | ErrorKind::Decode | ErrorKind::Overflow | ErrorKind::Io => 3,
-            ErrorKind::BackendUnavailable => 4,
+            ErrorKind::BackendUnavailable | ErrorKind::DeviceLost => 4,
             ErrorKind::MemoryBudget => 5,
             ErrorKind::Internal => 1,
         }

@@ -6,7 +6,7 @@
 //! [`ErrorKind::BackendUnavailable`](qem_core::ErrorKind) error, never a panic.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream, DriverError};
@@ -62,14 +62,89 @@ impl DeviceInfo {
     }
 }
 
-/// Turn a driver error into a typed error (`op` names what was attempted).
+/// Turn a driver error into a typed error (`op` names what was attempted). A sticky fault
+/// ([`is_sticky`]) is latched in [`LOST`] and reported as [`ErrorKind::DeviceLost`].
 pub(crate) fn driver_error(op: &str, e: DriverError) -> Error {
+    if is_sticky(e.0) {
+        return LOST.note(op, &format!("{e}"));
+    }
     let kind = if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
         ErrorKind::MemoryBudget
     } else {
         ErrorKind::Internal
     };
     Error::new(kind, op.to_string(), format!("CUDA driver error: {e}"))
+}
+
+/// Driver results after which the context is unusable: every later call in the process fails
+/// (CUDA's "sticky" errors, from a kernel's illegal access, trap or failed launch).
+pub(crate) fn is_sticky(code: sys::CUresult) -> bool {
+    use sys::CUresult as R;
+    matches!(
+        code,
+        R::CUDA_ERROR_ILLEGAL_ADDRESS
+            | R::CUDA_ERROR_LAUNCH_FAILED
+            | R::CUDA_ERROR_MISALIGNED_ADDRESS
+            | R::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | R::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | R::CUDA_ERROR_INVALID_PC
+            | R::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | R::CUDA_ERROR_ASSERT
+            | R::CUDA_ERROR_LAUNCH_TIMEOUT
+            | R::CUDA_ERROR_ECC_UNCORRECTABLE
+            | R::CUDA_ERROR_CONTEXT_IS_DESTROYED
+    )
+}
+
+/// The first sticky fault of a context: where it happened and what the driver said. After it,
+/// every entry point of the engine answers one [`ErrorKind::DeviceLost`] error naming it,
+/// instead of a confusing later error, a hang, or a result computed from lost memory.
+#[derive(Debug, Default)]
+pub struct LostLatch {
+    first: OnceLock<(String, String)>,
+}
+
+impl LostLatch {
+    /// Record a sticky fault seen in `op` (only the first one is kept) and return the
+    /// error for this call.
+    pub fn note(&self, op: &str, driver: &str) -> Error {
+        self.first
+            .get_or_init(|| (op.to_string(), driver.to_string()));
+        self.error(op).unwrap_or_else(|| Error::internal(op, driver.to_string()))
+    }
+
+    /// The `DeviceLost` error for a call to `op`, if a fault was recorded.
+    pub fn error(&self, op: &str) -> Option<Error> {
+        self.first.get().map(|(first_op, driver)| {
+            Error::new(
+                ErrorKind::DeviceLost,
+                op.to_string(),
+                format!(
+                    "the GPU context is lost: the first fault was {driver} in `{first_op}`; \
+                     everything resident on the GPU is gone, and every CUDA call in this process \
+                     will fail — restart the process (the CPU backend still works)"
+                ),
+            )
+        })
+    }
+
+    /// `Ok` while no fault has been recorded, else the `DeviceLost` error for `op`.
+    pub fn check(&self, op: &str) -> Result<()> {
+        match self.error(op) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// This process's latch (one context: device 0's primary context).
+pub(crate) static LOST: LostLatch = LostLatch {
+    first: OnceLock::new(),
+};
+
+/// `Ok` while the process's CUDA context is usable, else the `DeviceLost` error for `op`.
+pub fn check_alive(op: &str) -> Result<()> {
+    LOST.check(op)
 }
 
 /// Run `f`, turning a panic inside cudarc (a missing library or symbol) into a
@@ -291,6 +366,34 @@ mod tests {
                 assert!(info.total_mem_bytes > 0);
             }
         }
+    }
+
+    #[test]
+    fn a_sticky_fault_is_latched_and_named_by_every_later_call() {
+        let latch = LostLatch::default();
+        assert!(latch.check("load").is_ok());
+        let e = latch.note("launch products (encoded)", "CUDA_ERROR_ILLEGAL_ADDRESS");
+        assert_eq!(e.kind, ErrorKind::DeviceLost, "{e}");
+        // A second fault does not replace the first.
+        let _ = latch.note("synchronize", "CUDA_ERROR_LAUNCH_FAILED");
+        let later = latch.check("detector bf").unwrap_err();
+        assert_eq!(later.kind, ErrorKind::DeviceLost);
+        assert_eq!(later.op, "detector bf");
+        let msg = later.to_string();
+        assert!(msg.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{msg}");
+        assert!(msg.contains("launch products (encoded)"), "{msg}");
+        assert!(!msg.contains("LAUNCH_FAILED"), "{msg}");
+        assert_eq!(later.kind.exit_code(), 4);
+    }
+
+    #[test]
+    fn only_context_killing_results_are_sticky() {
+        use sys::CUresult as R;
+        assert!(is_sticky(R::CUDA_ERROR_ILLEGAL_ADDRESS));
+        assert!(is_sticky(R::CUDA_ERROR_LAUNCH_FAILED));
+        assert!(!is_sticky(R::CUDA_ERROR_OUT_OF_MEMORY));
+        assert!(!is_sticky(R::CUDA_ERROR_INVALID_VALUE));
+        assert!(!is_sticky(R::CUDA_SUCCESS));
     }
 
     #[test]

@@ -92,8 +92,10 @@ impl Engine {
 static ENGINE: OnceLock<Result<Engine>> = OnceLock::new();
 
 /// The shared engine, created on the first call (a failure is remembered: CUDA that is not
-/// usable now will not become usable later in the same process).
+/// usable now will not become usable later in the same process). After a sticky fault
+/// ([`crate::device::check_alive`]) every call answers the `DeviceLost` error naming it.
 pub fn engine() -> Result<&'static Engine> {
+    crate::device::check_alive("cuda engine")?;
     ENGINE
         .get_or_init(|| {
             let gpu = Gpu::new(0)?;

@@ -24,6 +24,7 @@
 pub mod bslz4;
 pub mod device;
 pub mod engine;
+pub mod fault;
 pub mod fft;
 pub mod load;
 pub mod mem;
@@ -34,7 +35,7 @@ pub mod ssb;
 pub mod transform;
 
 pub use bslz4::{Bslz4Batch, Bslz4Kernels, DeviceBatch, LaunchShape};
-pub use device::{describe, probe, DeviceInfo, Gpu};
+pub use device::{check_alive, describe, probe, DeviceInfo, Gpu};
 pub use engine::{engine, engine_info, Engine};
 pub use load::{
     encode_device_array, load_array, load_source, load_source_encoded, DeviceArray, EncodeOptions,

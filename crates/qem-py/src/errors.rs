@@ -38,6 +38,12 @@ pyo3::create_exception!(
 );
 pyo3::create_exception!(
     quantem.gpu,
+    DeviceLostError,
+    QuantemError,
+    "The GPU context hit a sticky fault: everything resident on it is lost; the message names the first fault and where it happened. Restart the process to use the GPU again (the CPU backend keeps working)."
+);
+pyo3::create_exception!(
+    quantem.gpu,
     MemoryBudgetError,
     QuantemError,
     "The operation needs more memory than the budget allows."
@@ -104,6 +110,7 @@ fn class_for<'py>(py: Python<'py>, kind: ErrorKind) -> PyResult<Bound<'py, PyTyp
         ErrorKind::Overflow => dual.overflow.bind(py).clone(),
         ErrorKind::BackendUnavailable => py.get_type::<BackendUnavailableError>(),
         ErrorKind::MemoryBudget => py.get_type::<MemoryBudgetError>(),
+        ErrorKind::DeviceLost => py.get_type::<DeviceLostError>(),
         ErrorKind::Io => dual.io.bind(py).clone(),
         ErrorKind::Internal => py.get_type::<QuantemError>(),
     })
@@ -117,6 +124,7 @@ fn kind_name(kind: ErrorKind) -> &'static str {
         ErrorKind::Overflow => "overflow",
         ErrorKind::BackendUnavailable => "backend_unavailable",
         ErrorKind::MemoryBudget => "memory_budget",
+        ErrorKind::DeviceLost => "device_lost",
         ErrorKind::Io => "io",
         ErrorKind::Internal => "internal",
     }
@@ -166,6 +174,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         py.get_type::<BackendUnavailableError>(),
     )?;
     m.add("MemoryBudgetError", py.get_type::<MemoryBudgetError>())?;
+    m.add("DeviceLostError", py.get_type::<DeviceLostError>())?;
     let dual = dual_types(py)?;
     m.add("InvalidArgumentError", dual.invalid_argument.bind(py))?;
     m.add("DtypeOverflowError", dual.overflow.bind(py))?;

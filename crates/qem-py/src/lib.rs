@@ -149,6 +149,13 @@ fn resolve_backend(name: &str) -> PyResult<String> {
     Ok(qem::resolve_backend(request).py()?.name().to_string())
 }
 
+/// Make the CUDA context lost on purpose (tests of how a lost device is reported): raises the
+/// `DeviceLostError` the fault produced.
+#[pyfunction]
+fn _inject_cuda_fault(py: Python<'_>) -> PyResult<()> {
+    py.detach(qem::backend::inject_cuda_fault).py()
+}
+
 /// Run the `quantem-gpu` command line with `argv` (program name first); returns the exit code.
 #[pyfunction]
 fn cli_main(py: Python<'_>, argv: Vec<OsString>) -> i32 {
@@ -168,6 +175,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(backends, m)?)?;
     m.add_function(wrap_pyfunction!(resolve_backend, m)?)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
+    m.add_function(wrap_pyfunction!(_inject_cuda_fault, m)?)?;
     products::register(m)?;
     ssb::register(m)?;
     Ok(())

@@ -150,18 +150,33 @@ pub fn available_backends() -> Vec<BackendInfo> {
     ]
 }
 
+/// Make the CUDA context lost on purpose (`qem_cuda::fault::inject_fault`), for tests of how
+/// a lost device is reported. Returns the error the fault produced.
+#[doc(hidden)]
+pub fn inject_cuda_fault() -> Result<()> {
+    qem_cuda::fault::inject_fault()
+}
+
 /// Resolve a request to a usable backend, or a `BackendUnavailable` error with the reason.
 pub fn resolve_backend(request: BackendRequest) -> Result<Backend> {
     match request {
         BackendRequest::Cpu => Ok(Backend::Cpu),
-        BackendRequest::Auto => Ok(if qem_cuda::engine().is_ok() {
-            Backend::Cuda
-        } else {
-            Backend::Cpu
-        }),
+        BackendRequest::Auto => match qem_cuda::engine() {
+            Ok(_) => Ok(Backend::Cuda),
+            // A lost context is said, never papered over by a CPU run.
+            Err(e) if e.kind == qem_core::ErrorKind::DeviceLost => Err(e),
+            Err(_) => Ok(Backend::Cpu),
+        },
         BackendRequest::Cuda => match qem_cuda::engine() {
             Ok(_) => Ok(Backend::Cuda),
-            Err(e) if e.kind == qem_core::ErrorKind::BackendUnavailable => Err(e),
+            Err(e)
+                if matches!(
+                    e.kind,
+                    qem_core::ErrorKind::BackendUnavailable | qem_core::ErrorKind::DeviceLost
+                ) =>
+            {
+                Err(e)
+            }
             Err(e) => Err(Error::backend_unavailable("cuda", e.to_string())),
         },
         BackendRequest::Mps => Err(Error::backend_unavailable("mps", mps_unavailable_reason())),

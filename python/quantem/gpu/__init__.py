@@ -17,6 +17,7 @@ from quantem.gpu import detector, device, dpc, io, ssb
 from quantem.gpu._native import (
     BackendUnavailableError,
     DecodeError,
+    DeviceLostError,
     DtypeOverflowError,
     InvalidArgumentError,
     MemoryBudgetError,
@@ -33,6 +34,7 @@ __all__ = [
     "Dataset",
     "Dataset4dstemGPU",
     "DecodeError",
+    "DeviceLostError",
     "DtypeOverflowError",
     "InvalidArgumentError",
     "MemoryBudgetError",
