@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# The one device script: runs on the GPU machine from the repository root, with device_carry/
+# carried (made here by bench/prepare_carry.sh; it builds nothing). Usage:
+#
+#   bench/device.sh MODE [MODE ...]
+#
+#   checks    qem-cuda-check on the bslz4 vectors, malformed and mutated chunks (GPU = CPU verdicts);
+#             the synthetic qem-cuda-products-check and qem-cuda-rans-check cases; the Rust ssb
+#             tests (CPU reference vs CUDA); the GPU-facing pytest files (PYTEST_FILES, or "all")
+#   load      the 512² × 192² reference acquisition: qem-cuda-load-check (dense, every frame =
+#             CPU), qem-cuda-rans-check (ENCODED load, every frame hash = CPU, .qem round trip),
+#             `quantem-gpu bench load --backend cuda --cpu-check` (the façade); CUPY=1 adds a
+#             run with --cupy (h5py + hdf5plugin + cupy.asarray, ~2 min)
+#   products  qem-cuda-products-check on the reference (ENCODED and dense, GPU = CPU), the
+#             façade bench (cuda_products_bench: products, dpc.run), CuPy on the same dense array
+#             (bench/cupy_products.py)
+#   ssb       ssb_cuda_bench on the reference (r = 30 px, with a 6 GiB card budget and a CPU check
+#             of a 64² region), on r = 53 px (resident ENCODED, then host-held data under 6 GiB),
+#             and `quantem-gpu ssb --fit`
+#   sanitize  compute-sanitizer memcheck over qem-cuda-check --sanitize-subset, the synthetic
+#             products check and qem-cuda-load-check (full and region + bin) on a 32² acquisition
+#   profile   Nsight Compute: the dense and ENCODED product kernels, the SSB accumulate kernel,
+#             the rANS frame sums
+#   soak      python3 device_carry/tests/gpu_soak.py --out "$OUT/soak" (when it was carried)
+#   all       checks load products ssb sanitize soak (longer than one 10-minute call: the steps
+#             past STEP_BUDGET are skipped and say so)
+#
+# Environment: OUT (default /tmp/out): everything goes under it — raw outputs and logs in
+# $OUT/res, the records under the names bench/results/ uses in $OUT/records — and all of it is
+# packed into $OUT/results.tgz (rewritten after every step, so a run cut short still returns
+# what it did). STEP_BUDGET (seconds, default 560): later steps are skipped. QEM_GIT_REVISION
+# (default: device_carry/REVISION, written by prepare_carry.sh) names the code in the records.
+# Exit status: the OR of the steps' statuses (2 on bad usage or a missing carry).
+set -uo pipefail
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
+[ $# -ge 1 ] || usage
+D=$PWD/device_carry
+[ -x "$D/qem-cuda-products-check" ] || { echo "no device_carry/ here: run bench/prepare_carry.sh and carry it" >&2; exit 2; }
+OUT=${OUT:-/tmp/out}; R=$OUT/res; REC=$OUT/records; mkdir -p "$R" "$REC"
+export PYTHONPATH=$D/site:$D/h5p PATH=$D/site/bin:$PATH
+export QEM_GIT_REVISION=${QEM_GIT_REVISION:-$(cat "$D/REVISION" 2>/dev/null || echo unknown)}
+STEP_BUDGET=${STEP_BUDGET:-560}
+GIB6=6442450944
+REF=/tmp/ref/scan_master.h5
+rc=0
+
+pack() { ( cd "$OUT" && tar czf results.tgz.part --exclude='results.tgz*' . && mv results.tgz.part results.tgz ); }
+step() { # NAME LOG CMD...: CMD's output into $R/LOG, its status ORed into rc
+  local name=$1 log=$2; shift 2
+  if [ "$SECONDS" -ge "$STEP_BUDGET" ]; then echo "$name: skipped (STEP_BUDGET ${STEP_BUDGET}s)"; return; fi
+  "$@" > "$R/$log" 2>&1; local r=$?; rc=$((rc | r)); echo "$name: rc=$r (${SECONDS}s)"; pack
+}
+record() { # SRC NAME: a record under the stable name bench/results/ gives it
+  local src
+  for src in $1; do [ -f "$src" ] && cp "$src" "$REC/$2" && return; done
+  echo "record $2: no $1"
+}
+tool() { # the first of NAME and /usr/local/cuda*/bin/NAME
+  command -v "$1" || ls /usr/local/cuda*/bin/"$1" 2>/dev/null | head -1
+}
+acquisition() { # DIR [VAR=VALUE ...]: the anchor's reference generator, once per machine
+  local dir=$1; shift
+  if [ ! -f "$dir/scan_master.h5" ]; then
+    step "generate $dir" "generate_$(basename "$dir").log" env "$@" python3 "$D/make_reference_acquisition.py" "$dir"
+  fi
+  cat "$dir"/*.h5 > /dev/null 2>&1 # warm page cache: the load figures are warm-cache figures
+}
+
+mode_checks() {
+  step "bslz4 kernel check" bslz4_check.log timeout 120 "$D/qem-cuda-check" --vectors "$D/vectors" --out "$R/bslz4"
+  record "$R/bslz4/cuda_bslz4_check.json" h200_bslz4_check.json
+  step "products check (synthetic)" products_synth.log timeout 120 "$D/qem-cuda-products-check" --out "$R/products_synth"
+  step "rans check (synthetic)" rans_synth.log timeout 120 "$D/qem-cuda-rans-check" --out "$R/rans_synth"
+  step "rust ssb tests" ssb_tests.log timeout 150 "$D/ssb_tests" --nocapture --test-threads 1
+  record "$R/ssb_tests.log" h200_ssb_tests.txt
+  local files=${PYTEST_FILES:-test_cuda.py test_products.py test_dpc.py test_ssb.py test_encoded.py}
+  [ "$files" = all ] && files=.
+  step "pytest ($files)" pytest_gpu.log bash -c "cd '$D/tests/python' && timeout 300 python3 -m pytest -q -p no:cacheprovider -rs $files"
+  tail -2 "$R/pytest_gpu.log"
+}
+
+mode_load() {
+  acquisition /tmp/ref
+  step "dense load check" load_dense.log timeout 150 "$D/qem-cuda-load-check" --load "$REF" --repeats 5 --out "$R/load_dense"
+  step "encoded load (rans check)" load_encoded.log timeout 150 "$D/qem-cuda-rans-check" --load "$REF" --repeats 5 --qem /tmp/ref.qem --out "$R/load_encoded"
+  rm -f /tmp/ref.qem
+  record "$R/load_encoded/rans_check.json" h200_load_encoded.json
+  step "facade bench load" load_facade.log timeout 150 quantem-gpu bench load --backend cuda --source "$REF" --repeats 7 --cpu-check --out "$R/load_facade"
+  record "$R/load_facade/cuda_load_*.json" h200_load_encoded_facade.json
+  if [ "${CUPY:-0}" = 1 ]; then
+    step "facade bench load + h5py/CuPy" load_cupy.log timeout 300 quantem-gpu bench load --backend cuda --source "$REF" --repeats 5 --warmup 1 --cpu-check --cupy --out "$R/load_cupy"
+  fi
+  grep -hE "p50|PASS|FAIL|mismatch" "$R"/load_*.log | head -20
+}
+
+mode_products() {
+  acquisition /tmp/ref
+  step "products check" products_check.log timeout 150 "$D/qem-cuda-products-check" --load "$REF" --repeats 10 --out "$R/products"
+  record "$R/products/products_check.json" h200_products.json
+  grep -E "^(encoded|dense) |ALL|FAIL" "$R/products_check.log" | head -16
+  step "facade products bench" facade_products.log timeout 150 "$D/cuda_products_bench" "$REF" "$R/facade_products.json" 10
+  record "$R/facade_products.json" h200_products_facade.json
+  step "cupy products" cupy_products.log timeout 120 python3 bench/cupy_products.py "$REF" "$R/cupy_products.json" 10
+  record "$R/cupy_products.json" h200_products_cupy.json
+}
+
+mode_ssb() {
+  acquisition /tmp/ref
+  acquisition /tmp/ref53 RADIUS=53 # 8,653 BF pixels
+  step "ssb r30" ssb_r30.log timeout 200 "$D/ssb_cuda_bench" "$REF" "$R/ssb_r30.json" r30 --card-budget $GIB6 --cpu-check 64 --fit-pv
+  record "$R/ssb_r30.json" h200_ssb_r30.json
+  step "ssb r53" ssb_r53.log timeout 200 "$D/ssb_cuda_bench" /tmp/ref53/scan_master.h5 "$R/ssb_r53.json" r53 --card-budget $GIB6 --fit-pv
+  record "$R/ssb_r53.json" h200_ssb_r53.json
+  step "ssb r53 host data" ssb_r53_host.log timeout 240 "$D/ssb_cuda_bench" /tmp/ref53/scan_master.h5 "$R/ssb_r53_host.json" r53_host --host-data --card-budget $GIB6
+  record "$R/ssb_r53_host.json" h200_ssb_r53_host.json
+  step "cli ssb --fit" cli_ssb.log timeout 120 quantem-gpu ssb "$REF" --voltage-kv 300 --semiangle-mrad 25 --scan-step-a 0.4 --fit --objective coherence --out "$R/cli_ssb"
+  rm -f "$R"/cli_ssb/*.npy
+}
+
+mode_sanitize() {
+  local san; san=$(tool compute-sanitizer)
+  [ -n "$san" ] || { echo "sanitize: no compute-sanitizer"; rc=$((rc | 1)); return; }
+  acquisition /tmp/small SCAN=32
+  local m=("$san" --tool memcheck --leak-check no --error-exitcode 9)
+  step "memcheck bslz4 check" memcheck_bslz4.log timeout 300 "${m[@]}" "$D/qem-cuda-check" --vectors "$D/vectors" --sanitize-subset --out "$R/memcheck_bslz4"
+  step "memcheck products check" memcheck_products.log timeout 300 "${m[@]}" "$D/qem-cuda-products-check" --out "$R/memcheck_products"
+  step "memcheck load check" memcheck_load.log timeout 200 "${m[@]}" "$D/qem-cuda-load-check" --load /tmp/small/scan_master.h5 --repeats 1 --out "$R/memcheck_load"
+  step "memcheck load check, region + bin" memcheck_load_region.log timeout 200 "${m[@]}" "$D/qem-cuda-load-check" --load /tmp/small/scan_master.h5 --region 3 29 5 27 --bin 2 --repeats 1 --out "$R/memcheck_load_region"
+  grep -H "ERROR SUMMARY" "$R"/memcheck_*.log
+}
+
+mode_profile() {
+  local ncu; ncu=$(tool ncu)
+  [ -n "$ncu" ] || { echo "profile: no ncu"; rc=$((rc | 1)); return; }
+  acquisition /tmp/ref
+  local s="--section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats --section WarpStateStats --section InstructionStats"
+  step "ncu dense products" ncu_products_dense.txt timeout 120 "$ncu" -k regex:qem_products_dense_u16 -c 12 $s "$D/cuda_products_bench" "$REF" /tmp/ncu_products.json 1
+  record "$R/ncu_products_dense.txt" h200_ncu_products_dense.txt
+  step "ncu encoded products" ncu_products_encoded.txt timeout 120 "$ncu" -k regex:qem_products_encoded -c 4 $s "$D/cuda_products_bench" "$REF" /tmp/ncu_products.json 1
+  step "ncu ssb accumulate" ncu_ssb.txt timeout 150 "$ncu" -k regex:qem_ssb_accumulate_quad_g32 -c 1 $s "$D/ssb_cuda_bench" "$REF" /tmp/ncu_ssb.json prof --repeats 1
+  step "ncu rans frame sums" ncu_rans.txt timeout 150 "$ncu" -k regex:qem_rans_frame_sums -c 2 $s "$D/qem-cuda-rans-check" --frames 256 --load "$REF" --repeats 1 --qem /tmp/ncu.qem --out "$R/ncu_rans"
+  rm -f /tmp/ncu.qem
+}
+
+mode_soak() { # the reliability campaign's driver (issue 17), when prepare_carry.sh found it
+  local f
+  for f in "$D/tests/gpu_soak.py" "$D/tests/python/gpu_soak.py"; do
+    if [ -f "$f" ]; then
+      mkdir -p "$OUT/soak"
+      step "soak" soak.log python3 "$f" --out "$OUT/soak"
+      tail -5 "$R/soak.log"
+      return
+    fi
+  done
+  echo "soak: no gpu_soak.py carried (skipped)"
+}
+
+modes=("$@")
+[ "${modes[*]}" = all ] && modes=(checks load products ssb sanitize soak)
+for m in "${modes[@]}"; do
+  case $m in checks|load|products|ssb|sanitize|profile|soak) ;; *) echo "unknown mode: $m" >&2; usage ;; esac
+done
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; cat /proc/loadavg
+  echo "revision $QEM_GIT_REVISION; modes ${modes[*]}"; } > "$R/machine.txt" 2>&1
+for m in "${modes[@]}"; do echo "== $m"; "mode_$m"; done
+pack
+echo "rc=$rc; records: $(ls "$REC" | tr '\n' ' ')"
+exit $rc

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Fill device_carry/ (git-ignored) with what bench/device.sh runs on the GPU machine, built
+# here: the four check binaries (qem-cuda-check, -load-check, -products-check, -rans-check), the
+# façade and SSB benches (examples cuda_products_bench, ssb_cuda_bench), the Rust ssb test
+# binary, the wheel installed into site/ (with the quantem-gpu CLI in site/bin), hdf5plugin for
+# the device's Python 3.12 (bitshuffle filter only) in h5p/, the bslz4 test vectors, the Python
+# tests and the reference-acquisition generator. Needs cargo and maturin; run from the
+# repository root, then carry `device_carry` (it must stay under 64 MiB; du is printed).
+#
+# The generator (make_reference_acquisition.py) is the anchor's tool, not part of this
+# repository: it is read from $ANCHOR_TOOLS (default ../shared/tools, the anchor's checkout next
+# to this one), e.g. `ANCHOR_TOOLS=/path/to/tools bench/prepare_carry.sh`. Only that one file is
+# copied; nothing else of ../shared travels, and no build or test of the repository reads it.
+set -euo pipefail
+ANCHOR_TOOLS=${ANCHOR_TOOLS:-../shared/tools}
+GEN="$ANCHOR_TOOLS/make_reference_acquisition.py"
+[ -f "$GEN" ] || { echo "no $GEN: set ANCHOR_TOOLS to the folder holding it" >&2; exit 2; }
+D=device_carry
+rm -rf "$D" && mkdir -p "$D/tests" "$D/site" "$D/h5p"
+cargo build --release -q -p qem-cuda --bins
+cargo build --release -q -p qem --example cuda_products_bench --example ssb_cuda_bench
+for b in qem-cuda-check qem-cuda-load-check qem-cuda-products-check qem-cuda-rans-check; do
+  cp "target/release/$b" "$D/"
+done
+cp target/release/examples/cuda_products_bench target/release/examples/ssb_cuda_bench "$D/"
+ssb=$(cargo test --release -q -p qem --test ssb --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "ssb" and m.get("executable"):
+        print(m["executable"])')
+cp "$ssb" "$D/ssb_tests"
+strip "$D"/qem-cuda-* "$D"/cuda_products_bench "$D"/ssb_cuda_bench "$D"/ssb_tests
+rm -rf dist && python3 -m maturin build --release --quiet -o dist
+python3 -m pip install --quiet --no-deps --no-compile --target "$D/site" dist/quantem_gpu-*.whl
+# The console script's interpreter as the device has it (pip wrote this machine's).
+sed -i '1s|^#!.*python.*$|#!/usr/bin/env python3|' "$D/site/bin/quantem-gpu"
+rm -rf /tmp/h5p_whl
+python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 -d /tmp/h5p_whl hdf5plugin
+python3 -m zipfile -e /tmp/h5p_whl/hdf5plugin-*.whl "$D/h5p"
+# Only the bitshuffle filter is used (the carry must stay under 64 MiB): 186 MB → 0.9 MB.
+find "$D/h5p/hdf5plugin/plugins" -type f ! -name 'libh5bshuf.so' -delete
+strip "$D/h5p/hdf5plugin/plugins/libh5bshuf.so" "$D"/site/quantem/gpu/_native*.so
+cp "$GEN" "$D/"
+cp -r crates/qem-codec/tests/vectors "$D/vectors"
+# tests/python (pytest), tests/tools (the independent Dectris writer the tests import), and any
+# top-level tests/*.py (the soak driver, tests/gpu_soak.py, when it exists).
+cp -r tests/python "$D/tests/python"
+if [ -d tests/tools ]; then cp -r tests/tools "$D/tests/tools"; fi
+for f in tests/*.py; do if [ -f "$f" ]; then cp "$f" "$D/tests/"; fi; done
+find "$D/tests" -name __pycache__ -prune -exec rm -rf {} +
+echo "$(git rev-parse --short=12 HEAD)$(git diff --quiet HEAD -- crates python || echo -dirty)" > "$D/REVISION"
+du -sh "$D"
