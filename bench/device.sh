@@ -21,7 +21,10 @@
 #             products check and qem-cuda-load-check (full and region + bin) on a 32² acquisition
 #   profile   Nsight Compute: the dense and ENCODED product kernels, the SSB accumulate kernel,
 #             the rANS frame sums
-#   soak      python3 device_carry/tests/gpu_soak.py --out "$OUT/soak" (when it was carried)
+#   soak      the reliability campaign (tests/gpu/soak.py; the CPU engine is the reference): the
+#             issue-17 repro, an injected device loss, a 500-operation seeded soak over ENCODED,
+#             DENSE and CPU datasets, 200 load/close cycles, 4 threads, and the soak under
+#             compute-sanitizer memcheck, racecheck and synccheck → h200_reliability.json
 #   all       checks load products ssb sanitize soak (longer than one 10-minute call: the steps
 #             past STEP_BUDGET are skipped and say so)
 #
@@ -142,17 +145,39 @@ mode_profile() {
   rm -f /tmp/ncu.qem
 }
 
-mode_soak() { # the reliability campaign's driver (issue 17), when prepare_carry.sh found it
-  local f
-  for f in "$D/tests/gpu_soak.py" "$D/tests/python/gpu_soak.py"; do
-    if [ -f "$f" ]; then
-      mkdir -p "$OUT/soak"
-      step "soak" soak.log python3 "$f" --out "$OUT/soak"
-      tail -5 "$R/soak.log"
-      return
-    fi
+mode_soak() { # the reliability campaign (issue 17): tests/gpu/soak.py, GPU against the CPU engine
+  acquisition /tmp/ref
+  acquisition /tmp/ref256 SCAN=256
+  acquisition /tmp/ref128 SCAN=128
+  acquisition /tmp/small SCAN=32
+  local S=tests/gpu/soak.py san; san=$(tool compute-sanitizer)
+  step "u32 sources" soak_u32.log python3 -c "import sys; sys.path.insert(0, 'tests/gpu'); from pathlib import Path; import soak
+soak.write_u32_source(Path('/tmp/u32.h5'), scan=(48, 40), det=(96, 80)); soak.write_u32_source(Path('/tmp/u32s.h5'))"
+  step "repro (ENCODED, DENSE load, bf)" soak_repro.log timeout 150 python3 $S repro --source "$REF" --rounds 6 --out "$R/soak_repro.json"
+  step "device lost" soak_lost.log timeout 60 python3 $S lost --source /tmp/ref128/scan_master.h5 --out "$R/soak_lost.json"
+  step "soak" soak.log timeout 300 python3 $S soak --ops 500 --seed 17 --sources ref128=/tmp/ref128/scan_master.h5:128x128:u16 \
+    ref256=/tmp/ref256/scan_master.h5:256x256:u16 u32=/tmp/u32.h5:48x40:u32 --out "$R/soak_soak.json"
+  step "200 load/close cycles (ENCODED)" soak_cycles.log timeout 120 python3 $S cycles --source /tmp/ref128/scan_master.h5 --out "$R/soak_cycles.json"
+  step "200 load/close cycles (DENSE)" soak_cycles_dense.log timeout 120 python3 $S cycles --representation dense --source /tmp/ref128/scan_master.h5 --out "$R/soak_cycles_dense.json"
+  step "4 threads" soak_threads.log timeout 60 python3 $S threads --source /tmp/ref128/scan_master.h5 --out "$R/soak_threads.json"
+  local t n
+  for t in memcheck racecheck synccheck; do
+    n=200; [ $t = racecheck ] && n=60
+    [ -n "$san" ] && step "soak under $t" soak_$t.log timeout 200 "$san" --tool $t --error-exitcode 9 python3 $S soak --ops $n --seed 5 \
+      --sources u32=/tmp/u32s.h5:24x20:u32 small=/tmp/small/scan_master.h5:32x32:u16 --out "$R/soak_$t.json"
   done
-  echo "soak: no gpu_soak.py carried (skipped)"
+  python3 - "$R" "$REC/h200_reliability.json" <<'PY'
+import json, pathlib, re, sys
+r = pathlib.Path(sys.argv[1]); rec = {}
+for f in sorted(r.glob("soak_*.json")):
+    rec[f.stem[5:]] = json.loads(f.read_text())
+for f in sorted(r.glob("soak_*check.log")):
+    m = re.findall(r"(?:ERROR|RACECHECK) SUMMARY: .*", f.read_text())
+    rec.setdefault(f.stem[5:], {})["sanitizer_summary"] = m[-1] if m else "no summary (did not finish)"
+rec["machine"] = (r / "machine.txt").read_text() if (r / "machine.txt").exists() else None
+pathlib.Path(sys.argv[2]).write_text(json.dumps(rec, indent=1, default=str))
+print({k: v.get("ok") for k, v in rec.items() if isinstance(v, dict)})
+PY
 }
 
 modes=("$@")

@@ -124,6 +124,9 @@ class Soak:
         self.held: list[dict] = []
         self.failures: list[dict] = []
         self.counts: dict[str, int] = {}
+        # Compared operations per backend of the dataset they ran on.
+        self.backends: dict[str, int] = {}
+        self.op_backend = ""
         self.mem_excess_max = 0
         self.mem_checks = 0
         self.base = None
@@ -199,6 +202,7 @@ class Soak:
     def op(self, name):
         h = self.rng.choice(self.held)
         ds, key = h["ds"], h["key"]
+        self.op_backend = h["backend"]
         ref = self.ref
         R, C, KR, KC = ds.shape
         disk = ref.get(key, "disk", detector.fit_disk)
@@ -317,6 +321,8 @@ class Soak:
                 self.fail(name, None, f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}")
                 r = "error"
             self.counts[f"{name}:{r}"] = self.counts.get(f"{name}:{r}", 0) + 1
+            if r == "ok" and name not in ("load", "close", "drop"):
+                self.backends[self.op_backend] = self.backends.get(self.op_backend, 0) + 1
             done += 1
         for h in self.held:
             h["ds"].close()
@@ -327,6 +333,7 @@ class Soak:
             "seconds": round(time.time() - t0, 2),
             "failures": self.failures,
             "counts": dict(sorted(self.counts.items())),
+            "compared_ops_by_backend": self.backends,
             "memory_checks": self.mem_checks,
             "memory_excess_max_bytes": self.mem_excess_max,
             "card_total_bytes": self.total,

@@ -150,13 +150,6 @@ fn range_fits(offset: usize, bytes: usize, len: usize) -> bool {
     offset.checked_add(bytes).is_some_and(|end| end <= len)
 }
 
-/// `QEM_GPU_UNORDERED_UPLOADS=1` restores the unordered uploads of `1cde066` (for the device
-/// A/B of issue 17 only; removed once the record is made).
-fn unordered_uploads() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var_os("QEM_GPU_UNORDERED_UPLOADS").is_some_and(|v| v == "1"))
-}
-
 /// One device allocation (freed on drop).
 #[derive(Debug)]
 pub struct DevBuf {
@@ -249,15 +242,13 @@ impl DevBuf {
         // SAFETY: the destination range lies inside this allocation (checked above).
         unsafe { result::memcpy_htod_sync(self.ptr + offset as u64, src) }
             .map_err(|e| driver_error("upload to the GPU", e))?;
-        if unordered_uploads() {
-            return Ok(());
-        }
         // A "synchronous" copy from pageable memory returns once the bytes are staged, with
         // the DMA still queued on the legacy stream, and every stream of this crate is
         // non-blocking (cudarc's `new_stream`), so a kernel launched next on one of them may
         // read the buffer before the copy lands (issue 17: a BF mask upload raced its kernel,
-        // which read stale classes from a freed DENSE load's memory and faulted). Waiting for
-        // the legacy stream makes `write` what its name says.
+        // which read stale classes from a freed DENSE load's memory and faulted; the H200 A/B
+        // is in bench/results/h200_reliability.json). Waiting for the legacy stream makes
+        // `write` what its name says.
         // SAFETY: the null stream is the context's legacy stream; the context is current.
         unsafe { result::stream::synchronize(std::ptr::null_mut()) }
             .map_err(|e| driver_error("wait for an upload to the GPU", e))
