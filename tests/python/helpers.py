@@ -1,7 +1,8 @@
 """Test data: acquisitions written by an independent writer, read back by h5py.
 
 Expected values always come from h5py + hdf5plugin (or numpy), never from quantem.gpu itself.
-The Dectris writer is ``../shared/tools/make_dectris.py`` (next to the repository checkout).
+The Dectris writer is ``tests/tools/make_dectris.py`` (h5py + hdf5plugin + numpy only; it does
+not import quantem).
 """
 
 from __future__ import annotations
@@ -13,12 +14,10 @@ import h5py
 import hdf5plugin
 import numpy as np
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
-TOOLS = SHARED / "tools"
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
 if not (TOOLS / "make_dectris.py").is_file():
     raise RuntimeError(
-        f"the independent test-data writer is missing: expected {TOOLS / 'make_dectris.py'} "
-        "(the shared/ folder sits next to the repository checkout)"
+        f"the independent test-data writer is missing: expected {TOOLS / 'make_dectris.py'}"
     )
 sys.path.insert(0, str(TOOLS))
 

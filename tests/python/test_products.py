@@ -2,8 +2,8 @@
 
 Every expected value is computed here from the counts as h5py (or the test itself) sees them:
 sums and images with ``np.uint64`` arithmetic, the disk fit and masks in float64 following
-SCIENCE.md (threshold mean + population std, strict ``>``, unweighted centroid, equal-area
-radius; ``lo² ≤ |k − c|² ≤ hi²``). Integer results must be byte-exact.
+docs/science.md §3–4 (threshold mean + population std, strict ``>``, unweighted centroid,
+equal-area radius; ``lo² ≤ |k − c|² ≤ hi²``). Integer results must be byte-exact.
 
 Cases: a Dectris u32 acquisition with bad pixels (rectangular 5x7 scan, odd 11x13 detector),
 the same as u16 held ENCODED, 2x2 detector binning with partial edge blocks, a numpy source
@@ -99,7 +99,7 @@ def ref_com(a, centered=True):
     return mr, mc, int((m["sum"] == 0).sum())
 
 
-#: (lo, hi) of each detector in units of the BF radius r (SCIENCE.md).
+#: (lo, hi) of each detector in units of the BF radius r (docs/science.md §4).
 BOUNDS = {
     "bf": (0.0, 1.0),
     "abf": (0.5, 1.0),

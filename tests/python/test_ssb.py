@@ -7,8 +7,8 @@ weak-phase object ``t = exp(iσV)`` (Gaussian bumps on a periodic grid), an aber
 reference and the engine see the same integers). The scan is rectangular and not a power of
 two (17 × 22), the detector odd-free but not square-symmetric in use (rotation tested).
 
-The reference SSB (:func:`ref_ssb`) follows SCIENCE.md / anchor §8: BF pixels from the float32
-mean DP (``> mean + std``, unweighted centroid, equal-area radius, ``|k − c|² ≤ r²``),
+The reference SSB (:func:`ref_ssb`) follows docs/science.md §9 / anchor §8: BF pixels from the
+float32 mean DP (``> mean + std``, unweighted centroid, equal-area radius, ``|k − c|² ≤ r²``),
 ``Δθ = α / r`` unless given, ``k_b = R(θ) k⁰_b``, the soft aperture of §8.3, ``G_b`` the
 unnormalised scan FFT, ``Γ_b(ν) = P(k_b − ν)P*(k_b) − P(k_b)P*(k_b + ν)`` (derived from the
 forward model below; the anchor's ``P(ν − k_b)`` differs for odd terms only), the phase-only
@@ -130,7 +130,7 @@ def prepared(data):
 
 
 def ref_disk(a):
-    """(center, radius) from the float32 mean DP, in float64 (SCIENCE.md disk fit)."""
+    """(center, radius) from the float32 mean DP, in float64 (docs/science.md §3 disk fit)."""
     n = a.shape[0] * a.shape[1]
     s = a.astype(np.uint64).sum(axis=(0, 1), dtype=np.uint64)
     mean = (s.astype(np.float64) / n).astype(np.float32).astype(np.float64)

@@ -17,7 +17,7 @@ pub struct Cli {
 
 /// The subcommands.
 ///
-/// Later ones (DESIGN.md "CLI surface") get a variant here and a module of their own:
+/// Later ones (docs/concepts.md §7 "Command line") get a variant here and a module of their own:
 /// (wave 2) `serve PATH`.
 #[derive(Debug, Subcommand)]
 pub enum Command {

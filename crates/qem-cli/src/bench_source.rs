@@ -1,5 +1,5 @@
 //! `quantem-gpu bench load --source MASTER [--backend cuda] [--cpu-check] [--cupy]`: the GPU
-//! evidence bundle of DESIGN.md for loading an existing acquisition.
+//! evidence bundle of docs/concepts.md §8 ("GPU evidence") for loading an existing acquisition.
 //!
 //! What it does, in this order (so that memory is freed before the next part needs it):
 //! 1. `qem::inspect` the source (shape, dtype, stored chunk bytes); the machine, the backends and

@@ -1,7 +1,7 @@
 //! `quantem-gpu generate-reference OUTDIR`: write the reference benchmark acquisition.
 //!
 //! Frames come from [`qem_sim::ReferencePattern`] (the recipe of
-//! `shared/tools/make_reference_acquisition.py`), drawn in parallel (rayon) and written by
+//! `tests/tools/make_reference_acquisition.py`), drawn in parallel (rayon) and written by
 //! `qem_io::writer::write_acquisition` as Dectris files: `OUTDIR/scan_master.h5` plus
 //! `scan_data_NNNNNN.h5` shards of bitshuffle/LZ4 chunks of one frame, written with direct
 //! chunk writes. The master says `nimages = 1`, `ntrigger = N` like the recipe (readers infer a
@@ -129,7 +129,7 @@ pub fn run(a: &GenerateReferenceArgs, command_line: &str) -> anyhow::Result<()> 
     let ratio = written.raw_bytes as f64 / written.compressed_bytes.max(1) as f64;
     let (date, time) = utc_now();
     let summary = json!({
-        "what": "reference benchmark acquisition (recipe of shared/tools/make_reference_acquisition.py)",
+        "what": "reference benchmark acquisition (recipe of tests/tools/make_reference_acquisition.py)",
         "command": command_line,
         "git_revision": git_revision(),
         "package_version": env!("CARGO_PKG_VERSION"),

@@ -559,7 +559,7 @@ fn disk_frames() -> Vec<u16> {
     v
 }
 
-/// The BF disk of the naive mean DP (f32 values, statistics in f64, SCIENCE.md).
+/// The BF disk of the naive mean DP (f32 values, statistics in f64, docs/science.md §3).
 fn naive_disk(frames: &[u16], n: usize, det: (usize, usize)) -> ((f64, f64), f64) {
     let k = det.0 * det.1;
     let mut sum = vec![0u64; k];

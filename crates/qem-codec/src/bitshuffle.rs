@@ -1,4 +1,4 @@
-//! The bitshuffle bit transpose of one block and its inverse (formats.md §1.4).
+//! The bitshuffle bit transpose of one block and its inverse (docs/formats.md §2.4).
 //!
 //! A block of `n` elements (`n` a multiple of 8) of `s` bytes each becomes `8·s` bit-planes of
 //! `n/8` bytes, LSB plane first: plane `r` starts at byte `r·n/8`, and bit `m` of its byte `k`
@@ -356,7 +356,7 @@ pub fn transpose_block(src: &[u8], elem_size: usize, dst: &mut [u8]) -> Result<(
 mod tests {
     use super::*;
 
-    /// The definition of formats.md §1.4, bit by bit.
+    /// The definition of docs/formats.md §2.4, bit by bit.
     fn naive_transpose(src: &[u8], s: usize) -> Vec<u8> {
         let n = src.len() / s;
         let nb = n / 8;
@@ -409,7 +409,7 @@ mod tests {
 
     #[test]
     fn vector_a_planes() {
-        // u16 0..16 transposes to aa aa cc cc f0 f0 00 ff then 24 zeros (formats.md §1.6 A).
+        // u16 0..16 transposes to aa aa cc cc f0 f0 00 ff then 24 zeros (docs/formats.md §2.6).
         let src: Vec<u8> = (0u16..16).flat_map(|v| v.to_le_bytes()).collect();
         let mut got = vec![0u8; 32];
         transpose_block(&src, 2, &mut got).unwrap();

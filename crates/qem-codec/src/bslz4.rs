@@ -1,4 +1,4 @@
-//! Bitshuffle/LZ4 chunk format, HDF5 filter 32008 (Dectris frames), formats.md §1.
+//! Bitshuffle/LZ4 chunk format, HDF5 filter 32008 (Dectris frames), docs/formats.md §2.
 //!
 //! A chunk is a 12-byte big-endian header (`u64` total uncompressed bytes, `u32` block size in
 //! **bytes**), then for each block a big-endian `u32` payload length and an LZ4 block holding
@@ -7,7 +7,7 @@
 //! of `L = (N mod B) − (N mod 8)` elements if `L > 0`.
 //!
 //! The block size is always read from each chunk's header, never assumed. [`parse_chunk`]
-//! validates the framing (every check of formats.md §1.8) and returns a [`ChunkLayout`], the
+//! validates the framing (every check of docs/formats.md §2.5) and returns a [`ChunkLayout`], the
 //! block table a GPU decoder consumes; [`Decoder`] decodes chunks on the CPU with reusable
 //! scratch buffers, and [`encode_chunk`] writes the format as hdf5plugin does.
 
@@ -126,7 +126,7 @@ pub fn parse_chunk(
 /// [`parse_chunk`] into an existing layout, reusing its block vector (no allocation once it
 /// has grown to the chunk's block count).
 ///
-/// Checks (formats.md §1.8): header present (≥ 12 bytes); header total == `expected_bytes`
+/// Checks (docs/formats.md §2.5): header present (≥ 12 bytes); header total == `expected_bytes`
 /// (a multiple of `elem_size`); when there is data, block size ≠ 0, a multiple of
 /// `8 * elem_size` and ≤ `i32::MAX`; every length prefix inside the chunk; every payload
 /// length ≤ the bytes left and ≤ `LZ4_compressBound` of its block; after the last block,
@@ -389,7 +389,7 @@ pub fn encode_chunk(
 mod tests {
     use super::*;
 
-    /// Vector A (formats.md §1.6): u16 0..19, default block, 42 bytes.
+    /// Vector A (docs/formats.md §2.6): u16 0..19, default block, 42 bytes.
     const VECTOR_A: [u8; 42] = [
         0, 0, 0, 0, 0, 0, 0, 0x28, 0, 0, 0x20, 0, 0, 0, 0, 0x12, 0x9e, 0xaa, 0xaa, 0xcc, 0xcc,
         0xf0, 0xf0, 0x00, 0xff, 0x00, 0x01, 0x00, 0x50, 0, 0, 0, 0, 0, 0x10, 0, 0x11, 0, 0x12, 0,

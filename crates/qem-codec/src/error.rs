@@ -99,7 +99,7 @@ impl fmt::Display for BlockSuffix {
     }
 }
 
-/// The specific rule an LZ4 block broke (see formats.md §2.3).
+/// The specific rule an LZ4 block broke (see docs/formats.md §4.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Lz4Fault {

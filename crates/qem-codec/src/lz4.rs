@@ -1,8 +1,8 @@
 //! Strict LZ4 *block* codec (no frame format).
 //!
 //! [`decompress_block_exact`] is written by hand so that every rule of the block format is
-//! checked in one visible place (formats.md §2.3); the GPU kernel mirrors this loop. It is safe
-//! Rust: short literal runs and short matches are copied 16 bytes at a time ("wild copies",
+//! checked in one visible place (docs/formats.md §4.2); the GPU kernel mirrors this loop. It is
+//! safe Rust: short literal runs and short matches are copied 16 bytes at a time ("wild copies",
 //! only when the whole 16 bytes fit in the buffers), long ones with `copy_from_slice` /
 //! `copy_within`, and overlapping matches by repeated doubling of the already decoded pattern.
 //!
@@ -237,7 +237,7 @@ mod tests {
         }
     }
 
-    /// formats.md §2.4: the block of vector A.
+    /// docs/formats.md §4.3: the block of vector A.
     const VECTOR_A_BLOCK: [u8; 18] = [
         0x9e, 0xaa, 0xaa, 0xcc, 0xcc, 0xf0, 0xf0, 0x00, 0xff, 0x00, 0x01, 0x00, 0x50, 0, 0, 0, 0, 0,
     ];

@@ -1,4 +1,4 @@
-//! HDF5 LZ4 filter, id 32004 (older EIGER files with `compression = "lz4"`), formats.md §1.9.
+//! HDF5 LZ4 filter, id 32004 (older EIGER files with `compression = "lz4"`), docs/formats.md §3.
 //!
 //! A chunk is a big-endian `u64` total of uncompressed bytes and a big-endian `u32` block size
 //! in bytes, then for each block (the last one holds `total mod block` bytes) a big-endian

@@ -1,4 +1,4 @@
-//! The counts codec ("ANS-4D", formats.md §5.3), format **v2**: 32-lane interleaved rANS over
+//! The counts codec ("ANS-4D", docs/formats.md §5), format **v2**: 32-lane interleaved rANS over
 //! electron counts, with a static per-dataset model of per-pixel context classes and `T`
 //! **table sets** (frame classes, each with its own frequency tables). This CPU code is the
 //! **specification** the GPU encoder and decoder must match byte for byte.
@@ -54,7 +54,7 @@
 //! change), appending emitted words to a list. The list is **reversed** at the end, so the
 //! decoder, processing steps ascending and lanes ascending, reads the words front to back: the
 //! words of one step are contiguous, in ascending lane order among the lanes that need one (the
-//! GPU's `__ballot_sync` + `__popc(mask & lanemask_lt)` fetch, formats.md §5.4).
+//! GPU's `__ballot_sync` + `__popc(mask & lanemask_lt)` fetch, docs/formats.md §5.4).
 //!
 //! Extra bits are written in raster pixel order (= ascending `(t, j)`), LSB-first: the extra
 //! bits of a pixel occupy stream bit positions `bitpos .. bitpos + nb`, value bit `i` at
@@ -82,8 +82,8 @@
 //! `[L, 2^32)`; no word or bit is read past its count; and at the end all 32 states equal `L`,
 //! exactly `n_words` words and `n_extra_bits` bits were consumed, and finally the statistic of
 //! the **decoded** frame maps to the stored `table_set` ([`RansFault::TableSetMismatch`]). These
-//! checks detect corruption without a checksum (formats.md §5.4). The header is our choice over
-//! a separate index: it keeps a stream self-describing.
+//! checks detect corruption without a checksum (docs/formats.md §5.5). The header is our choice
+//! over a separate index: it keeps a stream self-describing.
 //!
 //! # Model byte layout, v2 ([`CountsModel::to_bytes`], all little-endian)
 //!
@@ -143,7 +143,8 @@
 //! # Not yet implemented (TODO)
 //!
 //! * `frames_per_stream G > 1` (one stream over several frames, for very sparse data) and
-//!   `bands > 1`: both are options of formats.md §5.3; every stream here is one whole frame.
+//!   `bands > 1`: both are options of the format (docs/formats.md §5.9); every stream here is
+//!   one whole frame.
 //! * u32 sources: [`symbol_of`] already maps any `u32` and rejects values above
 //!   [`CountsModel::max_value`], but there is no `encode_stream` over `&[u32]` yet.
 //! * `RansError` is its own error type because `CodecError` (error.rs) is owned elsewhere; it
@@ -387,7 +388,7 @@ pub struct ModelParams {
 /// How [`fit_contexts`] assigns context classes from the per-pixel sums.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ContextRule {
-    /// Classes of (about) equal pixel count: rank quantiles of the mean (formats.md §5.3).
+    /// Classes of (about) equal pixel count: rank quantiles of the mean (docs/formats.md §5.3).
     Quantiles,
     /// Classes of equal width in `ln(mean)` between its minimum and maximum (default). Gives the
     /// few bright (bright-field) pixels classes of their own: with C = 16, K = 64, T = 4 on the

@@ -1,5 +1,5 @@
 //! Centre of mass, DPC alignment and iDPC integration on plain arrays: the CPU reference of
-//! SCIENCE.md "Centre of mass, DPC, iDPC" (anchor-science.md §4–6).
+//! docs/science.md §5–7 "Centre of mass", "DPC", "iDPC" (the anchor's §4–6).
 //!
 //! Everything here works on scan-grid arrays in row-major order (`n = R_r·N_Rc + R_c`), in
 //! `f64`; the façade (`qem::dpc`) gets the exact moments from a detector reduction and calls

@@ -1,5 +1,5 @@
-//! Single-sideband (SSB) ptychography on plain arrays: the CPU reference of SCIENCE.md
-//! "SSB ptychography" (anchor-science.md §7–8, with the deviations SCIENCE.md lists).
+//! Single-sideband (SSB) ptychography on plain arrays: the CPU reference of docs/science.md
+//! §9 "SSB ptychography" (the anchor's §7–8, with the deviations of docs/science.md §10).
 //!
 //! Units: aberrations in Å (coefficients) and rad (angles), wavelengths in Å, spatial
 //! frequencies in Å⁻¹, angles of the optics in rad. Everything is `f64` (the anchor's `f32`

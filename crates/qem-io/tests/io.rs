@@ -749,8 +749,9 @@ fn four_d_dataset_with_row_part_chunks_and_contiguous_3d() {
 // ---------------------------------------------------------------------------------------------
 // Cross-checks with the independent Python stack.
 
-fn shared_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+/// The repository's independent test-data tools (`tests/tools`, h5py + hdf5plugin + numpy only).
+fn tools_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/tools")
 }
 
 fn python_ok() -> bool {
@@ -770,11 +771,12 @@ fn reads_make_dectris_output() {
     if !python_ok() {
         return;
     }
-    let tool = shared_dir().join("tools/make_dectris.py");
-    if !tool.exists() {
-        eprintln!("SKIPPED: {} not found", tool.display());
-        return;
-    }
+    let tool = tools_dir().join("make_dectris.py");
+    assert!(
+        tool.is_file(),
+        "{} is part of the repository",
+        tool.display()
+    );
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let prefix = dir.path().join("x");
     let out = std::process::Command::new("python3")

@@ -1,6 +1,6 @@
 //! The reference benchmark acquisition (the anchor figures' data), frame by frame.
 //!
-//! [`ReferencePattern`] follows the recipe of `shared/tools/make_reference_acquisition.py`
+//! [`ReferencePattern`] follows the recipe of `tests/tools/make_reference_acquisition.py`
 //! (which makes the same kind of data with CuPy + h5py): for scan position `(i, j)` a
 //! lattice-like sample `ph = cos(2πi/9.3)·cos(2πj/9.3)` modulates the bright-field disk
 //! (`0.85 + 0.15·ph`) and deflects its centre by up to 1.2 px

@@ -7,8 +7,8 @@
 //!     [--samplings default,true] [--objectives phase_variance,coherence]
 //! ```
 //!
-//! * `MASTER.h5`: the Dectris acquisition written by `shared/tools/make_dectris.py` from a
-//!   `shared/tools/simulate_abtem.py` simulation; loaded with `qem::load` on the CPU backend.
+//! * `MASTER.h5`: the Dectris acquisition written by `tests/tools/make_dectris.py` from a
+//!   `tests/tools/simulate_abtem.py` simulation; loaded with `qem::load` on the CPU backend.
 //! * `SIM.json`: the simulation's sidecar (energy, semiangle, scan step, angular sampling, the true
 //!   aberrations; abTEM `defocus` = −C10).
 //! * `TRUTH.f64`: optional raw little-endian f64 `(scan_rows, scan_cols)` of the simulation's

@@ -1,5 +1,5 @@
 //! `qem::detector`: detector products of a [`Dataset`] — diffraction sums, virtual detector
-//! images, scan-ROI patterns and moments (SCIENCE.md "Detector products").
+//! images, scan-ROI patterns and moments (docs/science.md §2–4).
 //!
 //! Every product is one engine pass: the operation builds a [`ReduceRequest`] and [`reduce`]
 //! hands it to the engine that holds the data (`qem_cpu::reduce_dense`/`reduce_encoded` on the
@@ -198,7 +198,7 @@ fn mean_from_sum(sum: &[u64], n_frames: u64, op: &str) -> Result<Vec<f32>> {
 }
 
 /// Mean diffraction pattern: the exact `u64` sum divided by the number of frames in `f64`,
-/// returned as `f32` (SCIENCE.md).
+/// returned as `f32` (docs/science.md §2).
 pub fn mean_dp(ds: &Dataset) -> Result<Vec<f32>> {
     let sum = cached_sum_dp(ds)?;
     mean_from_sum(sum, ds.scan_shape.len() as u64, "detector mean_dp")
@@ -464,7 +464,7 @@ pub struct DiskFit {
     pub fitted: bool,
 }
 
-/// The BF disk of a mean diffraction pattern (SCIENCE.md, anchor §3.1): threshold
+/// The BF disk of a mean diffraction pattern (docs/science.md §3, anchor §3.1): threshold
 /// `t = mean + std` over all pixels (population std, computed in `f64` from the `f32` values),
 /// pixels with value `> t`, their unweighted centroid and equal-area radius `√(n/π)`. With no
 /// pixel above `t` (a flat pattern): centre `(k_r/2, k_c/2)`, radius `min(k_r, k_c)/4`.
@@ -569,7 +569,7 @@ impl std::str::FromStr for Unit {
     }
 }
 
-/// A named virtual detector (SCIENCE.md bounds, `r` the BF disk radius).
+/// A named virtual detector (docs/science.md §4 bounds, `r` the BF disk radius).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DetectorKind {

@@ -1,5 +1,4 @@
-//! `qem::dpc`: centre of mass, DPC and iDPC phase of a [`Dataset`] (SCIENCE.md "Centre of
-//! mass, DPC, iDPC").
+//! `qem::dpc`: centre of mass, DPC and iDPC phase of a [`Dataset`] (docs/science.md §5–7).
 //!
 //! Both operations get their integers from one detector reduction (exact `u64` moments, and
 //! for [`run`] the ADF image in the same pass); the arithmetic on the scan grid is the CPU
@@ -136,9 +135,9 @@ impl Calibration {
     }
 }
 
-/// Centre of mass of every frame (SCIENCE.md): exact `u64` moments over the whole detector in
-/// one pass, `μ = m / S`, zero frames counted, centred by default; pixels, or mrad when the
-/// metadata gives the detector angular sampling.
+/// Centre of mass of every frame (docs/science.md §5): exact `u64` moments over the whole
+/// detector in one pass, `μ = m / S`, zero frames counted, centred by default; pixels, or mrad
+/// when the metadata gives the detector angular sampling.
 pub fn center_of_mass(ds: &Dataset, centered: bool) -> Result<CenterOfMass> {
     let t0 = Instant::now();
     let m = detector::moments(ds).map_err(|e| e.with_op("dpc center_of_mass"))?;

@@ -116,8 +116,9 @@ pub fn load(source: SourceArg, params: &LoadParams) -> Result<Dataset> {
 }
 
 /// The representation a load gets when the caller does not say: DENSE on the CPU engine,
-/// ENCODED on CUDA (DESIGN.md) — except where the result dtype is not `u16` (ENCODED holds
-/// `u16` counts on the GPU), where CUDA loads stay DENSE; provenance records the choice.
+/// ENCODED on CUDA (docs/concepts.md §2, "representation") — except where the result dtype is
+/// not `u16` (ENCODED holds `u16` counts on the GPU), where CUDA loads stay DENSE; provenance
+/// records the choice.
 pub fn default_representation(backend: Backend) -> Representation {
     match backend {
         Backend::Cpu => Representation::Dense,

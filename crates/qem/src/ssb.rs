@@ -1,4 +1,4 @@
-//! `qem::ssb`: single-sideband ptychography of a [`Dataset`] (SCIENCE.md "SSB ptychography").
+//! `qem::ssb`: single-sideband ptychography of a [`Dataset`] (docs/science.md §9).
 //!
 //! [`Ssb::new`] fits the BF disk from the mean DP (`detector::fit_disk`), selects the BF pixels
 //! (anchor §8.2), gathers their images from the data and FFTs them (`G_b(ν)`, kept for every BF
