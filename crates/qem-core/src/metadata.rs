@@ -89,3 +89,77 @@ pub struct Metadata {
     /// Any other scalar values read from the source, by HDF5 path.
     pub extra: std::collections::BTreeMap<String, serde_json::Value>,
 }
+
+impl Metadata {
+    /// The metadata of the data a load produced from a source described by `self`: the scan
+    /// shape and frame count of the loaded scan region, and every detector quantity on the
+    /// loaded detector grid — the detector region's origin moved to 0 and `det_bin × det_bin`
+    /// source pixels per loaded pixel. A loaded pixel `j` covers source pixels
+    /// `[o + j·b, o + (j+1)·b)`, whose centre is `o + j·b + (b − 1)/2`, so a source coordinate
+    /// `x` (pixel centres at integers, DESIGN's convention) is `(x − o − (b − 1)/2) / b` on the
+    /// loaded grid: the beam centre moves so; the angular sampling and pixel size scale by `b`.
+    /// Values the source did not give stay `None`; `extra` keeps the source's raw values.
+    pub fn for_loaded_grid(
+        &self,
+        scan: Shape2,
+        detector: Shape2,
+        detector_region: Option<crate::geometry::Region>,
+        det_bin: usize,
+    ) -> Metadata {
+        let b = det_bin.max(1) as f64;
+        let (o_r, o_c) =
+            detector_region.map_or((0.0, 0.0), |r| (r.row_start as f64, r.col_start as f64));
+        let to_grid = |x: f64, o: f64| (x - o - (b - 1.0) / 2.0) / b;
+        Metadata {
+            detector_shape: self.detector_shape.map(|_| detector),
+            n_frames: self.n_frames.map(|_| scan.len() as u64),
+            scan_shape: Some(scan),
+            pixel_size_m: self.pixel_size_m.map(|(r, c)| (r * b, c * b)),
+            beam_center_px: self
+                .beam_center_px
+                .map(|(r, c)| (to_grid(r, o_r), to_grid(c, o_c))),
+            angular_sampling_mrad: self.angular_sampling_mrad.map(|(r, c)| (r * b, c * b)),
+            ..self.clone()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::geometry::Region;
+
+    #[test]
+    fn loaded_grid_moves_the_centre_and_scales_the_sampling() {
+        let src = Metadata {
+            detector_shape: Some(Shape2::new(192, 192)),
+            n_frames: Some(512 * 512),
+            scan_shape: Some(Shape2::new(512, 512)),
+            pixel_size_m: Some((75e-6, 75e-6)),
+            beam_center_px: Some((95.5, 96.0)),
+            angular_sampling_mrad: Some((0.25, 0.25)),
+            semiangle_mrad: Some(20.0),
+            ..Metadata::default()
+        };
+        // det_bin 2 over the whole detector: loaded pixel j covers source pixels 2j and 2j + 1
+        // (centre 2j + 0.5), so 95.5 (between loaded 47 and 48) -> 47.5, 96.0 -> 47.75.
+        let m = src.for_loaded_grid(Shape2::new(16, 16), Shape2::new(96, 96), None, 2);
+        assert_eq!(m.detector_shape, Some(Shape2::new(96, 96)));
+        assert_eq!(m.scan_shape, Some(Shape2::new(16, 16)));
+        assert_eq!(m.n_frames, Some(256));
+        assert_eq!(m.beam_center_px, Some((47.5, 47.75)));
+        assert_eq!(m.angular_sampling_mrad, Some((0.5, 0.5)));
+        assert_eq!(m.pixel_size_m, Some((150e-6, 150e-6)));
+        assert_eq!(m.semiangle_mrad, Some(20.0));
+        // A detector region moves the origin; bin 1 keeps the sampling.
+        let r = Region::new(10, 110, 20, 120);
+        let m = src.for_loaded_grid(Shape2::new(512, 512), Shape2::new(100, 100), Some(r), 1);
+        assert_eq!(m.beam_center_px, Some((85.5, 76.0)));
+        assert_eq!(m.angular_sampling_mrad, Some((0.25, 0.25)));
+        // Nothing invented where the source said nothing.
+        let m = Metadata::default().for_loaded_grid(Shape2::new(2, 2), Shape2::new(8, 8), None, 2);
+        assert_eq!(m.beam_center_px, None);
+        assert_eq!(m.angular_sampling_mrad, None);
+        assert_eq!(m.detector_shape, None);
+    }
+}

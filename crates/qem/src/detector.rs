@@ -740,9 +740,10 @@ struct Sampling {
     source: String,
 }
 
-/// The sampling `unit = mrad` converts with: the argument, else the metadata's (per source
-/// pixel, times `det_bin`; must be the same along rows and columns, since a mask is a circle in
-/// pixels), else the semi-angle (argument, else metadata) over the disk radius.
+/// The sampling `unit = mrad` converts with: the argument, else the metadata's (per loaded
+/// pixel: [`qem_core::Metadata::for_loaded_grid`] has applied `det_bin`; must be the same along
+/// rows and columns, since a mask is a circle in pixels), else the semi-angle (argument, else
+/// metadata) over the disk radius.
 fn sampling(ds: &Dataset, p: &DetectorParams, radius_px: f64) -> Result<Sampling> {
     const OP: &str = "detector (unit mrad)";
     if let Some(s) = p.det_sampling_mrad {
@@ -753,7 +754,6 @@ fn sampling(ds: &Dataset, p: &DetectorParams, radius_px: f64) -> Result<Sampling
     }
     let md = ds.metadata();
     if let Some((r, c)) = md.angular_sampling_mrad {
-        let bin = ds.provenance().det_bin.max(1) as f64;
         if !(r.is_finite() && c.is_finite() && r > 0.0 && c > 0.0) {
             return Err(Error::invalid(
                 OP,
@@ -771,8 +771,11 @@ fn sampling(ds: &Dataset, p: &DetectorParams, radius_px: f64) -> Result<Sampling
             .with_found(format!("({r}, {c}) mrad/px")));
         }
         return Ok(Sampling {
-            mrad_per_px: r * bin,
-            source: format!("metadata angular_sampling_mrad {r} x det_bin {bin}"),
+            mrad_per_px: r,
+            source: format!(
+                "metadata angular_sampling_mrad {r} (loaded grid, det_bin {})",
+                ds.provenance().det_bin.max(1)
+            ),
         });
     }
     let semi = p
@@ -1246,12 +1249,10 @@ pub fn products(ds: &Dataset, which: &[Product], p: &DetectorParams) -> Result<P
 fn com_of(ds: &Dataset, m: &Moments, t0: Instant, reduce_secs: f64) -> crate::dpc::CenterOfMass {
     let shape = ds.scan_shape;
     let (mut com_row, mut com_col, zero_frames) = crate::dpc::com_from_moments(m, shape, true);
-    let bin = ds.provenance().det_bin.max(1) as f64;
     let det_mrad = ds
         .metadata()
         .angular_sampling_mrad
-        .filter(|&(r, c)| r.is_finite() && c.is_finite() && r > 0.0 && c > 0.0)
-        .map(|(r, c)| (r * bin, c * bin));
+        .filter(|&(r, c)| r.is_finite() && c.is_finite() && r > 0.0 && c > 0.0);
     if let Some((sr, sc)) = det_mrad {
         com_row.iter_mut().for_each(|v| *v *= sr);
         com_col.iter_mut().for_each(|v| *v *= sc);

@@ -6,8 +6,8 @@
 //! next to the pass over the frames).
 //!
 //! Units. CoM is in detector pixels of the loaded (possibly binned) grid, or in mrad when the
-//! metadata gives the detector angular sampling (`Metadata::angular_sampling_mrad`, per source
-//! pixel; multiplied by the dataset's `det_bin`). The phase is in radians when the angular
+//! metadata gives the detector angular sampling (`Metadata::angular_sampling_mrad`, per loaded
+//! pixel: the dataset's metadata describes the loaded grid, `Metadata::for_loaded_grid`). The phase is in radians when the angular
 //! sampling, the electron wavelength (`Metadata::wavelength_a`, else from
 //! `Metadata::energy_ev`) and the scan step (`Metadata::scan_step_a`) are all known: a
 //! deflection θ (rad) is then a phase gradient `2π θ / λ` per Å. Otherwise the phase is the
@@ -81,12 +81,9 @@ fn positive_pair((a, b): (f64, f64)) -> Option<(f64, f64)> {
 impl Calibration {
     fn of(ds: &Dataset) -> Calibration {
         let md = ds.metadata();
-        let bin = ds.provenance().det_bin.max(1) as f64;
         Calibration {
-            det_mrad: md
-                .angular_sampling_mrad
-                .and_then(positive_pair)
-                .map(|(r, c)| (r * bin, c * bin)),
+            // Per loaded pixel (Metadata::for_loaded_grid applied det_bin).
+            det_mrad: md.angular_sampling_mrad.and_then(positive_pair),
             wavelength_a: md.wavelength_a.and_then(positive).or_else(|| {
                 md.energy_ev
                     .and_then(positive)

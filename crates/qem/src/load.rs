@@ -308,7 +308,12 @@ pub(crate) fn finish(
         dtype: planned.result_dtype,
         backend,
         device,
-        metadata: facts.metadata,
+        metadata: facts.metadata.for_loaded_grid(
+            planned.scan_region.shape(),
+            planned.plan.output_shape(),
+            params.detector_region,
+            params.det_bin,
+        ),
         provenance,
         storage: loaded.storage,
         detector_cache: Default::default(),

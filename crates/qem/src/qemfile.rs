@@ -177,10 +177,14 @@ pub fn save(ds: &Dataset, path: &Path, progress: &dyn Progress) -> Result<SaveSu
         "scan_shape": [a, b],
         "detector_shape": [c, d],
         "metadata": ds.metadata,
+        // The metadata describes the saved (loaded) grid; files without this key hold the
+        // source's metadata (before this key existed) and are converted on open.
+        "metadata_grid": "loaded",
         "provenance": provenance,
         "codec": {"name": qem_cpu::CODEC_NAME, "version": qem_cpu::CODEC_VERSION},
     });
     let err = |e| qem_file_error(op, path, e);
+    remove_stale_temporaries(path);
     let mut w = QemWriter::create(path).map_err(err)?;
     w.metadata(meta);
     w.codec_tables(frames.model().to_bytes());
@@ -347,6 +351,16 @@ pub fn read_qem(path: &Path, params: &QemReadParams) -> Result<QemContents> {
         .map_err(|e| meta_error(path, "metadata", "a metadata record", e.to_string()))?;
     let provenance: Provenance = serde_json::from_value(meta["provenance"].clone())
         .map_err(|e| meta_error(path, "provenance", "a provenance record", e.to_string()))?;
+    let metadata = if meta["metadata_grid"] == "loaded" {
+        metadata
+    } else {
+        metadata.for_loaded_grid(
+            scan_shape,
+            detector_shape,
+            provenance.detector_region,
+            provenance.det_bin,
+        )
+    };
     let model = CountsModel::from_bytes(f.codec_tables()).map_err(|e| {
         qem_cpu::rans_error(op, e)
             .with_file(path)

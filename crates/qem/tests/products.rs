@@ -694,6 +694,58 @@ fn metadata_angular_sampling_scales_with_det_bin() {
             .unwrap();
         assert!((got - want).abs() < 1e-12, "{got} {want}");
     }
+    // Issue 18: the dataset's metadata describes the loaded grid, not the source's (a scan
+    // region and det_bin = 2 used to leave the source's detector shape, beam centre and
+    // sampling in `ds.metadata`, a 2x calibration error for anyone passing it on). The writer
+    // puts the beam centre at ((13 - 1)/2, (11 - 1)/2) = (6, 5) source pixels.
+    let ds = load(
+        SourceArg::Path(written.master.clone()),
+        &LoadParams {
+            backend: BackendRequest::Cpu,
+            scan_region: Some(qem::Region::new(1, 4, 2, 6)),
+            det_bin: 2,
+            ..LoadParams::default()
+        },
+    )
+    .unwrap();
+    let md = ds.metadata();
+    assert_eq!(md.scan_shape, Some(Shape2::new(3, 4)));
+    assert_eq!(md.n_frames, Some(12));
+    assert_eq!(md.detector_shape, Some(ds.detector_shape()));
+    assert_eq!(ds.detector_shape(), Shape2::new(7, 6)); // a partial last bin
+    assert_eq!(md.angular_sampling_mrad, Some((0.5, 0.5)));
+    assert_eq!(md.beam_center_px, Some((2.75, 2.25)));
+    let px = md.pixel_size_m.unwrap();
+    // The file stores the pixel pitch as f32.
+    assert!(
+        (px.0 / 150e-6 - 1.0).abs() < 1e-6 && (px.1 / 150e-6 - 1.0).abs() < 1e-6,
+        "{px:?}"
+    );
+    // A detector region moves the centre; a .qem of it reopens with the same (loaded-grid)
+    // metadata (binned u16 data widens to u32, which .qem does not hold, so bin 1 here).
+    let ds = load(
+        SourceArg::Path(written.master.clone()),
+        &LoadParams {
+            backend: BackendRequest::Cpu,
+            detector_region: Some(qem::Region::new(2, 13, 1, 11)),
+            ..LoadParams::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(ds.metadata().beam_center_px, Some((4.0, 4.0)));
+    let q = dir.path().join("region.qem");
+    qem::save(&ds, &q, &qem::NoProgress).unwrap();
+    let back = load(
+        SourceArg::Path(q),
+        &LoadParams {
+            backend: BackendRequest::Cpu,
+            ..LoadParams::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(back.metadata().beam_center_px, Some((4.0, 4.0)));
+    assert_eq!(back.metadata().angular_sampling_mrad, Some((0.25, 0.25)));
+    assert_eq!(back.metadata().detector_shape, Some(Shape2::new(11, 10)));
 }
 
 #[test]
