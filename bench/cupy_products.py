@@ -5,7 +5,7 @@ the same resident dense array as qem-cuda-products-check, for the comparison in 
 
 The dense array comes from quantem.gpu (io.load(..., backend="cuda", representation="dense"))
 and is handed to CuPy without a copy (cupy.asarray through __cuda_array_interface__). Masks
-follow SCIENCE.md (BF disk from the mean DP: threshold mean+std, unweighted centroid, equal-area
+follow docs/science.md §3–4 (BF disk from the mean DP: threshold mean+std, unweighted centroid, equal-area
 radius; annulus lo^2 <= d^2 <= hi^2). Times are CUDA-event p50 after one warm-up."""
 import json, sys, time
 import numpy as np

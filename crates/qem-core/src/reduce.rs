@@ -3,7 +3,7 @@
 //! both implement a [`ReduceRequest`] → [`ReduceResult`] pass; the façade (`qem`) builds the
 //! requests (virtual detectors, diffraction sums, moments) and checks them once here.
 //!
-//! Exactness (DESIGN.md contract 3): integer masks give exact `u64` images, the sum DP and the
+//! Exactness (docs/concepts.md §3, contract 3): integer masks give exact `u64` images, the sum DP and the
 //! moments are exact `u64`, the max DP is exact. Float masks accumulate in `f64`; the order of
 //! the additions is engine-defined, so float images agree between engines to rounding only.
 

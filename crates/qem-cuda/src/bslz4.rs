@@ -10,7 +10,7 @@
 //!
 //! **Kernel:** one warp per block. The warp decodes the LZ4 payload into its slice of shared
 //! memory (all lanes parse the same token; literal and match copies are spread over the lanes;
-//! every rule of formats.md §2.3 checked in the same order as the CPU decoder), then
+//! every rule of docs/formats.md §4.2 checked in the same order as the CPU decoder), then
 //! un-transposes the bit-planes to global memory: for blocks whose element count is a multiple
 //! of 32, each lane loads the plane words of one 32-element group (consecutive words across
 //! lanes, so no bank conflicts), transposes the bit matrix in registers and stores 16-byte

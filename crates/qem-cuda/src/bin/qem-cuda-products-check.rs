@@ -12,7 +12,7 @@
 //! integers exactly; float images must agree to a relative L2 of 1e-12.
 //!
 //! Part B (`--load`): the acquisition loaded ENCODED and dense on the GPU; BF, ADF (disk fitted
-//! from the mean DP as SCIENCE.md says), sum DP, CoM moments, each alone and the four fused in one
+//! from the mean DP as docs/science.md §3 says), sum DP, CoM moments, each alone and the four fused in one
 //! pass, p50 of R after a warm-up, on both representations (wall time of the whole call: launch,
 //! kernel, result copies). The fused results must equal the separate ones and ENCODED must equal
 //! dense; every 64th frame is also checked against the CPU engine.
@@ -55,7 +55,7 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// BF disk from the sum DP as SCIENCE.md defines it: threshold mean + population std of the
+/// BF disk from the sum DP as docs/science.md §3 defines it: threshold mean + population std of the
 /// f32 mean DP, strict `>`, unweighted centroid, equal-area radius.
 fn fit_disk(sum_dp: &[u64], n_frames: u64, det: Shape2) -> ((f64, f64), f64) {
     let mean: Vec<f64> = sum_dp

@@ -4,7 +4,7 @@
 // copies (the N mod 8 tail of a chunk, or a whole unfiltered chunk). Every item writes a
 // status pair (code, position) and the first error of the launch also goes to `err`.
 //
-// Safety rules (formats.md §2.3): every read of the payload is checked against the payload
+// Safety rules (docs/formats.md §4.2): every read of the payload is checked against the payload
 // length, every shared-memory write against the block's output length (which the descriptor
 // check bounds by the warp's shared buffer), every match source against the bytes already
 // decoded. Control flow of the LZ4 loop is warp-uniform: all lanes read the same token.
