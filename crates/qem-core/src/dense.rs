@@ -34,9 +34,9 @@ impl DenseArray {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// Size in bytes.
+    /// Size in bytes (an array that exists in memory cannot overflow this).
     pub fn nbytes(&self) -> usize {
-        self.len() * self.dtype().size()
+        self.len().saturating_mul(self.dtype().size())
     }
     /// Element `i` widened to u64.
     pub fn get(&self, i: usize) -> Option<u64> {

@@ -1,6 +1,6 @@
 //! Shapes and half-open regions, always `(row, col)`.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use std::fmt;
 
 /// A 2-D extent: a scan grid (probe positions) or a detector frame (pixels).
@@ -17,9 +17,30 @@ impl Shape2 {
     pub const fn new(rows: usize, cols: usize) -> Self {
         Shape2 { rows, cols }
     }
-    /// Number of elements, `rows·cols`.
+    /// Number of elements, `rows·cols`, saturating at `usize::MAX`.
+    ///
+    /// A shape that came from a file or a caller must first pass [`Shape2::checked_len`] (or
+    /// [`Shape2::try_len`]); after that `len` is exact. The saturation only keeps an unchecked
+    /// product from wrapping to a small, plausible number (`64 × (2^58 + 1)` would wrap to 64).
     pub const fn len(&self) -> usize {
-        self.rows * self.cols
+        self.rows.saturating_mul(self.cols)
+    }
+    /// `rows·cols`, or `None` when the product does not fit in `usize`.
+    pub const fn checked_len(&self) -> Option<usize> {
+        self.rows.checked_mul(self.cols)
+    }
+    /// `rows·cols` as a typed error of `kind` for operation `op` when it does not fit in
+    /// `usize`; `what` names the shape (`"scan_shape"`, `"detector shape"`).
+    pub fn try_len(&self, kind: ErrorKind, op: &str, what: &str) -> Result<usize> {
+        self.checked_len().ok_or_else(|| {
+            Error::new(
+                kind,
+                op,
+                format!("{what} {self} overflows: rows x cols does not fit in 64 bits"),
+            )
+            .with_expected(format!("rows x cols <= {}", usize::MAX))
+            .with_found(format!("{} x {}", self.rows, self.cols))
+        })
     }
     /// True when the shape holds no element.
     pub const fn is_empty(&self) -> bool {
@@ -65,11 +86,12 @@ impl Region {
             col_stop,
         }
     }
-    /// The extent of the region.
+    /// The extent of the region (an inverted region, which [`Region::validate`] rejects, has
+    /// extent 0 instead of wrapping).
     pub const fn shape(&self) -> Shape2 {
         Shape2 {
-            rows: self.row_stop - self.row_start,
-            cols: self.col_stop - self.col_start,
+            rows: self.row_stop.saturating_sub(self.row_start),
+            cols: self.col_stop.saturating_sub(self.col_start),
         }
     }
     /// Check the region is non-empty and lies inside `within`; `what` names it in the error
@@ -109,6 +131,36 @@ impl fmt::Display for Region {
     }
 }
 
+/// The product of `factors`, or a typed error of `kind` for `op` naming `what` overflowed (each
+/// factor is listed as `name = value` in the error's `found`).
+///
+/// Every size derived from a file or a caller (frames × frame bytes, region × bins, ...) goes
+/// through this (or [`Shape2::try_len`]) before it sizes anything.
+pub fn checked_product(
+    kind: ErrorKind,
+    op: &str,
+    what: &str,
+    factors: &[(&str, u64)],
+) -> Result<u64> {
+    let mut acc: u64 = 1;
+    for &(_, f) in factors {
+        match acc.checked_mul(f) {
+            Some(v) => acc = v,
+            None => {
+                let list: Vec<String> = factors.iter().map(|(n, v)| format!("{n} = {v}")).collect();
+                return Err(Error::new(
+                    kind,
+                    op,
+                    format!("{what} overflows: the product does not fit in 64 bits"),
+                )
+                .with_expected(format!("a product <= {}", u64::MAX))
+                .with_found(list.join(" x ")));
+            }
+        }
+    }
+    Ok(acc)
+}
+
 /// Output length of `n` pixels binned by `bin`: the ceiling, so incomplete edge blocks are kept
 /// (summed over the pixels that exist).
 pub const fn bin_extent(n: usize, bin: usize) -> usize {
@@ -127,6 +179,40 @@ mod tests {
         assert!(Region::new(0, 5, 0, 6).validate(s, "scan_region").is_err());
         assert!(Region::new(0, 4, 2, 7).validate(s, "scan_region").is_err());
         assert_eq!(Region::new(1, 3, 2, 5).shape(), Shape2::new(2, 3));
+    }
+
+    #[test]
+    fn shape_products_never_wrap() {
+        // 64 x (2^58 + 1) = 2^64 + 64 would wrap to 64.
+        let s = Shape2::new(64, (1usize << 58) + 1);
+        assert_eq!(s.checked_len(), None);
+        assert_eq!(s.len(), usize::MAX);
+        let e = s
+            .try_len(ErrorKind::Source, "open", "scan_shape")
+            .err()
+            .map(|e| (e.kind, e.to_string()));
+        assert!(
+            e.as_ref().is_some_and(|(k, m)| *k == ErrorKind::Source
+                && m.contains("scan_shape")
+                && m.contains("overflows")),
+            "{e:?}"
+        );
+        assert_eq!(
+            Shape2::new(3, 4).try_len(ErrorKind::Source, "o", "s").ok(),
+            Some(12)
+        );
+        assert_eq!(Region::new(5, 2, 0, 1).shape(), Shape2::new(0, 1));
+        let e = checked_product(
+            ErrorKind::InvalidArgument,
+            "load",
+            "planned bytes",
+            &[("frames", 1 << 40), ("frame bytes", 1 << 30)],
+        );
+        assert!(e.is_err_and(|e| e.to_string().contains("planned bytes overflows")));
+        assert_eq!(
+            checked_product(ErrorKind::Source, "o", "w", &[("a", 3), ("b", 5)]).ok(),
+            Some(15)
+        );
     }
 
     #[test]
