@@ -66,9 +66,7 @@ pub(crate) fn store(path: &Path, opts: &OpenOptions, source: &Source) {
     if disabled() {
         return;
     }
-    let Ok(index) = source.reopen() else {
-        return;
-    };
+    let index = source.index_only();
     if let Ok(mut cache) = CACHE.lock() {
         cache.retain(|e| !(e.path.as_path() == path && e.opts == *opts));
         if cache.len() >= CAPACITY {

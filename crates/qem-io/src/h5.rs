@@ -7,9 +7,9 @@
 
 use hdf5::types::TypeDescriptor;
 use hdf5_sys::h5i::hid_t;
-use qem_core::Error;
+use qem_core::{Error, Result};
 use std::ffi::{c_char, c_uint, c_void, CStr, CString};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Once;
 
 /// HDF5 filter id of bitshuffle.
@@ -234,9 +234,20 @@ pub(crate) fn visit_chunks(ds: &hdf5::Dataset) -> hdf5::Result<Vec<RawChunk>> {
     Ok(out)
 }
 
-/// The target `(file name, object path)` of an external link `name` in `group`, or `None` when
-/// the link is not external (hard or soft links).
-pub(crate) fn external_link_target(group: &hdf5::Group, name: &str) -> Option<(String, String)> {
+/// What kind of link `name` (a path relative to `group`) is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum LinkKind {
+    /// A hard link (or anything HDF5 resolves without leaving the file).
+    Hard,
+    /// A soft link and its target path.
+    Soft(String),
+    /// An external link: `(file name, object path)` as stored.
+    External(String, String),
+}
+
+/// The kind of link `name` in `group` (the last component is not traversed; the ones before it
+/// are), or `None` when it does not exist.
+pub(crate) fn link_kind(group: &hdf5::Group, name: &str) -> Option<LinkKind> {
     let cname = CString::new(name).ok()?;
     hdf5::sync::sync(|| {
         let mut info = hdf5_sys::h5l::H5L_info2_t::default();
@@ -249,11 +260,18 @@ pub(crate) fn external_link_target(group: &hdf5::Group, name: &str) -> Option<(S
                 hdf5_sys::h5p::H5P_DEFAULT,
             )
         };
-        if rc < 0 || info.type_ != hdf5_sys::h5l::H5L_type_t::H5L_TYPE_EXTERNAL {
+        if rc < 0 {
             return None;
         }
+        let (soft, external) = (
+            info.type_ == hdf5_sys::h5l::H5L_type_t::H5L_TYPE_SOFT,
+            info.type_ == hdf5_sys::h5l::H5L_type_t::H5L_TYPE_EXTERNAL,
+        );
+        if !soft && !external {
+            return Some(LinkKind::Hard);
+        }
         let mut buf = vec![0u8; 65536];
-        // SAFETY: buf has buf.len() writable bytes; HDF5 writes at most that many.
+        // SAFETY: buf has buf.len() writable bytes; HDF5 writes at most buf.len() - 1 of them.
         let rc = unsafe {
             hdf5_sys::h5l::H5Lget_val(
                 group.id(),
@@ -264,7 +282,14 @@ pub(crate) fn external_link_target(group: &hdf5::Group, name: &str) -> Option<(S
             )
         };
         if rc < 0 {
-            return None;
+            // A link we cannot read is treated as an unreadable external one: never followed.
+            return Some(LinkKind::External(String::new(), String::new()));
+        }
+        if soft {
+            let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+            return Some(LinkKind::Soft(
+                String::from_utf8_lossy(&buf[..end]).into_owned(),
+            ));
         }
         let mut flags: c_uint = 0;
         let mut fname: *const c_char = std::ptr::null();
@@ -281,7 +306,7 @@ pub(crate) fn external_link_target(group: &hdf5::Group, name: &str) -> Option<(S
             )
         };
         if rc < 0 || fname.is_null() || opath.is_null() {
-            return None;
+            return Some(LinkKind::External(String::new(), String::new()));
         }
         // SAFETY: both pointers are NUL-terminated strings inside buf (checked by HDF5).
         let (f, o) = unsafe {
@@ -290,8 +315,81 @@ pub(crate) fn external_link_target(group: &hdf5::Group, name: &str) -> Option<(S
                 CStr::from_ptr(opath).to_string_lossy().into_owned(),
             )
         };
-        Some((f, o))
+        Some(LinkKind::External(f, o))
     })
+}
+
+/// The target `(file name, object path)` of an external link `name` in `group`, or `None` when
+/// the link is not external (hard or soft links).
+pub(crate) fn external_link_target(group: &hdf5::Group, name: &str) -> Option<(String, String)> {
+    match link_kind(group, name)? {
+        LinkKind::External(f, o) => Some((f, o)),
+        _ => None,
+    }
+}
+
+/// Check that HDF5 may traverse `path` under `g`: every external link on the way (soft links
+/// followed) must satisfy the policy of [`crate::guard::resolve_external`] (a regular file in
+/// the folder of the file holding `g`) and exist. `Ok(false)` when a component does not exist.
+///
+/// Every HDF5 path this crate opens passes through here first (directly, or through
+/// [`path_exists`]), because HDF5 itself would open whatever an external link names — a FIFO
+/// there blocks the process for ever.
+pub(crate) fn check_path(g: &hdf5::Group, path: &str) -> Result<bool> {
+    check_path_depth(g, path, 0)
+}
+
+fn check_path_depth(g: &hdf5::Group, path: &str, depth: usize) -> Result<bool> {
+    // HDF5 itself gives up after 16 nested soft links.
+    if depth > 16 {
+        return Ok(false);
+    }
+    let holder = PathBuf::from(g.filename());
+    let mut cur = String::new();
+    for part in path.trim_matches('/').split('/') {
+        if part.is_empty() || part == "." {
+            continue;
+        }
+        let parent = cur.clone();
+        if !cur.is_empty() || path.starts_with('/') {
+            cur.push('/');
+        }
+        cur.push_str(part);
+        match link_kind(g, &cur) {
+            None => return Ok(false),
+            Some(LinkKind::Hard) => {}
+            Some(LinkKind::Soft(target)) => {
+                let full = if target.starts_with('/') {
+                    target
+                } else {
+                    format!("{parent}/{target}")
+                };
+                if !check_path_depth(g, &full, depth + 1)? {
+                    return Ok(false);
+                }
+            }
+            Some(LinkKind::External(file, _)) => {
+                let dir = crate::guard::folder_of(&holder);
+                let target = crate::guard::resolve_external("open", &holder, &dir, &cur, &file)?;
+                // HDF5 would search other folders (HDF5_EXT_PREFIX, the working directory) for
+                // a target missing here: never let it.
+                if !target.is_file() {
+                    return Err(Error::source(
+                        "open",
+                        format!(
+                            "external link {cur} -> \"{file}\" is refused: the target is not \
+                             in the acquisition's folder {}",
+                            dir.display()
+                        ),
+                    )
+                    .with_file(&holder)
+                    .with_expected(format!("an existing file {}", target.display()))
+                    .with_found("no such file"));
+                }
+            }
+        }
+    }
+    Ok(!cur.is_empty())
 }
 
 /// A small value read from a dataset or attribute, tolerant of its stored type.
@@ -496,9 +594,10 @@ pub(crate) fn read_value<R: Readable>(obj: &R, max_elems: usize) -> Option<Value
     }
 }
 
-/// Read dataset `path` (relative to `base`) as a small value, if it exists.
+/// Read dataset `path` (relative to `base`) as a small value, if it exists (and may be
+/// traversed, [`check_path`]).
 pub(crate) fn dataset_value(base: &hdf5::Group, path: &str) -> Option<Value> {
-    if !base.link_exists(path) {
+    if !path_exists(base, path) {
         return None;
     }
     let ds = base.dataset(path).ok()?;
@@ -516,26 +615,18 @@ pub(crate) fn attr_value(loc: &hdf5::Location, name: &str) -> Option<Value> {
 
 /// The `units` attribute of dataset `path`, lower-cased.
 pub(crate) fn units_of(base: &hdf5::Group, path: &str) -> Option<String> {
+    if !path_exists(base, path) {
+        return None;
+    }
     let ds = base.dataset(path).ok()?;
     attr_value(&ds, "units")?
         .string()
         .map(|s| s.trim().to_ascii_lowercase())
 }
 
-/// True when `path` exists under `g` (every intermediate link must exist too).
+/// True when `path` exists under `g` (every intermediate link must exist too) and may be
+/// traversed: a path through an external link that [`check_path`] refuses reads as absent
+/// (metadata reads skip it; the frame datasets call [`check_path`] to report the refusal).
 pub(crate) fn path_exists(g: &hdf5::Group, path: &str) -> bool {
-    let mut cur = String::new();
-    for part in path.trim_matches('/').split('/') {
-        if part.is_empty() {
-            continue;
-        }
-        if !cur.is_empty() || path.starts_with('/') {
-            cur.push('/');
-        }
-        cur.push_str(part);
-        if !g.link_exists(&cur) {
-            return false;
-        }
-    }
-    !cur.is_empty()
+    check_path(g, path).unwrap_or(false)
 }

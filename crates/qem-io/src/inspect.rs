@@ -1,5 +1,6 @@
 //! Readiness checks ([`inspect`]) and master-file discovery ([`discover`]).
 
+use crate::guard;
 use crate::open::{self, Located};
 use crate::{h5, OpenOptions, Source, SourceKind};
 use qem_core::{DType, Error, ErrorKind, Metadata, Result, ScanShapeOrigin, Shape2};
@@ -14,10 +15,11 @@ pub struct ShardReport {
     pub exists: bool,
     /// Frames in the shard's dataset, if it could be read.
     pub frames: Option<u64>,
-    /// `image_nr_low` attribute (1-based, inclusive), if present.
-    pub image_nr_low: Option<u64>,
-    /// `image_nr_high` attribute (1-based, inclusive), if present.
-    pub image_nr_high: Option<u64>,
+    /// `image_nr_low` attribute (1-based, inclusive), if present, as stored (a negative value
+    /// is shown as it is, not as 0 or absent).
+    pub image_nr_low: Option<i64>,
+    /// `image_nr_high` attribute (1-based, inclusive), if present, as stored.
+    pub image_nr_high: Option<i64>,
     /// Stored bytes of the shard's chunks, if they could be enumerated.
     pub compressed_bytes: Option<u64>,
 }
@@ -110,15 +112,25 @@ fn action_for(e: &Error) -> String {
 /// whether a load would succeed.
 ///
 /// Problems with the source are reported in the returned [`Inspection`] (`ready = false`,
-/// `reason`, `action`); only a path that does not exist is an error.
+/// `reason`, `action`). The inspection itself fails, with a typed error, when `path` cannot be
+/// read as an HDF5 file at all: it does not exist, is a symlink loop, is not a regular file (a
+/// directory, FIFO, device or socket: refused before any open could block), cannot be opened
+/// (permissions), or is not HDF5.
 pub fn inspect(path: &Path, scan_shape: Option<Shape2>) -> Result<Inspection> {
-    if !path.exists() {
-        return Err(Error::source("inspect", "file not found")
-            .with_file(path)
-            .with_expected("an existing master or HDF5 file")
-            .with_found("no such file"));
-    }
+    // Opened (non-blocking, regular files only) to prove it readable, then closed.
+    drop(guard::open_regular("inspect", path, "file")?);
     h5::init();
+    if let Err(e) = h5::open_read(path) {
+        return Err(Error::source(
+            "inspect",
+            format!("cannot open the file as HDF5: HDF5 says: {e}"),
+        )
+        .with_file(path)
+        .with_expected(
+            "an HDF5 file (a Dectris master or a plain HDF5 file with a 3-D/4-D dataset)",
+        )
+        .with_found("a file HDF5 cannot open"));
+    }
     let mut ins = Inspection::empty(path);
     let opts = OpenOptions {
         dataset_path: None,
@@ -129,7 +141,7 @@ pub fn inspect(path: &Path, scan_shape: Option<Shape2>) -> Result<Inspection> {
     if let Ok(file) = h5::open_read(path) {
         if let Ok(info) = crate::meta::read_master(&file, path) {
             ins.expected_frames = match (info.metadata.nimages, info.metadata.ntrigger) {
-                (Some(a), Some(b)) => Some(a.max(1) * b.max(1)),
+                (Some(a), Some(b)) => a.max(1).checked_mul(b.max(1)),
                 (Some(a), None) => Some(a),
                 (None, Some(b)) => Some(b),
                 _ => None,
@@ -139,7 +151,7 @@ pub fn inspect(path: &Path, scan_shape: Option<Shape2>) -> Result<Inspection> {
         if let Ok(Located::Shards(links)) = open::locate(&file, path, &opts) {
             ins.source_kind = Some(SourceKind::DectrisMaster);
             for link in links {
-                let exists = link.internal || link.file.exists();
+                let exists = link.internal || link.file.is_file();
                 let mut rep = ShardReport {
                     file: link.file.clone(),
                     exists,
@@ -151,18 +163,27 @@ pub fn inspect(path: &Path, scan_shape: Option<Shape2>) -> Result<Inspection> {
                 if !exists {
                     ins.missing_shards.push(link.file.clone());
                 } else {
+                    // locate() vetted the link (regular file in the master's folder); the path
+                    // inside the shard is vetted here before HDF5 traverses it.
                     let shard_file = if link.internal {
                         None
                     } else {
                         h5::open_read(&link.file).ok()
                     };
                     let holder = shard_file.as_ref().unwrap_or(&file);
-                    if let Ok(ds) = holder.dataset(&link.obj_path) {
+                    let ds = match h5::check_path(holder, &link.obj_path) {
+                        Ok(true) => holder.dataset(&link.obj_path).ok(),
+                        _ => None,
+                    };
+                    if let Some(ds) = ds {
                         rep.frames = ds.shape().first().map(|&n| n as u64);
-                        rep.image_nr_low =
-                            h5::attr_value(&ds, "image_nr_low").and_then(|v| v.u64());
-                        rep.image_nr_high =
-                            h5::attr_value(&ds, "image_nr_high").and_then(|v| v.u64());
+                        let attr = |name| {
+                            open::image_nr_attr(&ds, name).map(|v| {
+                                i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX })
+                            })
+                        };
+                        rep.image_nr_low = attr("image_nr_low");
+                        rep.image_nr_high = attr("image_nr_high");
                         if let Ok(part) = open::describe(&ds, &link.file, &link.name) {
                             rep.compressed_bytes = Some(part.chunks.iter().map(|c| c.size).sum());
                         }
@@ -171,7 +192,11 @@ pub fn inspect(path: &Path, scan_shape: Option<Shape2>) -> Result<Inspection> {
                 ins.shards.push(rep);
             }
             if ins.shards.iter().all(|s| s.frames.is_some()) {
-                ins.actual_frames = Some(ins.shards.iter().filter_map(|s| s.frames).sum());
+                ins.actual_frames = ins
+                    .shards
+                    .iter()
+                    .filter_map(|s| s.frames)
+                    .try_fold(0u64, |a, n| a.checked_add(n));
             }
         }
     }
@@ -184,22 +209,22 @@ pub fn inspect(path: &Path, scan_shape: Option<Shape2>) -> Result<Inspection> {
             ins.actual_frames = Some(src.n_frames);
             ins.scan_shape = Some(src.scan_shape);
             ins.scan_shape_origin = src.metadata.scan_shape_origin;
-            ins.n_missing_frames = src.missing_frames.len() as u64;
-            ins.missing_frames = src.missing_frames.iter().take(100).copied().collect();
+            ins.n_missing_frames = src.missing_frames.len();
+            ins.missing_frames = src.missing_frames.iter().take(100).collect();
             ins.bad_pixels = src
                 .bad_pixel_mask()
                 .map(|m| m.iter().filter(|&&b| b).count());
             ins.compressed_bytes = Some(src.compressed_bytes());
             ins.metadata = Some(src.metadata.clone());
-            if src.missing_frames.is_empty() {
-                ins.ready = true;
-            } else {
+            if let Some(first) = src.missing_frames.first() {
                 ins.reason = Some(format!(
-                    "{} frames were never written (first: {})",
+                    "{} of {} frames were never written (first: {first})",
                     src.missing_frames.len(),
-                    src.missing_frames[0]
+                    src.n_frames
                 ));
                 ins.action = Some("load a scan region that excludes the missing frames".into());
+            } else {
+                ins.ready = true;
             }
         }
         Err(e) => {

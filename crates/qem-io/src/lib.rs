@@ -16,15 +16,18 @@
 //! register so that small compressed datasets (a `pixel_mask`) read through HDF5.
 
 mod cache;
+mod guard;
 mod h5;
 mod inspect;
 mod meta;
 mod open;
 pub mod writer;
 
+pub use guard::{check_regular_file, open_regular, ALLOW_EXTERNAL_LINKS_ENV};
 pub use inspect::{discover, inspect, Inspection, ShardReport};
 
-use qem_core::{fnv1a64, DType, Error, FileIdentity, Metadata, Result, Shape2, FNV_OFFSET};
+use qem_core::{fnv1a64, DType, Error, FileIdentity, Metadata, Region, Result, Shape2, FNV_OFFSET};
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -98,6 +101,88 @@ impl ChunkRecord {
     }
 }
 
+/// Frames whose chunk was never written, as sorted, disjoint, non-empty half-open ranges of
+/// global frame indices: one entry per gap between written chunks, never one per frame, so a
+/// file of a few kB that declares 10^9 frames and holds one costs two ranges, not 8 GB.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MissingFrames {
+    ranges: Vec<Range<u64>>,
+}
+
+impl MissingFrames {
+    /// From sorted, disjoint ranges (empty ones are dropped, touching ones merged).
+    pub(crate) fn from_sorted(ranges: impl IntoIterator<Item = Range<u64>>) -> Self {
+        let mut out: Vec<Range<u64>> = Vec::new();
+        for r in ranges.into_iter().filter(|r| r.start < r.end) {
+            match out.last_mut() {
+                Some(last) if last.end >= r.start => last.end = last.end.max(r.end),
+                _ => out.push(r),
+            }
+        }
+        MissingFrames { ranges: out }
+    }
+    /// The gaps, sorted.
+    pub fn ranges(&self) -> &[Range<u64>] {
+        &self.ranges
+    }
+    /// Number of missing frames.
+    pub fn len(&self) -> u64 {
+        self.ranges.iter().map(|r| r.end - r.start).sum()
+    }
+    /// True when every frame has a written chunk.
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+    /// The first missing frame.
+    pub fn first(&self) -> Option<u64> {
+        self.ranges.first().map(|r| r.start)
+    }
+    /// True when `frame` is missing.
+    pub fn contains(&self, frame: &u64) -> bool {
+        let i = self.ranges.partition_point(|r| r.end <= *frame);
+        self.ranges.get(i).is_some_and(|r| r.contains(frame))
+    }
+    /// The missing frames in order (lazily; take what you need).
+    pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        self.ranges.iter().flat_map(|r| r.clone())
+    }
+    /// The first missing frame inside `region` of a scan with `scan_cols` columns (flat index
+    /// `n = row·scan_cols + col`), in `O(gaps)`.
+    pub fn first_in(&self, scan_cols: usize, region: Region) -> Option<u64> {
+        let cols = scan_cols as u64;
+        let (r0, r1) = (region.row_start as u64, region.row_stop as u64);
+        let (c0, c1) = (region.col_start as u64, region.col_stop as u64);
+        if cols == 0 || r0 >= r1 || c0 >= c1 || c1 > cols {
+            return None;
+        }
+        for gap in &self.ranges {
+            let a = gap.start.max(r0.saturating_mul(cols));
+            let (row, col) = (a / cols, a % cols);
+            let n = if col < c0 {
+                row.checked_mul(cols)?.checked_add(c0)?
+            } else if col >= c1 {
+                (row + 1).checked_mul(cols)?.checked_add(c0)?
+            } else {
+                a
+            };
+            if n / cols >= r1 {
+                // gaps are sorted: later ones start later still
+                return None;
+            }
+            if n < gap.end {
+                return Some(n);
+            }
+        }
+        None
+    }
+}
+
+impl PartialEq<Vec<u64>> for MissingFrames {
+    fn eq(&self, other: &Vec<u64>) -> bool {
+        self.len() == other.len() as u64 && self.iter().eq(other.iter().copied())
+    }
+}
+
 /// An opened acquisition: its files, shapes, metadata and complete chunk index.
 ///
 /// `Source` holds no HDF5 handle, only plain file handles, so it is `Send + Sync` and
@@ -128,8 +213,9 @@ pub struct Source {
     pub codec: ChunkCodec,
     /// Every written chunk, sorted by `first_frame`.
     pub chunks: Vec<ChunkRecord>,
-    /// Frames whose chunk was never written (they would read as the HDF5 fill value).
-    pub missing_frames: Vec<u64>,
+    /// Frames whose chunk was never written (they would read as the HDF5 fill value), as
+    /// ranges.
+    pub missing_frames: MissingFrames,
     /// True when the index came from the in-process cache (every file's size and modification
     /// time were checked unchanged) instead of being read from HDF5 again.
     pub index_from_cache: bool,
@@ -160,9 +246,17 @@ impl Source {
         let handles = self
             .files
             .iter()
-            .map(|f| std::fs::File::open(&f.path).map_err(|e| Error::io("open", &f.path, &e)))
+            .map(|f| guard::open_regular("open", &f.path, "source file"))
             .collect::<Result<Vec<_>>>()?;
         Ok(Source {
+            handles,
+            ..self.index_only()
+        })
+    }
+
+    /// A copy of this source's index holding no file handle (what the cache keeps).
+    fn index_only(&self) -> Source {
+        Source {
             kind: self.kind,
             path: self.path.clone(),
             files: self.files.clone(),
@@ -177,13 +271,34 @@ impl Source {
             chunks: self.chunks.clone(),
             missing_frames: self.missing_frames.clone(),
             index_from_cache: true,
-            handles,
-        })
+            handles: Vec::new(),
+        }
     }
 
-    /// Bytes of one frame: `k_r·k_c·elem_size`.
+    /// Bytes of one frame: `k_r·k_c·elem_size` (checked to fit when the source was opened).
     pub fn frame_bytes(&self) -> usize {
-        self.detector_shape.len() * self.dtype.size()
+        self.detector_shape.len().saturating_mul(self.dtype.size())
+    }
+
+    /// A [`qem_core::ErrorKind::Source`] error naming the first frame of `region` (of the scan
+    /// grid) whose chunk was never written, if there is one.
+    pub fn check_region_complete(&self, region: Region, op: &str) -> Result<()> {
+        match self.missing_frames.first_in(self.scan_shape.cols, region) {
+            None => Ok(()),
+            Some(frame) => Err(Error::source(
+                op,
+                format!(
+                    "the chunk holding this frame was never written ({} of {} frames missing); \
+                     load a scan region that excludes the missing frames",
+                    self.missing_frames.len(),
+                    self.n_frames
+                ),
+            )
+            .with_file(self.file_of_frame(frame))
+            .with_frame(frame)
+            .with_expected("a written chunk for every frame of the scan region")
+            .with_found("no chunk")),
+        }
     }
 
     /// The chunk holding global frame `frame`.

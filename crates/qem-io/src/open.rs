@@ -1,11 +1,15 @@
 //! Opening a source: locating the frame dataset(s), the one-pass chunk index, consistency checks
 //! and scan-shape resolution.
 
+use crate::guard;
 use crate::h5::{self, h5err, RawChunk};
 use crate::meta::{self, MasterInfo};
+use crate::MissingFrames;
 use crate::{ChunkCodec, ChunkRecord, OpenOptions, Source, SourceKind};
 use hdf5::types::{IntSize, TypeDescriptor};
-use qem_core::{DType, Error, FileIdentity, Result, ScanShapeOrigin, Shape2};
+use qem_core::{
+    checked_product, DType, Error, ErrorKind, FileIdentity, Result, ScanShapeOrigin, Shape2,
+};
 use std::path::{Path, PathBuf};
 
 const OP: &str = "open";
@@ -44,22 +48,29 @@ fn shard_number(name: &str) -> Option<u64> {
 
 /// The directory the master lives in (never the process working directory).
 fn master_dir(path: &Path) -> PathBuf {
-    let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    abs.parent().map(Path::to_path_buf).unwrap_or_default()
+    guard::folder_of(path)
+}
+
+/// Check that HDF5 may open the frame dataset at `p` (no refused external link on the way,
+/// see [`crate::guard`]) and that it exists.
+fn check_dataset_path(file: &hdf5::File, path: &Path, p: &str) -> Result<()> {
+    if h5::check_path(file, p).map_err(|e| e.with_file(path))? {
+        Ok(())
+    } else {
+        Err(Error::source(OP, format!("no dataset at \"{p}\""))
+            .with_file(path)
+            .with_expected(format!("a 3-D or 4-D dataset at {p}"))
+            .with_found("nothing"))
+    }
 }
 
 /// Find the frame dataset(s) of `file`.
 pub(crate) fn locate(file: &hdf5::File, path: &Path, opts: &OpenOptions) -> Result<Located> {
     if let Some(p) = &opts.dataset_path {
-        if !h5::path_exists(file, p) {
-            return Err(Error::source(OP, format!("no dataset at \"{p}\""))
-                .with_file(path)
-                .with_expected(format!("a 3-D or 4-D dataset at {p}"))
-                .with_found("nothing"));
-        }
+        check_dataset_path(file, path, p)?;
         return Ok(Located::Inline(p.clone()));
     }
-    if h5::path_exists(file, "/entry/data") {
+    if h5::check_path(file, "/entry/data")? {
         if let Ok(group) = file.group("/entry/data") {
             let names = group
                 .member_names()
@@ -75,7 +86,7 @@ pub(crate) fn locate(file: &hdf5::File, path: &Path, opts: &OpenOptions) -> Resu
                 for (_, name) in numbered {
                     match h5::external_link_target(&group, &name) {
                         Some((fname, obj)) => links.push(ShardLink {
-                            file: dir.join(&fname),
+                            file: guard::resolve_external(OP, path, &dir, &name, &fname)?,
                             obj_path: obj,
                             name,
                             internal: false,
@@ -91,6 +102,7 @@ pub(crate) fn locate(file: &hdf5::File, path: &Path, opts: &OpenOptions) -> Resu
                 return Ok(Located::Shards(links));
             }
             if group.link_exists("data") {
+                check_dataset_path(file, path, "/entry/data/data")?;
                 return Ok(Located::Inline("/entry/data/data".to_string()));
             }
         }
@@ -159,7 +171,7 @@ pub(crate) struct PartInfo {
     pub codec: ChunkCodec,
     /// Chunks with `first_frame` relative to this part and `file` unset (0).
     pub chunks: Vec<ChunkRecord>,
-    pub image_nr: (Option<u64>, Option<u64>),
+    pub image_nr: (Option<i128>, Option<i128>),
     pub scan_attr: Option<Vec<i128>>,
 }
 
@@ -168,11 +180,13 @@ pub(crate) fn describe(ds: &hdf5::Dataset, file: &Path, what: &str) -> Result<Pa
     let shape = ds.shape();
     let (frames, array_scan, det) = match shape.as_slice() {
         [n, r, c] => (*n as u64, None, Shape2::new(*r, *c)),
-        [rr, cc, r, c] => (
-            (*rr as u64) * (*cc as u64),
-            Some(Shape2::new(*rr, *cc)),
-            Shape2::new(*r, *c),
-        ),
+        [rr, cc, r, c] => {
+            let scan = Shape2::new(*rr, *cc);
+            let n = scan
+                .try_len(ErrorKind::Source, OP, &format!("{what}: scan extent"))
+                .map_err(|e| e.with_file(file))?;
+            (n as u64, Some(scan), Shape2::new(*r, *c))
+        }
         other => {
             return Err(
                 Error::source(OP, format!("{what} has the wrong number of dimensions"))
@@ -217,7 +231,17 @@ pub(crate) fn describe(ds: &hdf5::Dataset, file: &Path, what: &str) -> Result<Pa
             .with_expected("little-endian integers")
             .with_found("big-endian"));
     }
-    let frame_bytes = (det.len() * dtype.size()) as u64;
+    let frame_bytes = checked_product(
+        ErrorKind::Source,
+        OP,
+        &format!("{what}: frame size in bytes"),
+        &[
+            ("k_r", det.rows as u64),
+            ("k_c", det.cols as u64),
+            ("bytes per element", dtype.size() as u64),
+        ],
+    )
+    .map_err(|e| e.with_file(file))?;
 
     // Filters.
     let filters = h5::filter_pipeline(ds)
@@ -291,18 +315,33 @@ pub(crate) fn describe(ds: &hdf5::Dataset, file: &Path, what: &str) -> Result<Pa
                 );
             }
             if let Some(base) = h5::contiguous_offset(ds) {
+                // The whole extent must lie in the file before one record is made: the index
+                // is then bounded by the file's size, never by what the header declares.
+                let total = checked_product(
+                    ErrorKind::Source,
+                    OP,
+                    &format!("{what}: contiguous data size"),
+                    &[("frames", frames), ("frame bytes", frame_bytes)],
+                )
+                .map_err(|e| e.with_file(file))?;
+                let end = base.checked_add(total);
+                if end.is_none_or(|end| end > file_size) {
+                    let first_past =
+                        (file_size.saturating_sub(base) / frame_bytes.max(1)).min(frames);
+                    return Err(Error::source(
+                        OP,
+                        format!("{what}: frame extends past the end of the file"),
+                    )
+                    .with_file(file)
+                    .with_frame(first_past)
+                    .with_expected(format!(
+                        "{} bytes",
+                        end.map_or_else(|| "more than 2^64".to_string(), |e| e.to_string())
+                    ))
+                    .with_found(format!("{file_size} bytes")));
+                }
                 for i in 0..frames {
                     let offset = base + i * frame_bytes;
-                    if offset + frame_bytes > file_size {
-                        return Err(Error::source(
-                            OP,
-                            format!("{what}: frame extends past the end of the file"),
-                        )
-                        .with_file(file)
-                        .with_frame(i)
-                        .with_expected(format!("{} bytes", offset + frame_bytes))
-                        .with_found(format!("{file_size} bytes")));
-                    }
                     chunks.push(ChunkRecord {
                         file: 0,
                         offset,
@@ -343,7 +382,7 @@ pub(crate) fn describe(ds: &hdf5::Dataset, file: &Path, what: &str) -> Result<Pa
                         .with_file(file)
                 })?;
                 let stored_raw = codec == ChunkCodec::Raw || rec.filter_mask & 1 != 0;
-                let raw_size = rec.frames_in_chunk as u64 * frame_bytes;
+                let raw_size = (rec.frames_in_chunk as u64).saturating_mul(frame_bytes);
                 if stored_raw && rec.size != raw_size {
                     return Err(Error::source(
                         OP,
@@ -379,8 +418,8 @@ pub(crate) fn describe(ds: &hdf5::Dataset, file: &Path, what: &str) -> Result<Pa
     chunks.sort_by_key(|c| c.first_frame);
 
     let image_nr = (
-        h5::attr_value(ds, "image_nr_low").and_then(|v| v.u64()),
-        h5::attr_value(ds, "image_nr_high").and_then(|v| v.u64()),
+        image_nr_attr(ds, "image_nr_low"),
+        image_nr_attr(ds, "image_nr_high"),
     );
     let scan_attr = h5::attr_value(ds, "scan_shape").and_then(|v| v.ints());
     Ok(PartInfo {
@@ -393,6 +432,14 @@ pub(crate) fn describe(ds: &hdf5::Dataset, file: &Path, what: &str) -> Result<Pa
         image_nr,
         scan_attr,
     })
+}
+
+/// An `image_nr_low`/`image_nr_high` attribute as the integer it holds (negative values kept,
+/// so they are reported as they are).
+pub(crate) fn image_nr_attr(ds: &hdf5::Dataset, name: &str) -> Option<i128> {
+    h5::attr_value(ds, name)
+        .and_then(|v| v.ints())
+        .and_then(|v| v.first().copied())
 }
 
 /// How chunk offsets map to flat frame ranges.
@@ -495,14 +542,11 @@ impl ChunkPlan {
     }
 }
 
-/// Open `path` with HDF5, as a typed error naming it.
+/// Open `path` with HDF5, as a typed error naming it. Only a regular file is opened
+/// ([`guard::check_regular_file`]): a FIFO, device, socket, directory or symlink loop is refused
+/// before HDF5 could block on it.
 pub(crate) fn open_h5(path: &Path, what: &str) -> Result<hdf5::File> {
-    if !path.exists() {
-        return Err(Error::source(OP, format!("{what} not found"))
-            .with_file(path)
-            .with_expected("an existing file")
-            .with_found("no such file"));
-    }
+    guard::check_regular_file(OP, path, what)?;
     h5::open_read(path).map_err(|e| h5err(OP, path, &format!("cannot open {what} as HDF5"), e))
 }
 
@@ -514,7 +558,7 @@ pub(crate) struct Scanned {
     pub parts: Vec<PartInfo>,
     pub chunks: Vec<ChunkRecord>,
     pub n_frames: u64,
-    pub missing_frames: Vec<u64>,
+    pub missing_frames: MissingFrames,
 }
 
 /// Describe every part and merge their chunk indices (first_frame global, file indices set).
@@ -523,12 +567,13 @@ pub(crate) fn scan_parts(file: &hdf5::File, path: &Path, located: &Located) -> R
     let mut parts = Vec::new();
     let (kind, dataset_path) = match located {
         Located::Inline(p) => {
+            check_dataset_path(file, path, p)?;
             let ds = file
                 .dataset(p)
                 .map_err(|e| h5err(OP, path, &format!("cannot open dataset {p}"), e))?;
             let mut part = describe(&ds, path, p)?;
-            if let (Some(lo), Some(hi)) = part.image_nr {
-                check_image_nr(lo, hi, 0, part.frames, path)?;
+            if let (Some(_), Some(_)) = part.image_nr {
+                check_image_nr(part.image_nr, 0, part.frames, path)?;
             }
             part.chunks.iter_mut().for_each(|c| c.file = 0);
             parts.push(part);
@@ -536,7 +581,18 @@ pub(crate) fn scan_parts(file: &hdf5::File, path: &Path, located: &Located) -> R
         }
         Located::Shards(links) => {
             for link in links {
-                if !link.internal && !link.file.exists() {
+                if !link.internal && std::fs::metadata(&link.file).is_err() {
+                    // A loop or an unreadable path says so; only "not found" is a missing shard.
+                    if let Err(e) = std::fs::metadata(&link.file) {
+                        if e.kind() != std::io::ErrorKind::NotFound {
+                            return Err(guard::stat_error(
+                                OP,
+                                &link.file,
+                                &format!("shard {}", link.name),
+                                &e,
+                            ));
+                        }
+                    }
                     return Err(Error::source(
                         OP,
                         format!(
@@ -555,13 +611,20 @@ pub(crate) fn scan_parts(file: &hdf5::File, path: &Path, located: &Located) -> R
                 .unwrap_or_default();
             let mut cum = 0u64;
             for link in links {
+                let holder_file = if link.internal {
+                    path
+                } else {
+                    link.file.as_path()
+                };
                 let (ds, fidx) = if link.internal {
+                    h5::check_path(file, &link.obj_path).map_err(|e| e.with_file(holder_file))?;
                     let ds = file.dataset(&link.obj_path).map_err(|e| {
                         h5err(OP, path, &format!("cannot open {}", link.obj_path), e)
                     })?;
                     (ds, 0u32)
                 } else {
                     let f = open_h5(&link.file, "shard")?;
+                    h5::check_path(&f, &link.obj_path).map_err(|e| e.with_file(holder_file))?;
                     let ds = f.dataset(&link.obj_path).map_err(|e| {
                         h5err(
                             OP,
@@ -609,48 +672,59 @@ pub(crate) fn scan_parts(file: &hdf5::File, path: &Path, located: &Located) -> R
                         .with_found(format!("{:?}", part.codec)));
                     }
                 }
-                let (lo, hi) = part.image_nr;
-                if lo.is_some() || hi.is_some() {
-                    check_image_nr(lo.unwrap_or(0), hi.unwrap_or(0), cum, part.frames, fpath)?;
+                if part.image_nr.0.is_some() || part.image_nr.1.is_some() {
+                    check_image_nr(part.image_nr, cum, part.frames, fpath)?;
                 }
                 for c in &mut part.chunks {
                     c.file = fidx;
                     c.first_frame += cum;
                 }
-                cum += part.frames;
+                cum = cum.checked_add(part.frames).ok_or_else(|| {
+                    Error::source(OP, "the shards' frame counts overflow 64 bits")
+                        .with_file(fpath)
+                        .with_expected(format!("<= {} frames in all", u64::MAX))
+                        .with_found(format!("{cum} + {} frames", part.frames))
+                })?;
                 parts.push(part);
             }
             (SourceKind::DectrisMaster, dsp)
         }
     };
-    let n_frames: u64 = parts.iter().map(|p| p.frames).sum();
+    let n_frames = parts.iter().try_fold(0u64, |a, p| a.checked_add(p.frames));
+    let n_frames = n_frames.ok_or_else(|| {
+        Error::source(OP, "the frame count overflows 64 bits")
+            .with_file(path)
+            .with_expected(format!("<= {} frames", u64::MAX))
+    })?;
     let mut chunks: Vec<ChunkRecord> = parts
         .iter()
         .flat_map(|p| p.chunks.iter().copied())
         .collect();
     chunks.sort_by_key(|c| c.first_frame);
-    let mut covered = vec![false; n_frames as usize];
+    // One sweep over the written chunks (sorted): overlaps are errors, gaps are the missing
+    // frames, kept as ranges. Nothing here is sized by the declared frame count.
+    let mut gaps = Vec::new();
+    let mut next = 0u64;
     for c in &chunks {
-        for f in c.first_frame..(c.first_frame + c.valid_frames as u64).min(n_frames) {
-            if covered[f as usize] {
-                return Err(Error::source(OP, "two chunks claim the same frame")
-                    .with_file(
-                        files
-                            .get(c.file as usize)
-                            .map(PathBuf::as_path)
-                            .unwrap_or(path),
-                    )
-                    .with_frame(f));
-            }
-            covered[f as usize] = true;
+        let end = c
+            .first_frame
+            .saturating_add(c.valid_frames as u64)
+            .min(n_frames);
+        if c.first_frame < next {
+            return Err(Error::source(OP, "two chunks claim the same frame")
+                .with_file(
+                    files
+                        .get(c.file as usize)
+                        .map(PathBuf::as_path)
+                        .unwrap_or(path),
+                )
+                .with_frame(c.first_frame));
         }
+        gaps.push(next..c.first_frame.min(n_frames));
+        next = next.max(end);
     }
-    let missing_frames = covered
-        .iter()
-        .enumerate()
-        .filter(|(_, &c)| !c)
-        .map(|(i, _)| i as u64)
-        .collect();
+    gaps.push(next..n_frames);
+    let missing_frames = MissingFrames::from_sorted(gaps);
     Ok(Scanned {
         kind,
         dataset_path,
@@ -662,16 +736,28 @@ pub(crate) fn scan_parts(file: &hdf5::File, path: &Path, located: &Located) -> R
     })
 }
 
-fn check_image_nr(lo: u64, hi: u64, cum: u64, frames: u64, file: &Path) -> Result<()> {
-    let (elo, ehi) = (cum + 1, cum + frames);
-    if lo != elo || hi != ehi {
+/// Check `(image_nr_low, image_nr_high)` (1-based, inclusive; as stored, negative values
+/// included) against the shard's place in the series; an absent one is reported as absent.
+fn check_image_nr(
+    (lo, hi): (Option<i128>, Option<i128>),
+    cum: u64,
+    frames: u64,
+    file: &Path,
+) -> Result<()> {
+    let (elo, ehi) = (cum as i128 + 1, cum as i128 + frames as i128);
+    if lo != Some(elo) || hi != Some(ehi) {
+        let show = |v: Option<i128>| v.map_or_else(|| "absent".to_string(), |v| v.to_string());
         return Err(Error::source(
             OP,
             "image_nr_low/image_nr_high do not match the shard's position in the series",
         )
         .with_file(file)
         .with_expected(format!("image_nr {elo}..={ehi}"))
-        .with_found(format!("image_nr {lo}..={hi}")));
+        .with_found(format!(
+            "image_nr_low = {}, image_nr_high = {}",
+            show(lo),
+            show(hi)
+        )));
     }
     Ok(())
 }
@@ -720,6 +806,21 @@ pub(crate) fn resolve_scan_shape(
         .with_expected("scan_shape with rows*cols == frames present")
         .with_found(format!("{n_frames} frames, not a perfect square")));
     };
+    let kind = if origin == ScanShapeOrigin::Argument {
+        ErrorKind::InvalidArgument
+    } else {
+        ErrorKind::Source
+    };
+    let what = match origin {
+        ScanShapeOrigin::Argument => "given scan_shape",
+        ScanShapeOrigin::ArrayShape => "array scan shape",
+        ScanShapeOrigin::Attribute => "recorded scan_shape",
+        ScanShapeOrigin::TriggerRules => "scan shape (ntrigger, nimages)",
+        ScanShapeOrigin::PerfectSquare => "square scan shape",
+    };
+    shape
+        .try_len(kind, OP, what)
+        .map_err(|e| e.with_file(path))?;
     if shape.len() as u64 != n_frames || shape.is_empty() {
         let origin_s = match origin {
             ScanShapeOrigin::Argument => "given scan_shape",
@@ -800,6 +901,10 @@ pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Source> {
     } else {
         None
     };
+    if let Some(s) = opts.scan_shape {
+        s.try_len(ErrorKind::InvalidArgument, OP, "given scan_shape")
+            .map_err(|e| e.with_file(path))?;
+    }
     if let (Some(s), Some(a)) = (opts.scan_shape, array_scan) {
         if s.len() != a.len() {
             return Err(
@@ -823,7 +928,7 @@ pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Source> {
     let mut handles = Vec::with_capacity(scanned.files.len());
     for f in &scanned.files {
         identities.push(FileIdentity::of(f)?);
-        handles.push(std::fs::File::open(f).map_err(|e| Error::io(OP, f, &e))?);
+        handles.push(guard::open_regular(OP, f, "source file")?);
     }
     drop(file);
 

@@ -172,6 +172,9 @@ fn validate(p: &WriteParams) -> Result<()> {
             format!("scan {}, detector {}", p.scan_shape, p.detector_shape),
         );
     }
+    for (what, shape) in [("scan", p.scan_shape), ("detector", p.detector_shape)] {
+        shape.try_len(ErrorKind::InvalidArgument, OP, &format!("{what} shape"))?;
+    }
     if p.frames_per_file == 0 || p.frames_per_chunk == 0 {
         return inv(
             "frames_per_file and frames_per_chunk must be positive",
@@ -459,6 +462,88 @@ fn write_frames(
     put_attr_u64(&dset, "image_nr_low", lo + 1).map_err(|e| werr(file, "image_nr_low", e))?;
     put_attr_u64(&dset, "image_nr_high", hi).map_err(|e| werr(file, "image_nr_high", e))?;
     Ok(totals)
+}
+
+/// Write a self-contained HDF5 file holding one uncompressed `u16` dataset `/data` of extent
+/// `dims` (3-D or 4-D), chunked by `chunk_dims`, of which only the chunks at the element
+/// offsets `written` are stored (each filled with `value`).
+///
+/// Hostile-input test data: a file of a few kB can declare billions of frames (e.g.
+/// `(31623, 31623, 64, 64)` with chunks `(1, 1, 64, 64)` and one chunk written), which a
+/// reader must not size anything by.
+pub fn write_sparse_dataset(
+    path: &Path,
+    dims: &[u64],
+    chunk_dims: &[u64],
+    written: &[Vec<u64>],
+    value: u16,
+) -> Result<()> {
+    h5::init();
+    let inv = |what: &str| Err(Error::invalid(OP, what.to_string()).with_file(path));
+    if dims.len() != chunk_dims.len() || !(3..=4).contains(&dims.len()) {
+        return inv("dims and chunk_dims must both have 3 or 4 entries");
+    }
+    let chunk_elems = chunk_dims
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d))
+        .filter(|&n| n > 0 && n < (1 << 30));
+    let Some(chunk_elems) = chunk_elems else {
+        return inv("a chunk must hold between 1 and 2^30 elements");
+    };
+    let chunk: Vec<u8> = value.to_le_bytes().repeat(chunk_elems as usize);
+    let f = h5::create_write(path).map_err(|e| werr(path, "create", e))?;
+    let rank = dims.len() as i32;
+    hdf5::sync::sync(|| {
+        // SAFETY: raw HDF5 calls on ids created and closed here; `dims`, `chunk_dims`, each
+        // offset and `chunk` outlive the calls that read them.
+        unsafe {
+            let space = hdf5_sys::h5s::H5Screate_simple(rank, dims.as_ptr(), std::ptr::null());
+            if space < 0 {
+                return Err(werr(path, "H5Screate_simple failed", format!("{dims:?}")));
+            }
+            let dcpl = hdf5_sys::h5p::H5Pcreate(*hdf5_sys::h5p::H5P_CLS_DATASET_CREATE);
+            let ok = dcpl >= 0 && hdf5_sys::h5p::H5Pset_chunk(dcpl, rank, chunk_dims.as_ptr()) >= 0;
+            let ds = if ok {
+                hdf5_sys::h5d::H5Dcreate2(
+                    f.id(),
+                    c"data".as_ptr(),
+                    *hdf5_sys::h5t::H5T_STD_U16LE,
+                    space,
+                    hdf5_sys::h5p::H5P_DEFAULT,
+                    dcpl,
+                    hdf5_sys::h5p::H5P_DEFAULT,
+                )
+            } else {
+                -1
+            };
+            let mut result = Ok(());
+            if ds < 0 {
+                result = Err(werr(path, "H5Dcreate2 failed", format!("{dims:?}")));
+            } else {
+                for off in written {
+                    if off.len() != dims.len()
+                        || hdf5_sys::h5d::H5Dwrite_chunk(
+                            ds,
+                            hdf5_sys::h5p::H5P_DEFAULT,
+                            0,
+                            off.as_ptr(),
+                            chunk.len(),
+                            chunk.as_ptr().cast(),
+                        ) < 0
+                    {
+                        result = Err(werr(path, "H5Dwrite_chunk failed", format!("{off:?}")));
+                        break;
+                    }
+                }
+                hdf5_sys::h5d::H5Dclose(ds);
+            }
+            if dcpl >= 0 {
+                hdf5_sys::h5p::H5Pclose(dcpl);
+            }
+            hdf5_sys::h5s::H5Sclose(space);
+            result
+        }
+    })
 }
 
 fn put_attr_u64(loc: &hdf5::Location, name: &str, v: u64) -> hdf5::Result<()> {
