@@ -1,7 +1,9 @@
 //! `quantem-gpu inspect PATH`: can this source be loaded, and if not why.
 //!
 //! A source that is not ready is a successful inspection (exit 0, `ready: false` with the
-//! reason); only a failure of the inspection itself (a missing file, an unreadable one) exits 3.
+//! reason); a failure of the inspection itself exits 3 with the reason: a missing file, a
+//! symlink loop, something that is not a regular file (a directory, FIFO, device or socket), a
+//! file that cannot be opened (permissions) or is not HDF5.
 
 use crate::args::{shape2, InspectArgs};
 use crate::print_out;

@@ -3,9 +3,9 @@
 use crate::backend::{cpu_description, cuda_description, resolve_backend, Backend, BackendRequest};
 use crate::dataset::{Dataset, Representation, Storage};
 use qem_core::{
-    CodecInfo, DType, DenseArray, DtypeRequest, Error, FileIdentity, MaskPolicy, Metadata,
-    NoProgress, Progress, Provenance, Region, Result, ScanShapeOrigin, Shape2, StageTiming,
-    PACKAGE_VERSION,
+    checked_product, CodecInfo, DType, DenseArray, DtypeRequest, Error, ErrorKind, FileIdentity,
+    MaskPolicy, Metadata, NoProgress, Progress, Provenance, Region, Result, ScanShapeOrigin,
+    Shape2, StageTiming, PACKAGE_VERSION,
 };
 use qem_cpu::{FramePlan, LoadHooks};
 use std::path::{Path, PathBuf};
@@ -197,7 +197,16 @@ pub(crate) fn plan_load(
             .with_expected(">= 1")
             .with_found("0"));
     }
-    let bin2 = (params.det_bin * params.det_bin) as u64;
+    let bin2 = (params.det_bin as u64)
+        .checked_mul(params.det_bin as u64)
+        .ok_or_else(|| {
+            Error::invalid(
+                "load",
+                "det_bin is absurdly large: det_bin^2 overflows 64 bits",
+            )
+            .with_expected("a bin no larger than the detector")
+            .with_found(params.det_bin.to_string())
+        })?;
     let result_dtype = params
         .dtype
         .result_dtype(source_dtype, source_dtype.max_value().saturating_mul(bin2));
@@ -210,7 +219,23 @@ pub(crate) fn plan_load(
         saturate,
         bad,
     )?;
-    let bytes = (scan_region.shape().len() * plan.output_len() * result_dtype.size()) as u64;
+    // Checked: every factor comes from a file or a caller. A plan larger than this machine
+    // could address is refused here, for every backend, before anything is allocated.
+    let bytes = checked_product(
+        ErrorKind::MemoryBudget,
+        "load",
+        "the planned result size in bytes",
+        &[
+            ("scan positions", scan_region.shape().len() as u64),
+            ("pixels per frame", plan.output_len() as u64),
+            ("bytes per pixel", result_dtype.size() as u64),
+        ],
+    )?;
+    if bytes > isize::MAX as u64 {
+        return Err(Error::memory_budget("load", bytes, isize::MAX as u64).with_op(
+            "load (the planned result is larger than addressable memory; crop with scan_region or bin with det_bin)",
+        ));
+    }
     let representation = match params.representation {
         Some(_) => representation,
         None => effective_representation(None, backend, result_dtype),
@@ -359,6 +384,11 @@ fn load_path(
         },
     )?;
     let t_open = t.elapsed().as_secs_f64();
+    // Frames never written fail here, naming the first one in the requested region, before
+    // any plan or buffer is sized (a file may declare billions of frames and hold one).
+    let region = params.scan_region.unwrap_or(src.scan_shape.full());
+    region.validate(src.scan_shape, "scan_region")?;
+    src.check_region_complete(region, "load")?;
     let mask = src.bad_pixel_mask();
     let bad_count = mask
         .as_ref()
@@ -507,7 +537,11 @@ fn load_in_memory(
 ) -> Result<Dataset> {
     let t_total = Instant::now();
     let (n_frames, detector, array_scan) = match *shape {
-        [r, c, kr, kc] => (r * c, Shape2::new(kr, kc), Some(Shape2::new(r, c))),
+        [r, c, kr, kc] => {
+            let scan = Shape2::new(r, c);
+            let n = scan.try_len(ErrorKind::InvalidArgument, "load", "array scan shape")?;
+            (n, Shape2::new(kr, kc), Some(scan))
+        }
         [n, kr, kc] => (n, Shape2::new(kr, kc), None),
         _ => {
             return Err(
@@ -535,6 +569,7 @@ fn load_in_memory(
             }
         },
     };
+    scan.try_len(ErrorKind::InvalidArgument, "load", "scan_shape")?;
     if scan.len() != n_frames {
         return Err(
             Error::source("load", "scan shape does not match the number of frames")
@@ -542,10 +577,20 @@ fn load_in_memory(
                 .with_found(format!("{scan} = {} frames", scan.len())),
         );
     }
-    if data.len() != n_frames * detector.len() {
+    let elements = checked_product(
+        ErrorKind::InvalidArgument,
+        "load",
+        "the array's element count",
+        &[
+            ("frames", n_frames as u64),
+            ("k_r", detector.rows as u64),
+            ("k_c", detector.cols as u64),
+        ],
+    )?;
+    if data.len() as u64 != elements {
         return Err(
             Error::invalid("load", "array size does not match its shape")
-                .with_expected(format!("{} elements", n_frames * detector.len()))
+                .with_expected(format!("{elements} elements"))
                 .with_found(format!("{} elements", data.len())),
         );
     }

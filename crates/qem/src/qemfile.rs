@@ -22,8 +22,8 @@ use crate::load::{finish, gpu_params, plan_load, LoadParams, Loaded, SourceFacts
 use qem_codec::qem_file::{QemFile, QemFileError, QemWriter, MAGIC};
 use qem_codec::rans::CountsModel;
 use qem_core::{
-    fnv1a64, DType, DtypeRequest, Error, ErrorKind, FileIdentity, Metadata, Progress, Provenance,
-    Result, Shape2, StageTiming, FNV_OFFSET,
+    checked_product, fnv1a64, DType, DtypeRequest, Error, ErrorKind, FileIdentity, Metadata,
+    Progress, Provenance, Result, Shape2, StageTiming, FNV_OFFSET,
 };
 use qem_cpu::EncodedFrames;
 use std::io::Read;
@@ -68,8 +68,12 @@ pub fn qem_file_error(op: &str, path: &Path, e: QemFileError) -> Error {
 
 /// Whether `path` is a `.qem` file (by its magic). A file named `*.qem` without the magic is a
 /// `Source` error; a file that cannot be opened is left to the HDF5 opener to report.
+///
+/// Anything that is not a regular file (a FIFO, device, directory, symlink loop) is "not a
+/// `.qem` file" here without being opened (an `open` of a FIFO would block), and the HDF5
+/// opener then refuses it with a typed error.
 pub fn is_qem_file(path: &Path) -> Result<bool> {
-    let Ok(mut f) = std::fs::File::open(path) else {
+    let Ok(mut f) = qem_io::open_regular("open", path, "file") else {
         return Ok(false);
     };
     let mut head = [0u8; 8];
@@ -219,6 +223,43 @@ pub fn save(ds: &Dataset, path: &Path, progress: &dyn Progress) -> Result<SaveSu
     })
 }
 
+/// Remove `<name>.tmp-<pid>-<n>` files next to `path` left by saves whose process is gone
+/// (killed mid-way: the writer's own cleanup never ran). A temporary of a live process (this
+/// one included: another thread may be saving) is left alone, so is anything whose name does
+/// not parse; the file at `path` itself is never touched. Best effort: a failure to list or
+/// remove is ignored (the save goes on; the next one tries again).
+fn remove_stale_temporaries(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return;
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let prefix = format!("{name}.tmp-");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(rest) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            continue;
+        };
+        let Some((pid, n)) = rest.split_once('-') else {
+            continue;
+        };
+        let (Ok(pid), true) = (pid.parse::<u32>(), n.bytes().all(|b| b.is_ascii_digit())) else {
+            continue;
+        };
+        let alive = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        if !alive && is_file {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// Options of [`read_qem`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QemReadParams {
@@ -271,10 +312,16 @@ fn shape_field(path: &Path, meta: &serde_json::Value, key: &str) -> Result<Shape
         .as_array()
         .map(|a| a.iter().map(|x| x.as_u64()).collect::<Vec<_>>())
     {
-        Some(a) if a.len() == 2 && a.iter().all(|x| x.is_some_and(|n| n > 0)) => Ok(Shape2::new(
-            a[0].unwrap_or(0) as usize,
-            a[1].unwrap_or(0) as usize,
-        )),
+        Some(a) if a.len() == 2 && a.iter().all(|x| x.is_some_and(|n| n > 0)) => {
+            let s = Shape2::new(a[0].unwrap_or(0) as usize, a[1].unwrap_or(0) as usize);
+            s.try_len(
+                ErrorKind::Source,
+                "open .qem",
+                &format!("Metadata section: {key}"),
+            )
+            .map_err(|e| e.with_file(path))?;
+            Ok(s)
+        }
         _ => Err(meta_error(
             path,
             key,
@@ -289,6 +336,7 @@ fn shape_field(path: &Path, meta: &serde_json::Value, key: &str) -> Result<Shape
 pub fn read_qem(path: &Path, params: &QemReadParams) -> Result<QemContents> {
     let op = "open .qem";
     let t = Instant::now();
+    qem_io::check_regular_file(op, path, ".qem file")?;
     let mut f = QemFile::open_lazy(path).map_err(|e| qem_file_error(op, path, e))?;
     let mut timings = vec![StageTiming {
         stage: "read .qem + check header, table, small sections".into(),
@@ -331,6 +379,18 @@ pub fn read_qem(path: &Path, params: &QemReadParams) -> Result<QemContents> {
     }
     let scan_shape = shape_field(path, meta, "scan_shape")?;
     let detector_shape = shape_field(path, meta, "detector_shape")?;
+    // The dense size must exist as a number: it sizes a decode and the provenance.
+    checked_product(
+        ErrorKind::Source,
+        op,
+        "Metadata section: the dense size (scan x detector x 2 bytes)",
+        &[
+            ("scan positions", scan_shape.len() as u64),
+            ("pixels per frame", detector_shape.len() as u64),
+            ("bytes per count", 2),
+        ],
+    )
+    .map_err(|e| e.with_file(path))?;
     let dtype: DType = serde_json::from_value(meta["dtype"].clone()).map_err(|_| {
         meta_error(
             path,
