@@ -1,12 +1,24 @@
 //! The Python `Dataset` class: a thin handle on a [`qem::Dataset`].
+//!
+//! The dataset is shared (`Arc`) between the Python object and the worker threads of running
+//! calls ([`run_on`]), behind a read-write lock: every call holds a read guard while it runs,
+//! and nothing ever waits for a write. `close()` asks for the data to be released: at once
+//! when no call is running, else by the last running call when it ends (a call interrupted by
+//! Ctrl-C may still be finishing in the background). From the moment `close()` returns, the
+//! dataset reads as closed and new calls are refused. So closing from another thread, or in a
+//! `with` block's exit after Ctrl-C, never blocks and never fails. The class is `frozen` (no
+//! `&mut self`), so PyO3's borrow flag (`RuntimeError: Already borrowed`) never comes into it.
 
 use crate::convert::{dense_to_numpy, to_py};
 use crate::errors::{to_pyerr, IntoPyResult};
+use crate::watch::{run_watched, Watch};
 use numpy::PyArrayDescr;
 use pyo3::exceptions::{PyAttributeError, PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use qem::{DType, Error, ErrorKind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock, TryLockError};
 
 /// Above this many bytes `to_numpy()` / `np.asarray()` refuse unless `force=True`.
 const TO_NUMPY_LIMIT: u64 = 4 << 30;
@@ -15,21 +27,102 @@ const TO_NUMPY_LIMIT: u64 = 4 << 30;
 ///
 /// Made by ``io.load``. ``ds[r, c]`` is one detector frame as numpy; ``ds.to_numpy()`` the
 /// dense 4-D array. Use as a context manager (or call ``close()``) to release its memory.
-#[pyclass(name = "Dataset", module = "quantem.gpu.io")]
+#[pyclass(name = "Dataset", module = "quantem.gpu.io", frozen)]
 #[derive(Debug)]
 pub struct PyDataset {
-    inner: qem::Dataset,
+    shared: Arc<Shared>,
+}
+
+/// The dataset and its close request, shared with running calls.
+#[derive(Debug)]
+pub struct Shared {
+    ds: RwLock<qem::Dataset>,
+    close_requested: AtomicBool,
+}
+
+impl Shared {
+    /// `f(dataset)` under a read guard; afterwards a pending close is carried out if no other
+    /// guard is held.
+    pub fn read<R>(&self, f: impl FnOnce(&qem::Dataset) -> R) -> R {
+        let out = {
+            let guard = self.ds.read().unwrap_or_else(PoisonError::into_inner);
+            f(&guard)
+        };
+        self.settle();
+        out
+    }
+
+    /// True once `close()` was called (the data may still be in use by a finishing call).
+    pub fn closing(&self) -> bool {
+        self.close_requested.load(Ordering::SeqCst)
+    }
+
+    fn request_close(&self) {
+        self.close_requested.store(true, Ordering::SeqCst);
+        self.settle();
+    }
+
+    /// Release the data if a close was asked for and no call holds it. Never waits: a call
+    /// holding a read guard runs `settle` itself when it ends.
+    fn settle(&self) {
+        if !self.closing() {
+            return;
+        }
+        let mut guard = match self.ds.try_write() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        if !guard.is_closed() {
+            guard.close();
+        }
+    }
+}
+
+/// The error of a call on a closed dataset (the engine's own words for it).
+pub fn closed_error(op: &str) -> PyErr {
+    to_pyerr(
+        Error::invalid(op, "the dataset has been closed")
+            .with_expected("an open dataset")
+            .with_found("closed"),
+    )
 }
 
 impl PyDataset {
     pub fn new(inner: qem::Dataset) -> Self {
-        PyDataset { inner }
+        PyDataset {
+            shared: Arc::new(Shared {
+                ds: RwLock::new(inner),
+                close_requested: AtomicBool::new(false),
+            }),
+        }
     }
 
-    /// The library dataset.
-    pub fn inner(&self) -> &qem::Dataset {
-        &self.inner
+    /// `f(dataset)` on the calling thread (short calls and metadata).
+    pub fn with<R>(&self, f: impl FnOnce(&qem::Dataset) -> R) -> R {
+        self.shared.read(f)
     }
+
+    /// Refuse a call on a dataset that is closed or closing.
+    pub fn check_open(&self, op: &str) -> PyResult<()> {
+        if self.shared.closing() {
+            Err(closed_error(op))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Run `work(dataset, watch)` as a long call (see [`crate::watch`]): on a worker thread that
+/// holds the dataset for as long as it runs, with Ctrl-C answered at once.
+pub fn run_on<T, F>(py: Python<'_>, dataset: &PyDataset, op: &str, work: F) -> PyResult<T>
+where
+    T: Send + 'static,
+    F: FnOnce(&qem::Dataset, &Watch) -> qem::Result<T> + Send + 'static,
+{
+    dataset.check_open(op)?;
+    let shared = Arc::clone(&dataset.shared);
+    run_watched(py, op, None, move |w| shared.read(|ds| work(ds, &w)))
 }
 
 fn numpy_dtype(py: Python<'_>, dtype: DType) -> Bound<'_, PyArrayDescr> {
@@ -68,57 +161,60 @@ impl PyDataset {
     /// ``(R_r, R_c, k_r, k_c)`` of the loaded data (after regions and binning).
     #[getter]
     fn shape(&self) -> (usize, usize, usize, usize) {
-        let [a, b, c, d] = self.inner.shape();
+        let [a, b, c, d] = self.with(|d| d.shape());
         (a, b, c, d)
     }
 
     /// numpy dtype of the counts.
     #[getter]
     fn dtype<'py>(&self, py: Python<'py>) -> Bound<'py, PyArrayDescr> {
-        numpy_dtype(py, self.inner.dtype())
+        numpy_dtype(py, self.with(|d| d.dtype()))
     }
 
     /// Backend holding the data (``"cpu"`` or ``"cuda"``).
     #[getter]
     fn backend(&self) -> String {
-        self.inner.backend().name().to_string()
+        self.with(|d| d.backend().name().to_string())
     }
 
     /// Device description (CPU model and threads, or GPU model).
     #[getter]
     fn device(&self) -> String {
-        self.inner.device().to_string()
+        self.with(|d| d.device().to_string())
     }
 
     /// Source metadata as a dict (``None`` where the source does not say).
     #[getter]
     fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        to_py(py, self.inner.metadata())
+        self.with(|d| to_py(py, d.metadata()))
     }
 
     /// How the dataset was made: files, regions, bins, dtypes, mask policy, backend, version.
     #[getter]
     fn provenance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        to_py(py, self.inner.provenance())
+        self.with(|d| to_py(py, d.provenance()))
     }
 
     /// Bytes the data occupies where it lives (0 once closed); for ENCODED data the streams,
     /// their index and the model.
     #[getter]
     fn nbytes_resident(&self) -> u64 {
-        self.inner.nbytes_resident()
+        if self.shared.closing() {
+            return 0;
+        }
+        self.with(|d| d.nbytes_resident())
     }
 
     /// ``io.DataRepresentation.DENSE`` or ``.ENCODED``.
     #[getter]
     fn representation<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        representation(py, self.inner.representation())
+        representation(py, self.with(|d| d.representation()))
     }
 
     /// True after ``close()``.
     #[getter]
     fn closed(&self) -> bool {
-        self.inner.is_closed()
+        self.shared.closing() || self.with(|d| d.is_closed())
     }
 
     /// One detector frame ``(k_r, k_c)`` at scan position ``[row, col]`` (negative counts from the end).
@@ -128,10 +224,11 @@ impl PyDataset {
                 "index a Dataset with two integers, ds[row, col]; use ds.to_numpy() for slices",
             )
         })?;
-        let [rows, cols, k_r, k_c] = self.inner.shape();
+        let [rows, cols, k_r, k_c] = self.with(|d| d.shape());
         let r = wrap_index("row", row, rows)?;
         let c = wrap_index("column", col, cols)?;
-        let frame = py.detach(|| self.inner.frame(r, c)).py()?;
+        self.check_open("frame")?;
+        let frame = py.detach(|| self.with(|d| d.frame(r, c))).py()?;
         dense_to_numpy(py, frame, &[k_r, k_c])
     }
 
@@ -143,9 +240,8 @@ impl PyDataset {
     ///     Make the copy even above 4 GiB (otherwise a ``MemoryBudgetError``).
     #[pyo3(signature = (force = false))]
     fn to_numpy(&self, py: Python<'_>, force: bool) -> PyResult<Py<PyAny>> {
-        let shape = self.inner.shape();
-        let nbytes =
-            shape.iter().map(|&n| n as u64).product::<u64>() * self.inner.dtype().size() as u64;
+        let (shape, dtype) = self.with(|d| (d.shape(), d.dtype()));
+        let nbytes = shape.iter().map(|&n| n as u64).product::<u64>() * dtype.size() as u64;
         if nbytes > TO_NUMPY_LIMIT && !force {
             return Err(to_pyerr(
                 Error::new(
@@ -154,7 +250,7 @@ impl PyDataset {
                     format!(
                         "a dense copy of {:?} {} needs {:.2} GiB; pass force=True to make it anyway",
                         shape,
-                        self.inner.dtype().numpy_name(),
+                        dtype.numpy_name(),
                         nbytes as f64 / f64::from(1u32 << 30)
                     ),
                 )
@@ -162,8 +258,7 @@ impl PyDataset {
                 .with_found(format!("{nbytes} bytes")),
             ));
         }
-        let inner = &self.inner;
-        let dense = py.detach(|| crate::engine::to_host(inner)).py()?;
+        let dense = run_on(py, self, "to_numpy", |d, _| crate::engine::to_host(d))?;
         dense_to_numpy(py, dense, &shape)
     }
 
@@ -176,18 +271,23 @@ impl PyDataset {
     /// ``False``); use ``to_numpy()``.
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let backend = self.inner.backend().name();
+        let (backend, repr) = self.with(|d| (d.backend().name(), d.representation()));
         if backend != "cuda" {
             return Err(PyAttributeError::new_err(format!(
                 "__cuda_array_interface__: this dataset is on backend \"{backend}\", not on the GPU; use to_numpy()"
             )));
         }
-        if self.inner.representation() == qem::Representation::Encoded {
+        if repr == qem::Representation::Encoded {
             return Err(PyAttributeError::new_err(
                 "__cuda_array_interface__: this dataset is held ENCODED on the GPU (no dense array exists); load with representation=\"dense\" for a zero-copy CuPy view, or use ds[r, c] / to_numpy()",
             ));
         }
-        let view = crate::engine::device_view(&self.inner).ok_or_else(|| {
+        let view = if self.shared.closing() {
+            None
+        } else {
+            self.with(crate::engine::device_view)
+        };
+        let view = view.ok_or_else(|| {
             PyAttributeError::new_err(
                 "__cuda_array_interface__: the dataset has been closed (its device memory is released)",
             )
@@ -229,8 +329,11 @@ impl PyDataset {
     }
 
     /// Release the data; later frame or array access raises ``InvalidArgumentError``.
-    fn close(&mut self) {
-        self.inner.close();
+    ///
+    /// Safe from any thread and while a call on the dataset is running (or finishing in the
+    /// background after Ctrl-C): the data is released when the last such call ends.
+    fn close(&self) {
+        self.shared.request_close();
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -238,27 +341,24 @@ impl PyDataset {
     }
 
     #[pyo3(signature = (*_args))]
-    fn __exit__(&mut self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
-        self.inner.close();
+    fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.shared.request_close();
         false
     }
 
     fn __repr__(&self) -> String {
-        let r = match self.inner.representation() {
+        let (repr, dtype, backend) = self.with(|d| (d.representation(), d.dtype(), d.backend()));
+        let r = match repr {
             qem::Representation::Dense => "dense",
             qem::Representation::Encoded => "encoded",
         };
         format!(
             "Dataset(shape={:?}, dtype={}, backend='{}', representation='{}'{})",
             self.shape(),
-            self.inner.dtype().numpy_name(),
-            self.inner.backend().name(),
+            dtype.numpy_name(),
+            backend.name(),
             r,
-            if self.inner.is_closed() {
-                ", closed"
-            } else {
-                ""
-            }
+            if self.closed() { ", closed" } else { "" }
         )
     }
 }

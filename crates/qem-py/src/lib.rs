@@ -18,7 +18,7 @@ use crate::convert::{numpy_to_source, region, shape2, to_py};
 use crate::dataset::PyDataset;
 use crate::errors::{to_pyerr, IntoPyResult};
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyBytes, PyList};
 use qem::{BackendRequest, DtypeRequest, Error, LoadParams, Representation, SourceArg};
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -50,6 +50,15 @@ fn load(
     progress: Option<Py<PyAny>>,
     dataset_path: Option<String>,
 ) -> PyResult<PyDataset> {
+    if source.is_instance_of::<PyBytes>() {
+        // `quantem.gpu.io.load` decodes bytes paths with `os.fsdecode`; bytes that reach this
+        // far are never read as an array of counts.
+        return Err(to_pyerr(
+            Error::invalid("load", "a bytes source must be decoded to a path first")
+                .with_expected("str, os.PathLike or numpy array (os.fsdecode a bytes path)")
+                .with_found("bytes"),
+        ));
+    }
     let source = if let Ok(path) = source.extract::<PathBuf>() {
         SourceArg::Path(path)
     } else {
@@ -76,7 +85,7 @@ fn load(
         dataset_path,
         progress: None,
     };
-    let ds = watch::run_watched(py, progress, move |w| {
+    let ds = watch::run_watched(py, "load", progress, move |w| {
         params.progress = Some(w);
         qem::load(source, &params)
     })?;
@@ -103,8 +112,9 @@ fn save<'py>(
     dataset: PyRef<'py, PyDataset>,
     path: PathBuf,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let ds = dataset.inner();
-    let summary = py.detach(|| qem::save(ds, &path, &qem::NoProgress)).py()?;
+    let summary = dataset::run_on(py, &dataset, "save .qem", move |ds, watch| {
+        qem::save(ds, &path, watch)
+    })?;
     to_py(py, &summary)
 }
 
@@ -117,7 +127,9 @@ fn inspect<'py>(
     scan_shape: Option<Vec<i64>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let scan_shape = shape2("scan_shape", scan_shape)?;
-    let report = watch::run_watched(py, None, move |_| qem::inspect(&source, scan_shape))?;
+    let report = watch::run_watched(py, "inspect", None, move |_| {
+        qem::inspect(&source, scan_shape)
+    })?;
     to_py(py, &report)
 }
 
@@ -166,6 +178,10 @@ fn cli_main(py: Python<'_>, argv: Vec<OsString>) -> i32 {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // Load numpy's C API now, while no signal is pending: rust-numpy loads it lazily on first
+    // use and panics (a `PanicException`) when that import fails, which it did when the first
+    // array conversion ran with a Ctrl-C pending.
+    numpy::PyArray1::<u8>::zeros(m.py(), 0, false);
     errors::register(m)?;
     m.add_class::<PyDataset>()?;
     m.add_function(wrap_pyfunction!(load, m)?)?;

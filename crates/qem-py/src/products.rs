@@ -7,7 +7,7 @@
 //! so that the error names the expected and the found shape rather than a flat length.
 
 use crate::convert::{dense_to_numpy, to_py};
-use crate::dataset::PyDataset;
+use crate::dataset::{run_on, PyDataset};
 use crate::errors::{to_pyerr, IntoPyResult};
 use numpy::ndarray::{ArrayD, IxDyn};
 use numpy::{IntoPyArray, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods};
@@ -151,25 +151,28 @@ fn detector_params(
 /// Exact `u64` sum of every frame, `(k_r, k_c)`.
 #[pyfunction]
 fn detector_sum_dp(py: Python<'_>, dataset: PyRef<'_, PyDataset>) -> PyResult<Py<PyAny>> {
-    let ds = dataset.inner();
-    let v = py.detach(|| detector::sum_dp(ds)).py()?;
-    grid(py, v, ds.detector_shape())
+    let v = run_on(py, &dataset, "detector.sum_dp", |ds, _| {
+        detector::sum_dp(ds)
+    })?;
+    grid(py, v, dataset.with(|ds| ds.detector_shape()))
 }
 
 /// Mean DP, `f32` `(k_r, k_c)`.
 #[pyfunction]
 fn detector_mean_dp(py: Python<'_>, dataset: PyRef<'_, PyDataset>) -> PyResult<Py<PyAny>> {
-    let ds = dataset.inner();
-    let v = py.detach(|| detector::mean_dp(ds)).py()?;
-    grid(py, v, ds.detector_shape())
+    let v = run_on(py, &dataset, "detector.mean_dp", |ds, _| {
+        detector::mean_dp(ds)
+    })?;
+    grid(py, v, dataset.with(|ds| ds.detector_shape()))
 }
 
 /// Max DP, `u32` `(k_r, k_c)`.
 #[pyfunction]
 fn detector_max_dp(py: Python<'_>, dataset: PyRef<'_, PyDataset>) -> PyResult<Py<PyAny>> {
-    let ds = dataset.inner();
-    let v = py.detach(|| detector::max_dp(ds)).py()?;
-    grid(py, v, ds.detector_shape())
+    let v = run_on(py, &dataset, "detector.max_dp", |ds, _| {
+        detector::max_dp(ds)
+    })?;
+    grid(py, v, dataset.with(|ds| ds.detector_shape()))
 }
 
 /// The BF disk fitted from the mean DP, as a dict.
@@ -178,8 +181,9 @@ fn detector_fit_disk<'py>(
     py: Python<'py>,
     dataset: PyRef<'py, PyDataset>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let ds = dataset.inner();
-    let d = py.detach(|| detector::fit_disk(ds)).py()?;
+    let d = run_on(py, &dataset, "detector.fit_disk", |ds, _| {
+        detector::fit_disk(ds)
+    })?;
     disk_dict(py, &d)
 }
 
@@ -190,11 +194,12 @@ fn detector_frames(
     dataset: PyRef<'_, PyDataset>,
     positions: Vec<(i64, i64)>,
 ) -> PyResult<Py<PyAny>> {
-    let ds = dataset.inner();
     let pos = self::positions("detector frames", positions)?;
     let n = pos.len();
-    let a = py.detach(|| detector::frames(ds, &pos)).py()?;
-    let det = ds.detector_shape();
+    let a = run_on(py, &dataset, "detector.frames", move |ds, _| {
+        detector::frames(ds, &pos)
+    })?;
+    let det = dataset.with(|ds| ds.detector_shape());
     dense_to_numpy(py, a, &[n, det.rows, det.cols])
 }
 
@@ -247,9 +252,8 @@ fn detector_roi_dp<'py>(
             ))
         }
     };
-    let ds = dataset.inner();
-    let r = py.detach(|| detector::roi_dp(ds, &roi)).py()?;
-    let det = ds.detector_shape();
+    let r = run_on(py, &dataset, OP, move |ds, _| detector::roi_dp(ds, &roi))?;
+    let det = dataset.with(|ds| ds.detector_shape());
     let out = PyDict::new(py);
     out.set_item("n_frames", r.n_frames)?;
     out.set_item("provenance", to_py(py, &r.provenance)?)?;
@@ -337,12 +341,14 @@ fn detector_virtual_image(
     dataset: PyRef<'_, PyDataset>,
     mask: &Bound<'_, PyAny>,
 ) -> PyResult<Py<PyAny>> {
-    let ds = dataset.inner();
-    let m = mask_weights(mask, ds.detector_shape())?;
-    let img = py.detach(|| detector::virtual_image(ds, &m)).py()?;
+    let (det, scan) = dataset.with(|ds| (ds.detector_shape(), ds.scan_shape()));
+    let m = mask_weights(mask, det)?;
+    let img = run_on(py, &dataset, "detector.virtual_image", move |ds, _| {
+        detector::virtual_image(ds, &m)
+    })?;
     match img {
-        VirtualImage::U64(v) => grid(py, v, ds.scan_shape()),
-        VirtualImage::F64(v) => grid(py, v, ds.scan_shape()),
+        VirtualImage::U64(v) => grid(py, v, scan),
+        VirtualImage::F64(v) => grid(py, v, scan),
     }
 }
 
@@ -376,8 +382,9 @@ fn detector_image<'py>(
         semiangle_mrad,
         det_sampling_mrad,
     )?;
-    let ds = dataset.inner();
-    let im = py.detach(|| detector::detector_image(ds, kind, &p)).py()?;
+    let im = run_on(py, &dataset, "detector image", move |ds, _| {
+        detector::detector_image(ds, kind, &p)
+    })?;
     image_dict(py, im)
 }
 
@@ -387,9 +394,10 @@ fn detector_moments<'py>(
     py: Python<'py>,
     dataset: PyRef<'py, PyDataset>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let ds = dataset.inner();
-    let m = py.detach(|| detector::moments(ds)).py()?;
-    moments_dict(py, m, ds.scan_shape())
+    let m = run_on(py, &dataset, "detector.moments", |ds, _| {
+        detector::moments(ds)
+    })?;
+    moments_dict(py, m, dataset.with(|ds| ds.scan_shape()))
 }
 
 /// Several products in one pass: dict `images` (list of image dicts), `sum_dp`, `mean_dp`,
@@ -426,9 +434,10 @@ fn detector_products<'py>(
         semiangle_mrad,
         det_sampling_mrad,
     )?;
-    let ds = dataset.inner();
-    let r = py.detach(|| detector::products(ds, &which, &p)).py()?;
-    let (scan, det) = (ds.scan_shape(), ds.detector_shape());
+    let r = run_on(py, &dataset, "detector.products", move |ds, _| {
+        detector::products(ds, &which, &p)
+    })?;
+    let (scan, det) = dataset.with(|ds| (ds.scan_shape(), ds.detector_shape()));
     let out = PyDict::new(py);
     out.set_item("provenance", to_py(py, &r.provenance)?)?;
     out.set_item(
@@ -460,8 +469,9 @@ fn dpc_center_of_mass<'py>(
     dataset: PyRef<'py, PyDataset>,
     centered: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let ds = dataset.inner();
-    let c = py.detach(|| dpc::center_of_mass(ds, centered)).py()?;
+    let c = run_on(py, &dataset, "dpc.center_of_mass", move |ds, _| {
+        dpc::center_of_mass(ds, centered)
+    })?;
     com_dict(py, c)
 }
 
@@ -501,8 +511,7 @@ fn dpc_run<'py>(
         transpose,
         edge: edge.parse::<EdgeMode>().py()?,
     };
-    let ds = dataset.inner();
-    let r = py.detach(|| dpc::run(ds, &p)).py()?;
+    let r = run_on(py, &dataset, "dpc.run", move |ds, _| dpc::run(ds, &p))?;
     dpc_dict(py, r)
 }
 

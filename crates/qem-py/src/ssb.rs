@@ -8,8 +8,9 @@
 //! so the messages here are the engine's own for anything that gets past it.
 
 use crate::convert::to_py;
-use crate::dataset::PyDataset;
+use crate::dataset::{run_on, PyDataset};
 use crate::errors::{to_pyerr, IntoPyResult};
+use crate::watch::run_watched;
 use numpy::ndarray::Array2;
 use numpy::IntoPyArray;
 use pyo3::prelude::*;
@@ -20,6 +21,7 @@ use qem::ssb::{
 };
 use qem::{Error, Shape2};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Every objective the engine knows, the default first.
 const OBJECTIVES: [Objective; 2] = [Objective::Coherence, Objective::PhaseVariance];
@@ -94,9 +96,34 @@ fn fit_dict<'py>(
 #[pyclass(name = "SsbPrepared", module = "quantem.gpu.ssb", frozen)]
 #[derive(Debug)]
 pub struct PySsb {
-    inner: Ssb,
+    /// Shared with the worker thread of a running call (which may outlive a Ctrl-C).
+    inner: Arc<Ssb>,
     /// The dataset's scan grid (what every result has).
     scan: Shape2,
+}
+
+/// The smallest scan a fit can learn from: with one row (or column) of positions the scan
+/// spectrum has no frequency along it, so the aberrations along that axis are unconstrained;
+/// with one position every objective is 0 and the fit would return its start point.
+const MIN_FIT_SCAN: usize = 2;
+
+impl PySsb {
+    /// Refuse a fit (or objective) on a scan too small to constrain it.
+    // The engine (`qem::ssb::Ssb::fit`) does not check this itself; the check sits here.
+    fn check_fit_scan(&self, op: &str) -> PyResult<()> {
+        if self.scan.rows < MIN_FIT_SCAN || self.scan.cols < MIN_FIT_SCAN {
+            return Err(to_pyerr(
+                Error::invalid(
+                    op,
+                    "an aberration fit needs a scan of at least 2 x 2 positions (the objective \
+                     has no scan frequency to measure otherwise)",
+                )
+                .with_expected(format!("scan shape >= ({MIN_FIT_SCAN}, {MIN_FIT_SCAN})"))
+                .with_found(format!("({}, {})", self.scan.rows, self.scan.cols)),
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[pymethods]
@@ -174,8 +201,8 @@ impl PySsb {
         aberrations: BTreeMap<String, f64>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let ab = self::aberrations(aberrations)?;
-        let s = &self.inner;
-        let r = py.detach(|| s.reconstruct(&ab)).py()?;
+        let s = Arc::clone(&self.inner);
+        let r = run_watched(py, "ssb reconstruct", None, move |_| s.reconstruct(&ab))?;
         result_dict(py, r)
     }
 
@@ -188,8 +215,9 @@ impl PySsb {
     ) -> PyResult<f64> {
         let ab = self::aberrations(aberrations)?;
         let kind = self::objective(objective)?;
-        let s = &self.inner;
-        py.detach(|| s.objective(&ab, kind)).py()
+        self.check_fit_scan("ssb objective")?;
+        let s = Arc::clone(&self.inner);
+        run_watched(py, "ssb objective", None, move |_| s.objective(&ab, kind))
     }
 
     /// Fit: a dict (`aberrations`, `fitted`, `loss`, `evaluations`, `loss_curve`, `objective`,
@@ -222,9 +250,11 @@ impl PySsb {
             local_starts: local_starts.unwrap_or(d.local_starts),
             start: self::aberrations(start)?,
         };
-        let s = &self.inner;
-        let r = py.detach(|| s.fit(&f)).py()?;
-        fit_dict(py, r, &fit, f.objective)
+        self.check_fit_scan("ssb fit")?;
+        let s = Arc::clone(&self.inner);
+        let kind = f.objective;
+        let r = run_watched(py, "ssb fit", None, move |_| s.fit(&f))?;
+        fit_dict(py, r, &fit, kind)
     }
 }
 
@@ -274,11 +304,10 @@ fn ssb_prepare(
         g_storage,
         engine,
     };
-    let ds = dataset.inner();
-    let inner = py.detach(|| Ssb::new(ds, &p)).py()?;
+    let inner = run_on(py, &dataset, "ssb prepare", move |ds, _| Ssb::new(ds, &p))?;
     Ok(PySsb {
-        inner,
-        scan: ds.scan_shape(),
+        inner: Arc::new(inner),
+        scan: dataset.with(|ds| ds.scan_shape()),
     })
 }
 

@@ -4,8 +4,16 @@
 //! few tens of milliseconds, re-attaches, runs Python's signal handlers and forwards progress to
 //! the user's callback: the engine's threads never touch Python. A `KeyboardInterrupt` (or an
 //! exception from the callback) sets the cancel flag the engine polls through
-//! [`qem::Progress::cancelled`] and waits for the engine to stop; a second Ctrl-C returns at once
-//! and lets the worker finish in the background.
+//! [`qem::Progress::cancelled`], waits a short grace period for the engine to stop, and then
+//! raises without waiting any longer: not every engine loop polls the flag, and Ctrl-C must
+//! answer at once. The worker then finishes in the background. That is safe because the work
+//! owns everything it touches (`'static`: datasets are shared through an `Arc`, see
+//! [`crate::dataset`]) and never touches a Python object; its result is dropped on the worker
+//! thread.
+//!
+//! A signal that arrives while the result is on its way back is raised instead of converting
+//! the result: converting after Python has an exception pending is what made numpy's lazy API
+//! import fail (a Rust panic, `PanicException`) before.
 
 use crate::errors::to_pyerr;
 use pyo3::prelude::*;
@@ -16,6 +24,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 const TICK: Duration = Duration::from_millis(40);
+
+/// How long an interrupted call waits for the engine to notice the cancel flag before it raises
+/// anyway (the tick plus this stays well under the 0.2 s a Ctrl-C may take).
+const GRACE: Duration = Duration::from_millis(60);
 
 #[derive(Debug, Default)]
 struct Stages {
@@ -81,8 +93,14 @@ impl Progress for Watch {
     }
 }
 
-/// Run `work(watch)` on a worker thread; see the module docs.
-pub fn run_watched<T, F>(py: Python<'_>, callback: Option<Py<PyAny>>, work: F) -> PyResult<T>
+/// Run `work(watch)` on a worker thread; see the module docs. `op` names the operation in the
+/// errors of the machinery itself (a thread that cannot start, an engine panic).
+pub fn run_watched<T, F>(
+    py: Python<'_>,
+    op: &str,
+    callback: Option<Py<PyAny>>,
+    work: F,
+) -> PyResult<T>
 where
     T: Send + 'static,
     F: FnOnce(Arc<Watch>) -> qem::Result<T> + Send + 'static,
@@ -90,8 +108,9 @@ where
     let watch = Arc::new(Watch::default());
     let (tx, mut rx) = mpsc::channel::<qem::Result<T>>();
     let worker_watch = Arc::clone(&watch);
+    let worker_op = op.to_string();
     std::thread::Builder::new()
-        .name("quantem-load".into())
+        .name(format!("quantem {op}"))
         .spawn(move || {
             let result =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(worker_watch)))
@@ -102,30 +121,22 @@ where
                             .or_else(|| panic.downcast_ref::<String>().cloned())
                             .unwrap_or_else(|| "unknown panic".into());
                         Err(Error::internal(
-                            "load",
+                            &worker_op,
                             format!("the engine panicked: {what}"),
                         ))
                     });
             // The receiver may be gone after a second Ctrl-C; nothing is waiting then.
             let _ = tx.send(result);
         })
-        .map_err(|e| {
-            to_pyerr(Error::internal(
-                "load",
-                format!("cannot start a thread: {e}"),
-            ))
-        })?;
+        .map_err(|e| to_pyerr(Error::internal(op, format!("cannot start a thread: {e}"))))?;
 
-    // The first Python error seen (Ctrl-C or a callback's exception); then we only wait.
-    let mut stop: Option<PyErr> = None;
     loop {
         let (msg, back) = py.detach(move || (rx.recv_timeout(TICK), rx));
         rx = back;
         match msg {
             Ok(result) => {
-                if let Some(err) = stop {
-                    return Err(err);
-                }
+                // A Ctrl-C that arrived while the result came back is raised, not converted.
+                py.check_signals()?;
                 if let Some(cb) = &callback {
                     for (stage, done, total) in watch.pending() {
                         cb.call1(py, (stage, done, total))?;
@@ -134,34 +145,28 @@ where
                 return result.map_err(to_pyerr);
             }
             Err(RecvTimeoutError::Disconnected) => {
-                return Err(stop.unwrap_or_else(|| {
-                    to_pyerr(Error::internal(
-                        "load",
-                        "the worker thread ended without a result",
-                    ))
-                }));
+                return Err(to_pyerr(Error::internal(
+                    op,
+                    "the worker thread ended without a result",
+                )));
             }
             Err(RecvTimeoutError::Timeout) => {}
         }
-        if let Err(err) = py.check_signals() {
-            if stop.is_some() {
-                // Second interrupt: stop waiting for the engine to notice.
-                return Err(err);
-            }
+        let stop = match py.check_signals() {
+            Err(err) => Some(err),
+            Ok(()) => callback.as_ref().and_then(|cb| {
+                watch
+                    .pending()
+                    .into_iter()
+                    .find_map(|(stage, done, total)| cb.call1(py, (stage, done, total)).err())
+            }),
+        };
+        if let Some(err) = stop {
             watch.cancel.store(true, Ordering::Relaxed);
-            stop = Some(err);
-            continue;
-        }
-        if stop.is_none() {
-            if let Some(cb) = &callback {
-                for (stage, done, total) in watch.pending() {
-                    if let Err(err) = cb.call1(py, (stage, done, total)) {
-                        watch.cancel.store(true, Ordering::Relaxed);
-                        stop = Some(err);
-                        break;
-                    }
-                }
-            }
+            // Give an engine that polls the flag a moment to stop (its thread then ends with the
+            // call); one that does not finishes in the background, its result dropped there.
+            let _ = py.detach(move || rx.recv_timeout(GRACE));
+            return Err(err);
         }
     }
 }
