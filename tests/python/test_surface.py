@@ -24,6 +24,7 @@ EXCEPTIONS = [
     "BackendUnavailableError",
     "MemoryBudgetError",
     "QuantemIOError",
+    "ArgumentTypeError",
 ]
 
 
@@ -49,6 +50,9 @@ def test_exception_hierarchy():
     assert issubclass(qg.DtypeOverflowError, ValueError)
     assert issubclass(qg.QuantemIOError, OSError)
     assert not issubclass(qg.SourceError, ValueError)
+    # A wrong-typed argument is an InvalidArgumentError and still the built-in TypeError.
+    assert issubclass(qg.ArgumentTypeError, qg.InvalidArgumentError)
+    assert issubclass(qg.ArgumentTypeError, TypeError)
 
 
 def test_device_available_and_info():

@@ -6,7 +6,7 @@
 //! The message is the Rust `Display` string; `kind`, `op`, `file`, `frame`, `expected`, `found`
 //! and `detail` are set on the instance.
 
-use pyo3::exceptions::{PyException, PyOSError, PyValueError};
+use pyo3::exceptions::{PyException, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
@@ -52,6 +52,10 @@ pyo3::create_exception!(
 /// The exception classes with two bases, made once per interpreter.
 struct DualTypes {
     invalid_argument: Py<PyType>,
+    /// `ArgumentTypeError(InvalidArgumentError, TypeError)`: an argument of the wrong type (a
+    /// float where an integer is meant, a string for a flag). Raised by the Python layer's
+    /// argument checks; a `TypeError` too, so code that caught the built-in still does.
+    argument_type: Py<PyType>,
     overflow: Py<PyType>,
     io: Py<PyType>,
 }
@@ -64,7 +68,16 @@ fn dual_type(
     builtin: Bound<'_, PyType>,
     doc: &str,
 ) -> PyResult<Py<PyType>> {
-    let bases = PyTuple::new(py, [py.get_type::<QuantemError>(), builtin])?;
+    class_with_bases(py, name, [py.get_type::<QuantemError>(), builtin], doc)
+}
+
+fn class_with_bases<'py>(
+    py: Python<'py>,
+    name: &str,
+    bases: [Bound<'py, PyType>; 2],
+    doc: &str,
+) -> PyResult<Py<PyType>> {
+    let bases = PyTuple::new(py, bases)?;
     let ns = PyDict::new(py);
     ns.set_item("__module__", "quantem.gpu")?;
     ns.set_item("__doc__", doc)?;
@@ -77,13 +90,24 @@ fn dual_type(
 
 fn dual_types(py: Python<'_>) -> PyResult<&'static DualTypes> {
     DUAL_TYPES.get_or_try_init(py, || {
+        let invalid_argument = dual_type(
+            py,
+            "InvalidArgumentError",
+            py.get_type::<PyValueError>(),
+            "An argument is invalid (region out of bounds, zero bin, unknown name, closed dataset).",
+        )?;
+        let argument_type = class_with_bases(
+            py,
+            "ArgumentTypeError",
+            [
+                invalid_argument.bind(py).clone(),
+                py.get_type::<PyTypeError>(),
+            ],
+            "An argument has the wrong type (a float where an integer is meant, a non-bool flag); an InvalidArgumentError and a TypeError.",
+        )?;
         Ok(DualTypes {
-            invalid_argument: dual_type(
-                py,
-                "InvalidArgumentError",
-                py.get_type::<PyValueError>(),
-                "An argument is invalid (region out of bounds, zero bin, unknown name, closed dataset).",
-            )?,
+            invalid_argument,
+            argument_type,
             overflow: dual_type(
                 py,
                 "DtypeOverflowError",
@@ -177,6 +201,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DeviceLostError", py.get_type::<DeviceLostError>())?;
     let dual = dual_types(py)?;
     m.add("InvalidArgumentError", dual.invalid_argument.bind(py))?;
+    m.add("ArgumentTypeError", dual.argument_type.bind(py))?;
     m.add("DtypeOverflowError", dual.overflow.bind(py))?;
     m.add("QuantemIOError", dual.io.bind(py))?;
     Ok(())

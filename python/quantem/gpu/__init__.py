@@ -15,6 +15,7 @@ Every error raised by the engine is a :class:`QuantemError`; its subclasses name
 
 from quantem.gpu import detector, device, dpc, io, ssb
 from quantem.gpu._native import (
+    ArgumentTypeError,
     BackendUnavailableError,
     DecodeError,
     DeviceLostError,
@@ -29,6 +30,7 @@ from quantem.gpu._native import (
 from quantem.gpu.io import DataRepresentation, Dataset, Dataset4dstemGPU
 
 __all__ = [
+    "ArgumentTypeError",
     "BackendUnavailableError",
     "DataRepresentation",
     "Dataset",

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from quantem.gpu import _native
+from quantem.gpu import _args, _native
 
 __all__ = [
     "DetectorImage",
@@ -68,24 +68,8 @@ PRODUCT_NAMES = (
 _DETECTOR_KINDS = ("bf", "abf", "adf", "haadf", "df", "annular")
 
 
-def _invalid(op: str, message: str, expected: str | None = None, found: str | None = None):
-    """An :class:`~quantem.gpu.InvalidArgumentError` shaped like the engine's own errors."""
-    text = f"{op}: {message}"
-    if expected is not None:
-        text += f" (expected {expected}"
-        text += f", found {found})" if found is not None else ")"
-    err = _native.InvalidArgumentError(text)
-    for name, value in (
-        ("kind", "invalid_argument"),
-        ("op", op),
-        ("file", None),
-        ("frame", None),
-        ("expected", expected),
-        ("found", found),
-        ("detail", message),
-    ):
-        setattr(err, name, value)
-    return err
+#: An :class:`~quantem.gpu.InvalidArgumentError` shaped like the engine's own errors.
+_invalid = _args.invalid
 
 
 def _shape(a: np.ndarray) -> str:
@@ -242,33 +226,37 @@ def _det_shape(ds) -> tuple[int, int]:
 
 def sum_dp(ds) -> np.ndarray:
     """Exact sum of every frame: ``uint64`` ``(k_r, k_c)``."""
-    return _native.detector_sum_dp(ds)
+    return _native.detector_sum_dp(_args.dataset("detector.sum_dp", ds))
 
 
 def mean_dp(ds) -> np.ndarray:
     """Mean diffraction pattern: the exact uint64 sum divided by the frame count in float64,
     returned as ``float32`` ``(k_r, k_c)``."""
-    return _native.detector_mean_dp(ds)
+    return _native.detector_mean_dp(_args.dataset("detector.mean_dp", ds))
 
 
 def max_dp(ds) -> np.ndarray:
     """Element-wise maximum over every frame: ``uint32`` ``(k_r, k_c)`` (exact)."""
-    return _native.detector_max_dp(ds)
+    return _native.detector_max_dp(_args.dataset("detector.max_dp", ds))
 
 
 def fit_disk(ds) -> DiskFit:
     """The bright-field disk fitted from the mean diffraction pattern (cached per dataset)."""
-    return DiskFit._from_native(_native.detector_fit_disk(ds))
+    return DiskFit._from_native(_native.detector_fit_disk(_args.dataset("detector.fit_disk", ds)))
 
 
-def _positions(positions: Iterable[Sequence[int]]) -> list[tuple[int, int]]:
+def _positions(op: str, positions: Iterable[Sequence[int]]) -> list[tuple[int, int]]:
+    if isinstance(positions, (str, bytes)) or not isinstance(positions, (Iterable, np.ndarray)):
+        raise _args.wrong_type(op, "positions must be a sequence", "[(row, col), ...]", positions)
     out = []
-    for p in positions:
-        if len(p) != 2:
-            raise _invalid(
-                "detector.frames", "a scan position is (row, col)", "2 integers", repr(tuple(p))
+    for i, p in enumerate(positions):
+        r, c = _args._items(op, f"positions[{i}]", p, 2, "(row, col)")
+        out.append(
+            (
+                _args.integer(op, f"positions[{i}] row", r, minimum=0),
+                _args.integer(op, f"positions[{i}] column", c, minimum=0),
             )
-        out.append((int(p[0]), int(p[1])))
+        )
     return out
 
 
@@ -277,7 +265,8 @@ def frames(ds, positions: Iterable[Sequence[int]]) -> np.ndarray:
 
     Positions are 0-based and must lie inside the scan (no negative indices).
     """
-    return _native.detector_frames(ds, _positions(positions))
+    op = "detector.frames"
+    return _native.detector_frames(_args.dataset(op, ds), _positions(op, positions))
 
 
 def roi_dp(
@@ -309,6 +298,8 @@ def roi_dp(
     numpy.ndarray
         ``(k_r, k_c)``.
     """
+    op = "detector.roi_dp"
+    _args.dataset(op, ds)
     given = [x is not None for x in (rect, circle, positions)]
     if sum(given) != 1:
         raise _invalid(
@@ -317,28 +308,21 @@ def roi_dp(
             "one of rect=, circle=, positions=",
             f"{sum(given)} of them",
         )
-    if reduce not in ("sum", "mean", "max"):
-        raise _invalid("detector.roi_dp", "unknown reduction", "sum, mean or max", repr(reduce))
+    reduce = _args.text(op, "reduce", reduce, ("sum", "mean", "max"))
     if rect is not None:
-        if len(rect) != 4:
-            raise _invalid(
-                "detector.roi_dp",
-                "rect is a half-open scan region",
-                "(row_start, row_stop, col_start, col_stop)",
-                repr(tuple(rect)),
-            )
-        res = _native.detector_roi_dp(ds, rect=[int(v) for v in rect])
+        res = _native.detector_roi_dp(ds, rect=_args.region(op, "rect", rect))
     elif circle is not None:
-        if len(circle) != 3:
-            raise _invalid(
-                "detector.roi_dp",
-                "circle is a disk of scan positions",
-                "(center_row, center_col, radius)",
-                repr(tuple(circle)),
-            )
-        res = _native.detector_roi_dp(ds, circle=[float(v) for v in circle])
+        r0, c0, radius = _args._items(op, "circle", circle, 3, "(center_row, center_col, radius)")
+        res = _native.detector_roi_dp(
+            ds,
+            circle=[
+                _args.number(op, "circle center_row", r0),
+                _args.number(op, "circle center_col", c0),
+                _args.number(op, "circle radius", radius, minimum=0.0),
+            ],
+        )
     else:
-        res = _native.detector_roi_dp(ds, positions=_positions(positions))
+        res = _native.detector_roi_dp(ds, positions=_positions(op, positions))
     if reduce == "sum":
         return res["sum"]
     if reduce == "max":
@@ -382,36 +366,38 @@ def virtual_image(ds, mask) -> np.ndarray:
         (a ``ValueError``) for a mask of the wrong shape, a negative or too large integer
         weight, or a non-finite float weight; the message names what was expected and found.
     """
+    _args.dataset("detector.virtual_image", ds)
     return _native.detector_virtual_image(ds, _mask_array(mask, _det_shape(ds)))
 
 
-def _center(center) -> list[float] | None:
-    if center is None:
-        return None
-    if len(center) != 2:
+def _geometry(
+    op: str, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad
+) -> dict[str, Any]:
+    """The checked keyword arguments of the native detector calls."""
+    lo = _args.optional_number(op, "inner", inner, minimum=0.0)
+    hi = _args.optional_number(op, "outer", outer, minimum=0.0)
+    if lo is not None and hi is not None and lo > hi:
         raise _invalid(
-            "detector", "center is a detector position", "(row, col)", repr(tuple(center))
+            op, "inner is larger than outer", "inner <= outer", f"inner={lo!r}, outer={hi!r}"
         )
-    return [float(center[0]), float(center[1])]
-
-
-def _opt(v) -> float | None:
-    return None if v is None else float(v)
+    return dict(
+        inner=lo,
+        outer=hi,
+        center=_args.pair(op, "center", center),
+        radius=_args.optional_number(op, "radius", radius, positive=True),
+        unit=_args.text(op, "unit", unit, ("px", "mrad")),
+        semiangle_mrad=_args.optional_number(op, "semiangle_mrad", semiangle_mrad, positive=True),
+        det_sampling_mrad=_args.optional_number(
+            op, "det_sampling_mrad", det_sampling_mrad, positive=True
+        ),
+    )
 
 
 def _detector(kind: str, ds, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad):
-    d = _native.detector_image(
-        ds,
-        kind,
-        inner=_opt(inner),
-        outer=_opt(outer),
-        center=_center(center),
-        radius=_opt(radius),
-        unit=str(unit),
-        semiangle_mrad=_opt(semiangle_mrad),
-        det_sampling_mrad=_opt(det_sampling_mrad),
-    )
-    return DetectorImage._from_native(d)
+    op = f"detector.{kind}"
+    _args.dataset(op, ds)
+    geometry = _geometry(op, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad)
+    return DetectorImage._from_native(_native.detector_image(ds, kind, **geometry))
 
 
 _DETECTOR_DOC = """{title} image: the exact ``uint64`` sum over {what} per frame.
@@ -480,7 +466,7 @@ def moments(ds) -> dict[str, np.ndarray]:
     ``sum = Σ_k I``, ``m_row = Σ_k k_r I``, ``m_col = Σ_k k_c I``; each ``uint64`` ``(R_r, R_c)``.
     The centre of mass is ``m_row / sum`` (see :func:`quantem.gpu.dpc.center_of_mass`).
     """
-    return _native.detector_moments(ds)
+    return _native.detector_moments(_args.dataset("detector.moments", ds))
 
 
 def products(
@@ -513,8 +499,18 @@ def products(
     """
     from quantem.gpu.dpc import CoM
 
-    names = [w.strip() for w in which.split(",")] if isinstance(which, str) else list(which)
-    names = [str(n).lower() for n in names if str(n)]
+    op = "detector.products"
+    _args.dataset(op, ds)
+    if isinstance(which, str):
+        names = [w.strip() for w in which.split(",")]
+    elif isinstance(which, bytes) or not isinstance(which, Iterable):
+        raise _args.wrong_type(op, "which must be product names", "a list of str or a str", which)
+    else:
+        names = list(which)
+    for n in names:
+        if not isinstance(n, str):
+            raise _args.wrong_type(op, "a product name must be a str", "e.g. 'adf'", n)
+    names = [n.lower() for n in names if n]
     unknown = [n for n in names if n not in PRODUCT_NAMES]
     if unknown:
         raise _invalid(
@@ -522,17 +518,8 @@ def products(
         )
     if not names:
         raise _invalid("detector.products", "nothing requested", "at least one product name")
-    res = _native.detector_products(
-        ds,
-        names,
-        inner=_opt(inner),
-        outer=_opt(outer),
-        center=_center(center),
-        radius=_opt(radius),
-        unit=str(unit),
-        semiangle_mrad=_opt(semiangle_mrad),
-        det_sampling_mrad=_opt(det_sampling_mrad),
-    )
+    geometry = _geometry(op, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad)
+    res = _native.detector_products(ds, names, **geometry)
     items: dict[str, Any] = {}
     for d in res["images"]:
         img = DetectorImage._from_native(d)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quantem.gpu import _native
+from quantem.gpu import _args, _native
 
 __all__ = ["available", "info", "resolve"]
 
@@ -40,7 +40,7 @@ def resolve(name: str = "auto") -> str:
     InvalidArgumentError
         An unknown name.
     """
-    return _native.resolve_backend(name)
+    return _native.resolve_backend(_args.text("device.resolve", "name", name))
 
 
 def info() -> list[dict[str, str | bool]]:

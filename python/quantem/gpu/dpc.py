@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from quantem.gpu import _native
+from quantem.gpu import _args, _native
 from quantem.gpu.detector import _invalid
 
 __all__ = ["CoM", "DPCResult", "center_of_mass", "integrate", "run"]
@@ -143,11 +143,8 @@ class DPCResult:
         )
 
 
-def _edge(edge: str) -> str:
-    e = str(edge).lower()
-    if e not in _EDGES:
-        raise _invalid("dpc", "unknown edge mode", expected="periodic or mirror", found=str(edge))
-    return e
+def _edge(edge: str, op: str = "dpc") -> str:
+    return _args.text(op, "edge", edge, _EDGES)
 
 
 def center_of_mass(ds, centered: bool = True) -> CoM:
@@ -162,7 +159,9 @@ def center_of_mass(ds, centered: bool = True) -> CoM:
     -------
     CoM
     """
-    return CoM._from_native(_native.dpc_center_of_mass(ds, bool(centered)))
+    op = "dpc.center_of_mass"
+    _args.dataset(op, ds)
+    return CoM._from_native(_native.dpc_center_of_mass(ds, _args.flag(op, "centered", centered)))
 
 
 def run(
@@ -187,11 +186,13 @@ def run(
     -------
     DPCResult
     """
+    op = "dpc.run"
+    _args.dataset(op, ds)
     d = _native.dpc_run(
         ds,
-        rotation_deg=None if rotation_deg is None else float(rotation_deg),
-        transpose=None if transpose is None else bool(transpose),
-        edge=_edge(edge),
+        rotation_deg=_args.optional_number(op, "rotation_deg", rotation_deg),
+        transpose=_args.optional_flag(op, "transpose", transpose),
+        edge=_edge(edge, op),
     )
     return DPCResult._from_native(d)
 
@@ -214,8 +215,28 @@ def integrate(g_row, g_col, edge: str = "periodic") -> np.ndarray:
     numpy.ndarray
         ``float64`` ``(R_r, R_c)``.
     """
-    gr = np.ascontiguousarray(g_row, dtype=np.float64)
-    gc = np.ascontiguousarray(g_col, dtype=np.float64)
+    op = "dpc.integrate"
+    edge = _edge(edge, op)
+    fields = []
+    for name, g in (("g_row", g_row), ("g_col", g_col)):
+        a = np.asarray(g)
+        if a.dtype.kind not in "biuf":
+            raise _invalid(
+                op,
+                f"{name} must be a real array",
+                expected="float (R_r, R_c)",
+                found=f"dtype {a.dtype} shape {_shape(a)}",
+            )
+        a = np.ascontiguousarray(a, dtype=np.float64)
+        if not np.isfinite(a).all():
+            raise _invalid(
+                op,
+                f"{name} holds NaN or inf",
+                expected="finite values",
+                found=f"{int((~np.isfinite(a)).sum())} non-finite of {a.size}",
+            )
+        fields.append(a)
+    gr, gc = fields
     if gr.ndim != 2 or gr.shape != gc.shape:
         raise _invalid(
             "dpc.integrate",
@@ -223,4 +244,4 @@ def integrate(g_row, g_col, edge: str = "periodic") -> np.ndarray:
             expected="two (R_r, R_c) arrays",
             found=f"{_shape(gr)} and {_shape(gc)}",
         )
-    return _native.dpc_integrate(gr, gc, _edge(edge))
+    return _native.dpc_integrate(gr, gc, edge)

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from quantem.gpu import _native
+from quantem.gpu import _args, _native
 from quantem.gpu._enums import DataRepresentation
 
 __all__ = [
@@ -47,6 +47,12 @@ class _TextProgress:
         self._stream.flush()
 
 
+_OP_LOAD = "load"
+
+#: dtype names ``load`` takes (the engine's, lower case).
+_DTYPE_NAMES = ("native", "u8", "u16", "u32", "uint8", "uint16", "uint32", "u8_saturating")
+
+
 def _representation_name(representation) -> str | None:
     if representation is None:
         return None
@@ -54,16 +60,42 @@ def _representation_name(representation) -> str | None:
         return representation.value
     if isinstance(representation, str):
         return representation
-    raise TypeError(
-        "representation must be 'dense', 'encoded', an io.DataRepresentation member or None, "
-        f"not {type(representation).__name__}"
+    raise _args.wrong_type(
+        _OP_LOAD,
+        "representation must be a name or an io.DataRepresentation member",
+        "'dense', 'encoded', an io.DataRepresentation member or None",
+        representation,
     )
 
 
 def _dtype_name(dtype) -> str:
+    if dtype is None:
+        return "native"
     if isinstance(dtype, str):
-        return dtype
-    return np.dtype(dtype).name
+        if dtype.lower() not in _DTYPE_NAMES:
+            raise _args.invalid(
+                _OP_LOAD, "unknown dtype", "native, u8, u16 or u32 (or uint8/16/32)", repr(dtype)
+            )
+        return dtype.lower()
+    if isinstance(dtype, (bool, int, float, bytes)):
+        raise _args.wrong_type(
+            _OP_LOAD,
+            "dtype must be a name or a numpy dtype",
+            "'native', 'u16', np.uint16, ...",
+            dtype,
+        )
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        raise _args.wrong_type(
+            _OP_LOAD,
+            "dtype must be a name or a numpy dtype",
+            "'native', 'u16', np.uint16, ...",
+            dtype,
+        ) from None
+    if name not in ("uint8", "uint16", "uint32"):
+        raise _args.invalid(_OP_LOAD, "unsupported dtype", "uint8, uint16 or uint32", name)
+    return name
 
 
 def _progress_callback(progress) -> ProgressCallback | None:
@@ -73,7 +105,12 @@ def _progress_callback(progress) -> ProgressCallback | None:
         return _TextProgress()
     if callable(progress):
         return progress
-    raise TypeError("progress must be None, True, or a callable progress(stage, done, total)")
+    raise _args.wrong_type(
+        _OP_LOAD,
+        "progress must be None, a bool or a callable",
+        "None, True, False or progress(stage, done, total)",
+        progress,
+    )
 
 
 def load(
@@ -96,11 +133,12 @@ def load(
 
     Parameters
     ----------
-    source : str, os.PathLike or numpy.ndarray
-        A Dectris ``*_master.h5``, a plain HDF5 file with a 3-D ``(N, k_r, k_c)`` or 4-D dataset,
+    source : str, bytes, os.PathLike or numpy.ndarray
+        A path (``bytes`` are decoded with ``os.fsdecode``) to a Dectris ``*_master.h5``, a
+        plain HDF5 file with a 3-D ``(N, k_r, k_c)`` or 4-D dataset,
         a ``.qem`` file written by :func:`save` (recognised by its content; regions, binning and
-        dtype changes are refused for it), or a uint8/uint16/uint32 array of shape ``(R_r, R_c, k_r, k_c)`` or ``(N, k_r, k_c)``
-        (copied).
+        dtype changes are refused for it), or a uint8/uint16/uint32 array of shape
+        ``(R_r, R_c, k_r, k_c)`` or ``(N, k_r, k_c)`` (copied).
     backend : {"auto", "cpu", "cuda", "mps"}
         ``"auto"`` picks CUDA when usable, else the CPU; an explicit backend that cannot run
         raises :class:`~quantem.gpu.BackendUnavailableError`.
@@ -145,27 +183,38 @@ def load(
     BackendUnavailableError, QuantemIOError
         Each names the operation, the file and frame where they apply, what was expected and
         what was found.
+    ArgumentTypeError
+        An argument of the wrong type (an ``InvalidArgumentError`` and a ``TypeError``):
+        nothing is coerced, so ``det_bin=2.0`` or ``apply_mask="no"`` is refused, not read
+        as 2 or True. Integers may be numpy integer scalars; flags ``bool`` or ``np.bool_``.
     """
+    op = _OP_LOAD
     if isinstance(source, np.ndarray):
         src: Any = source
     elif isinstance(source, (str, bytes, os.PathLike)):
-        src = os.fspath(source)
+        src = _args.path(op, "source", source)
     else:
-        raise TypeError(
-            "source must be a path (str or os.PathLike) or a numpy array, "
-            f"not {type(source).__name__}"
+        raise _args.wrong_type(
+            op,
+            "source must be a path or a numpy array",
+            "str, bytes, os.PathLike or ndarray",
+            source,
         )
+    if dataset_path is not None and not isinstance(dataset_path, str):
+        raise _args.wrong_type(op, "dataset_path must be a str", "a str or None", dataset_path)
     return _native.load(
         src,
-        backend=backend,
-        scan_shape=None if scan_shape is None else [int(v) for v in scan_shape],
-        scan_region=None if scan_region is None else [int(v) for v in scan_region],
-        detector_region=None if detector_region is None else [int(v) for v in detector_region],
-        det_bin=int(det_bin),
+        backend=_args.text(op, "backend", backend),
+        scan_shape=_args.shape2(op, "scan_shape", scan_shape),
+        scan_region=_args.region(op, "scan_region", scan_region),
+        detector_region=_args.region(op, "detector_region", detector_region),
+        det_bin=_args.integer(op, "det_bin", det_bin, minimum=1),
         dtype=_dtype_name(dtype),
         representation=_representation_name(representation),
-        apply_mask=bool(apply_mask),
-        memory_budget=None if memory_budget is None else int(memory_budget),
+        apply_mask=_args.flag(op, "apply_mask", apply_mask),
+        memory_budget=_args.optional_integer(
+            op, "memory_budget", memory_budget, minimum=0, maximum=_args.U64_MAX
+        ),
         progress=_progress_callback(progress),
         dataset_path=dataset_path,
     )
@@ -178,7 +227,7 @@ def inspect(
 
     Parameters
     ----------
-    source : str or os.PathLike
+    source : str, bytes or os.PathLike
         A Dectris master file or a plain HDF5 file.
     scan_shape : (int, int), optional
         The scan shape to check the frame count against.
@@ -190,13 +239,13 @@ def inspect(
         chunks, frame-count mismatch), with its shapes, dtype and metadata.
     """
     return _native.inspect(
-        os.fspath(source), None if scan_shape is None else [int(v) for v in scan_shape]
+        _args.path("inspect", "source", source), _args.shape2("inspect", "scan_shape", scan_shape)
     )
 
 
 def discover(folder: str | os.PathLike[str]) -> list[str]:
     """Every Dectris master file (``*_master.h5``) under ``folder``, recursively, sorted."""
-    return list(_native.discover(os.fspath(folder)))
+    return list(_native.discover(_args.path("discover", "folder", folder)))
 
 
 def save(dataset: Dataset, path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -224,4 +273,4 @@ def save(dataset: Dataset, path: str | os.PathLike[str]) -> dict[str, Any]:
     ------
     InvalidArgumentError, QuantemIOError
     """
-    return _native.save(dataset, os.fspath(path))
+    return _native.save(_args.dataset("save", dataset, "dataset"), _args.path("save", "path", path))

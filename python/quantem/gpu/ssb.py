@@ -34,14 +34,13 @@ The scan may have any shape (rectangular, not a power of two): nothing is croppe
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from quantem.gpu import _native
+from quantem.gpu import _args, _native
 from quantem.gpu.detector import _invalid
 
 __all__ = [
@@ -67,8 +66,8 @@ DEFAULT_FIT = ("C10", "C12", "phi12")
 #:
 #: ``"coherence"`` is the default: on abTEM multislice data at a realistic dose (6k e⁻/frame) only
 #: it recovers C10 within 2 % and C12 within 20 %, and on a GPU it costs a quarter of the phase
-#: variance. ``"phase_variance"``: the anchor's mean over scan positions of the variance over BF pixels of
-#: the per-pixel phases (lower is better). ``"coherence"``: the negated spectral coherence
+#: variance. ``"phase_variance"``: the anchor's mean over scan positions of the variance over BF
+#: pixels of the per-pixel phases (lower is better). ``"coherence"``: the negated spectral coherence
 #: ``−Σ_{ν≠0} |Σ_b C_b(ν)|² / (B Σ_{ν≠0} Σ_b |C_b(ν)|²)`` of the corrected per-pixel spectra,
 #: in ``[−1, 0]``: it never takes a phase, so strong phases that wrap past ±π do not scramble
 #: it, and each term weighs by its own signal, so noise-dominated frequencies count little.
@@ -81,22 +80,11 @@ def _shape(a: np.ndarray) -> str:
     return "(" + ", ".join(str(n) for n in a.shape) + ")"
 
 
-def _number(name: str, value, *, positive: bool = True) -> float:
-    """``value`` as a finite float, else an InvalidArgumentError naming ``name``."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise _invalid(
-            _OP, f"{name} must be a number", expected="a finite number", found=repr(value)
-        ) from None
-    if not math.isfinite(v) or (positive and v <= 0):
-        raise _invalid(
-            _OP,
-            f"{name} must be {'positive' if positive else 'finite'}",
-            expected="a finite number > 0" if positive else "a finite number",
-            found=repr(value),
-        )
-    return v
+def _number(name: str, value, *, positive: bool = True, **bounds) -> float:
+    """``value`` as a finite float (``> 0`` when ``positive``), else an error naming ``name``:
+    ``ArgumentTypeError`` for a non-number (a string or bool is not read as one),
+    ``InvalidArgumentError`` for NaN, inf or a value out of range."""
+    return _args.number(_OP, name, value, positive=positive, **bounds)
 
 
 def _required(name: str, value, unit: str) -> float:
@@ -112,21 +100,11 @@ def _required(name: str, value, unit: str) -> float:
 
 def _pair(name: str, value) -> tuple[float, float]:
     """A scalar or a ``(row, col)`` pair of positive numbers."""
-    if isinstance(value, (int, float, np.integer, np.floating)):
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
         v = _number(name, value)
         return (v, v)
-    try:
-        items = list(value)
-    except TypeError:
-        items = None
-    if items is None or len(items) != 2:
-        raise _invalid(
-            _OP,
-            f"{name} is a number or a (row, col) pair",
-            expected="a number or (row, col)",
-            found=repr(value),
-        )
-    return (_number(name, items[0]), _number(name, items[1]))
+    items = _args._items(_OP, name, value, 2, "a number or (row, col)")
+    return (_number(f"{name}[0]", items[0]), _number(f"{name}[1]", items[1]))
 
 
 def _aberrations(values: Mapping[str, float] | None, what: str = "aberrations") -> dict[str, float]:
@@ -142,7 +120,7 @@ def _aberrations(values: Mapping[str, float] | None, what: str = "aberrations") 
         )
     out = {}
     for k, v in values.items():
-        if k not in ABERRATIONS:
+        if not isinstance(k, str) or k not in ABERRATIONS:
             raise _invalid(
                 _OP,
                 f"unknown aberration coefficient in {what}",
@@ -336,24 +314,15 @@ class SSB:
         step = _pair("scan_step_a", scan_step_a)
         det = None if det_sampling_mrad is None else _number("det_sampling_mrad", det_sampling_mrad)
         rot = _number("rotation_deg", rotation_deg, positive=False)
-        thr = _number("bf_threshold", bf_threshold, positive=False)
-        if memory_budget is not None and (
-            not isinstance(memory_budget, (int, np.integer)) or memory_budget < 0
-        ):
-            raise _invalid(
-                _OP,
-                "memory_budget is a number of bytes",
-                expected="an integer >= 0 or None",
-                found=repr(memory_budget),
-            )
-        if g_storage not in (None, "f32", "f16"):
-            raise _invalid(
-                _OP, "unknown g_storage", expected='None, "f32" or "f16"', found=repr(g_storage)
-            )
-        if engine not in ("auto", "cpu", "cuda"):
-            raise _invalid(
-                _OP, "unknown engine", expected='"auto", "cpu" or "cuda"', found=repr(engine)
-            )
+        thr = _number("bf_threshold", bf_threshold, positive=False, minimum=0.0, below=1.0)
+        budget = _args.optional_integer(
+            _OP, "memory_budget", memory_budget, minimum=0, maximum=_args.U64_MAX
+        )
+        if g_storage is not None:
+            g_storage = _args.text(_OP, "g_storage", g_storage, ("f32", "f16"))
+        engine = _args.text(_OP, "engine", engine, ("auto", "cpu", "cuda"))
+        compat = _args.flag(_OP, "compat_2alpha", compat_2alpha)
+        _args.dataset(_OP, ds)
         self._native = _native.ssb_prepare(
             ds,
             voltage_kv=voltage,
@@ -361,9 +330,9 @@ class SSB:
             scan_step_a=step,
             det_sampling_mrad=det,
             rotation_deg=rot,
-            compat_2alpha=bool(compat_2alpha),
+            compat_2alpha=compat,
             bf_threshold=thr,
-            memory_budget=None if memory_budget is None else int(memory_budget),
+            memory_budget=budget,
             g_storage=g_storage,
             engine=engine,
         )
@@ -379,13 +348,7 @@ class SSB:
         return tuple(self._native.objectives())
 
     def _objective(self, objective: str) -> str:
-        name = str(objective).lower()
-        known = self.objectives
-        if name not in known:
-            raise _invalid(
-                _OP, "unknown objective", expected=" or ".join(known), found=repr(objective)
-            )
-        return name
+        return _args.text(_OP, "objective", objective, self.objectives)
 
     def reconstruct(self, aberrations: Mapping[str, float] | None = None) -> SSBResult:
         """The object with the probe corrected for ``aberrations``.
@@ -458,9 +421,11 @@ class SSB:
         """
         if isinstance(fit, str):
             fit = (fit,)
-        names = [str(n) for n in fit]
+        if isinstance(fit, (bytes, Mapping)) or not isinstance(fit, Sequence):
+            raise _args.wrong_type(_OP, "fit must be coefficient names", '("C10", "C12")', fit)
+        names = list(fit)
         for n in names:
-            if n not in ABERRATIONS:
+            if not isinstance(n, str) or n not in ABERRATIONS:
                 raise _invalid(
                     _OP,
                     "unknown coefficient to fit",
@@ -492,16 +457,10 @@ class SSB:
                         expected=", ".join(ABERRATIONS),
                         found=repr(k),
                     )
-                try:
-                    lo, hi = (float(x) for x in lohi)
-                except (TypeError, ValueError):
-                    raise _invalid(
-                        _OP,
-                        f"ranges[{k!r}] is a (low, high) pair",
-                        expected="(low, high)",
-                        found=repr(lohi),
-                    ) from None
-                if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+                lo, hi = _args._items(_OP, f"ranges[{k!r}]", lohi, 2, "(low, high)")
+                lo = _number(f"ranges[{k!r}][0]", lo, positive=False)
+                hi = _number(f"ranges[{k!r}][1]", hi, positive=False)
+                if not lo < hi:
                     raise _invalid(
                         _OP,
                         f"ranges[{k!r}] must be finite with low < high",
@@ -509,25 +468,14 @@ class SSB:
                         found=repr(lohi),
                     )
                 rng[k] = (lo, hi)
-        for name, v in (
-            ("global_evals", global_evals),
-            ("local_max_iter", local_max_iter),
-            ("local_starts", local_starts),
-        ):
-            if v is not None and (not isinstance(v, (int, np.integer)) or v < 0):
-                raise _invalid(_OP, f"{name} is a count", expected="an integer >= 0", found=repr(v))
-        if not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise _invalid(
-                _OP, "seed is a non-negative integer", expected="an integer >= 0", found=repr(seed)
-            )
         d = self._native.fit(
-            seed=int(seed),
+            seed=_args.integer(_OP, "seed", seed, minimum=0, maximum=_args.U64_MAX),
             fit=names,
             ranges=rng,
             objective=self._objective(objective),
-            global_evals=None if global_evals is None else int(global_evals),
-            local_max_iter=None if local_max_iter is None else int(local_max_iter),
-            local_starts=None if local_starts is None else int(local_starts),
+            global_evals=_args.optional_integer(_OP, "global_evals", global_evals, minimum=0),
+            local_max_iter=_args.optional_integer(_OP, "local_max_iter", local_max_iter, minimum=0),
+            local_starts=_args.optional_integer(_OP, "local_starts", local_starts, minimum=1),
             start=_aberrations(start, "start"),
         )
         return SSBFit._from_native(d)
