@@ -1,0 +1,203 @@
+//! Encoding a dense array already on the GPU ([`encode_device_array`]) and measuring what a
+//! sample's streams take ([`measure_encoded_bytes`], which sizes an encoded load's arena).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::sys;
+use qem_core::{DType, Error, MemoryReport, Result, Shape2, StageTiming};
+
+use super::records::{EncoderRead, EncoderRecords};
+use super::{DeviceArray, EncodeOptions, GpuEncodedLoad};
+use crate::device::driver_error;
+use crate::engine::{engine, Engine};
+use crate::mem::{DevBuf, MemCounter};
+use crate::rans::{self, DeviceEncoded, DeviceModel, EncoderScratch, RansKernels};
+
+/// Encode a dense u16 array already on the GPU (e.g. an uploaded NumPy array): fit on an
+/// evenly spread sample of its frames, then encode every frame. The array is left as it is.
+pub fn encode_device_array(array: &DeviceArray, enc: &EncodeOptions) -> Result<GpuEncodedLoad> {
+    let t0 = Instant::now();
+    let op = "encode (cuda)";
+    if array.dtype() != DType::U16 {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "the encoded representation holds u16 counts; the array is {}",
+                array.dtype()
+            ),
+        ));
+    }
+    let e = engine()?;
+    let k = e.rans()?;
+    let [r, c, kr, kc] = array.shape();
+    let n = (r * c) as u64;
+    let shape = Shape2::new(kr, kc);
+    let frame_len = shape.len();
+    let frame_bytes = frame_len * 2;
+    // Gather the sample into one buffer (device-to-device copies of whole frames).
+    let pick = rans::sample_frames(n, enc.sample_frames.max(1));
+    let ctx = e.gpu.ctx();
+    let sample = DevBuf::alloc(ctx, pick.len() * frame_bytes, None, "fit sample")?;
+    let stream = e.gpu.stream();
+    for (i, &f) in pick.iter().enumerate() {
+        // SAFETY: both ranges lie inside their allocations (frame f < n of the array, slot
+        // i < pick.len() of the sample); synchronized below.
+        unsafe {
+            sys::cuMemcpyDtoDAsync_v2(
+                sample.ptr() + (i * frame_bytes) as u64,
+                array.device_ptr() + f * frame_bytes as u64,
+                frame_bytes,
+                stream.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(|err| driver_error("gather fit sample", err))?;
+    }
+    let model = rans::fit_on_device(
+        &e.gpu,
+        k,
+        sample.ptr(),
+        pick.len() as u64,
+        frame_len,
+        &enc.model,
+    )?;
+    let counter = Arc::new(MemCounter::default());
+    let dmodel = DeviceModel::upload(ctx, model, Some(&counter))?;
+    let sample_bytes = measure_encoded_bytes(e, k, &dmodel, &sample, pick.len() as u64)?;
+    drop(sample);
+    let per_frame = sample_bytes as f64 / pick.len().max(1) as f64;
+    let mut capacity = ((per_frame * n as f64 * enc.headroom.max(1.0)) as u64 + (4 << 20))
+        .next_multiple_of(rans::STREAM_ALIGN);
+    let (free0, total) = e.gpu.mem_info()?;
+    let mut retries = 0u32;
+    loop {
+        let arena = DevBuf::alloc(ctx, capacity as usize, Some(&counter), "encoded streams")?;
+        let index = DevBuf::alloc(
+            ctx,
+            (n as usize * rans::INDEX_ENTRY_BYTES).max(16),
+            Some(&counter),
+            "stream index",
+        )?;
+        let err = EncoderRecords::new(ctx, Some(&counter))?;
+        let scratch = EncoderScratch::new(ctx, k, frame_len, Some(&counter))?;
+        let (sw, warps) = scratch.parts();
+        let a = rans::EncodeArgs {
+            frames: array.device_ptr(),
+            n_frames: n,
+            dst: 0,
+            dst_base: 0,
+            bad: 0,
+            arena: arena.ptr(),
+            capacity,
+            cursor: err.cursor_ptr(),
+            index: index.ptr(),
+            scratch_words: sw,
+            scratch_warps: warps,
+            err: err.err_ptr(),
+        };
+        let t = Instant::now();
+        // SAFETY: the array holds n u16 frames of the model's length; the arena `capacity`
+        // bytes (the kernel checks every write against it); index n entries; all alive until
+        // the synchronize below.
+        unsafe { rans::launch_encode(k, stream, &dmodel, &a) }?;
+        stream
+            .synchronize()
+            .map_err(|err| driver_error("synchronize encode", err))?;
+        let enc_s = t.elapsed().as_secs_f64();
+        let (free1, _) = e.gpu.mem_info()?;
+        let EncoderRead { fault, used } = err.read()?;
+        if let Some(f) = fault {
+            if f.code != 0 {
+                return Err(rans::fault_error(&f, f.frame).with_op(op));
+            }
+            if f.overflowed > 0 && retries == 0 {
+                retries += 1;
+                capacity = used.next_multiple_of(rans::STREAM_ALIGN);
+                continue;
+            }
+            if f.overflowed > 0 {
+                return Err(Error::internal(
+                    op,
+                    "frames did not fit the arena after a retry",
+                ));
+            }
+        }
+        let memory = MemoryReport {
+            planned_device_bytes: capacity,
+            budget_bytes: free0,
+            process_peak_device_bytes: counter.peak(),
+            card_used_before_bytes: total.saturating_sub(free0),
+            card_used_peak_bytes: total.saturating_sub(free1),
+            card_total_bytes: total,
+        };
+        let encoded =
+            DeviceEncoded::from_parts(dmodel, arena, used, index, n, shape, e.gpu.info().ordinal);
+        return Ok(GpuEncodedLoad {
+            encoded,
+            frames: n,
+            bytes_read: 0,
+            batches: 1,
+            retries,
+            timings: vec![
+                StageTiming {
+                    stage: format!("encode (wall; {per_frame:.0} B/frame predicted)"),
+                    seconds: enc_s,
+                },
+                StageTiming {
+                    stage: "fit + encode (wall)".into(),
+                    seconds: t0.elapsed().as_secs_f64(),
+                },
+            ],
+            memory,
+        });
+    }
+}
+
+/// Encode `n` dense frames at `frames` with `model` into a throw-away arena; the bytes the
+/// streams take (16-byte rounded).
+pub(super) fn measure_encoded_bytes(
+    e: &Engine,
+    k: &RansKernels,
+    model: &DeviceModel,
+    frames: &DevBuf,
+    n: u64,
+) -> Result<u64> {
+    let ctx = e.gpu.ctx();
+    let frame_len = model.model().frame_len();
+    // Worst case per frame: header + every pixel a word + 15 extra bits.
+    let worst = (rans::STREAM_HEADER_BYTES as u64 + 2 * frame_len as u64 + 2 * frame_len as u64)
+        .next_multiple_of(rans::STREAM_ALIGN);
+    let arena = DevBuf::alloc(ctx, (worst * n) as usize, None, "sample streams")?;
+    let index = DevBuf::alloc(ctx, (n * 16) as usize, None, "sample index")?;
+    let err = EncoderRecords::new(ctx, None)?;
+    let scratch = EncoderScratch::new(ctx, k, frame_len, None)?;
+    let (sw, warps) = scratch.parts();
+    let a = rans::EncodeArgs {
+        frames: frames.ptr(),
+        n_frames: n,
+        dst: 0,
+        dst_base: 0,
+        bad: 0,
+        arena: arena.ptr(),
+        capacity: worst * n,
+        cursor: err.cursor_ptr(),
+        index: index.ptr(),
+        scratch_words: sw,
+        scratch_warps: warps,
+        err: err.err_ptr(),
+    };
+    let stream = e.gpu.stream();
+    // SAFETY: frames holds n dense frames of the model's length (the sample pass' result);
+    // the arena has the worst-case size of n streams; index n entries; all alive until the
+    // synchronize below.
+    unsafe { rans::launch_encode(k, stream, model, &a) }?;
+    stream
+        .synchronize()
+        .map_err(|err| driver_error("synchronize sample encode", err))?;
+    let r = err.read()?;
+    if let Some(f) = r.fault {
+        return Err(rans::fault_error(&f, f.frame).with_op("encode sample (cuda)"));
+    }
+    Ok(r.used)
+}

@@ -1,0 +1,337 @@
+//! The overlapped load pipeline: stored chunks → a dense GPU-resident array.
+//!
+//! 1. **Plan (host, no GPU):** the chunks holding the requested scan region's frames, sorted by
+//!    `(file, offset)`, cut into batches of about [`PipelineOptions::batch_bytes`] compressed
+//!    ([`plan_chunks`]); every device buffer is planned and admitted against
+//!    `min(memory_budget, free − reserve)` before anything is allocated ([`admit`]).
+//! 2. **Read (host threads):** a pool of reader threads `pread`s each batch's chunks straight
+//!    into one of 2–3 reusable pinned slots and builds the batch's block table with the CPU
+//!    parser (a framing error is a `Decode` error naming file and frame).
+//! 3. **H2D (copy stream)** of the slot's bytes and tables, after the event that says the
+//!    previous decode from that device slot has finished; an event marks the copy's end.
+//! 4. **Decode (compute stream)** waits on that event. For a pass-through plan (whole
+//!    detector, no bin, result dtype = source dtype) the kernel writes each chunk straight to
+//!    its frames' place in the result; otherwise into a scratch buffer that the region/bin
+//!    kernel turns into result frames.
+//!
+//! The host waits only for a free pinned slot (its H2D event). Kernel errors accumulate in one
+//! record (chunk indices are global to the load) checked once at the end. Bad pixels are zeroed
+//! by a small kernel over the result (pass-through) or inside region/bin.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use qem_core::{DType, Error, MemoryReport, Progress, Region, Result, StageTiming};
+use qem_io::Source;
+
+use crate::engine::engine;
+use crate::mem::MemCounter;
+use crate::rans::{self, DeviceEncoded, DeviceModel};
+use qem_codec::rans::{FloorPolicy, ModelParams};
+
+mod array;
+mod encode;
+mod pipeline;
+mod plan;
+mod reader;
+mod records;
+#[cfg(test)]
+mod tests;
+
+pub use array::{load_array, DeviceArray};
+pub use encode::encode_device_array;
+use encode::measure_encoded_bytes;
+use pipeline::{pipeline, Sink};
+pub use plan::{admit, plan_chunks, region_frames, BatchPlan, LoadPlan, MemoryPlan, PlanChunk};
+
+/// Tuning of the pipeline.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PipelineOptions {
+    /// Host reader threads.
+    pub reader_threads: usize,
+    /// Target compressed bytes per batch.
+    pub batch_bytes: u64,
+    /// Pinned host slots (and device input buffers) in flight, 2..=4.
+    pub slots: usize,
+    /// Largest decode scratch (non-pass-through plans) in bytes.
+    pub max_scratch_bytes: u64,
+    /// Device memory left free for the allocator and other users.
+    pub reserve_bytes: u64,
+    /// Warps per CTA of the decode kernel.
+    pub warps_per_cta: u32,
+}
+
+impl Default for PipelineOptions {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(4);
+        PipelineOptions {
+            reader_threads: cores.clamp(2, 16),
+            batch_bytes: 128 << 20,
+            slots: 3,
+            max_scratch_bytes: 512 << 20,
+            reserve_bytes: 256 << 20,
+            warps_per_cta: 1,
+        }
+    }
+}
+
+/// What to load and how (the façade's plan, already validated).
+#[derive(Clone, Copy)]
+pub struct GpuLoadParams<'a> {
+    /// Half-open scan region; only its frames' chunks are read.
+    pub scan_region: Region,
+    /// Half-open detector region in source pixels.
+    pub detector_region: Option<Region>,
+    /// Count-preserving bin factor.
+    pub det_bin: usize,
+    /// Result dtype.
+    pub result_dtype: DType,
+    /// Clip to the result dtype (explicit u8) instead of failing on overflow.
+    pub saturate: bool,
+    /// Source-sized bad-pixel mask (true = zero it), when masking.
+    pub bad_mask: Option<&'a [bool]>,
+    /// Caller's device-memory budget in bytes.
+    pub memory_budget: Option<u64>,
+    /// Pipeline tuning.
+    pub options: PipelineOptions,
+    /// Progress receiver (frames) and cancellation between batches.
+    pub progress: Option<&'a dyn Progress>,
+}
+
+impl std::fmt::Debug for GpuLoadParams<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuLoadParams")
+            .field("scan_region", &self.scan_region)
+            .field("detector_region", &self.detector_region)
+            .field("det_bin", &self.det_bin)
+            .field("result_dtype", &self.result_dtype)
+            .field("saturate", &self.saturate)
+            .field("memory_budget", &self.memory_budget)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A finished GPU load.
+#[derive(Debug)]
+pub struct GpuLoad {
+    /// The result, synchronized.
+    pub array: DeviceArray,
+    /// Values clipped by a saturating u8 request.
+    pub saturated: u64,
+    /// Result frames.
+    pub frames: u64,
+    /// Compressed bytes read.
+    pub bytes_read: u64,
+    /// Batches.
+    pub batches: usize,
+    /// True when the kernel decoded straight into the result.
+    pub direct: bool,
+    /// Stage timings (overlapping stages are separate entries, never summed).
+    pub timings: Vec<StageTiming>,
+    /// Device-memory accounting.
+    pub memory: MemoryReport,
+}
+
+/// Load `params.scan_region` of `src` into device memory with the overlapped pipeline.
+pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> {
+    params.scan_region.validate(src.scan_shape, "scan_region")?;
+    let frames = region_frames(src.scan_shape, params.scan_region);
+    let out = pipeline(src, params, &frames, Sink::Dense)?;
+    let rs = params.scan_region.shape();
+    let Some(buf) = out.dense else {
+        return Err(Error::internal(
+            "load (cuda)",
+            "dense pipeline without a result",
+        ));
+    };
+    let e = engine()?;
+    Ok(GpuLoad {
+        array: DeviceArray {
+            buf,
+            shape: [rs.rows, rs.cols, out.output.rows, out.output.cols],
+            dtype: params.result_dtype,
+            ordinal: e.gpu.info().ordinal,
+        },
+        saturated: out.saturated,
+        frames: out.frames,
+        bytes_read: out.bytes_read,
+        batches: out.batches,
+        direct: out.direct,
+        timings: out.timings,
+        memory: out.memory,
+    })
+}
+
+/// How an encoded load fits its model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EncodeOptions {
+    /// Model parameters (`floor` should be `AllSymbols`: the model is fitted on a sample).
+    pub model: ModelParams,
+    /// Frames of the sample the model is fitted on (spread evenly over the scan region).
+    pub sample_frames: u64,
+    /// Arena headroom over the size the sample predicts (1.0 = none).
+    pub headroom: f64,
+}
+
+impl Default for EncodeOptions {
+    fn default() -> Self {
+        EncodeOptions {
+            model: ModelParams {
+                floor: FloorPolicy::AllSymbols,
+                ..ModelParams::default()
+            },
+            sample_frames: 4096,
+            headroom: 1.08,
+        }
+    }
+}
+
+/// A finished encoded GPU load.
+#[derive(Debug)]
+pub struct GpuEncodedLoad {
+    /// The acquisition, encoded on the device.
+    pub encoded: DeviceEncoded,
+    /// Result frames.
+    pub frames: u64,
+    /// Compressed bytes read (sample pass included).
+    pub bytes_read: u64,
+    /// Batches of the main pass.
+    pub batches: usize,
+    /// Times the arena had to be enlarged and the frames re-encoded (0 normally).
+    pub retries: u32,
+    /// Stage timings: the sample pass, the fit, the main pass' stages.
+    pub timings: Vec<StageTiming>,
+    /// Device-memory accounting of the main pass (the sample pass' buffers are freed first).
+    pub memory: MemoryReport,
+}
+
+/// Load `params.scan_region` of `src` into the GPU **encoded**: the model is fitted on an
+/// evenly spread sample of frames (decoded densely on the GPU, then reduced by kernels), then
+/// every batch is decoded, transformed and rANS-encoded on the GPU, so the dense acquisition
+/// never exists in full on the device. The result dtype must be u16.
+pub fn load_source_encoded(
+    src: &Source,
+    params: &GpuLoadParams<'_>,
+    enc: &EncodeOptions,
+) -> Result<GpuEncodedLoad> {
+    let t0 = Instant::now();
+    let op = "load encoded (cuda)";
+    params.scan_region.validate(src.scan_shape, "scan_region")?;
+    if params.result_dtype != DType::U16 {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "the encoded representation holds u16 counts; the result dtype would be {} (use dtype \"u16\" or representation \"dense\")",
+                params.result_dtype
+            ),
+        ));
+    }
+    let e = engine()?;
+    let k = e.rans()?;
+    let frames = region_frames(src.scan_shape, params.scan_region);
+    let n = frames.len() as u64;
+    // 1. Sample pass: dense, masked, transformed frames of the sample.
+    let pick = rans::sample_frames(n, enc.sample_frames.max(1));
+    let sample: Vec<u64> = pick.iter().map(|&i| frames[i as usize]).collect();
+    let quiet = GpuLoadParams {
+        progress: None,
+        ..*params
+    };
+    let s_out = pipeline(src, &quiet, &sample, Sink::Dense)?;
+    let out_shape = s_out.output;
+    let frame_len = out_shape.len();
+    let Some(s_buf) = s_out.dense else {
+        return Err(Error::internal(op, "sample pass without frames"));
+    };
+    let t_sample = t0.elapsed().as_secs_f64();
+    // 2. Fit, upload, and measure the sample's encoded size for the arena.
+    let t = Instant::now();
+    let model = rans::fit_on_device(
+        &e.gpu,
+        k,
+        s_buf.ptr(),
+        sample.len() as u64,
+        frame_len,
+        &enc.model,
+    )?;
+    let counter = Arc::new(MemCounter::default());
+    let dmodel = DeviceModel::upload(e.gpu.ctx(), model, Some(&counter))?;
+    let sample_bytes = measure_encoded_bytes(e, k, &dmodel, &s_buf, sample.len() as u64)?;
+    drop(s_buf);
+    let per_frame = sample_bytes as f64 / sample.len().max(1) as f64;
+    let mut capacity = ((per_frame * n as f64 * enc.headroom.max(1.0)) as u64 + (4 << 20))
+        .next_multiple_of(rans::STREAM_ALIGN);
+    let t_fit = t.elapsed().as_secs_f64();
+    // 3. Main pass (again with more room in the rare case the sample under-predicted).
+    let mut retries = 0u32;
+    loop {
+        let out = pipeline(
+            src,
+            params,
+            &frames,
+            Sink::Encode {
+                model: &dmodel,
+                kernels: k,
+                capacity,
+            },
+        )?;
+        let Some(eo) = out.encoded else {
+            return Err(Error::internal(op, "encode pass without streams"));
+        };
+        if eo.overflowed > 0 {
+            if retries >= 1 {
+                return Err(Error::internal(
+                    op,
+                    format!(
+                        "{} frames did not fit an arena of {} bytes after a retry",
+                        eo.overflowed, capacity
+                    ),
+                ));
+            }
+            retries += 1;
+            capacity = eo.used.next_multiple_of(rans::STREAM_ALIGN);
+            continue;
+        }
+        let mut timings = vec![
+            StageTiming {
+                stage: format!(
+                    "sample pass (wall; {} frames decoded densely)",
+                    sample.len()
+                ),
+                seconds: t_sample,
+            },
+            StageTiming {
+                stage: format!(
+                    "fit + upload model + sample encode (wall; {per_frame:.0} B/frame predicted)"
+                ),
+                seconds: t_fit,
+            },
+        ];
+        timings.extend(out.timings);
+        timings.push(StageTiming {
+            stage: "encoded load (wall, all passes)".into(),
+            seconds: t0.elapsed().as_secs_f64(),
+        });
+        let encoded = DeviceEncoded::from_parts(
+            dmodel,
+            eo.arena,
+            eo.used,
+            eo.index,
+            n,
+            out_shape,
+            e.gpu.info().ordinal,
+        );
+        return Ok(GpuEncodedLoad {
+            encoded,
+            frames: n,
+            bytes_read: out.bytes_read + s_out.bytes_read,
+            batches: out.batches,
+            retries,
+            timings,
+            memory: out.memory,
+        });
+    }
+}

@@ -1,0 +1,899 @@
+//! The overlapped pipeline (module doc of [`super`]): per batch, read into a pinned slot, H2D on
+//! the copy stream, decode (and region/bin, and encode) on the compute stream, with events
+//! ordering the two; one error-record check at the end.
+
+use std::fs::File;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::{sys, CudaEvent, CudaStream};
+use qem_core::{DType, Error, MemoryReport, Result, Shape2, StageTiming};
+use qem_io::{ChunkCodec, Source};
+
+use super::plan::{admit, plan_source, table_words, LoadPlan, MemoryPlan};
+use super::reader::{read_batch, BatchInput};
+use super::records::{EncoderRecords, ErrorRecords};
+use super::GpuLoadParams;
+use crate::bslz4::{fault_from_record, fault_to_error, BlockTable, LaunchShape, RawDecode};
+use crate::device::driver_error;
+use crate::engine::{engine, Engine};
+use crate::mem::{DevBuf, MemCounter};
+use crate::rans::{self, DeviceModel, EncoderScratch, RansKernels};
+use crate::transform::{launch_region_bin, launch_zero_pixels, RegionBinArgs, RegionPlan};
+
+pub(super) fn event(e: &Engine) -> Result<CudaEvent> {
+    e.gpu
+        .ctx()
+        .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(|err| driver_error("create event", err))
+}
+
+pub(super) fn record(ev: &CudaEvent, s: &CudaStream) -> Result<()> {
+    ev.record(s).map_err(|e| driver_error("record event", e))
+}
+
+pub(super) fn elapsed_s(a: &CudaEvent, b: &CudaEvent) -> f64 {
+    a.elapsed_ms(b)
+        .map(|ms| ms as f64 / 1e3)
+        .unwrap_or(f64::NAN)
+}
+
+/// Synchronizes its streams when dropped.
+struct Drain<'a>(&'a CudaStream, &'a CudaStream);
+
+impl Drop for Drain<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.synchronize();
+        let _ = self.1.synchronize();
+    }
+}
+
+struct BatchEvents {
+    h2d_start: CudaEvent,
+    h2d_end: CudaEvent,
+    dec_start: CudaEvent,
+    dec_end: CudaEvent,
+    rb_end: Option<CudaEvent>,
+    enc_start: Option<CudaEvent>,
+    enc_end: Option<CudaEvent>,
+}
+
+impl BatchEvents {
+    /// The event after the batch's last kernel (the slot's tables are free after it).
+    fn last(&self) -> &CudaEvent {
+        self.enc_end
+            .as_ref()
+            .or(self.rb_end.as_ref())
+            .unwrap_or(&self.dec_end)
+    }
+}
+
+pub(super) fn overflow_error(frame: u64, orow: u32, ocol: u32, value: u64, dtype: DType) -> Error {
+    Error::overflow(
+        "load",
+        format!(
+            "value {value} at result pixel ({orow}, {ocol}) does not fit {dtype}; request dtype=\"u32\" (exact) or \"u8\" (saturating)"
+        ),
+    )
+    .with_frame(frame)
+    .with_expected(format!("<= {}", dtype.max_value()))
+    .with_found(value.to_string())
+}
+
+fn cancelled_error() -> Error {
+    Error::invalid("load", "cancelled by the caller")
+}
+
+/// Where a pipeline's decoded frames go.
+#[derive(Clone, Copy)]
+pub(super) enum Sink<'a> {
+    /// A dense result array.
+    Dense,
+    /// Encoded with `model`, stream by stream, into an arena of `capacity` bytes.
+    Encode {
+        model: &'a DeviceModel,
+        kernels: &'a RansKernels,
+        capacity: u64,
+    },
+}
+
+/// What [`pipeline`] produced.
+pub(super) struct PipelineOut {
+    pub(super) dense: Option<DevBuf>,
+    pub(super) encoded: Option<EncodedOut>,
+    pub(super) output: Shape2,
+    pub(super) saturated: u64,
+    pub(super) frames: u64,
+    pub(super) bytes_read: u64,
+    pub(super) batches: usize,
+    pub(super) direct: bool,
+    pub(super) timings: Vec<StageTiming>,
+    pub(super) memory: MemoryReport,
+}
+
+/// The encoded sink's buffers after a pipeline.
+pub(super) struct EncodedOut {
+    pub(super) arena: DevBuf,
+    pub(super) index: DevBuf,
+    /// Bytes the encoder allocated (all streams, 16-byte rounded; more than the arena when
+    /// frames overflowed).
+    pub(super) used: u64,
+    /// Frames that did not fit the arena.
+    pub(super) overflowed: u32,
+}
+
+/// The encoder's buffers during a pipeline.
+struct EncodeState<'a> {
+    model: &'a DeviceModel,
+    kernels: &'a RansKernels,
+    arena: DevBuf,
+    capacity: u64,
+    index: DevBuf,
+    scratch: EncoderScratch,
+    input: Option<DevBuf>,
+    /// Bad-pixel offsets, zeroed in the decoded batch before an identity plan's encode.
+    bad_list: Option<DevBuf>,
+    /// Fault record and arena cursor.
+    err: EncoderRecords,
+}
+
+/// The overlapped pipeline over source frames `frames` (result order).
+pub(super) fn pipeline(
+    src: &Source,
+    params: &GpuLoadParams<'_>,
+    frames: &[u64],
+    sink: Sink<'_>,
+) -> Result<PipelineOut> {
+    let t_total = Instant::now();
+    let op = "load (cuda)";
+    if src.codec != ChunkCodec::Bslz4 && src.codec != ChunkCodec::Raw {
+        return Err(Error::invalid(op, "unsupported chunk codec for the GPU"));
+    }
+    let e = engine()?;
+    let opts = params.options;
+    let slots = opts.slots.clamp(2, 4);
+    let rplan = RegionPlan::new(src.detector_shape, params.detector_region, params.det_bin)?;
+    let identity = rplan.is_identity(src.dtype, params.result_dtype);
+    let encode = match sink {
+        Sink::Dense => None,
+        Sink::Encode {
+            model,
+            kernels,
+            capacity,
+        } => {
+            if params.result_dtype != DType::U16 {
+                return Err(Error::invalid(
+                    op,
+                    format!(
+                        "the encoded representation holds u16 counts; the result dtype is {}",
+                        params.result_dtype
+                    ),
+                ));
+            }
+            if model.model().frame_len() != rplan.output.len() {
+                return Err(Error::internal(op, "model frame length != result frame"));
+            }
+            Some((model, kernels, capacity))
+        }
+    };
+    let es = src.dtype.size();
+    let frame_bytes = src.frame_bytes() as u64;
+    let out_frame_elems = rplan.output.len();
+    let out_es = params.result_dtype.size();
+    let (plan, direct) = plan_source(src, frames, identity && encode.is_none(), &opts)?;
+    let frames = &plan.frames;
+    let bad_idx: Vec<u32> = params
+        .bad_mask
+        .map(|m| {
+            m.iter()
+                .enumerate()
+                .filter_map(|(i, &b)| b.then_some(i as u32))
+                .collect()
+        })
+        .unwrap_or_default();
+    // Blocks per chunk, from the first chunk's header (tables grow if a later chunk has more).
+    let mut probe = Vec::new();
+    let blocks_per_chunk = match plan.chunks.first() {
+        Some(pc) if src.codec == ChunkCodec::Bslz4 && pc.rec.filter_mask & 1 == 0 => {
+            src.read_chunk(&pc.rec, &mut probe)?;
+            let mut t = BlockTable::default();
+            let out_len = pc.rec.frames_in_chunk as usize * frame_bytes as usize;
+            t.push_chunk(&probe, es, 0, pc.rec.first_frame, 0, 0, 0, out_len)
+                .map_err(|err| err.with_file(&src.files[pc.rec.file as usize].path))?;
+            t.n_blocks() + 1
+        }
+        _ => 1,
+    };
+    let max_batch_frames = plan.max_decoded_bytes / frame_bytes.max(1);
+    let table_cap_words = table_words(plan.max_chunks, blocks_per_chunk, max_batch_frames)
+        + if encode.is_some() {
+            max_batch_frames as usize
+        } else {
+            0
+        };
+    let n_result = frames.len() as u64;
+    // Encoding: an arena, the index, the encoder's scratch and (when frames change on the
+    // way) a batch of transformed frames; the dense result does not exist.
+    let enc_in_bytes = match encode {
+        Some(_) if !identity => max_batch_frames * out_frame_elems as u64 * 2,
+        _ => 0,
+    };
+    let dest_bytes = match encode {
+        None => n_result * out_frame_elems as u64 * out_es as u64,
+        Some((_, k, capacity)) => {
+            capacity
+                + n_result * rans::INDEX_ENTRY_BYTES as u64
+                + EncoderScratch::bytes_for(k, out_frame_elems)
+                + enc_in_bytes
+        }
+    };
+    let mem = MemoryPlan {
+        destination: dest_bytes,
+        input: slots as u64 * plan.max_in_bytes.max(256),
+        tables: slots as u64 * (table_cap_words as u64 * 4).max(256),
+        scratch: if direct { 0 } else { plan.max_decoded_bytes },
+        status: (table_cap_words as u64 / 8 * 8).max(256),
+        small: 256
+            + if direct {
+                bad_idx.len() as u64 * 4
+            } else {
+                rplan.source.len() as u64
+            },
+    };
+    e.gpu
+        .ctx()
+        .bind_to_thread()
+        .map_err(|err| driver_error("bind CUDA context", err))?;
+    let (free0, card_total) = e.gpu.mem_info()?;
+    let budget = admit(mem.total(), params.memory_budget, free0, opts.reserve_bytes)?;
+    let t_plan = t_total.elapsed().as_secs_f64();
+
+    // ---- allocate
+    let t = Instant::now();
+    let ctx = e.gpu.ctx().clone();
+    let counter = Arc::new(MemCounter::default());
+    let c = Some(&counter);
+    let dst = match encode {
+        None => Some(DevBuf::alloc(&ctx, dest_bytes as usize, c, "result")?),
+        Some(_) => None,
+    };
+    let enc = match encode {
+        None => None,
+        Some((model, k, capacity)) => {
+            let index = DevBuf::alloc(
+                &ctx,
+                (n_result as usize * rans::INDEX_ENTRY_BYTES).max(16),
+                c,
+                "stream index",
+            )?;
+            // Entries of frames never encoded (a failed load) read as empty streams.
+            index.write(0, &vec![0u8; index.bytes()])?;
+            let err = EncoderRecords::new(&ctx, c)?;
+            Some(EncodeState {
+                model,
+                kernels: k,
+                arena: DevBuf::alloc(&ctx, capacity as usize, c, "encoded streams")?,
+                capacity,
+                index,
+                scratch: EncoderScratch::new(&ctx, k, out_frame_elems, c)?,
+                input: if enc_in_bytes > 0 {
+                    Some(DevBuf::alloc(
+                        &ctx,
+                        enc_in_bytes as usize,
+                        c,
+                        "encoder input batch",
+                    )?)
+                } else {
+                    None
+                },
+                bad_list: if identity && !bad_idx.is_empty() {
+                    let b = DevBuf::alloc(&ctx, bad_idx.len() * 4, c, "bad-pixel list")?;
+                    b.write(0, bytemuck::cast_slice(&bad_idx))?;
+                    Some(b)
+                } else {
+                    None
+                },
+                err,
+            })
+        }
+    };
+    let mut d_in = Vec::new();
+    let mut d_tab = Vec::new();
+    let mut h_in = Vec::new();
+    let mut h_tab = Vec::new();
+    for _ in 0..slots {
+        d_in.push(DevBuf::alloc(
+            &ctx,
+            plan.max_in_bytes as usize,
+            c,
+            "compressed batch",
+        )?);
+        d_tab.push(DevBuf::alloc(&ctx, table_cap_words * 4, c, "block table")?);
+        h_in.push(e.take_pinned(plan.max_in_bytes as usize, "batch slot")?);
+        h_tab.push(e.take_pinned(table_cap_words * 4, "table slot")?);
+    }
+    let scratch = if direct {
+        None
+    } else {
+        Some(DevBuf::alloc(
+            &ctx,
+            plan.max_decoded_bytes as usize,
+            c,
+            "decode scratch",
+        )?)
+    };
+    let mut status = DevBuf::alloc(&ctx, mem.status as usize, c, "decode status")?;
+    // [0..32) decode error record, [32..64) overflow record, [64..72) saturated counter.
+    let errs = ErrorRecords::new(&ctx, c)?;
+    let bad_buf = if direct {
+        if bad_idx.is_empty() {
+            None
+        } else {
+            let b = DevBuf::alloc(&ctx, bad_idx.len() * 4, c, "bad-pixel list")?;
+            b.write(0, bytemuck::cast_slice(&bad_idx))?;
+            Some(b)
+        }
+    } else {
+        match params.bad_mask {
+            Some(m) if m.iter().any(|&b| b) => {
+                let lut: Vec<u8> = m.iter().map(|&b| u8::from(b)).collect();
+                let b = DevBuf::alloc(&ctx, lut.len(), c, "bad-pixel lookup")?;
+                b.write(0, &lut)?;
+                Some(b)
+            }
+            _ => None,
+        }
+    };
+    let (free_peak, _) = e.gpu.mem_info()?;
+    let copy_stream = ctx
+        .new_stream()
+        .map_err(|err| driver_error("create copy stream", err))?;
+    let compute = ctx
+        .new_stream()
+        .map_err(|err| driver_error("create compute stream", err))?;
+    // Declared after every buffer, so dropped before them: on an early error return, queued
+    // copies and kernels finish before their buffers are freed.
+    let _drain = Drain(&copy_stream, &compute);
+    let files: Vec<File> = src
+        .files
+        .iter()
+        .map(|f| File::open(&f.path).map_err(|err| Error::io("open", &f.path, &err)))
+        .collect::<Result<_>>()?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.reader_threads.max(1))
+        .build()
+        .map_err(|err| Error::internal(op, format!("reader threads: {err}")))?;
+    let t_alloc = t.elapsed().as_secs_f64();
+
+    // ---- pipeline
+    let progress = params.progress;
+    if let Some(p) = progress {
+        p.begin("load (cuda)", n_result);
+    }
+    let shape = LaunchShape {
+        warps_per_cta: opts.warps_per_cta.max(1),
+        max_ctas: 0,
+    };
+    let mut evs: Vec<BatchEvents> = Vec::with_capacity(plan.batches.len());
+    let mut h2d_done: Vec<Option<usize>> = vec![None; slots];
+    let mut dec_done: Vec<Option<usize>> = vec![None; slots];
+    let (mut read_thread_s, mut table_thread_s, mut read_wall_s, mut wait_s) =
+        (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    let mut bytes_read = 0u64;
+    let mut status_words = status.bytes() / 4;
+    let mut tab_words_cap = vec![table_cap_words; slots];
+    for (bi, batch) in plan.batches.iter().enumerate() {
+        if progress.is_some_and(|p| p.cancelled()) {
+            let _ = compute.synchronize();
+            let _ = copy_stream.synchronize();
+            return Err(cancelled_error());
+        }
+        let s = bi % slots;
+        let t = Instant::now();
+        if let Some(i) = h2d_done[s] {
+            evs[i]
+                .h2d_end
+                .synchronize()
+                .map_err(|err| driver_error("wait for a free slot", err))?;
+        }
+        wait_s += t.elapsed().as_secs_f64();
+
+        // Read the chunks into the pinned slot and build the tables, in parallel.
+        let t = Instant::now();
+        let (table, rs, ts) = read_batch(
+            &BatchInput {
+                src,
+                files: &files,
+                plan: &plan,
+                batch,
+                direct,
+                frame_bytes,
+                out_frame_bytes: (out_frame_elems * out_es) as u64,
+                threads: opts.reader_threads,
+            },
+            h_in[s].as_mut_slice(),
+            &pool,
+        )?;
+        read_thread_s += rs;
+        table_thread_s += ts;
+        let pcs = &plan.chunks[batch.chunks.clone()];
+        bytes_read += batch.in_bytes;
+        let n_blocks = table.n_blocks();
+        let n_copies = table.n_copies();
+        let dst_map: &[u32] = if direct {
+            &[]
+        } else {
+            let a = pcs.first().map_or(0, |p| p.dst_start);
+            let b = pcs
+                .last()
+                .map_or(0, |p| p.dst_start + p.rec.frames_in_chunk as usize);
+            &plan.dst_frames[a..b]
+        };
+        // Encoding: batch-local frame slots (k, or u32::MAX for frames not wanted) for the
+        // region/bin kernel, after the result frame map.
+        let local_map: Vec<u32> = if enc.is_some() && !identity {
+            dst_map
+                .iter()
+                .enumerate()
+                .map(|(k, &f)| if f == u32::MAX { u32::MAX } else { k as u32 })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let words = table.blocks.len() + table.copies.len() + dst_map.len() + local_map.len();
+        if words > tab_words_cap[s] {
+            // A chunk with more blocks than the first one: grow this slot's tables (its last
+            // decode must be over first).
+            if let Some(i) = dec_done[s] {
+                evs[i]
+                    .last()
+                    .synchronize()
+                    .map_err(|err| driver_error("wait for a slot", err))?;
+            }
+            d_tab[s] = DevBuf::alloc(&ctx, words * 4, c, "block table")?;
+            h_tab[s] = e.take_pinned(words * 4, "table slot")?;
+            tab_words_cap[s] = words;
+        }
+        if 2 * (n_blocks + n_copies) > status_words {
+            compute
+                .synchronize()
+                .map_err(|err| driver_error("synchronize", err))?;
+            status = DevBuf::alloc(&ctx, 8 * (n_blocks + n_copies), c, "decode status")?;
+            status_words = status.bytes() / 4;
+        }
+        {
+            let ht = h_tab[s].as_mut_slice();
+            let w: &mut [u32] = bytemuck::cast_slice_mut(&mut ht[..words * 4]);
+            let (a, rest) = w.split_at_mut(table.blocks.len());
+            a.copy_from_slice(&table.blocks);
+            let (b, rest) = rest.split_at_mut(table.copies.len());
+            b.copy_from_slice(&table.copies);
+            let (c2, d2) = rest.split_at_mut(dst_map.len());
+            c2.copy_from_slice(dst_map);
+            d2.copy_from_slice(&local_map);
+        }
+        read_wall_s += t.elapsed().as_secs_f64();
+
+        // H2D on the copy stream once the previous decode from this device slot is over.
+        let be = BatchEvents {
+            h2d_start: event(e)?,
+            h2d_end: event(e)?,
+            dec_start: event(e)?,
+            dec_end: event(e)?,
+            rb_end: if direct || (enc.is_some() && identity) {
+                None
+            } else {
+                Some(event(e)?)
+            },
+            enc_start: if enc.is_some() { Some(event(e)?) } else { None },
+            enc_end: if enc.is_some() { Some(event(e)?) } else { None },
+        };
+        if let Some(i) = dec_done[s] {
+            copy_stream
+                .wait(evs[i].last())
+                .map_err(|err| driver_error("stream wait", err))?;
+        }
+        record(&be.h2d_start, &copy_stream)?;
+        h_in[s].copy_to_device_async(&d_in[s], 0, batch.in_bytes as usize, &copy_stream)?;
+        h_tab[s].copy_to_device_async(&d_tab[s], 0, words * 4, &copy_stream)?;
+        record(&be.h2d_end, &copy_stream)?;
+
+        // Decode (and region/bin) on the compute stream after the copy.
+        compute
+            .wait(&be.h2d_end)
+            .map_err(|err| driver_error("stream wait", err))?;
+        record(&be.dec_start, &compute)?;
+        let tab = d_tab[s].ptr();
+        let (out, out_len) = match (&scratch, &dst) {
+            (Some(sc), _) => (sc.ptr(), batch.decoded_bytes),
+            (None, Some(d)) => (d.ptr(), dest_bytes),
+            (None, None) => return Err(Error::internal(op, "no decode destination")),
+        };
+        let d = RawDecode {
+            elem_size: es,
+            input: d_in[s].ptr(),
+            in_len: batch.in_bytes,
+            blocks: tab,
+            n_blocks: n_blocks as u32,
+            copies: tab + 4 * table.blocks.len() as u64,
+            n_copies: n_copies as u32,
+            out,
+            out_len,
+            errors: errs.decode_ptr(),
+            status: status.ptr(),
+            max_block_bytes: table.max_block_bytes,
+        };
+        // SAFETY: every address is one of this load's live allocations sized as `RawDecode`
+        // says (input ≥ in_bytes, tables hold the words just copied, output = result or
+        // scratch of out_len bytes, status ≥ 2 words per item, error record 8 words); all stay
+        // alive until the final synchronize below.
+        unsafe { e.decode.launch_raw(&compute, &d, shape) }?;
+        record(&be.dec_end, &compute)?;
+        let map_at = tab + 4 * (table.blocks.len() + table.copies.len()) as u64;
+        if let (Some(sc), Some(rb)) = (&scratch, &be.rb_end) {
+            // Dense: result frames named by the frame map; encoding: batch-local slots.
+            let (dst_frame, dst_ptr) = match (&enc, &dst) {
+                (Some(es), _) => (
+                    map_at + 4 * dst_map.len() as u64,
+                    es.input.as_ref().map_or(0, |b| b.ptr()),
+                ),
+                (None, Some(d)) => (map_at, d.ptr()),
+                (None, None) => return Err(Error::internal(op, "no region/bin destination")),
+            };
+            let a = RegionBinArgs {
+                src: sc.ptr(),
+                src_dtype: src.dtype,
+                n_frames: batch.frames as u32,
+                dst_frame,
+                dst: dst_ptr,
+                dst_dtype: params.result_dtype,
+                bad: bad_buf.as_ref().map_or(0, |b| b.ptr()),
+                saturate: params.saturate,
+                err: errs.overflow_ptr(),
+                saturated: errs.saturated_ptr(),
+            };
+            // SAFETY: scratch holds `batch.frames` decoded source frames, the frame map
+            // `batch.frames` words naming result frames < n_result, the result holds n_result
+            // frames, the lookup is source-sized; all alive until the final synchronize.
+            unsafe { launch_region_bin(&e.transform, &compute, &rplan, &a) }?;
+            record(rb, &compute)?;
+        }
+        if let (Some(es), Some(sc), Some(ea), Some(eb)) =
+            (&enc, &scratch, &be.enc_start, &be.enc_end)
+        {
+            record(ea, &compute)?;
+            encode_batch(
+                e,
+                &compute,
+                es,
+                sc,
+                batch.frames,
+                map_at,
+                out_frame_elems,
+                bad_idx.len(),
+            )?;
+            record(eb, &compute)?;
+        }
+        evs.push(be);
+        h2d_done[s] = Some(bi);
+        dec_done[s] = Some(bi);
+        if let Some(p) = progress {
+            p.advance(
+                plan.dst_frames[pcs.first().map_or(0, |p| p.dst_start)
+                    ..pcs
+                        .last()
+                        .map_or(0, |p| p.dst_start + p.rec.frames_in_chunk as usize)]
+                    .iter()
+                    .filter(|&&f| f != u32::MAX)
+                    .count() as u64,
+            );
+        }
+    }
+    let mask_events = match (&bad_buf, direct, &dst) {
+        (Some(b), true, Some(dst)) => {
+            let (a, z) = (event(e)?, event(e)?);
+            record(&a, &compute)?;
+            // SAFETY: the result holds n_result frames of `out_frame_elems` elements; the list
+            // holds `bad_idx.len()` source (= result) pixel offsets < out_frame_elems.
+            unsafe {
+                launch_zero_pixels(
+                    &e.transform,
+                    &compute,
+                    params.result_dtype,
+                    dst.ptr(),
+                    n_result,
+                    out_frame_elems as u64,
+                    b.ptr(),
+                    bad_idx.len() as u32,
+                )
+            }?;
+            record(&z, &compute)?;
+            Some((a, z))
+        }
+        _ => None,
+    };
+    let t = Instant::now();
+    compute
+        .synchronize()
+        .map_err(|err| driver_error("synchronize compute stream", err))?;
+    copy_stream
+        .synchronize()
+        .map_err(|err| driver_error("synchronize copy stream", err))?;
+    let rec = errs.read()?;
+    if let Some(f) = fault_from_record(&rec.decode) {
+        let pc = plan.chunks.get(f.chunk as usize);
+        let err = fault_to_error(&f, pc.map(|p| p.rec.first_frame));
+        return Err(match pc {
+            Some(p) => err.with_file(&src.files[p.rec.file as usize].path),
+            None => err,
+        });
+    }
+    rec.overflow(&plan.frames, params.result_dtype)?;
+    let saturated = rec.saturated;
+    let mut enc_used = 0u64;
+    let mut enc_overflowed = 0u32;
+    if let Some(es) = &enc {
+        let r = es.err.read()?;
+        enc_used = r.used;
+        if let Some(f) = r.fault {
+            enc_overflowed = f.overflowed;
+            if f.code != 0 {
+                let frame = plan
+                    .frames
+                    .get(f.frame as usize)
+                    .copied()
+                    .unwrap_or(f.frame);
+                return Err(rans::fault_error(&f, frame).with_op("encode (cuda)"));
+            }
+        }
+    }
+    let t_sync = t.elapsed().as_secs_f64();
+    if let Some(p) = progress {
+        p.end();
+    }
+
+    let timings = stage_timings(&StageInputs {
+        plan: &plan,
+        evs: &evs,
+        direct,
+        encoding: enc.is_some(),
+        raw_bytes: n_result * out_frame_elems as u64 * 2,
+        enc_used,
+        mask_events: mask_events.as_ref(),
+        reader_threads: opts.reader_threads,
+        bytes_read,
+        host: HostSeconds {
+            plan: t_plan,
+            allocate: t_alloc,
+            read_threads: read_thread_s,
+            table_threads: table_thread_s,
+            read_wall: read_wall_s,
+            wait: wait_s,
+            sync: t_sync,
+        },
+        total_s: t_total.elapsed().as_secs_f64(),
+    });
+    let memory = MemoryReport {
+        planned_device_bytes: mem.total(),
+        budget_bytes: budget,
+        process_peak_device_bytes: counter.peak(),
+        card_used_before_bytes: card_total.saturating_sub(free0),
+        card_used_peak_bytes: card_total.saturating_sub(free_peak),
+        card_total_bytes: card_total,
+    };
+    // Release everything but the result (after the synchronize above); keep the pinned slots.
+    drop((d_in, d_tab, scratch, status, errs, bad_buf));
+    for b in h_in.into_iter().chain(h_tab) {
+        e.give_pinned(b);
+    }
+    let encoded = enc.map(|es| EncodedOut {
+        arena: es.arena,
+        index: es.index,
+        used: enc_used,
+        overflowed: enc_overflowed,
+    });
+    Ok(PipelineOut {
+        dense: dst,
+        encoded,
+        output: rplan.output,
+        saturated,
+        frames: n_result,
+        bytes_read,
+        batches: plan.batches.len(),
+        direct,
+        timings,
+        memory,
+    })
+}
+
+/// Queue the rANS encode of one decoded batch on `compute`: the region/bin output when the
+/// plan transforms frames, else the decoded source frames in `scratch` (their bad pixels
+/// zeroed first); `map_at` is the batch's frame map (entries of the stream index).
+#[allow(clippy::too_many_arguments)]
+fn encode_batch(
+    e: &Engine,
+    compute: &CudaStream,
+    es: &EncodeState<'_>,
+    scratch: &DevBuf,
+    batch_frames: u64,
+    map_at: u64,
+    out_frame_elems: usize,
+    n_bad: usize,
+) -> Result<()> {
+    let (sw, warps) = es.scratch.parts();
+    // Identity plans encode the decoded source frames (masking here); others the region/bin
+    // output (masked there).
+    let frames_ptr = match &es.input {
+        Some(inp) => inp.ptr(),
+        None => {
+            if let Some(list) = &es.bad_list {
+                // SAFETY: scratch holds `batch_frames` decoded u16 frames of `out_frame_elems`
+                // (= source) pixels; the list holds `n_bad` offsets < out_frame_elems; both
+                // alive until the pipeline's final synchronize.
+                unsafe {
+                    launch_zero_pixels(
+                        &e.transform,
+                        compute,
+                        DType::U16,
+                        scratch.ptr(),
+                        batch_frames,
+                        out_frame_elems as u64,
+                        list.ptr(),
+                        n_bad as u32,
+                    )
+                }?;
+            }
+            scratch.ptr()
+        }
+    };
+    let a = rans::EncodeArgs {
+        frames: frames_ptr,
+        n_frames: batch_frames,
+        dst: map_at,
+        dst_base: 0,
+        bad: 0,
+        arena: es.arena.ptr(),
+        capacity: es.capacity,
+        cursor: es.err.cursor_ptr(),
+        index: es.index.ptr(),
+        scratch_words: sw,
+        scratch_warps: warps,
+        err: es.err.err_ptr(),
+    };
+    // SAFETY: the frames buffer holds `batch_frames` u16 frames of the model's frame length
+    // (scratch of an identity u16 plan, or the region/bin output batch); the map holds
+    // `batch_frames` words naming entries < the result's frames (or u32::MAX); index, arena,
+    // cursor, scratch and records are the load's live buffers, alive until the pipeline's
+    // final synchronize.
+    unsafe { rans::launch_encode(es.kernels, compute, es.model, &a) }
+}
+
+/// Host-side seconds of a pipeline's stages.
+struct HostSeconds {
+    plan: f64,
+    allocate: f64,
+    read_threads: f64,
+    table_threads: f64,
+    read_wall: f64,
+    wait: f64,
+    sync: f64,
+}
+
+/// What [`stage_timings`] reports from.
+struct StageInputs<'a> {
+    plan: &'a LoadPlan,
+    evs: &'a [BatchEvents],
+    direct: bool,
+    encoding: bool,
+    /// Bytes of the u16 frames the encoder read.
+    raw_bytes: u64,
+    enc_used: u64,
+    mask_events: Option<&'a (CudaEvent, CudaEvent)>,
+    reader_threads: usize,
+    bytes_read: u64,
+    host: HostSeconds,
+    total_s: f64,
+}
+
+/// A pipeline's stage timings: host stages by wall clock, device stages by their events
+/// (summed over batches; overlapping stages are separate entries, never added into a wall).
+fn stage_timings(t: &StageInputs<'_>) -> Vec<StageTiming> {
+    let sum = |f: &dyn Fn(&BatchEvents) -> f64| t.evs.iter().map(f).sum::<f64>();
+    let h2d_s = sum(&|b| elapsed_s(&b.h2d_start, &b.h2d_end));
+    let dec_s = sum(&|b| elapsed_s(&b.dec_start, &b.dec_end));
+    let rb_s = sum(&|b| b.rb_end.as_ref().map_or(0.0, |r| elapsed_s(&b.dec_end, r)));
+    let gbs = |bytes: u64, s: f64| if s > 0.0 { bytes as f64 / s / 1e9 } else { 0.0 };
+    let decoded_total: u64 = t.plan.batches.iter().map(|b| b.decoded_bytes).sum();
+    let mut timings = vec![
+        StageTiming {
+            stage: format!(
+                "plan (host: {} chunks, {} batches, admission)",
+                t.plan.chunks.len(),
+                t.plan.batches.len()
+            ),
+            seconds: t.host.plan,
+        },
+        StageTiming {
+            stage: "allocate (device + pinned)".into(),
+            seconds: t.host.allocate,
+        },
+        StageTiming {
+            stage: format!(
+                "read (threads, summed; {} threads, {:.1} GB)",
+                t.reader_threads,
+                t.bytes_read as f64 / 1e9
+            ),
+            seconds: t.host.read_threads,
+        },
+        StageTiming {
+            stage: "block table (threads, summed)".into(),
+            seconds: t.host.table_threads,
+        },
+        StageTiming {
+            stage: format!(
+                "read+table (wall, summed over batches; {:.1} GB/s)",
+                gbs(t.bytes_read, t.host.read_wall)
+            ),
+            seconds: t.host.read_wall,
+        },
+        StageTiming {
+            stage: "wait for a free slot (host)".into(),
+            seconds: t.host.wait,
+        },
+        StageTiming {
+            stage: format!("h2d (events, summed; {:.1} GB/s)", gbs(t.bytes_read, h2d_s)),
+            seconds: h2d_s,
+        },
+        StageTiming {
+            stage: format!(
+                "decode (events, summed; {:.1} GB/s decoded{})",
+                gbs(decoded_total, dec_s),
+                if t.direct {
+                    ", straight into the result"
+                } else {
+                    ", into scratch"
+                }
+            ),
+            seconds: dec_s,
+        },
+    ];
+    if t.evs.iter().any(|b| b.rb_end.is_some()) {
+        timings.push(StageTiming {
+            stage: "region/bin (events, summed)".into(),
+            seconds: rb_s,
+        });
+    }
+    if t.encoding {
+        let enc_s = sum(&|b| match (&b.enc_start, &b.enc_end) {
+            (Some(a), Some(z)) => elapsed_s(a, z),
+            _ => 0.0,
+        });
+        timings.push(StageTiming {
+            stage: format!(
+                "encode (events, summed; {:.1} GB/s of u16 frames, {:.3} GB of streams)",
+                gbs(t.raw_bytes, enc_s),
+                t.enc_used as f64 / 1e9
+            ),
+            seconds: enc_s,
+        });
+    }
+    if let Some((a, z)) = t.mask_events {
+        timings.push(StageTiming {
+            stage: "mask (events)".into(),
+            seconds: elapsed_s(a, z),
+        });
+    }
+    timings.push(StageTiming {
+        stage: "final sync + error check (host)".into(),
+        seconds: t.host.sync,
+    });
+    timings.push(StageTiming {
+        stage: "first product (n/a)".into(),
+        seconds: 0.0,
+    });
+    timings.push(StageTiming {
+        stage: "gpu load (wall)".into(),
+        seconds: t.total_s,
+    });
+    timings
+}

@@ -1,0 +1,272 @@
+//! Planning a load (host only, no GPU): the chunks that hold the requested frames, sorted by
+//! `(file, offset)` and cut into batches; the device buffers of a load and their admission.
+
+use qem_core::{Error, Region, Result, Shape2};
+use qem_io::{ChunkRecord, Source};
+
+use super::PipelineOptions;
+
+/// One stored chunk the load reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanChunk {
+    /// The stored chunk.
+    pub rec: ChunkRecord,
+    /// Index into [`LoadPlan::dst_frames`] of this chunk's first frame.
+    pub dst_start: usize,
+}
+
+/// A batch: a run of [`LoadPlan::chunks`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchPlan {
+    /// Range of plan chunks.
+    pub chunks: std::ops::Range<usize>,
+    /// Compressed bytes.
+    pub in_bytes: u64,
+    /// Decoded bytes (all frames of the chunks).
+    pub decoded_bytes: u64,
+    /// Decoded frames (`frames_in_chunk` summed).
+    pub frames: u64,
+}
+
+/// The read/decode plan of a load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadPlan {
+    /// Chunks to read, sorted by `(file, offset)`.
+    pub chunks: Vec<PlanChunk>,
+    /// Per decoded frame of each chunk (`frames_in_chunk` entries from `dst_start`): its
+    /// result frame index, or `u32::MAX` when the frame is not wanted.
+    pub dst_frames: Vec<u32>,
+    /// Source frame of each result frame.
+    pub frames: Vec<u64>,
+    /// Batches in read order.
+    pub batches: Vec<BatchPlan>,
+    /// Largest batch in compressed bytes.
+    pub max_in_bytes: u64,
+    /// Largest batch in decoded bytes.
+    pub max_decoded_bytes: u64,
+    /// Most chunks in one batch.
+    pub max_chunks: usize,
+}
+
+/// Source frame indices of `region` of `scan`, in result (row-major) order.
+pub fn region_frames(scan: Shape2, region: Region) -> Vec<u64> {
+    let mut v = Vec::with_capacity(region.shape().len());
+    for r in region.row_start..region.row_stop {
+        for c in region.col_start..region.col_stop {
+            v.push((r * scan.cols + c) as u64);
+        }
+    }
+    v
+}
+
+/// Plan the chunk spans of `frames` (result order), `locate(frame)` giving the index in
+/// `chunks` of the chunk holding it; batches of at most `batch_bytes` compressed (a larger
+/// chunk is a batch alone) and, when `scratch_limit` is set, at most that many decoded bytes.
+pub fn plan_chunks(
+    chunks: &[ChunkRecord],
+    frames: &[u64],
+    frame_bytes: u64,
+    locate: impl Fn(u64) -> Result<usize>,
+    batch_bytes: u64,
+    scratch_limit: Option<u64>,
+) -> Result<LoadPlan> {
+    if frames.len() > u32::MAX as usize - 1 {
+        return Err(Error::invalid(
+            "plan GPU load",
+            "too many frames for one GPU load",
+        ));
+    }
+    let mut slot_of: Vec<usize> = vec![usize::MAX; chunks.len()];
+    let mut order: Vec<usize> = Vec::new();
+    let mut chunk_of: Vec<usize> = Vec::with_capacity(frames.len());
+    for &n in frames {
+        let ci = locate(n)?;
+        if ci >= chunks.len() {
+            return Err(Error::internal("plan GPU load", "chunk index out of range"));
+        }
+        chunk_of.push(ci);
+        if slot_of[ci] == usize::MAX {
+            slot_of[ci] = order.len();
+            order.push(ci);
+        }
+    }
+    // Sort by (file, offset) for sequential reads.
+    order.sort_by_key(|&ci| (chunks[ci].file, chunks[ci].offset));
+    let mut plan_chunks = Vec::with_capacity(order.len());
+    let mut dst_frames = Vec::new();
+    for (pi, &ci) in order.iter().enumerate() {
+        slot_of[ci] = pi;
+        let rec = chunks[ci];
+        plan_chunks.push(PlanChunk {
+            rec,
+            dst_start: dst_frames.len(),
+        });
+        dst_frames.extend(std::iter::repeat_n(u32::MAX, rec.frames_in_chunk as usize));
+    }
+    for (ri, (&n, &ci)) in frames.iter().zip(&chunk_of).enumerate() {
+        let pc = &plan_chunks[slot_of[ci]];
+        let k = n
+            .checked_sub(pc.rec.first_frame)
+            .filter(|&k| k < pc.rec.frames_in_chunk as u64)
+            .ok_or_else(|| Error::internal("plan GPU load", "frame outside its chunk"))?;
+        dst_frames[pc.dst_start + k as usize] = ri as u32;
+    }
+    let mut batches = Vec::new();
+    let mut start = 0usize;
+    let (mut inb, mut dec, mut fr) = (0u64, 0u64, 0u64);
+    for (i, pc) in plan_chunks.iter().enumerate() {
+        let d = pc.rec.frames_in_chunk as u64 * frame_bytes;
+        let over_in = inb + pc.rec.size > batch_bytes;
+        let over_dec = scratch_limit.is_some_and(|l| dec + d > l);
+        if i > start && (over_in || over_dec) {
+            batches.push(BatchPlan {
+                chunks: start..i,
+                in_bytes: inb,
+                decoded_bytes: dec,
+                frames: fr,
+            });
+            start = i;
+            (inb, dec, fr) = (0, 0, 0);
+        }
+        inb += pc.rec.size;
+        dec += d;
+        fr += pc.rec.frames_in_chunk as u64;
+    }
+    if start < plan_chunks.len() {
+        batches.push(BatchPlan {
+            chunks: start..plan_chunks.len(),
+            in_bytes: inb,
+            decoded_bytes: dec,
+            frames: fr,
+        });
+    }
+    Ok(LoadPlan {
+        max_in_bytes: batches.iter().map(|b| b.in_bytes).max().unwrap_or(0),
+        max_decoded_bytes: batches.iter().map(|b| b.decoded_bytes).max().unwrap_or(0),
+        max_chunks: batches.iter().map(|b| b.chunks.len()).max().unwrap_or(0),
+        chunks: plan_chunks,
+        dst_frames,
+        frames: frames.to_vec(),
+        batches,
+    })
+}
+
+impl LoadPlan {
+    /// True when every chunk's decoded frames are all wanted and consecutive in the result, so
+    /// the kernel can decode straight into it (given a pass-through frame plan).
+    pub fn chunks_map_contiguously(&self) -> bool {
+        self.chunks.iter().all(|pc| {
+            let d = &self.dst_frames[pc.dst_start..pc.dst_start + pc.rec.frames_in_chunk as usize];
+            d.first().is_some_and(|&f0| {
+                f0 != u32::MAX
+                    && d.iter()
+                        .enumerate()
+                        .all(|(k, &f)| f != u32::MAX && f == f0 + k as u32)
+            })
+        })
+    }
+}
+
+/// Every device buffer of a load, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryPlan {
+    /// The result.
+    pub destination: u64,
+    /// Compressed input buffers (one per slot).
+    pub input: u64,
+    /// Descriptor tables (one per slot).
+    pub tables: u64,
+    /// Decode scratch (non-pass-through plans).
+    pub scratch: u64,
+    /// Per-item status of the decode kernel.
+    pub status: u64,
+    /// Error records, counters, bad-pixel tables.
+    pub small: u64,
+}
+
+impl MemoryPlan {
+    /// Sum of every buffer.
+    pub fn total(&self) -> u64 {
+        self.destination + self.input + self.tables + self.scratch + self.status + self.small
+    }
+}
+
+/// Admit `planned` bytes against `min(budget, free − reserve)`; returns that limit, or a
+/// `MemoryBudget` error naming both numbers (never a crop, bin or CPU fallback).
+pub fn admit(planned: u64, budget: Option<u64>, free: u64, reserve: u64) -> Result<u64> {
+    let device = free.saturating_sub(reserve);
+    let available = budget.map_or(device, |b| b.min(device));
+    if planned > available {
+        let why = match budget {
+            Some(b) if b <= device => "the memory_budget",
+            _ => "the GPU's free memory less a reserve",
+        };
+        return Err(Error::memory_budget("load (cuda)", planned, available).with_op(format!(
+            "load (cuda; limit: {why}; crop with scan_region, bin with det_bin, or raise memory_budget)"
+        )));
+    }
+    Ok(available)
+}
+
+/// Descriptor words per batch, estimated from `blocks_per_chunk` (1 copy per chunk, + the
+/// scratch frame map).
+pub(super) fn table_words(max_chunks: usize, blocks_per_chunk: usize, frames: u64) -> usize {
+    max_chunks * (blocks_per_chunk + 1) * 8 + frames as usize
+}
+
+/// Plan the chunks of `scan_region` of `src`; returns the plan and whether the kernel can
+/// decode straight into the result (`identity` frame plan and chunks that map 1:1 onto
+/// consecutive result frames), else batches also limited by the decode scratch.
+pub(super) fn plan_source(
+    src: &Source,
+    frames: &[u64],
+    identity: bool,
+    opts: &PipelineOptions,
+) -> Result<(LoadPlan, bool)> {
+    let frame_bytes = src.frame_bytes() as u64;
+    // Chunks are sorted by first frame; a frame not inside its candidate chunk gets the IO
+    // crate's typed error (out of range, or a chunk that was never written).
+    let locate = |n: u64| -> Result<usize> {
+        let idx = src.chunks.partition_point(|c| c.first_frame <= n);
+        if let Some(c) = idx.checked_sub(1).and_then(|i| src.chunks.get(i)) {
+            if n < src.n_frames && n < c.first_frame + c.valid_frames as u64 {
+                return Ok(idx - 1);
+            }
+        }
+        src.chunk_of_frame(n)?;
+        Err(Error::internal(
+            "load",
+            "chunk index is not sorted by frame",
+        ))
+    };
+    if identity {
+        let plan = plan_chunks(
+            &src.chunks,
+            frames,
+            frame_bytes,
+            locate,
+            opts.batch_bytes,
+            None,
+        )?;
+        if plan.chunks_map_contiguously() {
+            return Ok((plan, true));
+        }
+    }
+    // Scratch path: batches also bounded by the decode scratch (at least the largest chunk).
+    let largest = src
+        .chunks
+        .iter()
+        .map(|c| c.frames_in_chunk as u64 * frame_bytes)
+        .max()
+        .unwrap_or(0);
+    let limit = opts.max_scratch_bytes.max(largest);
+    let plan = plan_chunks(
+        &src.chunks,
+        frames,
+        frame_bytes,
+        locate,
+        opts.batch_bytes,
+        Some(limit),
+    )?;
+    Ok((plan, false))
+}
