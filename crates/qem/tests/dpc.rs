@@ -4,21 +4,14 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on setup failures
 
 use qem::dpc::{self, DpcParams, DpcResult, EdgeMode};
-use qem::{
-    load, BackendRequest, Dataset, DenseArray, ErrorKind, LoadParams, Representation, Shape2,
-    SourceArg,
-};
+mod common;
+
+use common::{load_array, load_path, mean, pearson, rel_l2};
+use qem::{BackendRequest, Dataset, DenseArray, ErrorKind, LoadParams, Representation, Shape2};
 use std::f64::consts::PI;
 
 fn load_u16(data: Vec<u16>, scan: Shape2, det: Shape2, params: &LoadParams) -> Dataset {
-    load(
-        SourceArg::Array {
-            data: DenseArray::U16(data),
-            shape: vec![scan.rows, scan.cols, det.rows, det.cols],
-        },
-        params,
-    )
-    .expect("load array")
+    load_array(DenseArray::U16(data), scan, det, params)
 }
 
 fn cpu() -> LoadParams {
@@ -45,27 +38,6 @@ fn naive_com(data: &[u16], det: Shape2) -> (Vec<f64>, Vec<f64>) {
             }
         })
         .unzip()
-}
-
-fn mean(v: &[f64]) -> f64 {
-    v.iter().sum::<f64>() / v.len() as f64
-}
-
-fn pearson(a: &[f64], b: &[f64]) -> f64 {
-    let (ma, mb) = (mean(a), mean(b));
-    let (mut ab, mut aa, mut bb) = (0.0, 0.0, 0.0);
-    for (x, y) in a.iter().zip(b) {
-        ab += (x - ma) * (y - mb);
-        aa += (x - ma) * (x - ma);
-        bb += (y - mb) * (y - mb);
-    }
-    ab / (aa * bb).sqrt()
-}
-
-fn rel_l2(got: &[f64], want: &[f64]) -> f64 {
-    let num: f64 = got.iter().zip(want).map(|(a, b)| (a - b).powi(2)).sum();
-    let den: f64 = want.iter().map(|b| b * b).sum();
-    (num / den).sqrt()
 }
 
 /// Signed difference of two angles in degrees, wrapped to (−period/2, period/2].
@@ -410,9 +382,7 @@ fn simulated_srtio3_phase_follows_the_potential_whatever_the_detector_orientatio
 
 #[test]
 fn calibrated_units_are_mrad_and_radians() {
-    use qem_io::writer::{
-        write_acquisition, Calibration, WriteCompression, WriteLayout, WriteParams,
-    };
+    use qem_io::writer::{Calibration, WriteParams};
     let params = qem_sim::SimParams {
         scan_shape: Shape2::new(20, 24),
         ..qem_sim::SimParams::default()
@@ -422,16 +392,7 @@ fn calibrated_units_are_mrad_and_radians() {
     let (scan, det) = (params.scan_shape, params.detector_shape);
     let dir = tempfile::tempdir().unwrap();
     let wp = WriteParams {
-        prefix: dir.path().join("sim"),
-        scan_shape: scan,
-        detector_shape: det,
-        dtype: qem::DType::U16,
         frames_per_file: 256,
-        frames_per_chunk: 1,
-        block_elems: 0,
-        compression: WriteCompression::Bslz4,
-        layout: WriteLayout::Shards,
-        pixel_mask: None,
         calibration: Calibration {
             energy_ev: Some(cal.voltage_kv * 1e3),
             semiangle_mrad: Some(cal.semiangle_mrad),
@@ -439,22 +400,15 @@ fn calibrated_units_are_mrad_and_radians() {
             angular_sampling_mrad: Some((cal.angular_sampling_mrad, cal.angular_sampling_mrad)),
             ..Calibration::default()
         },
-        skip_frames: Vec::new(),
-        write_scan_shape: true,
+        ..common::write_params(dir.path(), scan, det, qem::DType::U16)
     };
-    let counts = &sim.counts;
-    let written = write_acquisition(&wp, |f, out: &mut [u8]| {
-        let frame = &counts[f as usize * det.len()..(f as usize + 1) * det.len()];
-        for (o, v) in out.chunks_exact_mut(2).zip(frame) {
-            o.copy_from_slice(&v.to_le_bytes());
-        }
-    })
-    .unwrap();
+    let counts: Vec<u32> = sim.counts.iter().map(|&v| v as u32).collect();
+    let master = common::write_data(&wp, &counts);
     let binned = LoadParams {
         det_bin: 2,
         ..cpu()
     };
-    let file = load(SourceArg::Path(written.master), &binned).unwrap();
+    let file = load_path(&master, &binned).unwrap();
     let plain = load_u16(sim.counts.clone(), scan, det, &binned);
 
     // CoM: a binned pixel spans 2 Δθ.

@@ -5,12 +5,15 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on setup failures
 #![allow(clippy::needless_range_loop)] // the naive references index plainly, on purpose
 
+mod common;
+
+use common::{load_array, load_path, rel_l2};
 use qem::detector::{
     self, DetectorKind, DetectorMask, DetectorParams, Product, ScanRoi, Unit, VirtualImage,
 };
 use qem::{
-    load, BackendRequest, DType, Dataset, DenseArray, DtypeRequest, ErrorKind, LoadParams, Region,
-    Representation, Shape2, SourceArg,
+    BackendRequest, DType, Dataset, DenseArray, DtypeRequest, ErrorKind, LoadParams, Region,
+    Representation, Shape2,
 };
 use qem_core::ReduceRequest;
 
@@ -32,12 +35,7 @@ fn pattern(scan: Shape2, det: Shape2, top: u32) -> Vec<u32> {
                 out.push(0);
                 continue;
             }
-            let mut x = (f as u64)
-                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                .wrapping_add((p as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9));
-            x ^= x >> 31;
-            x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
-            x ^= x >> 29;
+            let x = common::mix(f as u64, p);
             let (i, j) = ((p / det.cols) as f64, (p % det.cols) as f64);
             let inside = (i - DISK_C.0).powi(2) + (j - DISK_C.1).powi(2) <= DISK_R * DISK_R;
             let v = match x % 100 {
@@ -68,19 +66,13 @@ fn load_cpu(
     repr: Representation,
     det_bin: usize,
 ) -> Dataset {
-    load(
-        SourceArg::Array {
-            data: array(data, dtype),
-            shape: vec![scan.rows, scan.cols, det.rows, det.cols],
-        },
-        &LoadParams {
-            backend: BackendRequest::Cpu,
-            representation: Some(repr),
-            det_bin,
-            ..LoadParams::default()
-        },
-    )
-    .expect("load")
+    let params = LoadParams {
+        backend: BackendRequest::Cpu,
+        representation: Some(repr),
+        det_bin,
+        ..LoadParams::default()
+    };
+    load_array(array(data, dtype), scan, det, &params)
 }
 
 // ---- naive reference ---------------------------------------------------------------------
@@ -215,13 +207,6 @@ fn naive(data: &[u32], scan: Shape2, det: Shape2, bin: usize) -> Naive {
         n: scan.len(),
         frames,
     }
-}
-
-fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| y * y).sum();
-    num.sqrt() / den.sqrt()
 }
 
 /// Integer mask with weights 0..=3 that touches every detector edge and corner.
@@ -435,11 +420,10 @@ fn every_dtype_and_det_binning() {
     // ENCODED and binned: u8 counts binned by 3 (partial edge blocks), stored as u16.
     let small: Vec<u32> = data.iter().map(|&v| v.min(60)).collect();
     let nv = naive(&small, SCAN, DET, 3);
-    let ds = load(
-        SourceArg::Array {
-            data: array(&small, DType::U8),
-            shape: vec![SCAN.rows, SCAN.cols, DET.rows, DET.cols],
-        },
+    let ds = load_array(
+        array(&small, DType::U8),
+        SCAN,
+        DET,
         &LoadParams {
             backend: BackendRequest::Cpu,
             representation: Some(Representation::Encoded),
@@ -447,8 +431,7 @@ fn every_dtype_and_det_binning() {
             dtype: DtypeRequest::U16,
             ..LoadParams::default()
         },
-    )
-    .unwrap();
+    );
     assert_eq!(ds.detector_shape(), Shape2::new(5, 4));
     check_all(&ds, &nv);
 }
@@ -632,40 +615,21 @@ fn overrides_units_and_calibration() {
 
 #[test]
 fn metadata_angular_sampling_scales_with_det_bin() {
-    use qem_io::writer::{
-        write_acquisition, Calibration, WriteCompression, WriteLayout, WriteParams,
-    };
+    use qem_io::writer::{Calibration, WriteParams};
     let dir = tempfile::tempdir().unwrap();
     let data = pattern(SCAN, DET, 65535);
     let params = WriteParams {
-        prefix: dir.path().join("scan"),
-        scan_shape: SCAN,
-        detector_shape: DET,
-        dtype: DType::U16,
         frames_per_file: 16,
-        frames_per_chunk: 1,
-        block_elems: 0,
-        compression: WriteCompression::Bslz4,
-        layout: WriteLayout::Shards,
-        pixel_mask: None,
         calibration: Calibration {
             angular_sampling_mrad: Some((0.25, 0.25)),
             ..Calibration::default()
         },
-        skip_frames: Vec::new(),
-        write_scan_shape: true,
+        ..common::write_params(dir.path(), SCAN, DET, DType::U16)
     };
-    let d = &data;
-    let written = write_acquisition(&params, |f, out: &mut [u8]| {
-        let frame = &d[f as usize * DET.len()..(f as usize + 1) * DET.len()];
-        for (o, v) in out.chunks_exact_mut(2).zip(frame) {
-            o.copy_from_slice(&(*v as u16).to_le_bytes());
-        }
-    })
-    .unwrap();
+    let master = common::write_data(&params, &data);
     for bin in [1usize, 2] {
-        let ds = load(
-            SourceArg::Path(written.master.clone()),
+        let ds = load_path(
+            &master,
             &LoadParams {
                 backend: BackendRequest::Cpu,
                 det_bin: bin,
@@ -698,8 +662,8 @@ fn metadata_angular_sampling_scales_with_det_bin() {
     // region and det_bin = 2 used to leave the source's detector shape, beam centre and
     // sampling in `ds.metadata`, a 2x calibration error for anyone passing it on). The writer
     // puts the beam centre at ((13 - 1)/2, (11 - 1)/2) = (6, 5) source pixels.
-    let ds = load(
-        SourceArg::Path(written.master.clone()),
+    let ds = load_path(
+        &master,
         &LoadParams {
             backend: BackendRequest::Cpu,
             scan_region: Some(qem::Region::new(1, 4, 2, 6)),
@@ -723,8 +687,8 @@ fn metadata_angular_sampling_scales_with_det_bin() {
     );
     // A detector region moves the centre; a .qem of it reopens with the same (loaded-grid)
     // metadata (binned u16 data widens to u32, which .qem does not hold, so bin 1 here).
-    let ds = load(
-        SourceArg::Path(written.master.clone()),
+    let ds = load_path(
+        &master,
         &LoadParams {
             backend: BackendRequest::Cpu,
             detector_region: Some(qem::Region::new(2, 13, 1, 11)),
@@ -735,8 +699,8 @@ fn metadata_angular_sampling_scales_with_det_bin() {
     assert_eq!(ds.metadata().beam_center_px, Some((4.0, 4.0)));
     let q = dir.path().join("region.qem");
     qem::save(&ds, &q, &qem::NoProgress).unwrap();
-    let back = load(
-        SourceArg::Path(q),
+    let back = load_path(
+        &q,
         &LoadParams {
             backend: BackendRequest::Cpu,
             ..LoadParams::default()
@@ -826,18 +790,16 @@ fn cuda_arms_match_the_cpu_or_fail_typed() {
     };
     let want = detector::reduce(&cpu, &req).unwrap();
     for repr in [Representation::Dense, Representation::Encoded] {
-        let gpu = load(
-            SourceArg::Array {
-                data: array(&data, DType::U16),
-                shape: vec![SCAN.rows, SCAN.cols, DET.rows, DET.cols],
-            },
+        let gpu = load_array(
+            array(&data, DType::U16),
+            SCAN,
+            DET,
             &LoadParams {
                 backend: BackendRequest::Cuda,
                 representation: Some(repr),
                 ..LoadParams::default()
             },
-        )
-        .unwrap();
+        );
         match detector::reduce(&gpu, &req) {
             Ok(got) => assert_eq!(got, want, "{repr:?}"),
             Err(e) => eprintln!("CUDA {repr:?} reduction not available: {e}"),

@@ -5,10 +5,10 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on setup failures
 
 use qem::ssb::{Aberrations, FitParams, GStorage, Objective, Ssb, SsbParams};
-use qem::{
-    load, BackendRequest, Dataset, DenseArray, ErrorKind, LoadParams, Representation, Shape2,
-    SourceArg,
-};
+mod common;
+
+use common::{load_array, pearson, rel_l2};
+use qem::{BackendRequest, Dataset, DenseArray, ErrorKind, LoadParams, Representation, Shape2};
 
 /// Minimal complex number (the test does not depend on rustfft).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -60,6 +60,7 @@ use std::f64::consts::PI;
 const KV: f64 = 300.0;
 const ALPHA: f64 = 0.02; // rad
 const M: usize = 32; // window = detector size
+const DET: Shape2 = Shape2::new(M, M);
 const R_BF: f64 = 8.0; // BF disk radius, detector px
 const STEP_PX: usize = 1; // scan step in window pixels (0.246 Å: the scan samples the whole 2k_max SSB band)
 
@@ -96,31 +97,24 @@ struct Sim {
 impl Sim {
     /// The same frames loaded on `backend` as `repr`.
     fn reload(&self, backend: BackendRequest, repr: Representation) -> Dataset {
-        load(
-            SourceArg::Array {
-                data: DenseArray::U16(self.data.clone()),
-                shape: vec![self.scan.rows, self.scan.cols, M, M],
-            },
-            &LoadParams {
-                backend,
-                representation: Some(repr),
-                ..LoadParams::default()
-            },
-        )
-        .expect("reload array")
+        let params = LoadParams {
+            backend,
+            representation: Some(repr),
+            ..LoadParams::default()
+        };
+        load_array(DenseArray::U16(self.data.clone()), self.scan, DET, &params)
     }
 }
 
+/// Sample frequencies of an `n`-point DFT with spacing `d`: `0, 1, …, ⌈n/2⌉−1, −⌊n/2⌋, …, −1`
+/// over `n·d`.
 fn fftfreq(n: usize, d: f64) -> Vec<f64> {
-    (0..n)
-        .map(|i| {
-            let s = if i < n.div_ceil(2) {
-                i as f64
-            } else {
-                i as f64 - n as f64
-            };
-            s / (n as f64 * d)
-        })
+    let half = n.div_ceil(2);
+    let non_negative = (0..half).map(|i| i as f64);
+    let negative = (half..n).map(|i| i as f64 - n as f64);
+    non_negative
+        .chain(negative)
+        .map(|s| s / (n as f64 * d))
         .collect()
 }
 
@@ -231,18 +225,12 @@ fn simulate(scan: Shape2, c10: f64, c12: f64, phi12: f64, repr: Option<Represent
             truth[n] = phi[((i * STEP_PX + M / 2) % pr) * pc + (j * STEP_PX + M / 2) % pc];
         }
     }
-    let ds = load(
-        SourceArg::Array {
-            data: DenseArray::U16(data.clone()),
-            shape: vec![scan.rows, scan.cols, M, M],
-        },
-        &LoadParams {
-            backend: BackendRequest::Cpu,
-            representation: repr,
-            ..LoadParams::default()
-        },
-    )
-    .expect("load array");
+    let params = LoadParams {
+        backend: BackendRequest::Cpu,
+        representation: repr,
+        ..LoadParams::default()
+    };
+    let ds = load_array(DenseArray::U16(data.clone()), scan, DET, &params);
     Sim {
         ds,
         truth,
@@ -259,18 +247,6 @@ fn params() -> SsbParams {
         det_sampling_mrad: Some(wavelength() * dk() * 1e3),
         ..SsbParams::default()
     }
-}
-
-fn pearson(a: &[f64], b: &[f64]) -> f64 {
-    let n = a.len() as f64;
-    let (ma, mb) = (a.iter().sum::<f64>() / n, b.iter().sum::<f64>() / n);
-    let (mut ab, mut aa, mut bb) = (0.0, 0.0, 0.0);
-    for (x, y) in a.iter().zip(b) {
-        ab += (x - ma) * (y - mb);
-        aa += (x - ma) * (x - ma);
-        bb += (y - mb) * (y - mb);
-    }
-    ab / (aa * bb).sqrt()
 }
 
 const C10: f64 = 100.0;
@@ -496,12 +472,6 @@ fn errors_bad_params_and_memory_budget() {
             "{fp:?}"
         );
     }
-}
-
-fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
-    let den: f64 = b.iter().map(|y| y * y).sum();
-    (num / den).sqrt()
 }
 
 /// The CUDA engine against the CPU reference on the same frames: even (Nyquist lines) and odd
