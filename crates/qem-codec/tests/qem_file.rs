@@ -46,16 +46,17 @@ impl Drop for TempDir {
     }
 }
 
-/// Deterministic pseudo-random bytes.
+/// Deterministic pseudo-random bytes (xorshift64, bits 24..32 of each state).
 fn bytes(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
+    let step = |x: u64| {
+        let x = x ^ (x << 13);
+        let x = x ^ (x >> 7);
+        x ^ (x << 17)
+    };
+    let first = step(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    std::iter::successors(Some(first), |&x| Some(step(x)))
+        .take(n)
+        .map(|x| (x >> 24) as u8)
         .collect()
 }
 
@@ -565,12 +566,18 @@ fn no_temp_files(dir: &Path) -> bool {
         .all(|e| !e.unwrap().file_name().to_string_lossy().contains(".tmp-"))
 }
 
-#[test]
-fn temp_file_is_used_then_renamed() {
-    let dir = TempDir::new("tmp");
+/// A writer for `a.qem` in a new temporary directory, one stream `[1, 2, 3]` written.
+fn writing(tag: &str) -> (TempDir, PathBuf, QemWriter) {
+    let dir = TempDir::new(tag);
     let path = dir.path("a.qem");
     let mut w = QemWriter::create(&path).unwrap();
     w.stream(&[1, 2, 3]).unwrap();
+    (dir, path, w)
+}
+
+#[test]
+fn temp_file_is_used_then_renamed() {
+    let (dir, path, w) = writing("tmp");
     // While writing: only the temporary file exists, named after the target and the pid.
     let names = dir.entries();
     assert_eq!(names.len(), 1);
@@ -585,10 +592,7 @@ fn temp_file_is_used_then_renamed() {
 
 #[test]
 fn dropped_writer_leaves_nothing_and_keeps_the_old_file() {
-    let dir = TempDir::new("drop");
-    let path = dir.path("a.qem");
-    let mut w = QemWriter::create(&path).unwrap();
-    w.stream(&[1, 2, 3]).unwrap();
+    let (dir, path, w) = writing("drop");
     w.finish().unwrap();
     let before = std::fs::read(&path).unwrap();
     {

@@ -15,9 +15,9 @@ struct Rng(u64);
 
 impl Rng {
     fn uniform(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
+        let x = self.0 ^ (self.0 >> 12);
+        let x = x ^ (x << 25);
+        self.0 = x ^ (x >> 27);
         (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
     }
 
@@ -28,24 +28,41 @@ impl Rng {
                 * (std::f64::consts::TAU * self.uniform()).cos();
             return (mean + mean.sqrt() * g).round().clamp(0.0, 65535.0) as u16;
         }
+        // Knuth: the number of further uniform factors before the product falls to e^−mean.
         let limit = (-mean).exp();
-        let mut k = 0u16;
         let mut p = self.uniform();
-        while p > limit {
-            k += 1;
-            p *= self.uniform();
-        }
-        k
+        (0u16..)
+            .find(|_| {
+                let done = p <= limit;
+                if !done {
+                    p *= self.uniform();
+                }
+                done
+            })
+            .unwrap()
     }
 }
 
 /// Frames of `ny × nx` pixels: a bright disk (mean `peak`) on a radially falling halo.
 fn frames(ny: usize, nx: usize, n: usize, peak: f64, seed: u64) -> Vec<Vec<u16>> {
+    disk_frames((ny, nx), n, peak, seed, |_| 1.0)
+}
+
+/// `n` frames of a bright disk (mean `peak`) on a radially falling halo scaled by `halo(i)`
+/// in frame `i`.
+fn disk_frames(
+    (ny, nx): (usize, usize),
+    n: usize,
+    peak: f64,
+    seed: u64,
+    halo: impl Fn(usize) -> f64,
+) -> Vec<Vec<u16>> {
     let mut rng = Rng(seed | 1);
     let (cy, cx) = (ny as f64 / 2.0, nx as f64 / 2.0);
     let r0 = ny.min(nx) as f64 / 8.0;
     (0..n)
-        .map(|_| {
+        .map(|i| {
+            let halo = halo(i);
             let mut f = Vec::with_capacity(ny * nx);
             for row in 0..ny {
                 for col in 0..nx {
@@ -53,7 +70,7 @@ fn frames(ny: usize, nx: usize, n: usize, peak: f64, seed: u64) -> Vec<Vec<u16>>
                     let lam = if r <= r0 {
                         peak
                     } else {
-                        peak * 0.05 * (-(r - r0) / 10.0).exp()
+                        peak * 0.05 * halo * (-(r - r0) / 10.0).exp()
                     };
                     f.push(rng.poisson(lam));
                 }
@@ -74,6 +91,13 @@ fn base() -> ModelParams {
         floor: FloorPolicy::SeenPlusOne,
         ..ModelParams::default()
     }
+}
+
+/// [`base`] with one change.
+fn base_with(change: impl FnOnce(&mut ModelParams)) -> ModelParams {
+    let mut p = base();
+    change(&mut p);
+    p
 }
 
 #[test]
@@ -203,11 +227,7 @@ fn round_trip_every_u16_extreme_and_small_literal_counts() {
 #[test]
 fn sampled_fit_still_codes_unsampled_frames_within_the_floor() {
     let fr = frames(40, 40, 20, 2.0, 11);
-    let p = ModelParams {
-        sample_every: 7,
-        ..base()
-    };
-    let model = fit(&fr, 1600, &p);
+    let model = fit(&fr, 1600, &base_with(|m| m.sample_every = 7));
     // Frames 1..6 were not sampled; with a modest dose their maxima are within the floor.
     round_trip_all(&model, &fr[..3]);
 }
@@ -218,41 +238,21 @@ fn fit_rejects_bad_input() {
     let it = || fr.iter().map(|f| f.as_slice());
     let bad = |p: ModelParams| CountsModel::fit(it(), 10, &p).unwrap_err();
     let d = base();
-    assert!(matches!(
-        bad(ModelParams { contexts: 0, ..d }),
-        RansError::BadParam { .. }
-    ));
-    assert!(matches!(
-        bad(ModelParams { contexts: 17, ..d }),
-        RansError::BadParam { .. }
-    ));
-    assert!(matches!(
-        bad(ModelParams { literals: 0, ..d }),
-        RansError::BadParam { .. }
-    ));
-    assert!(matches!(
-        bad(ModelParams { literals: 129, ..d }),
-        RansError::BadParam { .. }
-    ));
-    assert!(matches!(
-        bad(ModelParams { table_sets: 0, ..d }),
-        RansError::BadParam { .. }
-    ));
-    assert!(matches!(
-        bad(ModelParams { table_sets: 9, ..d }),
-        RansError::BadParam { .. }
-    ));
-    assert!(matches!(
-        bad(ModelParams { prob_bits: 15, ..d }),
-        RansError::BadParam { .. }
-    ));
-    assert!(matches!(
-        bad(ModelParams {
+    for p in [
+        ModelParams { contexts: 0, ..d },
+        ModelParams { contexts: 17, ..d },
+        ModelParams { literals: 0, ..d },
+        ModelParams { literals: 129, ..d },
+        ModelParams { table_sets: 0, ..d },
+        ModelParams { table_sets: 9, ..d },
+        ModelParams { prob_bits: 15, ..d },
+        ModelParams {
             sample_every: 0,
             ..d
-        }),
-        RansError::BadParam { .. }
-    ));
+        },
+    ] {
+        assert!(matches!(bad(p), RansError::BadParam { .. }), "{p:?}");
+    }
     assert!(matches!(
         CountsModel::fit(it(), 11, &d),
         Err(RansError::FrameLength { .. })
@@ -291,10 +291,7 @@ fn contexts_follow_the_mean_pattern() {
 #[test]
 fn log_bin_contexts_round_trip_and_isolate_the_disk() {
     let fr = frames(64, 64, 30, 20.0, 22);
-    let p = ModelParams {
-        context_rule: ContextRule::LogBins,
-        ..base()
-    };
+    let p = base_with(|m| m.context_rule = ContextRule::LogBins);
     let model = fit(&fr, 4096, &p);
     let ctx = model.ctx_map();
     assert_eq!(ctx[32 * 64 + 32], 7);
@@ -312,11 +309,7 @@ fn log_bin_contexts_round_trip_and_isolate_the_disk() {
 #[test]
 fn model_bytes_round_trip_and_corruption_is_rejected() {
     let fr = frames(20, 30, 4, 4.0, 31);
-    let p = ModelParams {
-        table_sets: 1,
-        ..base()
-    };
-    let model = fit(&fr, 600, &p);
+    let model = fit(&fr, 600, &base_with(|m| m.table_sets = 1));
     let b = model.to_bytes();
     assert_eq!(b.len(), 20 + 600 + 2 * 8 * 48);
     assert_eq!(&b[..8], b"QRANSM\0\x02");
@@ -710,27 +703,9 @@ fn symbol_of_covers_u16() {
 /// Frames whose halo changes by ±50 % from frame to frame (like the reference acquisition's
 /// `1 + 0.5·ph`), so the frame statistic separates them into table sets.
 fn varying_frames(ny: usize, nx: usize, n: usize, peak: f64, seed: u64) -> Vec<Vec<u16>> {
-    let mut rng = Rng(seed | 1);
-    let (cy, cx) = (ny as f64 / 2.0, nx as f64 / 2.0);
-    let r0 = ny.min(nx) as f64 / 8.0;
-    (0..n)
-        .map(|i| {
-            let halo = 1.0 + 0.5 * (i as f64 * 0.7).cos();
-            let mut f = Vec::with_capacity(ny * nx);
-            for row in 0..ny {
-                for col in 0..nx {
-                    let r = ((row as f64 - cy).powi(2) + (col as f64 - cx).powi(2)).sqrt();
-                    let lam = if r <= r0 {
-                        peak
-                    } else {
-                        peak * 0.05 * halo * (-(r - r0) / 10.0).exp()
-                    };
-                    f.push(rng.poisson(lam));
-                }
-            }
-            f
-        })
-        .collect()
+    disk_frames((ny, nx), n, peak, seed, |i| {
+        1.0 + 0.5 * (i as f64 * 0.7).cos()
+    })
 }
 
 fn header_u32(stream: &[u8], at: usize) -> u32 {
@@ -802,10 +777,7 @@ fn fixed_split_round_trips() {
 fn table_sets_make_varying_frames_smaller() {
     let fr = varying_frames(64, 64, 40, 60.0, 52);
     let size = |t: u8| {
-        let p = ModelParams {
-            table_sets: t,
-            ..base()
-        };
+        let p = base_with(|m| m.table_sets = t);
         let model = fit(&fr, 64 * 64, &p);
         round_trip_all(&model, &fr)
     };
@@ -890,14 +862,7 @@ fn all_symbols_floor_makes_every_u16_codable() {
             ],
         );
         // The default floor cannot code it.
-        let seen = fit(
-            &fr,
-            1024,
-            &ModelParams {
-                table_sets: t,
-                ..base()
-            },
-        );
+        let seen = fit(&fr, 1024, &base_with(|m| m.table_sets = t));
         assert!(matches!(
             encode_stream(&seen, &odd),
             Err(RansError::Uncodable {
@@ -976,13 +941,16 @@ fn corrupt_table_set_and_reserved_are_rejected() {
     a[0] = 1; // statistic 1: set 0
     let enc = encode_stream(&model, &a).unwrap();
     assert_eq!(header_u32(&enc, 8), 0);
-    let mut out = [0u16; 32];
+    // `patched(stream, at, v)`: the stream with byte `at` set to `v`, decoded.
+    let patched = |stream: &[u8], at: usize, v: u8| {
+        let mut bad = stream.to_vec();
+        bad[at] = v;
+        decode_stream(&model, &bad, &mut [0u16; 32])
+    };
     // Both sets have the same rows, so a stream claiming set 1 decodes cleanly to the same
     // frame: only the final statistic check catches it.
-    let mut bad = enc.clone();
-    bad[8] = 1;
     assert_eq!(
-        decode_stream(&model, &bad, &mut out),
+        patched(&enc, 8, 1),
         Err(RansError::Corrupt {
             pixel: 32,
             fault: RansFault::TableSetMismatch {
@@ -992,10 +960,8 @@ fn corrupt_table_set_and_reserved_are_rejected() {
             }
         })
     );
-    let mut bad = enc.clone();
-    bad[8] = 2;
     assert_eq!(
-        decode_stream(&model, &bad, &mut out),
+        patched(&enc, 8, 2),
         Err(RansError::Corrupt {
             pixel: 0,
             fault: RansFault::TableSetOutOfRange {
@@ -1004,19 +970,16 @@ fn corrupt_table_set_and_reserved_are_rejected() {
             }
         })
     );
-    let mut bad = enc.clone();
-    bad[11] = 0x80; // table_set 2^31
+    // table_set 2^31
     assert!(matches!(
-        decode_stream(&model, &bad, &mut out),
+        patched(&enc, 11, 0x80),
         Err(RansError::Corrupt {
             fault: RansFault::TableSetOutOfRange { .. },
             ..
         })
     ));
-    let mut bad = enc.clone();
-    bad[14] = 7;
     assert_eq!(
-        decode_stream(&model, &bad, &mut out),
+        patched(&enc, 14, 7),
         Err(RansError::Corrupt {
             pixel: 0,
             fault: RansFault::NonZeroReserved { value: 7 << 16 }
@@ -1027,10 +990,8 @@ fn corrupt_table_set_and_reserved_are_rejected() {
     b[2] = 2;
     let enc = encode_stream(&model, &b).unwrap();
     assert_eq!(header_u32(&enc, 8), 1);
-    let mut bad = enc.clone();
-    bad[8] = 0;
     assert!(matches!(
-        decode_stream(&model, &bad, &mut out),
+        patched(&enc, 8, 0),
         Err(RansError::Corrupt {
             fault: RansFault::TableSetMismatch {
                 stored: 0,
@@ -1044,7 +1005,7 @@ fn corrupt_table_set_and_reserved_are_rejected() {
     let model = two_set_model(false);
     let mut bad = encode_stream(&model, &b).unwrap();
     bad[8] = 0;
-    assert!(decode_stream(&model, &bad, &mut out).is_err());
+    assert!(decode_stream(&model, &bad, &mut [0u16; 32]).is_err());
 }
 
 #[test]
