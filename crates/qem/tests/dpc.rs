@@ -62,26 +62,21 @@ const BLOBS: [(f64, f64, f64, f64); 4] = [
 /// which makes φ periodic to far below rounding for blobs much narrower than the grid.
 #[allow(clippy::type_complexity)]
 fn blobs(shape: Shape2, period: bool) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let wrap = |d: f64, n: usize| {
-        if period {
-            d - n as f64 * (d / n as f64).round()
-        } else {
-            d
-        }
+    // With `period`, the minimal image of a distance `d` on a grid of `n` steps.
+    let wrap = |d: f64, n: usize| match period {
+        true => d - n as f64 * (d / n as f64).round(),
+        false => d,
     };
     let n = shape.len();
     let (mut phi, mut gr, mut gc) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
-    for r in 0..shape.rows {
-        for c in 0..shape.cols {
-            let i = r * shape.cols + c;
-            for &(r0, c0, s, a) in &BLOBS {
-                let dr = wrap(r as f64 - r0, shape.rows);
-                let dc = wrap(c as f64 - c0, shape.cols);
-                let v = a * (-(dr * dr + dc * dc) / (2.0 * s * s)).exp();
-                phi[i] += v;
-                gr[i] -= dr / (s * s) * v;
-                gc[i] -= dc / (s * s) * v;
-            }
+    for i in 0..n {
+        let (r, c) = ((i / shape.cols) as f64, (i % shape.cols) as f64);
+        for &(r0, c0, s, a) in &BLOBS {
+            let (dr, dc) = (wrap(r - r0, shape.rows), wrap(c - c0, shape.cols));
+            let v = a * (-(dr * dr + dc * dc) / (2.0 * s * s)).exp();
+            phi[i] += v;
+            gr[i] -= dr / (s * s) * v;
+            gc[i] -= dc / (s * s) * v;
         }
     }
     (phi, gr, gc)

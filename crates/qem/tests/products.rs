@@ -58,6 +58,14 @@ fn array(data: &[u32], dtype: DType) -> DenseArray {
     }
 }
 
+fn cpu_params(repr: Representation) -> LoadParams {
+    LoadParams {
+        backend: BackendRequest::Cpu,
+        representation: Some(repr),
+        ..LoadParams::default()
+    }
+}
+
 fn load_cpu(
     data: &[u32],
     scan: Shape2,
@@ -67,10 +75,8 @@ fn load_cpu(
     det_bin: usize,
 ) -> Dataset {
     let params = LoadParams {
-        backend: BackendRequest::Cpu,
-        representation: Some(repr),
         det_bin,
-        ..LoadParams::default()
+        ..cpu_params(repr)
     };
     load_array(array(data, dtype), scan, det, &params)
 }
@@ -420,18 +426,12 @@ fn every_dtype_and_det_binning() {
     // ENCODED and binned: u8 counts binned by 3 (partial edge blocks), stored as u16.
     let small: Vec<u32> = data.iter().map(|&v| v.min(60)).collect();
     let nv = naive(&small, SCAN, DET, 3);
-    let ds = load_array(
-        array(&small, DType::U8),
-        SCAN,
-        DET,
-        &LoadParams {
-            backend: BackendRequest::Cpu,
-            representation: Some(Representation::Encoded),
-            det_bin: 3,
-            dtype: DtypeRequest::U16,
-            ..LoadParams::default()
-        },
-    );
+    let params = LoadParams {
+        det_bin: 3,
+        dtype: DtypeRequest::U16,
+        ..cpu_params(Representation::Encoded)
+    };
+    let ds = load_array(array(&small, DType::U8), SCAN, DET, &params);
     assert_eq!(ds.detector_shape(), Shape2::new(5, 4));
     check_all(&ds, &nv);
 }
@@ -790,16 +790,11 @@ fn cuda_arms_match_the_cpu_or_fail_typed() {
     };
     let want = detector::reduce(&cpu, &req).unwrap();
     for repr in [Representation::Dense, Representation::Encoded] {
-        let gpu = load_array(
-            array(&data, DType::U16),
-            SCAN,
-            DET,
-            &LoadParams {
-                backend: BackendRequest::Cuda,
-                representation: Some(repr),
-                ..LoadParams::default()
-            },
-        );
+        let params = LoadParams {
+            backend: BackendRequest::Cuda,
+            ..cpu_params(repr)
+        };
+        let gpu = load_array(array(&data, DType::U16), SCAN, DET, &params);
         match detector::reduce(&gpu, &req) {
             Ok(got) => assert_eq!(got, want, "{repr:?}"),
             Err(e) => eprintln!("CUDA {repr:?} reduction not available: {e}"),

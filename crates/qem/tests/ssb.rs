@@ -253,6 +253,14 @@ const C10: f64 = 100.0;
 const C12: f64 = 30.0;
 const PHI12: f64 = 0.5;
 
+/// Fit parameters: the defaults with the coherence objective.
+fn coherence() -> FitParams {
+    FitParams {
+        objective: Objective::Coherence,
+        ..FitParams::default()
+    }
+}
+
 fn truth_ab() -> Aberrations {
     Aberrations {
         c10: C10,
@@ -347,12 +355,7 @@ fn fit_recovers_c10_c12_and_is_deterministic() {
     let f2 = s.fit(&small).unwrap();
     assert_eq!(f1.aberrations, f2.aberrations);
     assert_eq!(f1.loss_curve, f2.loss_curve);
-    let fc = s
-        .fit(&FitParams {
-            objective: Objective::Coherence,
-            ..FitParams::default()
-        })
-        .unwrap();
+    let fc = s.fit(&coherence()).unwrap();
     println!(
         "coherence fit: C10 {:.3}, C12 {:.3}, phi12 {:.4}, {} evaluations",
         fc.aberrations.c10, fc.aberrations.c12, fc.aberrations.phi12, fc.evaluations
@@ -615,12 +618,7 @@ fn cuda_engine_matches_cpu_reference() {
     let sim = simulate(Shape2::new(24, 30), C10, C12, PHI12, None);
     let ds = sim.reload(BackendRequest::Cuda, Representation::Encoded);
     let g = Ssb::new(&ds, &params()).unwrap();
-    let f = g
-        .fit(&FitParams {
-            objective: Objective::Coherence,
-            ..FitParams::default()
-        })
-        .unwrap();
+    let f = g.fit(&coherence()).unwrap();
     let a = f.aberrations;
     println!(
         "cuda fit: C10 {:.3}, C12 {:.3}, phi12 {:.4}, {} evaluations",
@@ -628,12 +626,7 @@ fn cuda_engine_matches_cpu_reference() {
     );
     assert!((a.c10 - C10).abs() < 0.02 * C10, "C10 {}", a.c10);
     assert!((a.c12 - C12).abs() < 0.1 * C12, "C12 {}", a.c12);
-    let f2 = g
-        .fit(&FitParams {
-            objective: Objective::Coherence,
-            ..FitParams::default()
-        })
-        .unwrap();
+    let f2 = g.fit(&coherence()).unwrap();
     assert_eq!(
         f.loss_curve, f2.loss_curve,
         "deterministic for a seed on CUDA"
