@@ -1,7 +1,8 @@
 //! `qem-core`: the vocabulary every other crate of quantem.gpu speaks.
 //!
 //! It holds shapes and regions in `(row, col)` order, the dtype policy, acquisition metadata,
-//! provenance records and the single [`Error`] type. It depends on nothing of ours; every crate
+//! provenance records, the shared electron optics ([`optics`]: wavelength, aberrations, χ,
+//! aperture) and the single [`Error`] type. It depends on nothing of ours; every crate
 //! may depend on it. Nothing here touches files, HDF5, CUDA or the terminal.
 
 pub mod dense;
@@ -9,6 +10,7 @@ pub mod dtype;
 pub mod error;
 pub mod geometry;
 pub mod metadata;
+pub mod optics;
 pub mod progress;
 pub mod provenance;
 pub mod reduce;

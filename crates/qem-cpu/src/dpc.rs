@@ -814,17 +814,9 @@ pub fn resolve_sign(phase: &[f64], adf: Option<&[f64]>) -> SignDecision {
     }
 }
 
-/// Relativistic electron wavelength in Å for `voltage_kv` kV, CODATA 2018:
-/// `λ = h / √(2 m₀ e V (1 + eV / (2 m₀ c²)))`.
-pub fn electron_wavelength_a(voltage_kv: f64) -> f64 {
-    const H: f64 = 6.626_070_15e-34;
-    const M0: f64 = 9.109_383_701_5e-31;
-    const E: f64 = 1.602_176_634e-19;
-    const C: f64 = 299_792_458.0;
-    let ev = E * voltage_kv * 1e3;
-    let p = (2.0 * M0 * ev * (1.0 + ev / (2.0 * M0 * C * C))).sqrt();
-    H / p * 1e10
-}
+/// Relativistic electron wavelength in Å for `voltage_kv` kV (shared physics, in
+/// `qem_core::optics`).
+pub use qem_core::optics::electron_wavelength_a;
 
 #[cfg(test)]
 mod tests {
@@ -1183,16 +1175,5 @@ mod tests {
         assert!(pearson(&[1.0, 1.0], &[0.0, 1.0]).is_none());
         // [0, 0, 3]: mean 1, m2 = 2, m3 = 2 → 2 / 2^1.5.
         assert!((skewness(&[0.0, 0.0, 3.0]).unwrap() - 2f64 / 2f64.powf(1.5)).abs() < 1e-12);
-    }
-
-    #[test]
-    fn wavelength_matches_the_anchor_table() {
-        for (kv, want) in [
-            (80.0, 0.041757160772834),
-            (200.0, 0.025079340450548),
-            (300.0, 0.019687489006849),
-        ] {
-            assert!((electron_wavelength_a(kv) - want).abs() < 1e-14, "{kv}");
-        }
     }
 }

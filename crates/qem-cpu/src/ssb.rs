@@ -9,7 +9,8 @@
 //!
 //! 1. [`chi`]: the Krivanek aberration function
 //!    `χ = (2π/λ) Σ C_nm α^(n+1)/(n+1) cos(m(φ − φ_nm))`, so defocus enters as `π C10 α²/λ`.
-//! 2. [`Optics::probe`]: `P(v) = A(v) exp(−iχ(v))` with the anchor's soft aperture `A`.
+//! 2. [`probe`]: `P(v) = A(v) exp(−iχ(v))` with the anchor's soft aperture `A`
+//!    ([`Optics::aperture`]).
 //! 3. [`Prepared::new`]: `G_b(ν)` = unnormalised forward 2-D DFT over the scan of pixel b's
 //!    image (the full plane, any scan shape: no crop, no pad).
 //! 4. [`gamma`]: the double-overlap ("trotter") transfer
@@ -26,12 +27,14 @@
 //!    phases, and the spectral coherence (see [`Objective::Coherence`]).
 //! 8. [`fit`]: seeded scrambled-Halton global search, then Nelder–Mead from the best few
 //!    candidates.
+//!
+//! [`Aberrations`], [`Optics`], [`chi`] and [`chi_polynomial`] live in `qem_core::optics`
+//! (shared with the CUDA engine) and are re-exported here.
 
 use qem_core::{DenseArray, Error, Result, Shape2};
 use rayon::prelude::*;
 use rustfft::num_complex::Complex64;
 use rustfft::{Fft, FftDirection, FftPlanner};
-use std::collections::BTreeMap;
 use std::f64::consts::PI;
 use std::sync::Arc;
 
@@ -41,199 +44,24 @@ use crate::EncodedFrames;
 /// `10⁸` instead of dividing by `|Γ|` (which keeps such terms negligible, not exploded).
 pub const GAMMA_FLOOR_SQ: f64 = 1e-16;
 
-/// Aberration coefficients (Krivanek notation). Coefficients in Å, angles in rad; `Default`
-/// is the aberration-free probe.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Aberrations {
-    /// Defocus C10, Å (χ ⊃ π C10 α²/λ; abTEM's `defocus` is −C10).
-    pub c10: f64,
-    /// Two-fold astigmatism C12, Å.
-    pub c12: f64,
-    /// Angle φ12 of C12, rad.
-    pub phi12: f64,
-    /// Axial coma C21, Å.
-    pub c21: f64,
-    /// Angle φ21 of C21, rad.
-    pub phi21: f64,
-    /// Three-fold astigmatism C23, Å.
-    pub c23: f64,
-    /// Angle φ23 of C23, rad.
-    pub phi23: f64,
-    /// Spherical aberration C30, Å.
-    pub c30: f64,
-}
+pub use qem_core::optics::{
+    chi, chi_from_polynomial, chi_polynomial, Aberrations, Optics, ABERRATION_NAMES,
+};
 
-/// Names of the [`Aberrations`] fields, in the order of [`Aberrations::to_map`].
-pub const ABERRATION_NAMES: [&str; 8] =
-    ["C10", "C12", "phi12", "C21", "phi21", "C23", "phi23", "C30"];
-
-impl Aberrations {
-    /// Unit of a named parameter (`"Å"` or `"rad"`), `None` for an unknown name.
-    pub fn unit(name: &str) -> Option<&'static str> {
-        match name {
-            "C10" | "C12" | "C21" | "C23" | "C30" => Some("Å"),
-            "phi12" | "phi21" | "phi23" => Some("rad"),
-            _ => None,
-        }
+/// Probe in reciprocal space `P(v) = A(v) exp(−iχ(v))` ([`Optics::aperture`], [`chi`]).
+pub fn probe(o: &Optics, ab: &Aberrations, v_r: f64, v_c: f64) -> Complex64 {
+    let amp = o.aperture(v_r, v_c);
+    if amp == 0.0 {
+        return Complex64::new(0.0, 0.0);
     }
-
-    /// Value of a named parameter.
-    pub fn get(&self, name: &str) -> Option<f64> {
-        Some(match name {
-            "C10" => self.c10,
-            "C12" => self.c12,
-            "phi12" => self.phi12,
-            "C21" => self.c21,
-            "phi21" => self.phi21,
-            "C23" => self.c23,
-            "phi23" => self.phi23,
-            "C30" => self.c30,
-            _ => return None,
-        })
-    }
-
-    /// Set a named parameter; an unknown name or a non-finite value is an error.
-    pub fn set(&mut self, name: &str, value: f64) -> Result<()> {
-        if !value.is_finite() {
-            return Err(
-                Error::invalid("ssb aberrations", format!("{name} is not finite"))
-                    .with_expected("a finite value")
-                    .with_found(value.to_string()),
-            );
-        }
-        let slot = match name {
-            "C10" => &mut self.c10,
-            "C12" => &mut self.c12,
-            "phi12" => &mut self.phi12,
-            "C21" => &mut self.c21,
-            "phi21" => &mut self.phi21,
-            "C23" => &mut self.c23,
-            "phi23" => &mut self.phi23,
-            "C30" => &mut self.c30,
-            _ => {
-                return Err(Error::invalid("ssb aberrations", "unknown aberration name")
-                    .with_expected(ABERRATION_NAMES.join(", "))
-                    .with_found(name.to_string()))
-            }
-        };
-        *slot = value;
-        Ok(())
-    }
-
-    /// From a name → value map (missing names are 0).
-    pub fn from_map(map: &BTreeMap<String, f64>) -> Result<Aberrations> {
-        let mut ab = Aberrations::default();
-        for (k, &v) in map {
-            ab.set(k, v)?;
-        }
-        Ok(ab)
-    }
-
-    /// All parameters as a name → value map.
-    pub fn to_map(&self) -> BTreeMap<String, f64> {
-        ABERRATION_NAMES
-            .iter()
-            .filter_map(|&n| self.get(n).map(|v| (n.to_string(), v)))
-            .collect()
-    }
-}
-
-/// Krivanek aberration function χ (rad) at the reciprocal vector `(v_r, v_c)` (Å⁻¹):
-/// `α = λ|v|`, `φ = atan2(v_c, v_r)` (from the row axis towards the column axis).
-pub fn chi(ab: &Aberrations, lambda_a: f64, v_r: f64, v_c: f64) -> f64 {
-    let a = lambda_a * (v_r * v_r + v_c * v_c).sqrt();
-    if a == 0.0 {
-        return 0.0;
-    }
-    let phi = v_c.atan2(v_r);
-    let a2 = a * a;
-    let sum = ab.c10 * a2 / 2.0
-        + ab.c12 * a2 / 2.0 * (2.0 * (phi - ab.phi12)).cos()
-        + ab.c21 * a2 * a / 3.0 * (phi - ab.phi21).cos()
-        + ab.c23 * a2 * a / 3.0 * (3.0 * (phi - ab.phi23)).cos()
-        + ab.c30 * a2 * a2 / 4.0;
-    2.0 * PI / lambda_a * sum
-}
-
-/// [`chi`] as a polynomial in the reciprocal vector's components `(x, y) = (v_r, v_c)`, for
-/// kernels that should not take `atan2`: with `q² = x² + y²`,
-/// `χ = c[0] q² + c[1] (x² − y²) + c[2] 2xy + q² (c[3] x + c[4] y) + c[5] x(x² − 3y²)
-/// + c[6] y(3x² − y²) + c[7] q⁴`, since `α = λq`, `cos φ = x/q`, `sin φ = y/q` and
-/// `cos m(φ − φ_m)` expands into `cos mφ`, `sin mφ`. [`chi_from_polynomial`] evaluates it.
-pub fn chi_polynomial(ab: &Aberrations, lambda_a: f64) -> [f64; 8] {
-    let l = lambda_a;
-    let (s2, c2) = (2.0 * ab.phi12).sin_cos();
-    let (s1, c1) = ab.phi21.sin_cos();
-    let (s3, c3) = (3.0 * ab.phi23).sin_cos();
-    let k3 = 2.0 * PI / 3.0 * l * l;
-    [
-        PI * l * ab.c10,
-        PI * l * ab.c12 * c2,
-        PI * l * ab.c12 * s2,
-        k3 * ab.c21 * c1,
-        k3 * ab.c21 * s1,
-        k3 * ab.c23 * c3,
-        k3 * ab.c23 * s3,
-        PI / 2.0 * l * l * l * ab.c30,
-    ]
-}
-
-/// χ from the [`chi_polynomial`] coefficients `c` at `(x, y)` (Å⁻¹).
-pub fn chi_from_polynomial(c: &[f64; 8], x: f64, y: f64) -> f64 {
-    let q2 = x * x + y * y;
-    c[0] * q2
-        + c[1] * (x * x - y * y)
-        + c[2] * 2.0 * x * y
-        + q2 * (c[3] * x + c[4] * y)
-        + c[5] * x * (x * x - 3.0 * y * y)
-        + c[6] * y * (3.0 * x * x - y * y)
-        + c[7] * q2 * q2
-}
-
-/// Probe optics: wavelength, aperture semi-angle and detector angular sampling.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Optics {
-    /// Electron wavelength, Å.
-    pub lambda_a: f64,
-    /// Aperture semi-angle, rad.
-    pub alpha_rad: f64,
-    /// Detector angular sampling per pixel `(row, col)`, rad (sets the soft edge width).
-    pub dtheta_rad: (f64, f64),
-}
-
-impl Optics {
-    /// Soft aperture `A(v) = clip((α − λ|v|)/δ + ½, 0, 1)`, `δ = √((cosφ Δθ_r)² + (sinφ Δθ_c)²)`
-    /// (one detector pixel wide, so the BF disk edge is anti-aliased); δ ≈ 0 → hard edge.
-    pub fn aperture(&self, v_r: f64, v_c: f64) -> f64 {
-        let norm = (v_r * v_r + v_c * v_c).sqrt();
-        let a = self.lambda_a * norm;
-        let delta = if norm > 0.0 {
-            let (c, s) = (v_r / norm, v_c / norm);
-            ((c * self.dtheta_rad.0).powi(2) + (s * self.dtheta_rad.1).powi(2)).sqrt()
-        } else {
-            0.0
-        };
-        if delta <= 1e-300 {
-            return if a <= self.alpha_rad { 1.0 } else { 0.0 };
-        }
-        ((self.alpha_rad - a) / delta + 0.5).clamp(0.0, 1.0)
-    }
-
-    /// Probe in reciprocal space `P(v) = A(v) exp(−iχ(v))`.
-    pub fn probe(&self, ab: &Aberrations, v_r: f64, v_c: f64) -> Complex64 {
-        let amp = self.aperture(v_r, v_c);
-        if amp == 0.0 {
-            return Complex64::new(0.0, 0.0);
-        }
-        Complex64::from_polar(amp, -chi(ab, self.lambda_a, v_r, v_c))
-    }
+    Complex64::from_polar(amp, -chi(ab, o.lambda_a, v_r, v_c))
 }
 
 /// Double-overlap transfer `Γ(k, ν) = P(k − ν) P*(k) − P(k) P*(k + ν)` (module docs, step 4).
 pub fn gamma(o: &Optics, ab: &Aberrations, k: (f64, f64), nu: (f64, f64)) -> Complex64 {
-    let pk = o.probe(ab, k.0, k.1);
-    o.probe(ab, k.0 - nu.0, k.1 - nu.1) * pk.conj()
-        - pk * o.probe(ab, k.0 + nu.0, k.1 + nu.1).conj()
+    let pk = probe(o, ab, k.0, k.1);
+    probe(o, ab, k.0 - nu.0, k.1 - nu.1) * pk.conj()
+        - pk * probe(o, ab, k.0 + nu.0, k.1 + nu.1).conj()
 }
 
 /// `fftfreq(n, d)`: frequencies of an `n`-point DFT with sample spacing `d` (cycles per unit).
@@ -566,7 +394,7 @@ impl Prepared {
     pub fn corrected(&self, b: usize, ab: &Aberrations) -> Vec<Complex64> {
         let k = self.k[b];
         let o = &self.optics;
-        let pk = o.probe(ab, k.0, k.1);
+        let pk = probe(o, ab, k.0, k.1);
         let gb = &self.g[b];
         let mut out = Vec::with_capacity(gb.len());
         for (i, &gv) in gb.iter().enumerate() {
@@ -580,8 +408,8 @@ impl Prepared {
                 continue;
             }
             let nu = self.nu(i);
-            let gam = o.probe(ab, k.0 - nu.0, k.1 - nu.1) * pk.conj()
-                - pk * o.probe(ab, k.0 + nu.0, k.1 + nu.1).conj();
+            let gam = probe(o, ab, k.0 - nu.0, k.1 - nu.1) * pk.conj()
+                - pk * probe(o, ab, k.0 + nu.0, k.1 + nu.1).conj();
             let n2 = gam.norm_sqr();
             out.push(if n2 > GAMMA_FLOOR_SQ {
                 gv * gam.conj() / n2.sqrt()
@@ -1101,88 +929,6 @@ mod tests {
     }
 
     #[test]
-    fn chi_polynomial_equals_chi() {
-        let lam = 0.025_079;
-        let ab = Aberrations {
-            c10: -123.0,
-            c12: 45.0,
-            phi12: 0.7,
-            c21: 800.0,
-            phi21: -2.1,
-            c23: 300.0,
-            phi23: 0.4,
-            c30: 2.5e4,
-        };
-        let c = chi_polynomial(&ab, lam);
-        for &(x, y) in &[
-            (0.5, 0.0),
-            (0.0, -0.3),
-            (0.31, -0.72),
-            (-0.9, 0.05),
-            (0.0, 0.0),
-        ] {
-            let want = chi(&ab, lam, x, y);
-            let got = chi_from_polynomial(&c, x, y);
-            assert!(
-                (got - want).abs() <= 1e-10 * want.abs().max(1.0),
-                "{x} {y}: {got} vs {want}"
-            );
-        }
-        // Each term alone too (a sign slip in one could hide behind another).
-        for name in ["C10", "C12", "C21", "C23", "C30"] {
-            let mut one = Aberrations::default();
-            one.set(name, 100.0).unwrap();
-            one.phi12 = 0.3;
-            one.phi21 = 1.1;
-            one.phi23 = -0.5;
-            let c = chi_polynomial(&one, lam);
-            let (x, y) = (0.4, 0.6);
-            assert!(
-                (chi_from_polynomial(&c, x, y) - chi(&one, lam, x, y)).abs() < 1e-10,
-                "{name}"
-            );
-        }
-    }
-
-    #[test]
-    fn chi_defocus_and_astigmatism_by_hand() {
-        let lam = 0.019_687_489_006_849;
-        // v = 0.5 Å⁻¹ along the row axis: α = λ/2, φ = 0.
-        let ab = Aberrations {
-            c10: 100.0,
-            ..Default::default()
-        };
-        let a = lam * 0.5;
-        let want = PI * 100.0 * a * a / lam; // π C10 α² / λ
-        assert!((chi(&ab, lam, 0.5, 0.0) - want).abs() < 1e-12);
-        // Positive C10 → positive χ.
-        assert!(chi(&ab, lam, 0.0, 0.3) > 0.0);
-        // C12 along φ12 = 0: +π C12 α²/λ along rows, − along columns.
-        let ab = Aberrations {
-            c12: 50.0,
-            ..Default::default()
-        };
-        let w = PI * 50.0 * a * a / lam;
-        assert!((chi(&ab, lam, 0.5, 0.0) - w).abs() < 1e-12);
-        assert!((chi(&ab, lam, 0.0, 0.5) + w).abs() < 1e-12);
-        // C30: (2π/λ) C30 α⁴/4.
-        let ab = Aberrations {
-            c30: 1e4,
-            ..Default::default()
-        };
-        let w = 2.0 * PI / lam * 1e4 * a.powi(4) / 4.0;
-        assert!((chi(&ab, lam, 0.5, 0.0) - w).abs() < 1e-12);
-        // C21 is odd: χ(−v) = −χ(v).
-        let ab = Aberrations {
-            c21: 300.0,
-            phi21: 0.3,
-            ..Default::default()
-        };
-        assert!((chi(&ab, lam, 0.2, 0.4) + chi(&ab, lam, -0.2, -0.4)).abs() < 1e-12);
-        assert_eq!(chi(&ab, lam, 0.0, 0.0), 0.0);
-    }
-
-    #[test]
     fn probe_inside_outside_and_edge() {
         let o = optics();
         let kmax = o.alpha_rad / o.lambda_a;
@@ -1190,11 +936,11 @@ mod tests {
             c10: 80.0,
             ..Default::default()
         };
-        let p = o.probe(&ab, 0.5 * kmax, 0.0);
+        let p = probe(&o, &ab, 0.5 * kmax, 0.0);
         assert!((p.norm() - 1.0).abs() < 1e-12);
         let want = -chi(&ab, o.lambda_a, 0.5 * kmax, 0.0);
         assert!((p.arg() - want.sin().atan2(want.cos())).abs() < 1e-9);
-        assert_eq!(o.probe(&ab, 1.2 * kmax, 0.0).norm(), 0.0);
+        assert_eq!(probe(&o, &ab, 1.2 * kmax, 0.0).norm(), 0.0);
         // Exactly at the edge the soft aperture is ½.
         assert!((o.aperture(kmax, 0.0) - 0.5).abs() < 1e-9);
     }
@@ -1241,20 +987,6 @@ mod tests {
         f.iter()
             .zip(want)
             .for_each(|(a, b)| assert!((a - b).abs() < 1e-12));
-    }
-
-    #[test]
-    fn aberration_map_round_trip_and_errors() {
-        let mut m = BTreeMap::new();
-        m.insert("C10".to_string(), 12.0);
-        m.insert("phi12".to_string(), 0.5);
-        let ab = Aberrations::from_map(&m).unwrap_or_default();
-        assert_eq!(ab.c10, 12.0);
-        assert_eq!(ab.phi12, 0.5);
-        assert_eq!(ab.to_map().len(), 8);
-        m.insert("C99".to_string(), 1.0);
-        assert!(Aberrations::from_map(&m).is_err());
-        assert_eq!(Aberrations::unit("phi23"), Some("rad"));
     }
 
     #[test]

@@ -1,30 +1,18 @@
 //! Electron optics: relativistic wavelength, interaction constant, aberration function, aperture.
 //!
 //! Units: lengths in Å, angles in rad, accelerating voltage in kV. Constants are CODATA 2018
-//! (exact SI values for `h`, `e`, `c`).
+//! (exact SI values for `h`, `e`, `c`); they and the wavelength are `qem_core::optics`'s.
 
-/// Planck constant, J·s (exact, CODATA 2018).
-pub const PLANCK_J_S: f64 = 6.626_070_15e-34;
-/// Electron rest mass, kg (CODATA 2018).
-pub const ELECTRON_MASS_KG: f64 = 9.109_383_701_5e-31;
-/// Elementary charge, C (exact, CODATA 2018).
-pub const ELEMENTARY_CHARGE_C: f64 = 1.602_176_634e-19;
-/// Speed of light in vacuum, m/s (exact).
-pub const SPEED_OF_LIGHT_M_S: f64 = 299_792_458.0;
+pub use qem_core::optics::{ELECTRON_MASS_KG, ELEMENTARY_CHARGE_C, PLANCK_J_S, SPEED_OF_LIGHT_M_S};
 
-/// Relativistic de Broglie wavelength in Å of an electron accelerated through `voltage_kv` kV:
-/// `λ = h / √(2 m₀ e V (1 + eV / (2 m₀ c²)))`.
+/// Relativistic de Broglie wavelength in Å of an electron accelerated through `voltage_kv` kV
+/// (`qem_core::optics::electron_wavelength_a`, the one wavelength both engines use).
 ///
 /// ```
 /// let lam = qem_sim::wavelength_a(300.0);
 /// assert!((lam - 0.019687489006849).abs() < 1e-14);
 /// ```
-pub fn wavelength_a(voltage_kv: f64) -> f64 {
-    let ev = ELEMENTARY_CHARGE_C * voltage_kv * 1e3;
-    let mc2 = ELECTRON_MASS_KG * SPEED_OF_LIGHT_M_S * SPEED_OF_LIGHT_M_S;
-    let p = (2.0 * ELECTRON_MASS_KG * ev * (1.0 + ev / (2.0 * mc2))).sqrt();
-    PLANCK_J_S / p * 1e10
-}
+pub use qem_core::optics::electron_wavelength_a as wavelength_a;
 
 /// Interaction constant `σ = 2π γ m₀ e λ / h²` in rad/(V·Å): the phase shift per unit of
 /// projected potential (V·Å), with the relativistic mass `γ m₀`. About 6.526e-4 at 300 kV.
@@ -105,20 +93,6 @@ mod tests {
 
     fn rel(a: f64, b: f64) -> f64 {
         ((a - b) / b).abs()
-    }
-
-    #[test]
-    fn wavelength_matches_codata_2018_table() {
-        for (kv, lam) in [
-            (80.0, 0.041757160772834),
-            (120.0, 0.033492152726724),
-            (200.0, 0.025079340450548),
-            (300.0, 0.019687489006849),
-            (400.0, 0.016439434169908),
-        ] {
-            let got = wavelength_a(kv);
-            assert!(rel(got, lam) < 1e-12, "{kv} kV: {got} vs {lam}");
-        }
     }
 
     #[test]
