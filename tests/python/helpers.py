@@ -92,3 +92,19 @@ def bin_reference(a: np.ndarray, b: int) -> np.ndarray:
     padded = np.zeros(a.shape[:-2] + (out_r * b, out_c * b), np.uint64)
     padded[..., :kr, :kc] = a
     return padded.reshape(a.shape[:-2] + (out_r, b, out_c, b)).sum(axis=(-3, -1), dtype=np.uint64)
+
+
+def masked(raw: np.ndarray) -> np.ndarray:
+    """``raw`` with the BAD_PIXELS of every frame set to 0 (what a masked load must return)."""
+    out = raw.copy()
+    for rc in BAD_PIXELS:
+        out[(..., *rc)] = 0
+    return out
+
+
+def console_script() -> str | None:
+    """The ``quantem-gpu`` console script next to this Python, else the one on PATH, else None."""
+    import shutil
+
+    beside = Path(sys.executable).with_name("quantem-gpu")
+    return str(beside) if beside.exists() else shutil.which("quantem-gpu")

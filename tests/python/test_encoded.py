@@ -9,20 +9,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import shutil
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers import (
-    BAD_PIXELS,
     DET,
     SCAN,
     bin_reference,
+    console_script,
     counts,
     h5py_dectris,
     mask_array,
+    masked,
     write_acquisition,
 )
 
@@ -33,13 +31,6 @@ ENCODED = io.DataRepresentation.ENCODED
 DENSE = io.DataRepresentation.DENSE
 
 
-def _masked(raw: np.ndarray) -> np.ndarray:
-    out = raw.copy()
-    for rc in BAD_PIXELS:
-        out[(..., *rc)] = 0
-    return out
-
-
 @pytest.fixture(scope="module")
 def acq16(tmp_path_factory):
     """5x7 scan, 11x13 uint16 frames (a few values near 60000), bad pixels."""
@@ -48,7 +39,7 @@ def acq16(tmp_path_factory):
     master, _, _ = write_acquisition(tmp, data=data, dtype=np.uint16, pixel_mask=mask_array())
     raw = h5py_dectris(master).reshape(SCAN + DET)
     np.testing.assert_array_equal(raw, data)
-    return {"master": master, "raw": raw, "masked": _masked(raw), "tmp": tmp}
+    return {"master": master, "raw": raw, "masked": masked(raw), "tmp": tmp}
 
 
 @pytest.fixture(scope="module")
@@ -172,25 +163,25 @@ def test_damaged_qem_raises_typed_errors(acq16, tmp_path):
     good = out.read_bytes()
     bad = tmp_path / "bad.qem"
 
-    bad.write_bytes(good[: len(good) - 50])
-    with pytest.raises(qg.SourceError) as e:
-        io.load(bad, backend="cpu", representation="encoded")
-    assert e.value.file.endswith("bad.qem") and "truncated" in str(e.value)
+    def damaged(content, error, **kw) -> str:
+        """Load ``content`` as bad.qem: an ``error`` naming that file; returns its message."""
+        bad.write_bytes(bytes(content))
+        with pytest.raises(error) as e:
+            io.load(bad, backend="cpu", **kw)
+        assert e.value.file.endswith("bad.qem")
+        return str(e.value)
+
+    truncated = good[: len(good) - 50]
+    assert "truncated" in damaged(truncated, qg.SourceError, representation="encoded")
 
     # The writer puts the Streams section right after the header and table (byte 192).
     flipped = bytearray(good)
     flipped[300] ^= 0x04
-    bad.write_bytes(bytes(flipped))
-    with pytest.raises(qg.DecodeError) as e:
-        io.load(bad, backend="cpu", representation="encoded")
-    assert e.value.file.endswith("bad.qem") and "Streams" in str(e.value)
+    assert "Streams" in damaged(flipped, qg.DecodeError, representation="encoded")
 
     flipped = bytearray(good)
     flipped[20] ^= 0x80
-    bad.write_bytes(bytes(flipped))
-    with pytest.raises((qg.SourceError, qg.DecodeError)) as e:
-        io.load(bad, backend="cpu")
-    assert e.value.file.endswith("bad.qem") and "header" in str(e.value)
+    assert "header" in damaged(flipped, (qg.SourceError, qg.DecodeError))
 
 
 def test_closed_dataset_cannot_be_saved(acq16, tmp_path):
@@ -201,15 +192,8 @@ def test_closed_dataset_cannot_be_saved(acq16, tmp_path):
     assert not (tmp_path / "closed.qem").exists()
 
 
-def _console_script() -> str | None:
-    exe = Path(sys.executable).parent / "quantem-gpu"
-    if exe.exists():
-        return str(exe)
-    return shutil.which("quantem-gpu")
-
-
 def test_convert_command(sparse, tmp_path):
-    exe = _console_script()
+    exe = console_script()
     assert exe, "the quantem-gpu console script is not installed next to this Python"
     out = tmp_path / "conv.qem"
     run = subprocess.run(

@@ -17,12 +17,12 @@ import math
 import numpy as np
 import pytest
 from helpers import (
-    BAD_PIXELS,
     DET,
     SCAN,
     bin_reference,
     h5py_dectris,
     mask_array,
+    masked,
     write_acquisition,
 )
 
@@ -113,13 +113,6 @@ BOUNDS = {
 DISK_CENTER, DISK_RADIUS = (5.3, 6.1), 3.2
 
 
-def _masked(raw):
-    out = raw.copy()
-    for rc in BAD_PIXELS:
-        out[(..., *rc)] = 0
-    return out
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """Dectris acquisitions with a bright disk and bad pixels: u32 and u16."""
@@ -132,7 +125,7 @@ def files(tmp_path_factory):
         )
         raw = h5py_dectris(master).reshape(SCAN + DET)
         np.testing.assert_array_equal(raw, data)
-        out[name] = (master, _masked(raw))
+        out[name] = (master, masked(raw))
     return out
 
 
@@ -498,23 +491,9 @@ def test_errors(files):
 
 
 def test_public_names():
-    for name in [
-        "sum_dp",
-        "mean_dp",
-        "max_dp",
-        "frames",
-        "roi_dp",
-        "virtual_image",
-        "fit_disk",
-        "bf",
-        "abf",
-        "adf",
-        "haadf",
-        "df",
-        "annular",
-        "moments",
-        "products",
-    ]:
+    public = "sum_dp mean_dp max_dp frames roi_dp virtual_image fit_disk"
+    detectors = "bf abf adf haadf df annular moments products"
+    for name in (public + " " + detectors).split():
         assert callable(getattr(detector, name)), name
         assert getattr(detector, name).__doc__, name
     assert qg.detector is detector and qg.dpc is dpc

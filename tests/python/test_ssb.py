@@ -120,10 +120,19 @@ def data():
     return {"counts": counts, "truth": truth}
 
 
+#: The optics of the simulation, as every SSB here is built with unless a test says otherwise.
+OPTICS = dict(voltage_kv=VOLTAGE_KV, semiangle_mrad=SEMIANGLE_MRAD, scan_step_a=STEP_A)
+
+
+def make_ssb(ds, **kw):
+    """ssb.SSB on ``ds`` with OPTICS, overridden or extended by ``kw``."""
+    return ssb.SSB(ds, **{**OPTICS, **kw})
+
+
 @pytest.fixture(scope="module")
 def prepared(data):
     ds = io.load(data["counts"], backend="cpu")
-    return ssb.SSB(ds, voltage_kv=VOLTAGE_KV, semiangle_mrad=SEMIANGLE_MRAD, scan_step_a=STEP_A)
+    return make_ssb(ds)
 
 
 # ----------------------------------------------------------------------------- reference
@@ -258,14 +267,7 @@ def test_reconstruct_matches_numpy(data, prepared, ab):
 
 def test_rotation_and_explicit_sampling(data):
     ds = io.load(data["counts"], backend="cpu")
-    s = ssb.SSB(
-        ds,
-        voltage_kv=VOLTAGE_KV,
-        semiangle_mrad=SEMIANGLE_MRAD,
-        scan_step_a=(STEP_A, STEP_A),
-        det_sampling_mrad=DTHETA_TRUE,
-        rotation_deg=17.0,
-    )
+    s = make_ssb(ds, scan_step_a=(STEP_A, STEP_A), det_sampling_mrad=DTHETA_TRUE, rotation_deg=17.0)
     assert s.info["det_sampling_mrad"] == pytest.approx(DTHETA_TRUE)
     p = ref_prepare(data["counts"], det_sampling_mrad=DTHETA_TRUE, rotation_deg=17.0)
     want, _ = ref_ssb(p, TRUE)
@@ -275,7 +277,7 @@ def test_rotation_and_explicit_sampling(data):
 
 def test_encoded_equals_dense(data, prepared):
     ds = io.load(data["counts"], backend="cpu", representation="encoded", dtype="u16")
-    s = ssb.SSB(ds, voltage_kv=VOLTAGE_KV, semiangle_mrad=SEMIANGLE_MRAD, scan_step_a=STEP_A)
+    s = make_ssb(ds)
     a = s.reconstruct(TRUE).object
     b = prepared.reconstruct(TRUE).object
     assert rel_l2(a, b) <= 1e-12
@@ -286,13 +288,7 @@ def test_default_sampling_is_alpha_over_radius(data, prepared):
     _, radius, _ = ref_disk(data["counts"])
     assert prepared.info["det_sampling_mrad"] == pytest.approx(SEMIANGLE_MRAD / radius, rel=1e-9)
     ds = io.load(data["counts"], backend="cpu")
-    compat = ssb.SSB(
-        ds,
-        voltage_kv=VOLTAGE_KV,
-        semiangle_mrad=SEMIANGLE_MRAD,
-        scan_step_a=STEP_A,
-        compat_2alpha=True,
-    )
+    compat = make_ssb(ds, compat_2alpha=True)
     assert compat.info["det_sampling_mrad"] == pytest.approx(2 * SEMIANGLE_MRAD / radius, rel=1e-9)
 
 
@@ -322,13 +318,7 @@ def test_fit_is_deterministic_and_improves(prepared):
 def test_fit_recovers_the_probe(data):
     """Noise-free data, true detector sampling: the default 3-parameter fit finds TRUE."""
     ds = io.load(data["counts"], backend="cpu")
-    s = ssb.SSB(
-        ds,
-        voltage_kv=VOLTAGE_KV,
-        semiangle_mrad=SEMIANGLE_MRAD,
-        scan_step_a=STEP_A,
-        det_sampling_mrad=DTHETA_TRUE,
-    )
+    s = make_ssb(ds, det_sampling_mrad=DTHETA_TRUE)
     for objective in s.objectives:
         f = s.fit(seed=0, objective=objective, global_evals=80, local_max_iter=120)
         assert f.aberrations["C10"] == pytest.approx(TRUE["C10"], abs=3.0), (objective, f)
@@ -397,13 +387,7 @@ CUDA_AVAILABLE = "cuda" in qg.device.available()
 def test_cuda_matches_numpy_reference(data, ab, representation, g_storage, tol):
     """The CUDA engine (G on the card, losses on the GPU) against the NumPy float64 reference."""
     ds = io.load(data["counts"], backend="cuda", representation=representation, dtype="u16")
-    s = ssb.SSB(
-        ds,
-        voltage_kv=VOLTAGE_KV,
-        semiangle_mrad=SEMIANGLE_MRAD,
-        scan_step_a=STEP_A,
-        g_storage=g_storage,
-    )
+    s = make_ssb(ds, g_storage=g_storage)
     assert s.info["engine"] == "cuda"
     assert s.info["cuda"]["g_storage"].startswith("half spectrum, complex " + g_storage)
     p = ref_prepare(data["counts"])
@@ -420,12 +404,11 @@ def test_engine_cuda_on_host_data(data, representation):
     """engine="cuda" on a dataset held by the CPU engine: SSB on the card (the NumPy reference
     bounds it), or a typed refusal where there is no GPU — never a silent CPU run."""
     ds = io.load(data["counts"], backend="cpu", representation=representation, dtype="u16")
-    kw = dict(voltage_kv=VOLTAGE_KV, semiangle_mrad=SEMIANGLE_MRAD, scan_step_a=STEP_A)
     if not CUDA_AVAILABLE:
         with pytest.raises(qg.BackendUnavailableError, match="cuda"):
-            ssb.SSB(ds, engine="cuda", **kw)
+            make_ssb(ds, engine="cuda")
         return
-    s = ssb.SSB(ds, engine="cuda", **kw)
+    s = make_ssb(ds, engine="cuda")
     assert s.info["engine"] == "cuda"
     want, _ = ref_ssb(ref_prepare(data["counts"]), TRUE)
     err = rel_l2(s.reconstruct(TRUE).object, want)
@@ -434,11 +417,10 @@ def test_engine_cuda_on_host_data(data, representation):
 
 def test_engine_names(data):
     ds = io.load(data["counts"], backend="cpu")
-    kw = dict(voltage_kv=VOLTAGE_KV, semiangle_mrad=SEMIANGLE_MRAD, scan_step_a=STEP_A)
     with pytest.raises(ValueError, match="engine"):
-        ssb.SSB(ds, engine="gpu2", **kw)
-    assert ssb.SSB(ds, engine="cpu", **kw).info["engine"] == "cpu"
+        make_ssb(ds, engine="gpu2")
+    assert make_ssb(ds, engine="cpu").info["engine"] == "cpu"
     if CUDA_AVAILABLE:
         on_card = io.load(data["counts"], backend="cuda")
         with pytest.raises(qg.InvalidArgumentError, match="host"):
-            ssb.SSB(on_card, engine="cpu", **kw)
+            make_ssb(on_card, engine="cpu")
