@@ -425,9 +425,9 @@ pub enum FloorPolicy {
 
 impl Default for ModelParams {
     fn default() -> Self {
-        // Measured on the reference acquisition (examples/rans_ratio.rs, 4000 frames across the
-        // scan, model fitted on them): size / bitshuffle-LZ4 = 0.463 (20k e⁻/frame), 0.587
-        // (200k), 0.746 (1M). The decode tables are T·C·4096 B = 256 KB (one set: 64 KB).
+        // Measured on the reference acquisition (qem-bench/examples/rans_ratio.rs, 4000 frames
+        // across the scan, model fitted on them): size / bitshuffle-LZ4 = 0.463 (20k e⁻/frame),
+        // 0.587 (200k), 0.746 (1M). The decode tables are T·C·4096 B = 256 KB (one set: 64 KB).
         ModelParams {
             contexts: 16,
             literals: 64,

@@ -110,7 +110,8 @@ impl LostLatch {
     pub fn note(&self, op: &str, driver: &str) -> Error {
         self.first
             .get_or_init(|| (op.to_string(), driver.to_string()));
-        self.error(op).unwrap_or_else(|| Error::internal(op, driver.to_string()))
+        self.error(op)
+            .unwrap_or_else(|| Error::internal(op, driver.to_string()))
     }
 
     /// The `DeviceLost` error for a call to `op`, if a fault was recorded.
@@ -282,8 +283,8 @@ impl Gpu {
         &self.info
     }
 
-    /// The cudarc context (for this crate's kernel wrappers and check binaries; crates above
-    /// `qem-cuda` never name cudarc types).
+    /// The cudarc context (for this crate's kernel wrappers and qem-bench's check binaries;
+    /// crates above `qem-cuda` never name cudarc types).
     pub fn ctx(&self) -> &Arc<CudaContext> {
         &self.ctx
     }

@@ -2,7 +2,7 @@
 //! u16 Poisson frame (mean 5 counts/pixel), a sparse one (mean 0.5), and the hdf5plugin
 //! fixture `u16_192x192`. Also times the LZ4 and un-transpose stages alone.
 //!
-//! Run: `cargo run --release -p qem-codec --example decode_speed`. Prints a table, then one
+//! Run: `cargo run --release -p qem-bench --example decode_speed`. Prints a table, then one
 //! JSON line per case.
 
 use std::time::{Duration, Instant};
@@ -67,7 +67,7 @@ fn mb_s(bytes: usize, t: Duration) -> f64 {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/vectors/u16_192x192.chunk.bin");
+        .join("../qem-codec/tests/vectors/u16_192x192.chunk.bin");
     let mut cases: Vec<(String, Vec<u8>, usize)> = Vec::new();
     for (mean, seed) in [(5.0, 1u64), (0.5, 2)] {
         let frame = poisson_frame(192 * 192, mean, seed);

@@ -1,5 +1,5 @@
 //! Times the host-side planning of a GPU load on a 512×512-frame index (no GPU needed):
-//! `cargo run --release -p qem-cuda --example plan_time`.
+//! `cargo run --release -p qem-bench --example plan_time`.
 use qem_core::{DType, Shape2};
 use qem_io::writer::{write_acquisition, WriteParams};
 use qem_io::{OpenOptions, Source};

@@ -31,7 +31,7 @@ use qem_cuda::rans::{
     fit_on_device, frame_hash, launch_encode, DeviceEncoded, DeviceModel, EncodeArgs,
     EncoderScratch, FrameReduce, RansKernels,
 };
-use qem_cuda::{engine, load_source_encoded, EncodeOptions, GpuLoadParams, PipelineOptions};
+use qem_cuda::{engine, load_source_encoded, EncodeOptions, Gpu, GpuLoadParams, PipelineOptions};
 use qem_io::{OpenOptions, Source};
 use qem_sim::{ReferenceParams, ReferencePattern};
 use rayon::prelude::*;
@@ -121,8 +121,8 @@ fn make_frames(detector: Shape2, dose: f64, radius: f64, n: u64) -> Result<Vec<u
     Ok(frames.concat())
 }
 
-fn upload_u16(ctx: &Arc<cudarc::driver::CudaContext>, v: &[u16], what: &str) -> Result<DevBuf> {
-    let b = DevBuf::alloc(ctx, v.len() * 2, None, what)?;
+fn upload_u16(gpu: &Gpu, v: &[u16], what: &str) -> Result<DevBuf> {
+    let b = DevBuf::alloc(gpu.ctx(), v.len() * 2, None, what)?;
     b.write(0, bytemuck::cast_slice(v))?;
     Ok(b)
 }
@@ -185,7 +185,6 @@ struct Case {
 
 fn run_case(k: &RansKernels, c: &Case, n: u64) -> Result<(Value, bool)> {
     let e = engine()?;
-    let ctx = e.gpu.ctx();
     let len = c.detector.len();
     let frames = make_frames(c.detector, c.dose, c.radius, n)?;
     let n = (frames.len() / len) as u64;
@@ -212,7 +211,7 @@ fn run_case(k: &RansKernels, c: &Case, n: u64) -> Result<(Value, bool)> {
         })
         .sum();
     // GPU fit of the same frames.
-    let d_frames = upload_u16(ctx, &frames, "frames")?;
+    let d_frames = upload_u16(&e.gpu, &frames, "frames")?;
     let t = Instant::now();
     let gpu_model = fit_on_device(&e.gpu, k, d_frames.ptr(), n, len, &c.params)?;
     let gpu_fit_s = t.elapsed().as_secs_f64();

@@ -4,7 +4,7 @@
 //! and a CPU-engine check of the object and losses on a scan region of the same file.
 //!
 //! ```text
-//! cargo run --release -p qem --example ssb_cuda_bench -- MASTER OUT.json LABEL \
+//! cargo run --release -p qem-bench --example ssb_cuda_bench -- MASTER OUT.json LABEL \
 //!     [--card-budget BYTES] [--cpu-check ROWS] [--fit-pv] [--repeats R] [--det-bin N]
 //!     [--host-data]
 //! ```

@@ -1,7 +1,7 @@
 //! Physical validation of SSB against abTEM multislice data (issue 6, "Validation that must pass").
 //!
 //! ```text
-//! cargo run --release -p qem --example ssb_validation -- MASTER.h5 SIM.json OUT.json \
+//! cargo run --release -p qem-bench --example ssb_validation -- MASTER.h5 SIM.json OUT.json \
 //!     [--truth TRUTH.f64] [--seed S] [--global N] [--local-iter N] [--starts N] \
 //!     [--c10-range LO,HI] [--c12-range LO,HI] [--phi12-range LO,HI] \
 //!     [--samplings default,true] [--objectives phase_variance,coherence]

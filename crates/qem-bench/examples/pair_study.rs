@@ -13,7 +13,7 @@
 //! the same −log2(f/4096) estimate, so the estimate's bias cancels; v2's actual size is printed
 //! beside it), and decode steps per frame against v2's 1152 (192² detector).
 //!
-//! Run: `cargo run --release -p qem-codec --example pair_study [frames]` (default 300).
+//! Run: `cargo run --release -p qem-bench --example pair_study [frames]` (default 300).
 
 use qem_codec::rans::{encode_stream, fit_freq, symbol_of, CountsModel, FloorPolicy, ModelParams};
 use qem_sim::{ReferenceParams, ReferencePattern};

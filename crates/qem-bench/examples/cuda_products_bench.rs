@@ -5,7 +5,7 @@
 //! products and DPC on a scan region (integers equal, rotation and phase compared).
 //!
 //! ```text
-//! cargo run --release -p qem --example cuda_products_bench -- MASTER OUT.json [R]
+//! cargo run --release -p qem-bench --example cuda_products_bench -- MASTER OUT.json [R]
 //! ```
 
 use qem::detector::{self, DetectorParams, Product};

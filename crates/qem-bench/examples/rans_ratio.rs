@@ -12,7 +12,7 @@
 //! bytes amortised over the full 512² scan** (model bytes / 262 144; the model is per dataset);
 //! `bslz4` = `encode_chunk` output of the frame alone. `ratio` = rans / bslz4.
 //!
-//! Run: `cargo run --release -p qem-codec --example rans_ratio [frames [sweep|floor|default]]`
+//! Run: `cargo run --release -p qem-bench --example rans_ratio [frames [sweep|floor|default]]`
 //! (defaults 2000 frames, `sweep`: the configurations of the v2 study; `floor`: the
 //! `AllSymbols` study; `default`: only `ModelParams::default()`). The first configuration of
 //! each dose is also decoded and checked (round trip) and its decode speed is in the JSON. Prints one table per

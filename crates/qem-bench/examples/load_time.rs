@@ -1,4 +1,5 @@
-//! Times `qem::load` of a source on the CPU: `cargo run --release --example load_time -- PATH [REPEATS]`.
+//! Times `qem::load` of a source on the CPU:
+//! `cargo run --release -p qem-bench --example load_time -- PATH [REPEATS]`.
 //! Prints each run's wall time and stage timings, and a checksum of the loaded counts.
 use qem::{load, LoadParams, SourceArg};
 use std::time::Instant;
