@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one device script: runs on the GPU machine from the repository root, with device_carry/
-# carried (made here by bench/prepare_carry.sh; it builds nothing). Usage:
+# carried (made here by bench/prepare_carry.sh; it builds nothing). The qem-cuda-*-check
+# binaries and the cuda_products_bench / ssb_cuda_bench programs are crates/qem-bench's. Usage:
 #
 #   bench/device.sh MODE [MODE ...]
 #

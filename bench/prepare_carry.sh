@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Fill device_carry/ (git-ignored) with what bench/device.sh runs on the GPU machine, built
-# here: the four check binaries (qem-cuda-check, -load-check, -products-check, -rans-check), the
-# façade and SSB benches (examples cuda_products_bench, ssb_cuda_bench), the Rust ssb test
-# binary, the wheel installed into site/ (with the quantem-gpu CLI in site/bin), hdf5plugin for
+# here: the four check binaries of crates/qem-bench (qem-cuda-check, -load-check,
+# -products-check, -rans-check), the façade and SSB benches (qem-bench's examples
+# cuda_products_bench, ssb_cuda_bench), the Rust ssb test binary, the wheel installed into
+# site/ (with the quantem-gpu CLI in site/bin), hdf5plugin for
 # the device's Python 3.12 (bitshuffle filter only) in h5p/, the bslz4 test vectors, the Python
 # tests and the reference-acquisition generator. Needs cargo and maturin; run from the
 # repository root, then carry `device_carry` (it must stay under 64 MiB; du is printed).
@@ -17,8 +18,8 @@ GEN="$ANCHOR_TOOLS/make_reference_acquisition.py"
 [ -f "$GEN" ] || { echo "no $GEN: set ANCHOR_TOOLS to the folder holding it" >&2; exit 2; }
 D=device_carry
 rm -rf "$D" && mkdir -p "$D/tests" "$D/site" "$D/h5p"
-cargo build --release -q -p qem-cuda --bins
-cargo build --release -q -p qem --example cuda_products_bench --example ssb_cuda_bench
+cargo build --release -q -p qem-bench --bins
+cargo build --release -q -p qem-bench --example cuda_products_bench --example ssb_cuda_bench
 for b in qem-cuda-check qem-cuda-load-check qem-cuda-products-check qem-cuda-rans-check; do
   cp "target/release/$b" "$D/"
 done

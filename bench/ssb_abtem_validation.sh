@@ -21,7 +21,7 @@ COMMON="--structure sto --scan 48 --scan-cells 3 --det 64 --defocus -100 --C12 3
 # name  thickness(cells)  dose(e/A^2): 1e6 -> 59,567 e/frame ("high"); 1e5 -> 5,957 e/frame ("realistic")
 CASES="sto_d1e6:5:1e6 sto_d1e5:5:1e5 sto_t1_d1e6:1:1e6 sto_t1_d1e5:1:1e5"
 cd "$ROOT"
-cargo build --release -p qem --example ssb_validation
+cargo build --release -p qem-bench --example ssb_validation
 for c in $CASES; do
   IFS=: read -r name th dose <<<"$c"
   if [ -z "${SKIP_SIM:-}" ] || [ ! -f "$WORK/$name.npz" ]; then

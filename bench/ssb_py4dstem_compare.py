@@ -15,8 +15,9 @@ Inputs per case NAME (all in --sim-dir):
   NAME.npz        simulate_abtem.py output: 'counts' (scan_r, scan_c, det_r, det_c) uint16 Poisson
                   counts (the same counts that make_dectris.py wrote for our engine), the truth
                   'phase_scan_2alpha' (scan_r, scan_c), and every calibration.
-  val_NAME.json   crates/qem/examples/ssb_validation.rs output: our engine's reconstruction at the
-                  true aberrations (runs[det_sampling='true'|'default'].reconstructions.true).
+  val_NAME.json   crates/qem-bench/examples/ssb_validation.rs output: our engine's
+                  reconstruction at the true aberrations
+                  (runs[det_sampling='true'|'default'].reconstructions.true).
 Our engine is also re-run here (optional, --ours-python: an interpreter with the quantem.gpu wheel,
 numpy >= 2 is fine) on the npz counts as a cross-check of the JSON numbers.
 
@@ -197,7 +198,7 @@ def main():
     rec = {
         "what": "issue 6: py4DSTEM SSB vs ours (qem::ssb CPU), both at the TRUE aberrations, on the abTEM "
                 "multislice SrTiO3 [001] validation data; phase vs truth 'phase_scan_2alpha' "
-                "(band-limited to 2 alpha/lambda), Pearson r as in crates/qem/examples/ssb_validation.rs",
+                "(band-limited to 2 alpha/lambda), Pearson r as in crates/qem-bench/examples/ssb_validation.rs",
         "command": " ".join([sys.executable] + sys.argv),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(), "host_cpus": os.cpu_count(), "python": platform.python_version(),
