@@ -2,8 +2,9 @@
 //!
 //! The engines (`qem-cpu`, `qem-cuda`) depend only on the vocabulary, codec and IO crates; what
 //! compares one engine with the other, generates test data or times a stage lives here, so no
-//! engine has to depend on the other or on the simulator. Nothing but the CLI (`qem-cli`, for
-//! its `bench` subcommand) depends on this crate.
+//! engine has to depend on the other or on the simulator. It may depend on every crate of the
+//! workspace except `qem-cli` and `qem-py`; nothing depends on it. (The CLI's `bench load` and
+//! `generate-reference` still live in `qem-cli`, which alone may use `anyhow`.)
 //!
 //! * `src/bin/`: the GPU check binaries, each the CPU engine against the CUDA engine case by
 //!   case, with timings, written as JSON (`bench/device.sh` runs them):
