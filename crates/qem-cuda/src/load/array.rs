@@ -6,14 +6,14 @@ use std::time::Instant;
 
 use qem_core::{DType, DenseArray, Error, MemoryReport, Result, Shape2, StageTiming};
 
-use super::pipeline::{elapsed_s, event, record};
+use super::pipeline::{elapsed_s, event, record, region_bin_batch, RegionBinBatch};
 use super::plan::{admit, region_frames};
 use super::records::ErrorRecords;
 use super::{GpuLoad, GpuLoadParams};
 use crate::device::driver_error;
 use crate::engine::engine;
 use crate::mem::{DevBuf, MemCounter};
-use crate::transform::{launch_region_bin, RegionBinArgs, RegionPlan};
+use crate::transform::RegionPlan;
 
 /// A dense `[R_r, R_c, k_r, k_c]` array in device memory (freed on drop).
 #[derive(Debug)]
@@ -162,21 +162,26 @@ pub fn load_array(
         .map_err(|err| driver_error("create stream", err))?;
     let (a, z) = (event(e)?, event(e)?);
     record(&a, &stream)?;
-    let args = RegionBinArgs {
-        src: sbuf.ptr(),
-        src_dtype: data.dtype(),
-        n_frames: n_src as u32,
-        dst_frame: map.ptr(),
-        dst: dst.ptr(),
-        dst_dtype: params.result_dtype,
-        bad: bad.as_ref().map_or(0, |b| b.ptr()),
-        saturate: params.saturate,
-        err: errs.overflow_ptr(),
-        saturated: errs.saturated_ptr(),
-    };
     // SAFETY: the source holds n_src frames, the map n_src words naming result frames <
     // frames.len(), the result frames.len() frames; all alive until the synchronize below.
-    unsafe { launch_region_bin(&e.transform, &stream, &rplan, &args) }?;
+    unsafe {
+        region_bin_batch(
+            e,
+            &stream,
+            &rplan,
+            &RegionBinBatch {
+                src: sbuf.ptr(),
+                src_dtype: data.dtype(),
+                n_frames: n_src as u64,
+                dst_frame: map.ptr(),
+                dst: dst.ptr(),
+            },
+            params.result_dtype,
+            params.saturate,
+            bad.as_ref(),
+            &errs,
+        )
+    }?;
     record(&z, &stream)?;
     stream
         .synchronize()

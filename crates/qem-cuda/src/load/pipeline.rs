@@ -509,25 +509,27 @@ pub(super) fn pipeline(
             (None, Some(d)) => (d.ptr(), dest_bytes),
             (None, None) => return Err(Error::internal(op, "no decode destination")),
         };
-        let d = RawDecode {
-            elem_size: es,
-            input: d_in[s].ptr(),
-            in_len: batch.in_bytes,
-            blocks: tab,
-            n_blocks: n_blocks as u32,
-            copies: tab + 4 * table.blocks.len() as u64,
-            n_copies: n_copies as u32,
-            out,
-            out_len,
-            errors: errs.decode_ptr(),
-            status: status.ptr(),
-            max_block_bytes: table.max_block_bytes,
-        };
-        // SAFETY: every address is one of this load's live allocations sized as `RawDecode`
-        // says (input ≥ in_bytes, tables hold the words just copied, output = result or
-        // scratch of out_len bytes, status ≥ 2 words per item, error record 8 words); all stay
-        // alive until the final synchronize below.
-        unsafe { e.decode.launch_raw(&compute, &d, shape) }?;
+        // SAFETY: the tables hold the words just copied (blocks, then copies), the input slot
+        // the batch's bytes, the output is the result or the scratch of `out_len` bytes, the
+        // status buffer ≥ 2 words per item; all alive until the final synchronize below.
+        unsafe {
+            decode_batch(
+                e,
+                &compute,
+                &DecodeBatch {
+                    elem_size: es,
+                    input: d_in[s].ptr(),
+                    in_len: batch.in_bytes,
+                    table: &table,
+                    tables_at: tab,
+                    out,
+                    out_len,
+                    status: status.ptr(),
+                },
+                &errs,
+                shape,
+            )
+        }?;
         record(&be.dec_end, &compute)?;
         let map_at = tab + 4 * (table.blocks.len() + table.copies.len()) as u64;
         if let (Some(sc), Some(rb)) = (&scratch, &be.rb_end) {
@@ -540,22 +542,27 @@ pub(super) fn pipeline(
                 (None, Some(d)) => (map_at, d.ptr()),
                 (None, None) => return Err(Error::internal(op, "no region/bin destination")),
             };
-            let a = RegionBinArgs {
-                src: sc.ptr(),
-                src_dtype: src.dtype,
-                n_frames: batch.frames as u32,
-                dst_frame,
-                dst: dst_ptr,
-                dst_dtype: params.result_dtype,
-                bad: bad_buf.as_ref().map_or(0, |b| b.ptr()),
-                saturate: params.saturate,
-                err: errs.overflow_ptr(),
-                saturated: errs.saturated_ptr(),
-            };
             // SAFETY: scratch holds `batch.frames` decoded source frames, the frame map
             // `batch.frames` words naming result frames < n_result, the result holds n_result
             // frames, the lookup is source-sized; all alive until the final synchronize.
-            unsafe { launch_region_bin(&e.transform, &compute, &rplan, &a) }?;
+            unsafe {
+                region_bin_batch(
+                    e,
+                    &compute,
+                    &rplan,
+                    &RegionBinBatch {
+                        src: sc.ptr(),
+                        src_dtype: src.dtype,
+                        n_frames: batch.frames,
+                        dst_frame,
+                        dst: dst_ptr,
+                    },
+                    params.result_dtype,
+                    params.saturate,
+                    bad_buf.as_ref(),
+                    &errs,
+                )
+            }?;
             record(rb, &compute)?;
         }
         if let (Some(es), Some(sc), Some(ea), Some(eb)) =
@@ -896,4 +903,95 @@ fn stage_timings(t: &StageInputs<'_>) -> Vec<StageTiming> {
         seconds: t.total_s,
     });
     timings
+}
+
+/// One batch for the decode kernel: its compressed bytes on the device, its block table and
+/// where the decoded frames go.
+struct DecodeBatch<'a> {
+    elem_size: usize,
+    input: u64,
+    in_len: u64,
+    table: &'a BlockTable,
+    /// Device address of the batch's tables: the block words, then the copy words.
+    tables_at: u64,
+    out: u64,
+    out_len: u64,
+    status: u64,
+}
+
+/// Queue the bitshuffle/LZ4 decode of one batch on `stream`; faults go to `errs`' decode record.
+///
+/// # Safety
+/// Every address in `d` is a live allocation of the size it states (input ≥ `in_len`, the
+/// tables hold `d.table`'s words, the output `out_len` bytes, status ≥ 2 words per block and
+/// copy), alive until the stream has passed the launch.
+unsafe fn decode_batch(
+    e: &Engine,
+    stream: &CudaStream,
+    d: &DecodeBatch<'_>,
+    errs: &ErrorRecords,
+    shape: LaunchShape,
+) -> Result<()> {
+    let raw = RawDecode {
+        elem_size: d.elem_size,
+        input: d.input,
+        in_len: d.in_len,
+        blocks: d.tables_at,
+        n_blocks: d.table.n_blocks() as u32,
+        copies: d.tables_at + 4 * d.table.blocks.len() as u64,
+        n_copies: d.table.n_copies() as u32,
+        out: d.out,
+        out_len: d.out_len,
+        errors: errs.decode_ptr(),
+        status: d.status,
+        max_block_bytes: d.table.max_block_bytes,
+    };
+    // SAFETY: the caller's contract covers every address of `raw`; the error record is the
+    // load's 8-word decode record.
+    unsafe { e.decode.launch_raw(stream, &raw, shape) }
+}
+
+/// One region/bin launch: `n_frames` source frames at `src` into the result frames the map at
+/// `dst_frame` names (`u32::MAX`: not wanted) in `dst`.
+pub(super) struct RegionBinBatch {
+    pub(super) src: u64,
+    pub(super) src_dtype: DType,
+    pub(super) n_frames: u64,
+    pub(super) dst_frame: u64,
+    pub(super) dst: u64,
+}
+
+/// Queue region, bin, bad-pixel zeroing and the dtype change of one batch on `stream`;
+/// overflows and clipped values go to `errs`. Used by the pipeline and by `load_array`.
+///
+/// # Safety
+/// `b.src` holds `n_frames` frames of the plan's source shape and `src_dtype`, the map
+/// `n_frames` words naming frames of `b.dst` (which holds every result frame of
+/// `result_dtype`), `bad` (if any) is a source-sized lookup; all alive until the stream has
+/// passed the launch.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn region_bin_batch(
+    e: &Engine,
+    stream: &CudaStream,
+    rplan: &RegionPlan,
+    b: &RegionBinBatch,
+    result_dtype: DType,
+    saturate: bool,
+    bad: Option<&DevBuf>,
+    errs: &ErrorRecords,
+) -> Result<()> {
+    let a = RegionBinArgs {
+        src: b.src,
+        src_dtype: b.src_dtype,
+        n_frames: b.n_frames as u32,
+        dst_frame: b.dst_frame,
+        dst: b.dst,
+        dst_dtype: result_dtype,
+        bad: bad.map_or(0, |x| x.ptr()),
+        saturate,
+        err: errs.overflow_ptr(),
+        saturated: errs.saturated_ptr(),
+    };
+    // SAFETY: the caller's contract covers every address of `a`; the records are the load's.
+    unsafe { launch_region_bin(&e.transform, stream, rplan, &a) }
 }
