@@ -56,6 +56,40 @@ fn params(dir: &Path, name: &str, scan: Shape2, det: Shape2, dtype: DType) -> Wr
     }
 }
 
+fn s2(rows: usize, cols: usize) -> Shape2 {
+    Shape2::new(rows, cols)
+}
+
+/// Opening `path` with the default options fails: the error.
+fn open_err(path: &Path) -> qem_core::Error {
+    expect_err(Source::open(path, &OpenOptions::default()))
+}
+
+/// The error of a call that must fail.
+fn expect_err<T>(r: Result<T, qem_core::Error>) -> qem_core::Error {
+    r.err().unwrap_or_else(|| panic!("expected error"))
+}
+
+/// The error names a file ending in `tail`.
+fn names_file(e: &qem_core::Error, tail: &str) -> bool {
+    e.file.as_ref().is_some_and(|f| f.ends_with(tail))
+}
+
+/// [`params`] for `name`, adjusted by `change`, written in a new temporary directory.
+fn written(
+    name: &str,
+    scan: Shape2,
+    det: Shape2,
+    dtype: DType,
+    change: impl FnOnce(&mut WriteParams),
+) -> (tempfile::TempDir, Written) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let mut p = params(dir.path(), name, scan, det, dtype);
+    change(&mut p);
+    let w = write(&p);
+    (dir, w)
+}
+
 fn write(p: &WriteParams) -> Written {
     let dtype = p.dtype;
     match write_acquisition(p, |n, buf| fill(n, buf, dtype)) {
@@ -204,17 +238,16 @@ fn rectangular_scan_over_uneven_shards_round_trips() {
 
 #[test]
 fn u32_frames_pixel_mask_and_small_blocks() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let det = Shape2::new(19, 23); // 437 elements: partial block and a raw tail
-    let mut p = params(dir.path(), "u32", Shape2::new(4, 4), det, DType::U32);
-    p.block_elems = 256;
     let mut mask = vec![0u32; det.len()];
     mask[3] = 1; // gap
     mask[40] = 8; // over-responding
     mask[41] = 1 << 31; // virtual pixel only: not bad
     mask[100] = 0x100; // user mask
-    p.pixel_mask = Some(mask.clone());
-    let w = write(&p);
+    let (_dir, w) = written("u32", s2(4, 4), det, DType::U32, |p| {
+        p.block_elems = 256;
+        p.pixel_mask = Some(mask.clone());
+    });
     let src = open(&w.master);
     assert_eq!(src.dtype, DType::U32);
     assert_eq!(src.pixel_mask.as_ref(), Some(&mask));
@@ -240,16 +273,10 @@ fn u32_frames_pixel_mask_and_small_blocks() {
 
 #[test]
 fn multi_frame_chunks_with_partial_last_chunk() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let mut p = params(
-        dir.path(),
-        "mf",
-        Shape2::new(4, 5),
-        Shape2::new(16, 12),
-        DType::U16,
-    );
-    p.frames_per_chunk = 3; // shards of 8, 8, 4 frames -> chunks 3+3+2, 3+3+2, 3+1
-    let w = write(&p);
+    // shards of 8, 8, 4 frames -> chunks 3+3+2, 3+3+2, 3+1
+    let (_dir, w) = written("mf", s2(4, 5), s2(16, 12), DType::U16, |p| {
+        p.frames_per_chunk = 3
+    });
     let src = open(&w.master);
     assert_eq!(src.chunks.len(), 8);
     let valid: Vec<u32> = src.chunks.iter().map(|c| c.valid_frames).collect();
@@ -264,16 +291,9 @@ fn multi_frame_chunks_with_partial_last_chunk() {
 
 #[test]
 fn inline_layout_is_a_plain_dataset() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let mut p = params(
-        dir.path(),
-        "inl",
-        Shape2::new(3, 6),
-        Shape2::new(10, 14),
-        DType::U16,
-    );
-    p.layout = WriteLayout::Inline;
-    let w = write(&p);
+    let (_dir, w) = written("inl", s2(3, 6), s2(10, 14), DType::U16, |p| {
+        p.layout = WriteLayout::Inline
+    });
     assert!(w.data_files.is_empty());
     let src = open(&w.master);
     assert_eq!(src.kind, SourceKind::Hdf5Dataset);
@@ -287,16 +307,9 @@ fn inline_layout_is_a_plain_dataset() {
 
 #[test]
 fn uncompressed_layout_reads_raw() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let mut p = params(
-        dir.path(),
-        "raw",
-        Shape2::new(5, 3),
-        Shape2::new(8, 9),
-        DType::U8,
-    );
-    p.compression = WriteCompression::None;
-    let w = write(&p);
+    let (_dir, w) = written("raw", s2(5, 3), s2(8, 9), DType::U8, |p| {
+        p.compression = WriteCompression::None
+    });
     let src = open(&w.master);
     assert_eq!(src.codec, ChunkCodec::Raw);
     assert!(src.chunks.iter().all(|c| c.size == 72));
@@ -306,13 +319,12 @@ fn uncompressed_layout_reads_raw() {
 
 #[test]
 fn scan_shape_inference_and_errors() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let det = Shape2::new(4, 4);
     // perfect square, nothing recorded
-    let mut p = params(dir.path(), "sq", Shape2::new(6, 6), det, DType::U16);
-    p.write_scan_shape = false;
-    p.compression = WriteCompression::None;
-    let w = write(&p);
+    let (dir, w) = written("sq", s2(6, 6), det, DType::U16, |p| {
+        p.write_scan_shape = false;
+        p.compression = WriteCompression::None;
+    });
     let src = open(&w.master);
     assert_eq!(src.scan_shape, Shape2::new(6, 6));
     assert_eq!(
@@ -321,7 +333,7 @@ fn scan_shape_inference_and_errors() {
     );
 
     // 6 x 5, nothing recorded: an error that tells the user to pass scan_shape
-    let mut p = params(dir.path(), "rect", Shape2::new(6, 5), det, DType::U16);
+    let mut p = params(dir.path(), "rect", s2(6, 5), det, DType::U16);
     p.write_scan_shape = false;
     p.compression = WriteCompression::None;
     let w = write(&p);
@@ -329,10 +341,7 @@ fn scan_shape_inference_and_errors() {
     let e = e.unwrap_or_else(|| panic!("expected a scan-shape error"));
     assert_eq!(e.kind, ErrorKind::Source);
     assert!(e.to_string().contains("scan_shape"), "{e}");
-    assert!(e
-        .file
-        .as_ref()
-        .is_some_and(|f| f.ends_with("rect_master.h5")));
+    assert!(names_file(&e, "rect_master.h5"));
     let ins = inspect(&w.master, None).unwrap_or_else(|e| panic!("{e}"));
     assert!(!ins.ready);
     assert!(
@@ -358,23 +367,14 @@ fn scan_shape_inference_and_errors() {
 
 #[test]
 fn wrong_scan_shape_names_expected_and_found() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let mut p = params(
-        dir.path(),
-        "w",
-        Shape2::new(7, 5),
-        Shape2::new(6, 6),
-        DType::U16,
-    );
-    p.compression = WriteCompression::None;
-    let w = write(&p);
+    let (_dir, w) = written("w", s2(7, 5), s2(6, 6), DType::U16, |p| {
+        p.compression = WriteCompression::None
+    });
     let opts = OpenOptions {
         scan_shape: Some(Shape2::new(6, 6)),
         ..OpenOptions::default()
     };
-    let e = Source::open(&w.master, &opts)
-        .err()
-        .unwrap_or_else(|| panic!("expected error"));
+    let e = expect_err(Source::open(&w.master, &opts));
     assert_eq!(e.kind, ErrorKind::Source);
     assert_eq!(e.expected.as_deref(), Some("36 frames (6 x 6)"));
     assert_eq!(e.found.as_deref(), Some("35 frames"));
@@ -382,28 +382,14 @@ fn wrong_scan_shape_names_expected_and_found() {
 
 #[test]
 fn missing_shard_is_named() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let mut p = params(
-        dir.path(),
-        "ms",
-        Shape2::new(7, 5),
-        Shape2::new(6, 6),
-        DType::U16,
-    );
-    p.compression = WriteCompression::None;
-    let w = write(&p);
+    let (_dir, w) = written("ms", s2(7, 5), s2(6, 6), DType::U16, |p| {
+        p.compression = WriteCompression::None
+    });
     let gone = w.data_files[2].clone();
     std::fs::remove_file(&gone).unwrap_or_else(|e| panic!("{e}"));
-    let e = Source::open(&w.master, &OpenOptions::default())
-        .err()
-        .unwrap_or_else(|| panic!("expected error"));
+    let e = open_err(&w.master);
     assert_eq!(e.kind, ErrorKind::Source);
-    assert!(
-        e.file
-            .as_ref()
-            .is_some_and(|f| f.ends_with("ms_data_000003.h5")),
-        "{e}"
-    );
+    assert!(names_file(&e, "ms_data_000003.h5"), "{e}");
     assert!(e.to_string().contains("ms_data_000003.h5"), "{e}");
     let ins = inspect(&w.master, None).unwrap_or_else(|e| panic!("{e}"));
     assert!(!ins.ready);
@@ -420,13 +406,7 @@ fn missing_shard_is_named() {
 fn master_opened_from_another_directory_resolves_shards_next_to_it() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let sub = dir.path().join("a/b");
-    let mut p = params(
-        &sub,
-        "cwd",
-        Shape2::new(3, 3),
-        Shape2::new(5, 5),
-        DType::U16,
-    );
+    let mut p = params(&sub, "cwd", s2(3, 3), s2(5, 5), DType::U16);
     p.compression = WriteCompression::None;
     let w = write(&p);
     // a relative path from the parent (the test's CWD is the crate dir; use an absolute one
@@ -443,32 +423,17 @@ fn master_opened_from_another_directory_resolves_shards_next_to_it() {
 
 #[test]
 fn unwritten_chunks_are_missing_frames() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let mut p = params(
-        dir.path(),
-        "sk",
-        Shape2::new(4, 5),
-        Shape2::new(6, 7),
-        DType::U16,
-    );
-    p.skip_frames = vec![3, 9, 19];
-    let w = write(&p);
+    let (_dir, w) = written("sk", s2(4, 5), s2(6, 7), DType::U16, |p| {
+        p.skip_frames = vec![3, 9, 19]
+    });
     let src = open(&w.master);
     assert_eq!(src.missing_frames, vec![3, 9, 19]);
     assert_eq!(src.chunks.len(), 17);
-    let e = src
-        .chunk_of_frame(9)
-        .err()
-        .unwrap_or_else(|| panic!("expected error"));
+    let e = expect_err(src.chunk_of_frame(9));
     assert_eq!(e.kind, ErrorKind::Source);
     assert_eq!(e.frame, Some(9));
     assert!(e.to_string().contains("frame 9"), "{e}");
-    assert!(
-        e.file
-            .as_ref()
-            .is_some_and(|f| f.ends_with("sk_data_000002.h5")),
-        "{e}"
-    );
+    assert!(names_file(&e, "sk_data_000002.h5"), "{e}");
     assert!(src.chunk_of_frame(8).is_ok());
     assert_frames_match(&src);
     let ins = inspect(&w.master, None).unwrap_or_else(|e| panic!("{e}"));
@@ -479,16 +444,9 @@ fn unwritten_chunks_are_missing_frames() {
 
 #[test]
 fn truncated_shard_fails_read_chunk_with_file_and_frame() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let mut p = params(
-        dir.path(),
-        "tr",
-        Shape2::new(4, 4),
-        Shape2::new(32, 32),
-        DType::U16,
-    );
-    p.compression = WriteCompression::None;
-    let w = write(&p);
+    let (_dir, w) = written("tr", s2(4, 4), s2(32, 32), DType::U16, |p| {
+        p.compression = WriteCompression::None
+    });
     let src = open(&w.master);
     // cut shard 2 (frames 8..16) in the middle of its last chunk
     let last = src.chunks[15];
@@ -501,30 +459,15 @@ fn truncated_shard_fails_read_chunk_with_file_and_frame() {
         .unwrap_or_else(|e| panic!("{e}"));
     drop(f);
     let mut buf = Vec::new();
-    let e = src
-        .read_chunk(&last, &mut buf)
-        .err()
-        .unwrap_or_else(|| panic!("expected error"));
+    let e = expect_err(src.read_chunk(&last, &mut buf));
     assert_eq!(e.kind, ErrorKind::Source);
     assert_eq!(e.frame, Some(15));
-    assert!(
-        e.file
-            .as_ref()
-            .is_some_and(|f| f.ends_with("tr_data_000002.h5")),
-        "{e}"
-    );
+    assert!(names_file(&e, "tr_data_000002.h5"), "{e}");
     assert!(e.found.is_some() && e.expected.is_some());
     assert!(src.read_chunk(&src.chunks[0], &mut buf).is_ok());
     // re-opening the truncated acquisition fails and names the shard
-    let e = Source::open(&w.master, &OpenOptions::default())
-        .err()
-        .unwrap_or_else(|| panic!("expected error"));
-    assert!(
-        e.file
-            .as_ref()
-            .is_some_and(|f| f.ends_with("tr_data_000002.h5")),
-        "{e}"
-    );
+    let e = open_err(&w.master);
+    assert!(names_file(&e, "tr_data_000002.h5"), "{e}");
 }
 
 #[test]
@@ -532,16 +475,9 @@ fn concurrent_reads_from_many_threads() {
     use rayon::prelude::*;
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Source>();
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let mut p = params(
-        dir.path(),
-        "cc",
-        Shape2::new(8, 8),
-        Shape2::new(16, 16),
-        DType::U16,
-    );
-    p.compression = WriteCompression::None;
-    let w = write(&p);
+    let (_dir, w) = written("cc", s2(8, 8), s2(16, 16), DType::U16, |p| {
+        p.compression = WriteCompression::None
+    });
     let src = open(&w.master);
     let ok = src.chunks.par_iter().all(|rec| {
         let mut buf = Vec::new();
@@ -572,9 +508,7 @@ fn discover_finds_masters_recursively() {
     sorted.sort();
     assert_eq!(found, sorted);
     assert!(found[0].ends_with("x/b_master.h5"));
-    let e = qem_io::discover(&dir.path().join("nope"))
-        .err()
-        .unwrap_or_else(|| panic!("expected error"));
+    let e = expect_err(qem_io::discover(&dir.path().join("nope")));
     assert_eq!(e.kind, ErrorKind::Source);
     assert!(inspect(&dir.path().join("nope.h5"), None).is_err());
 }
@@ -634,9 +568,7 @@ fn zstd_and_unknown_filters_are_rejected() {
         &[1, 8, 8],
         Some((32008, &[0, 4, 2, 0, 3, 3])),
     );
-    let e = Source::open(&z, &OpenOptions::default())
-        .err()
-        .unwrap_or_else(|| panic!("expected error"));
+    let e = open_err(&z);
     assert_eq!(e.kind, ErrorKind::Source);
     assert!(e.to_string().contains("zstd"), "{e}");
 
@@ -647,23 +579,17 @@ fn zstd_and_unknown_filters_are_rejected() {
         &[1, 8, 8],
         Some((32001, &[2, 2, 2, 0, 5, 1, 1])),
     );
-    let e = Source::open(&b, &OpenOptions::default())
-        .err()
-        .unwrap_or_else(|| panic!("expected error"));
+    let e = open_err(&b);
     assert!(e.to_string().contains("32001"), "{e}");
 
     let es = dir.path().join("es.h5");
     raw_dataset(&es, &[4, 8, 8], &[1, 8, 8], Some((32008, &[0, 4, 4, 0, 2])));
-    let e = Source::open(&es, &OpenOptions::default())
-        .err()
-        .unwrap_or_else(|| panic!("expected error"));
+    let e = open_err(&es);
     assert!(e.to_string().contains("element size"), "{e}");
 
     let cs = dir.path().join("cs.h5");
     raw_dataset(&cs, &[4, 8, 8], &[1, 4, 8], None);
-    let e = Source::open(&cs, &OpenOptions::default())
-        .err()
-        .unwrap_or_else(|| panic!("expected error"));
+    let e = open_err(&cs);
     assert!(e.to_string().contains("unsupported chunk shape"), "{e}");
 
     // an empty but valid dataset: every frame missing
