@@ -680,6 +680,14 @@ fn tools_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/tools")
 }
 
+/// Runs `python3 -c script`.
+fn python(script: &str) -> std::process::Output {
+    let out = std::process::Command::new("python3")
+        .args(["-c", script])
+        .output();
+    out.unwrap_or_else(|e| panic!("{e}"))
+}
+
 fn python_ok() -> bool {
     let ok = std::process::Command::new("python3")
         .args(["-c", "import h5py, hdf5plugin, numpy"])
@@ -775,10 +783,7 @@ fn reads_make_dectris_output() {
         master.display(),
         raw.display()
     );
-    let out = std::process::Command::new("python3")
-        .args(["-c", &script])
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let out = python(&script);
     assert!(
         out.status.success(),
         "{}",
@@ -834,10 +839,7 @@ print('ok', arr.shape)
             np = dtype.numpy_name(),
             fpc = fpc,
         );
-        let out = std::process::Command::new("python3")
-            .args(["-c", &script])
-            .output()
-            .unwrap_or_else(|e| panic!("{e}"));
+        let out = python(&script);
         assert!(
             out.status.success(),
             "h5py check of {name} failed:\n{}\n{}",
