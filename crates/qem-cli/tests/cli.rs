@@ -539,6 +539,15 @@ const P_DET: (usize, usize) = (11, 13);
 
 /// Frames with a bright disk of radius 3 around (5.2, 6.4), deterministic "noise", a few
 /// all-zero frames.
+/// [`disk_frames`] written (`P_SCAN`, `P_DET`) in a new temporary directory: the directory,
+/// the frames and the master file.
+fn disk_acquisition() -> (tempfile::TempDir, Vec<u16>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let frames = disk_frames();
+    let master = write_acq(dir.path(), P_SCAN, P_DET, &frames);
+    (dir, frames, master)
+}
+
 fn disk_frames() -> Vec<u16> {
     let (n, k) = (P_SCAN.0 * P_SCAN.1, P_DET.0 * P_DET.1);
     let mut v = Vec::with_capacity(n * k);
@@ -614,9 +623,7 @@ fn naive_ring(
 
 #[test]
 fn products_writes_exact_arrays_pngs_and_json() {
-    let dir = tempfile::tempdir().unwrap();
-    let frames = disk_frames();
-    let master = write_acq(dir.path(), P_SCAN, P_DET, &frames);
+    let (dir, frames, master) = disk_acquisition();
     let out = dir.path().join("out");
     let o = qg(&[
         "products",
@@ -756,9 +763,7 @@ fn products_writes_exact_arrays_pngs_and_json() {
 
 #[test]
 fn products_with_a_given_disk_and_a_subset_then_the_summary() {
-    let dir = tempfile::tempdir().unwrap();
-    let frames = disk_frames();
-    let master = write_acq(dir.path(), P_SCAN, P_DET, &frames);
+    let (dir, frames, master) = disk_acquisition();
     let out = dir.path().join("subset");
     let o = qg(&[
         "products",
@@ -944,16 +949,15 @@ fn dpc_frames(scan: (usize, usize), theta_deg: f64, transpose: bool) -> (Vec<u16
     (frames, phi)
 }
 
+/// Pearson correlation coefficient: the centred dot product over the centred norms.
 fn pearson(a: &[f64], b: &[f64]) -> f64 {
-    let n = a.len() as f64;
-    let (ma, mb) = (a.iter().sum::<f64>() / n, b.iter().sum::<f64>() / n);
-    let (mut ab, mut aa, mut bb) = (0.0, 0.0, 0.0);
-    for (x, y) in a.iter().zip(b) {
-        ab += (x - ma) * (y - mb);
-        aa += (x - ma).powi(2);
-        bb += (y - mb).powi(2);
-    }
-    ab / (aa * bb).sqrt()
+    let centred = |v: &[f64]| -> Vec<f64> {
+        let m = v.iter().sum::<f64>() / v.len() as f64;
+        v.iter().map(|x| x - m).collect()
+    };
+    let dot = |u: &[f64], v: &[f64]| -> f64 { u.iter().zip(v).map(|(x, y)| x * y).sum() };
+    let (da, db) = (centred(a), centred(b));
+    dot(&da, &db) / (dot(&da, &da) * dot(&db, &db)).sqrt()
 }
 
 #[test]
@@ -1025,9 +1029,7 @@ fn dpc_recovers_a_known_rotation_and_writes_its_files() {
 /// the frames and the naive BF disk.
 #[test]
 fn ssb_writes_its_files_and_a_fit_record() {
-    let dir = tempfile::tempdir().unwrap();
-    let frames = disk_frames();
-    let master = write_acq(dir.path(), P_SCAN, P_DET, &frames);
+    let (dir, frames, master) = disk_acquisition();
     let (n, k) = (P_SCAN.0 * P_SCAN.1, P_DET.0 * P_DET.1);
     let (c, r) = naive_disk(&frames, n, P_DET);
     let mut bf_sum = 0.0;
