@@ -7,7 +7,8 @@
 #
 #   checks    qem-cuda-check on the bslz4 vectors, malformed and mutated chunks (GPU = CPU verdicts);
 #             the synthetic qem-cuda-products-check and qem-cuda-rans-check cases; the Rust ssb
-#             tests (CPU reference vs CUDA); the GPU-facing pytest files (PYTEST_FILES, or "all")
+#             tests (CPU reference vs CUDA); every_engine (each engine-level case on the CPU and
+#             CUDA arms); the GPU-facing pytest files (PYTEST_FILES, or "all")
 #   load      the 512² × 192² reference acquisition: qem-cuda-load-check (dense, every frame =
 #             CPU), qem-cuda-rans-check (ENCODED load, every frame hash = CPU, .qem round trip),
 #             `quantem-gpu bench load --backend cuda --cpu-check` (the façade); CUPY=1 adds a
@@ -76,6 +77,8 @@ mode_checks() {
   step "products check (synthetic)" products_synth.log timeout 120 "$D/qem-cuda-products-check" --out "$R/products_synth"
   step "rans check (synthetic)" rans_synth.log timeout 120 "$D/qem-cuda-rans-check" --out "$R/rans_synth"
   step "rust ssb tests" ssb_tests.log timeout 150 "$D/ssb_tests" --nocapture --test-threads 1
+  step "every engine (CPU and CUDA arms)" every_engine.log timeout 120 "$D/every_engine_tests" --nocapture
+  tail -3 "$R/every_engine.log"
   record "$R/ssb_tests.log" h200_ssb_tests.txt
   local files=${PYTEST_FILES:-test_cuda.py test_products.py test_dpc.py test_ssb.py test_encoded.py}
   [ "$files" = all ] && files=.

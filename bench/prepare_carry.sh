@@ -24,14 +24,17 @@ for b in qem-cuda-check qem-cuda-load-check qem-cuda-products-check qem-cuda-ran
   cp "target/release/$b" "$D/"
 done
 cp target/release/examples/cuda_products_bench target/release/examples/ssb_cuda_bench "$D/"
-ssb=$(cargo test --release -q -p qem --test ssb --no-run --message-format=json 2>/dev/null |
-  python3 -c 'import json,sys
+test_binary() { # NAME: the path of crates/qem's integration-test binary NAME
+  cargo test --release -q -p qem --test "$1" --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "ssb" and m.get("executable"):
-        print(m["executable"])')
-cp "$ssb" "$D/ssb_tests"
-strip "$D"/qem-cuda-* "$D"/cuda_products_bench "$D"/ssb_cuda_bench "$D"/ssb_tests
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
+        print(m["executable"])' "$1"
+}
+cp "$(test_binary ssb)" "$D/ssb_tests"
+cp "$(test_binary every_engine)" "$D/every_engine_tests"
+strip "$D"/qem-cuda-* "$D"/cuda_products_bench "$D"/ssb_cuda_bench "$D"/ssb_tests "$D"/every_engine_tests
 rm -rf dist && python3 -m maturin build --release --quiet -o dist
 python3 -m pip install --quiet --no-deps --no-compile --target "$D/site" dist/quantem_gpu-*.whl
 # The console script's interpreter as the device has it (pip wrote this machine's).
