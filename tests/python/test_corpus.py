@@ -7,8 +7,8 @@ and a ``TypeError``); wrong values ``InvalidArgumentError``; bad sources ``Sourc
 console script (``quantem-gpu inspect PATH``), whose exit code must be in the documented set
 and bad input must be 3; no case may make Rust panic.
 
-Cases marked ``xfail(strict=False)`` wait on engine fixes in progress elsewhere; they pass
-(XPASS) once the engine has them.
+One case is marked ``xfail``: a known gap left to the formats work (a data shard loaded alone
+with ``scan_shape`` is not yet refused in favour of its master).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ ARR = (np.arange(4 * 5 * 6 * 7) % 13).astype(np.uint16).reshape(4, 5, 6, 7)
 NAN = float("nan")
 INF = float("inf")
 
-ENGINE_FIX = pytest.mark.xfail(strict=False, reason="engine fix in progress")
 #: Documented exit codes: 0 ok, 2 usage, 3 bad input/source, 4 backend unavailable, 5 budget.
 EXIT_CODES = {0, 2, 3, 4, 5}
 
@@ -88,7 +87,6 @@ ARGUMENT_CASES = [
         lambda c: io.load(ARR.reshape(20, 6, 7), scan_shape=(2**40, 2**40)),
         Inv,
         "scan_shape",
-        ENGINE_FIX,
     ),
     # io.load: regions
     ("load-region-reversed", lambda c: io.load(ARR, scan_region=(3, 1, 0, 5)), Inv, "scan_region"),
@@ -333,12 +331,12 @@ def _root_skip(name):
 SOURCE_CASES = {
     "missing": ((qg.SourceError,), "nope_master.h5", ()),
     "directory": ((qg.SourceError,), "directory", ()),
-    "symlink_loop": ((qg.SourceError,), "symlink loop", (ENGINE_FIX,)),
+    "symlink_loop": ((qg.SourceError,), "symlink loop", ()),
     "text_master": ((qg.SourceError,), "notes_master.h5", ()),
     "zero_length": ((qg.SourceError,), "empty_master.h5", ()),
     "truncated_hdf5": ((qg.SourceError, qg.DecodeError), "truncated.h5", ()),
-    "huge_shape": ((qg.SourceError, qg.MemoryBudgetError), "huge.h5", (ENGINE_FIX,)),
-    "fifo": ((qg.SourceError,), "FIFO", (ENGINE_FIX,)),
+    "huge_shape": ((qg.SourceError, qg.MemoryBudgetError), "huge.h5", ()),
+    "fifo": ((qg.SourceError,), "FIFO", ()),
     "unreadable": ((qg.SourceError, qg.QuantemIOError), "locked_master.h5", ()),
     # A data shard alone loads as a plain HDF5 file without its scan shape: refused for that.
     "shard": ((qg.SourceError,), "scan_data_000001.h5", ()),
@@ -372,8 +370,9 @@ def test_bad_source_inspect(sources, name, excs, match):
 
 @pytest.mark.xfail(
     strict=False,
-    reason="engine: a Dectris data shard loaded alone with scan_shape is read as a plain "
-    "HDF5 file (8 of 35 frames) instead of being refused in favour of its master",
+    reason="known gap (the formats issue): a Dectris data shard loaded alone with scan_shape "
+    "is read as a plain HDF5 file (8 of 35 frames) instead of being refused in favour of its "
+    "master",
 )
 def test_shard_with_scan_shape_is_refused(sources):
     with pytest.raises(qg.SourceError, match="master"):
@@ -389,18 +388,12 @@ def _console_script() -> str:
 
 # The CLI's verdict on each source: 3 (bad input) for all but the readable HDF5 files, where
 # inspect reports that the source is not ready (exit 3 too) or succeeds (0).
-CLI_MARKS = {
-    "directory": (pytest.mark.xfail(strict=False, reason="engine fix in progress: exit code"),),
-    "symlink_loop": (ENGINE_FIX,),
-    "fifo": (ENGINE_FIX,),
-    "huge_shape": (ENGINE_FIX,),
-}
 CLI_EXPECT = {"huge_shape": {0, 3}, "shard": {0, 3}}
 
 
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(n, id=n, marks=list(CLI_MARKS.get(n, ()))) for n in SOURCE_CASES],
+    [pytest.param(n, id=n, marks=[]) for n in SOURCE_CASES],
 )
 def test_bad_source_cli_inspect(sources, name):
     _root_skip(name)
