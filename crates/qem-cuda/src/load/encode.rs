@@ -54,21 +54,19 @@ pub fn encode_device_array(array: &DeviceArray, enc: &EncodeOptions) -> Result<G
         .result()
         .map_err(|err| driver_error("gather fit sample", err))?;
     }
-    let model = rans::fit_on_device(
-        &e.gpu,
+    let counter = Arc::new(MemCounter::default());
+    let fitted = fit_and_size(
+        e,
         k,
-        sample.ptr(),
+        &sample,
         pick.len() as u64,
         frame_len,
-        &enc.model,
+        n,
+        enc,
+        &counter,
     )?;
-    let counter = Arc::new(MemCounter::default());
-    let dmodel = DeviceModel::upload(ctx, model, Some(&counter))?;
-    let sample_bytes = measure_encoded_bytes(e, k, &dmodel, &sample, pick.len() as u64)?;
     drop(sample);
-    let per_frame = sample_bytes as f64 / pick.len().max(1) as f64;
-    let mut capacity = ((per_frame * n as f64 * enc.headroom.max(1.0)) as u64 + (4 << 20))
-        .next_multiple_of(rans::STREAM_ALIGN);
+    let (dmodel, per_frame, mut capacity) = (fitted.model, fitted.per_frame, fitted.capacity);
     let (free0, total) = e.gpu.mem_info()?;
     let mut retries = 0u32;
     loop {
@@ -156,7 +154,7 @@ pub fn encode_device_array(array: &DeviceArray, enc: &EncodeOptions) -> Result<G
 
 /// Encode `n` dense frames at `frames` with `model` into a throw-away arena; the bytes the
 /// streams take (16-byte rounded).
-pub(super) fn measure_encoded_bytes(
+fn measure_encoded_bytes(
     e: &Engine,
     k: &RansKernels,
     model: &DeviceModel,
@@ -200,4 +198,41 @@ pub(super) fn measure_encoded_bytes(
         return Err(rans::fault_error(&f, f.frame).with_op("encode sample (cuda)"));
     }
     Ok(r.used)
+}
+
+/// A model fitted on a dense sample already on the device, uploaded, and the arena it
+/// predicts for `n` frames.
+pub(super) struct Fitted {
+    pub(super) model: DeviceModel,
+    /// Encoded bytes per frame the sample took.
+    pub(super) per_frame: f64,
+    /// Arena bytes for `n` frames: the sample's rate × `enc.headroom`, + 4 MiB, 16-aligned.
+    pub(super) capacity: u64,
+}
+
+/// Fit a model on the `n_sample` dense frames in `sample`, upload it (counted in `counter`)
+/// and size the arena of `n` frames from the sample's encoded size. Shared by the encoded
+/// load and [`encode_device_array`], so both fit and size alike.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn fit_and_size(
+    e: &Engine,
+    k: &RansKernels,
+    sample: &DevBuf,
+    n_sample: u64,
+    frame_len: usize,
+    n: u64,
+    enc: &EncodeOptions,
+    counter: &Arc<MemCounter>,
+) -> Result<Fitted> {
+    let model = rans::fit_on_device(&e.gpu, k, sample.ptr(), n_sample, frame_len, &enc.model)?;
+    let model = DeviceModel::upload(e.gpu.ctx(), model, Some(counter))?;
+    let sample_bytes = measure_encoded_bytes(e, k, &model, sample, n_sample)?;
+    let per_frame = sample_bytes as f64 / n_sample.max(1) as f64;
+    let capacity = ((per_frame * n as f64 * enc.headroom.max(1.0)) as u64 + (4 << 20))
+        .next_multiple_of(rans::STREAM_ALIGN);
+    Ok(Fitted {
+        model,
+        per_frame,
+        capacity,
+    })
 }

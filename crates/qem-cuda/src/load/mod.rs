@@ -26,7 +26,7 @@ use qem_io::Source;
 
 use crate::engine::engine;
 use crate::mem::MemCounter;
-use crate::rans::{self, DeviceEncoded, DeviceModel};
+use crate::rans::{self, DeviceEncoded};
 use qem_codec::rans::{FloorPolicy, ModelParams};
 
 mod array;
@@ -40,7 +40,7 @@ mod tests;
 
 pub use array::{load_array, DeviceArray};
 pub use encode::encode_device_array;
-use encode::measure_encoded_bytes;
+use encode::fit_and_size;
 use pipeline::{pipeline, Sink};
 pub use plan::{admit, plan_chunks, region_frames, BatchPlan, LoadPlan, MemoryPlan, PlanChunk};
 
@@ -249,21 +249,19 @@ pub fn load_source_encoded(
     let t_sample = t0.elapsed().as_secs_f64();
     // 2. Fit, upload, and measure the sample's encoded size for the arena.
     let t = Instant::now();
-    let model = rans::fit_on_device(
-        &e.gpu,
+    let counter = Arc::new(MemCounter::default());
+    let fitted = fit_and_size(
+        e,
         k,
-        s_buf.ptr(),
+        &s_buf,
         sample.len() as u64,
         frame_len,
-        &enc.model,
+        n,
+        enc,
+        &counter,
     )?;
-    let counter = Arc::new(MemCounter::default());
-    let dmodel = DeviceModel::upload(e.gpu.ctx(), model, Some(&counter))?;
-    let sample_bytes = measure_encoded_bytes(e, k, &dmodel, &s_buf, sample.len() as u64)?;
     drop(s_buf);
-    let per_frame = sample_bytes as f64 / sample.len().max(1) as f64;
-    let mut capacity = ((per_frame * n as f64 * enc.headroom.max(1.0)) as u64 + (4 << 20))
-        .next_multiple_of(rans::STREAM_ALIGN);
+    let (dmodel, per_frame, mut capacity) = (fitted.model, fitted.per_frame, fitted.capacity);
     let t_fit = t.elapsed().as_secs_f64();
     // 3. Main pass (again with more room in the rare case the sample under-predicted).
     let mut retries = 0u32;
