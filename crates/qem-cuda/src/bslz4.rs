@@ -230,14 +230,7 @@ impl Bslz4Batch {
         let out_offset = self.out_len;
         let first_block = self.n_blocks() as u32;
         if filter_mask & 1 != 0 {
-            if chunk.len() != out_len {
-                let e = CodecError::SizeMismatch {
-                    what: "unfiltered (raw) chunk length",
-                    expected: out_len as u64,
-                    found: chunk.len() as u64,
-                };
-                return Err(Error::decode(op, e.to_string()).with_frame(frame));
-            }
+            raw_chunk_fits(op, chunk.len(), out_len, frame)?;
             self.push_copy(in_offset, out_offset, chunk.len(), ci)?;
         } else {
             let mut layout = std::mem::take(&mut self.layout);
@@ -461,14 +454,7 @@ impl BlockTable {
         let op = "plan GPU decode";
         let w = |v: u64| [v as u32, (v >> 32) as u32];
         if filter_mask & 1 != 0 {
-            if chunk.len() != out_len {
-                let e = CodecError::SizeMismatch {
-                    what: "unfiltered (raw) chunk length",
-                    expected: out_len as u64,
-                    found: chunk.len() as u64,
-                };
-                return Err(Error::decode(op, e.to_string()).with_frame(frame));
-            }
+            raw_chunk_fits(op, chunk.len(), out_len, frame)?;
             let len = u32::try_from(out_len)
                 .map_err(|_| Error::invalid(op, "raw chunk larger than 4 GiB").with_frame(frame))?;
             let [s0, s1] = w(in_offset);
@@ -965,6 +951,19 @@ fn decode_launch_config(
         block_dim: (warps * 32, 1, 1),
         shared_mem_bytes: smem,
     })
+}
+
+/// An unfiltered (raw) chunk must hold exactly its frames' bytes.
+fn raw_chunk_fits(op: &str, chunk_len: usize, out_len: usize, frame: u64) -> Result<()> {
+    if chunk_len == out_len {
+        return Ok(());
+    }
+    let e = CodecError::SizeMismatch {
+        what: "unfiltered (raw) chunk length",
+        expected: out_len as u64,
+        found: chunk_len as u64,
+    };
+    Err(Error::decode(op, e.to_string()).with_frame(frame))
 }
 
 #[cfg(test)]
