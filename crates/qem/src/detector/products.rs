@@ -1,0 +1,322 @@
+//! Several products in one engine pass: [`Product`], [`Products`] and [`products`] (detector
+//! images, sum/mean/max DP, moments, centre of mass), with their provenance. Called by
+//! `qem-cli`'s `products` command, `dpc` and the Python bindings.
+
+use super::geometry::{bounds, bounds_json, disk_json, geometry, sampling_json};
+use super::patterns::mean_from_sum;
+use super::{
+    annulus_mask, live, reduce, DetectorImage, DetectorKind, DetectorMask, DetectorParams, DiskFit,
+    Moments, ReduceRequest, ReduceResult, VirtualImage,
+};
+use crate::dataset::Dataset;
+use crate::result::ResultProvenance;
+use qem_core::{Error, Result};
+use serde_json::json;
+use std::time::Instant;
+
+/// One product [`products`] can compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Product {
+    /// A named virtual detector image.
+    Det(DetectorKind),
+    /// Exact sum DP.
+    SumDp,
+    /// Mean DP (`f32`).
+    MeanDp,
+    /// Max DP.
+    MaxDp,
+    /// Exact per-frame moments.
+    Moments,
+    /// Centre of mass, centred, as `dpc::center_of_mass(ds, true)` gives it.
+    Com,
+}
+
+impl Product {
+    /// The name [`Product::from_str`](std::str::FromStr) accepts.
+    pub fn name(self) -> &'static str {
+        match self {
+            Product::Det(k) => k.name(),
+            Product::SumDp => "sum_dp",
+            Product::MeanDp => "mean_dp",
+            Product::MaxDp => "max_dp",
+            Product::Moments => "moments",
+            Product::Com => "com",
+        }
+    }
+}
+
+impl std::fmt::Display for Product {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Product {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "sum_dp" => Ok(Product::SumDp),
+            "mean_dp" => Ok(Product::MeanDp),
+            "max_dp" => Ok(Product::MaxDp),
+            "moments" => Ok(Product::Moments),
+            "com" => Ok(Product::Com),
+            _ => s.parse::<DetectorKind>().map(Product::Det).map_err(|_| {
+                Error::invalid("detector products", format!("unknown product \"{s}\""))
+                    .with_expected(
+                        "bf, abf, adf, haadf, df, annular, sum_dp, mean_dp, max_dp, moments or com",
+                    )
+                    .with_found(s.to_string())
+            }),
+        }
+    }
+}
+
+fn ser_moments<S: serde::Serializer>(
+    m: &Option<Moments>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    use serde::Serialize;
+    m.as_ref()
+        .map(|m| json!({ "sum": m.sum, "m_row": m.m_row, "m_col": m.m_col }))
+        .serialize(s)
+}
+
+/// What [`products`] returns: a field is `Some` (or `images` non-empty) exactly when asked.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Products {
+    /// One image per requested detector kind, in the order first requested.
+    pub images: Vec<DetectorImage>,
+    /// Exact sum DP.
+    pub sum_dp: Option<Vec<u64>>,
+    /// Mean DP.
+    pub mean_dp: Option<Vec<f32>>,
+    /// Max DP.
+    pub max_dp: Option<Vec<u32>>,
+    /// Exact per-frame moments.
+    #[serde(serialize_with = "ser_moments")]
+    pub moments: Option<Moments>,
+    /// Centred centre of mass.
+    pub com: Option<crate::dpc::CenterOfMass>,
+    /// The BF disk, when a detector image was asked.
+    pub disk: Option<DiskFit>,
+    /// How it was computed: the request, the disk and calibration, stage times.
+    pub provenance: ResultProvenance,
+}
+
+/// Several products in ONE reduction pass (plus, the first time a dataset needs its BF disk,
+/// one sum-DP pass that is then cached; a cached sum DP also serves `sum_dp`/`mean_dp` without
+/// reading the frames again).
+///
+/// Every detector kind gets [`detector_image`]'s geometry from the same `p`: the same disk and
+/// calibration. `inner`/`outer` override a kind's bounds, so they are accepted only when one
+/// detector kind is asked (with several, which one they meant is ambiguous: it is an error).
+/// Repeated products are computed once. `moments` and `com` share one set of moments; `com` is
+/// centred and in mrad when the metadata gives the angular sampling, like
+/// [`crate::dpc::center_of_mass`].
+pub fn products(ds: &Dataset, which: &[Product], p: &DetectorParams) -> Result<Products> {
+    const OP: &str = "detector products";
+    live(ds, OP)?;
+    p.validate().map_err(|e| e.with_op(OP))?;
+    if which.is_empty() {
+        return Err(Error::invalid(OP, "no product asked")
+            .with_expected("at least one of bf, abf, adf, haadf, df, annular, sum_dp, mean_dp, max_dp, moments, com"));
+    }
+    let t0 = Instant::now();
+    let mut kinds: Vec<DetectorKind> = Vec::new();
+    for w in which {
+        if let Product::Det(k) = w {
+            if !kinds.contains(k) {
+                kinds.push(*k);
+            }
+        }
+    }
+    let wants = |x: Product| which.contains(&x);
+    if kinds.len() > 1 && (p.inner.is_some() || p.outer.is_some()) {
+        return Err(
+            Error::invalid(OP, "inner/outer given with several detectors")
+                .with_expected(
+                    "inner/outer with exactly one detector kind (call detector_image per detector)",
+                )
+                .with_found(format!(
+                    "{} detectors: {}",
+                    kinds.len(),
+                    kinds
+                        .iter()
+                        .map(|k| k.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+        );
+    }
+
+    // The disk (from the cache, or one sum-DP pass) and the masks.
+    let g = if kinds.is_empty() {
+        None
+    } else {
+        Some(geometry(ds, p).map_err(|e| e.with_op(OP))?)
+    };
+    let mut masks = Vec::with_capacity(kinds.len());
+    let mut geom = Vec::with_capacity(kinds.len());
+    if let Some(g) = &g {
+        for &k in &kinds {
+            let (lo, hi) = bounds(k, p, g).map_err(|e| e.with_op(OP))?;
+            let m = annulus_mask(ds.detector_shape, g.disk.center_px, lo, hi);
+            geom.push((lo, hi, m.iter().filter(|&&w| w != 0).count()));
+            masks.push(DetectorMask::Int(m));
+        }
+    }
+    let cached_sum = ds.detector_cache.sum_dp.get();
+    let want_sum = wants(Product::SumDp) || wants(Product::MeanDp);
+    let req = ReduceRequest {
+        masks,
+        sum_dp: want_sum && cached_sum.is_none(),
+        max_dp: wants(Product::MaxDp),
+        moments: wants(Product::Moments) || wants(Product::Com),
+        frames: None,
+    };
+    let t1 = Instant::now();
+    let nothing_to_read = req.masks.is_empty() && !req.sum_dp && !req.max_dp && !req.moments;
+    let mut r = if nothing_to_read {
+        ReduceResult::default()
+    } else {
+        reduce(ds, &req).map_err(|e| e.with_op(OP))?
+    };
+    let reduce_secs = t1.elapsed().as_secs_f64();
+    let engine_stages = std::mem::take(&mut r.stages);
+
+    let sum = match (r.sum_dp, cached_sum) {
+        (Some(s), _) => {
+            let _ = ds.detector_cache.sum_dp.set(s.clone());
+            Some(s)
+        }
+        (None, Some(s)) if want_sum => Some(s.clone()),
+        _ => None,
+    };
+    let n_frames = ds.scan_shape.len() as u64;
+    let mean_dp = match (&sum, wants(Product::MeanDp)) {
+        (Some(s), true) => Some(mean_from_sum(s, n_frames, OP)?),
+        _ => None,
+    };
+    let moments = r.moments;
+    let com = match (&moments, wants(Product::Com)) {
+        (Some(m), true) => Some(com_of(ds, m, t0, reduce_secs)),
+        _ => None,
+    };
+
+    let mut images = Vec::with_capacity(kinds.len());
+    let mut images_json = Vec::with_capacity(kinds.len());
+    for ((&kind, (lo, hi, mask_pixels)), im) in kinds.iter().zip(geom).zip(r.images) {
+        let VirtualImage::U64(image) = im else {
+            return Err(Error::internal(
+                OP,
+                "the reduction returned a float image for an integer mask",
+            ));
+        };
+        let Some(g) = &g else {
+            return Err(Error::internal(OP, "a detector image without a disk"));
+        };
+        let dj = bounds_json(kind, lo, hi, mask_pixels, g);
+        let mut prov = ResultProvenance::new(
+            ds,
+            &format!("detector.{kind}"),
+            json!({
+                "detector": dj,
+                "disk": disk_json(&g.disk, p, g),
+                "calibration": sampling_json(p, g),
+                "computed_by": "detector.products (one pass)",
+            }),
+        );
+        prov.stage("disk_fit", g.disk_secs);
+        prov.stage("reduce (shared pass)", reduce_secs);
+        images_json.push(dj);
+        images.push(DetectorImage {
+            kind,
+            image,
+            scan_shape: ds.scan_shape,
+            inner_px: lo,
+            outer_px: hi,
+            disk: g.disk,
+            mask_pixels,
+            provenance: prov,
+        });
+    }
+
+    let asked: Vec<&str> = which.iter().map(|w| w.name()).collect();
+    let mut provenance = ResultProvenance::new(
+        ds,
+        "detector.products",
+        json!({
+            "products": asked,
+            "detectors": images_json,
+            "disk": g.as_ref().map(|g| disk_json(&g.disk, p, g)),
+            "calibration": g.as_ref().map(|g| sampling_json(p, g)),
+            "sum_dp_from_cache": want_sum && cached_sum.is_some(),
+            "passes": u32::from(!nothing_to_read),
+            "com_centered": wants(Product::Com).then_some(true),
+        }),
+    );
+    if let Some(g) = &g {
+        provenance.stage("disk_fit", g.disk_secs);
+    }
+    provenance.stage("reduce", reduce_secs);
+    for st in &engine_stages {
+        provenance.stage(&format!("reduce: {}", st.stage), st.seconds);
+    }
+    provenance.stage("total (wall)", t0.elapsed().as_secs_f64());
+    Ok(Products {
+        images,
+        sum_dp: if wants(Product::SumDp) { sum } else { None },
+        mean_dp,
+        max_dp: r.max_dp,
+        moments: if wants(Product::Moments) {
+            moments
+        } else {
+            None
+        },
+        com,
+        disk: g.map(|g| g.disk),
+        provenance,
+    })
+}
+
+/// The centred CoM of `m`, in detector pixels or, when the metadata gives the detector angular
+/// sampling (per source pixel, times `det_bin`), in mrad — the rule of
+/// [`crate::dpc::center_of_mass`], which the tests hold this to.
+fn com_of(ds: &Dataset, m: &Moments, t0: Instant, reduce_secs: f64) -> crate::dpc::CenterOfMass {
+    let shape = ds.scan_shape;
+    let (mut com_row, mut com_col, zero_frames) = crate::dpc::com_from_moments(m, shape, true);
+    let det_mrad = ds
+        .metadata()
+        .angular_sampling_mrad
+        .filter(|&(r, c)| r.is_finite() && c.is_finite() && r > 0.0 && c > 0.0);
+    if let Some((sr, sc)) = det_mrad {
+        com_row.iter_mut().for_each(|v| *v *= sr);
+        com_col.iter_mut().for_each(|v| *v *= sc);
+    }
+    let unit = if det_mrad.is_some() { "mrad" } else { "px" };
+    let mut provenance = ResultProvenance::new(
+        ds,
+        "dpc.center_of_mass",
+        json!({
+            "centered": true,
+            "unit": unit,
+            "origin": "detector pixel (0, 0)",
+            "zero_frames": zero_frames,
+            "det_bin": ds.provenance().det_bin,
+            "detector_angular_sampling_mrad": det_mrad.map(|(r, c)| [r, c]),
+            "computed_by": "detector.products (one pass)",
+        }),
+    );
+    provenance.stage("reduce (moments, shared pass)", reduce_secs);
+    provenance.stage("total (wall)", t0.elapsed().as_secs_f64());
+    crate::dpc::CenterOfMass {
+        com_row,
+        com_col,
+        scan_shape: shape,
+        centered: true,
+        zero_frames,
+        unit: unit.to_string(),
+        provenance,
+    }
+}
