@@ -6,7 +6,7 @@ use std::fs::File;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{sys, CudaEvent, CudaStream};
+use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 use qem_core::{DType, Error, MemoryReport, Result, Shape2, StageTiming};
 use qem_io::{ChunkCodec, Source};
 
@@ -17,7 +17,7 @@ use super::GpuLoadParams;
 use crate::bslz4::{fault_from_record, fault_to_error, BlockTable, LaunchShape, RawDecode};
 use crate::device::driver_error;
 use crate::engine::{engine, Engine};
-use crate::mem::{DevBuf, MemCounter};
+use crate::mem::{DevBuf, MemCounter, PinnedBuf};
 use crate::rans::{self, DeviceModel, EncoderScratch, RansKernels};
 use crate::transform::{launch_region_bin, launch_zero_pixels, RegionBinArgs, RegionPlan};
 
@@ -253,97 +253,37 @@ pub(super) fn pipeline(
     let ctx = e.gpu.ctx().clone();
     let counter = Arc::new(MemCounter::default());
     let c = Some(&counter);
-    let dst = match encode {
-        None => Some(DevBuf::alloc(&ctx, dest_bytes as usize, c, "result")?),
-        Some(_) => None,
-    };
-    let enc = match encode {
-        None => None,
-        Some((model, k, capacity)) => {
-            let index = DevBuf::alloc(
-                &ctx,
-                (n_result as usize * rans::INDEX_ENTRY_BYTES).max(16),
-                c,
-                "stream index",
-            )?;
-            // Entries of frames never encoded (a failed load) read as empty streams.
-            index.write(0, &vec![0u8; index.bytes()])?;
-            let err = EncoderRecords::new(&ctx, c)?;
-            Some(EncodeState {
-                model,
-                kernels: k,
-                arena: DevBuf::alloc(&ctx, capacity as usize, c, "encoded streams")?,
-                capacity,
-                index,
-                scratch: EncoderScratch::new(&ctx, k, out_frame_elems, c)?,
-                input: if enc_in_bytes > 0 {
-                    Some(DevBuf::alloc(
-                        &ctx,
-                        enc_in_bytes as usize,
-                        c,
-                        "encoder input batch",
-                    )?)
-                } else {
-                    None
-                },
-                bad_list: if identity && !bad_idx.is_empty() {
-                    let b = DevBuf::alloc(&ctx, bad_idx.len() * 4, c, "bad-pixel list")?;
-                    b.write(0, bytemuck::cast_slice(&bad_idx))?;
-                    Some(b)
-                } else {
-                    None
-                },
-                err,
-            })
-        }
-    };
-    let mut d_in = Vec::new();
-    let mut d_tab = Vec::new();
-    let mut h_in = Vec::new();
-    let mut h_tab = Vec::new();
-    for _ in 0..slots {
-        d_in.push(DevBuf::alloc(
-            &ctx,
-            plan.max_in_bytes as usize,
-            c,
-            "compressed batch",
-        )?);
-        d_tab.push(DevBuf::alloc(&ctx, table_cap_words * 4, c, "block table")?);
-        h_in.push(e.take_pinned(plan.max_in_bytes as usize, "batch slot")?);
-        h_tab.push(e.take_pinned(table_cap_words * 4, "table slot")?);
-    }
-    let scratch = if direct {
-        None
-    } else {
-        Some(DevBuf::alloc(
-            &ctx,
-            plan.max_decoded_bytes as usize,
-            c,
-            "decode scratch",
-        )?)
-    };
-    let mut status = DevBuf::alloc(&ctx, mem.status as usize, c, "decode status")?;
-    // [0..32) decode error record, [32..64) overflow record, [64..72) saturated counter.
-    let errs = ErrorRecords::new(&ctx, c)?;
-    let bad_buf = if direct {
-        if bad_idx.is_empty() {
-            None
-        } else {
-            let b = DevBuf::alloc(&ctx, bad_idx.len() * 4, c, "bad-pixel list")?;
-            b.write(0, bytemuck::cast_slice(&bad_idx))?;
-            Some(b)
-        }
-    } else {
-        match params.bad_mask {
-            Some(m) if m.iter().any(|&b| b) => {
-                let lut: Vec<u8> = m.iter().map(|&b| u8::from(b)).collect();
-                let b = DevBuf::alloc(&ctx, lut.len(), c, "bad-pixel lookup")?;
-                b.write(0, &lut)?;
-                Some(b)
-            }
-            _ => None,
-        }
-    };
+    let Buffers {
+        dst,
+        enc,
+        d_in,
+        mut d_tab,
+        mut h_in,
+        mut h_tab,
+        scratch,
+        mut status,
+        errs,
+        bad_buf,
+    } = allocate(
+        e,
+        &ctx,
+        &counter,
+        &Sizing {
+            encode,
+            dest_bytes,
+            n_result,
+            out_frame_elems,
+            enc_in_bytes,
+            identity,
+            direct,
+            slots,
+            table_cap_words,
+            plan: &plan,
+            status_bytes: mem.status,
+        },
+        &bad_idx,
+        params.bad_mask,
+    )?;
     let (free_peak, _) = e.gpu.mem_info()?;
     let copy_stream = ctx
         .new_stream()
@@ -357,7 +297,7 @@ pub(super) fn pipeline(
     let files: Vec<File> = src
         .files
         .iter()
-        .map(|f| File::open(&f.path).map_err(|err| Error::io("open", &f.path, &err)))
+        .map(|f| qem_io::open_regular("open", &f.path, "data file"))
         .collect::<Result<_>>()?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.reader_threads.max(1))
@@ -994,4 +934,163 @@ pub(super) unsafe fn region_bin_batch(
     };
     // SAFETY: the caller's contract covers every address of `a`; the records are the load's.
     unsafe { launch_region_bin(&e.transform, stream, rplan, &a) }
+}
+
+/// What [`allocate`] sizes the buffers from.
+struct Sizing<'a, 'm> {
+    encode: Option<(&'m DeviceModel, &'m RansKernels, u64)>,
+    dest_bytes: u64,
+    n_result: u64,
+    out_frame_elems: usize,
+    enc_in_bytes: u64,
+    identity: bool,
+    direct: bool,
+    slots: usize,
+    table_cap_words: usize,
+    plan: &'a LoadPlan,
+    status_bytes: u64,
+}
+
+/// Every buffer of a pipeline: the destination (a dense result, or the encoder's), the pinned
+/// and device slots, the decode scratch and status, the error records and the bad-pixel table.
+struct Buffers<'m> {
+    dst: Option<DevBuf>,
+    enc: Option<EncodeState<'m>>,
+    d_in: Vec<DevBuf>,
+    d_tab: Vec<DevBuf>,
+    h_in: Vec<PinnedBuf>,
+    h_tab: Vec<PinnedBuf>,
+    scratch: Option<DevBuf>,
+    status: DevBuf,
+    errs: ErrorRecords,
+    bad_buf: Option<DevBuf>,
+}
+
+/// Allocate a pipeline's buffers (after admission), each counted in `counter`.
+fn allocate<'m>(
+    e: &Engine,
+    ctx: &Arc<CudaContext>,
+    counter: &Arc<MemCounter>,
+    z: &Sizing<'_, 'm>,
+    bad_idx: &[u32],
+    bad_mask: Option<&[bool]>,
+) -> Result<Buffers<'m>> {
+    let Sizing {
+        encode,
+        dest_bytes,
+        n_result,
+        out_frame_elems,
+        enc_in_bytes,
+        identity,
+        direct,
+        slots,
+        table_cap_words,
+        plan,
+        status_bytes,
+    } = *z;
+    let ctx = ctx.clone();
+    let c = Some(counter);
+    let dst = match encode {
+        None => Some(DevBuf::alloc(&ctx, dest_bytes as usize, c, "result")?),
+        Some(_) => None,
+    };
+    let enc = match encode {
+        None => None,
+        Some((model, k, capacity)) => {
+            let index = DevBuf::alloc(
+                &ctx,
+                (n_result as usize * rans::INDEX_ENTRY_BYTES).max(16),
+                c,
+                "stream index",
+            )?;
+            // Entries of frames never encoded (a failed load) read as empty streams.
+            index.write(0, &vec![0u8; index.bytes()])?;
+            let err = EncoderRecords::new(&ctx, c)?;
+            Some(EncodeState {
+                model,
+                kernels: k,
+                arena: DevBuf::alloc(&ctx, capacity as usize, c, "encoded streams")?,
+                capacity,
+                index,
+                scratch: EncoderScratch::new(&ctx, k, out_frame_elems, c)?,
+                input: if enc_in_bytes > 0 {
+                    Some(DevBuf::alloc(
+                        &ctx,
+                        enc_in_bytes as usize,
+                        c,
+                        "encoder input batch",
+                    )?)
+                } else {
+                    None
+                },
+                bad_list: if identity && !bad_idx.is_empty() {
+                    let b = DevBuf::alloc(&ctx, bad_idx.len() * 4, c, "bad-pixel list")?;
+                    b.write(0, bytemuck::cast_slice(bad_idx))?;
+                    Some(b)
+                } else {
+                    None
+                },
+                err,
+            })
+        }
+    };
+    let mut d_in = Vec::with_capacity(slots);
+    let mut d_tab = Vec::with_capacity(slots);
+    let mut h_in = Vec::with_capacity(slots);
+    let mut h_tab = Vec::with_capacity(slots);
+    for _ in 0..slots {
+        d_in.push(DevBuf::alloc(
+            &ctx,
+            plan.max_in_bytes as usize,
+            c,
+            "compressed batch",
+        )?);
+        d_tab.push(DevBuf::alloc(&ctx, table_cap_words * 4, c, "block table")?);
+        h_in.push(e.take_pinned(plan.max_in_bytes as usize, "batch slot")?);
+        h_tab.push(e.take_pinned(table_cap_words * 4, "table slot")?);
+    }
+    let scratch = if direct {
+        None
+    } else {
+        Some(DevBuf::alloc(
+            &ctx,
+            plan.max_decoded_bytes as usize,
+            c,
+            "decode scratch",
+        )?)
+    };
+    let status = DevBuf::alloc(&ctx, status_bytes as usize, c, "decode status")?;
+    // [0..32) decode error record, [32..64) overflow record, [64..72) saturated counter.
+    let errs = ErrorRecords::new(&ctx, c)?;
+    let bad_buf = if direct {
+        if bad_idx.is_empty() {
+            None
+        } else {
+            let b = DevBuf::alloc(&ctx, bad_idx.len() * 4, c, "bad-pixel list")?;
+            b.write(0, bytemuck::cast_slice(bad_idx))?;
+            Some(b)
+        }
+    } else {
+        match bad_mask {
+            Some(m) if m.iter().any(|&b| b) => {
+                let lut: Vec<u8> = m.iter().map(|&b| u8::from(b)).collect();
+                let b = DevBuf::alloc(&ctx, lut.len(), c, "bad-pixel lookup")?;
+                b.write(0, &lut)?;
+                Some(b)
+            }
+            _ => None,
+        }
+    };
+    Ok(Buffers {
+        dst,
+        enc,
+        d_in,
+        d_tab,
+        h_in,
+        h_tab,
+        scratch,
+        status,
+        errs,
+        bad_buf,
+    })
 }
