@@ -566,34 +566,8 @@ pub(super) fn pipeline(
     copy_stream
         .synchronize()
         .map_err(|err| driver_error("synchronize copy stream", err))?;
-    let rec = errs.read()?;
-    if let Some(f) = fault_from_record(&rec.decode) {
-        let pc = plan.chunks.get(f.chunk as usize);
-        let err = fault_to_error(&f, pc.map(|p| p.rec.first_frame));
-        return Err(match pc {
-            Some(p) => err.with_file(&src.files[p.rec.file as usize].path),
-            None => err,
-        });
-    }
-    rec.overflow(&plan.frames, params.result_dtype)?;
-    let saturated = rec.saturated;
-    let mut enc_used = 0u64;
-    let mut enc_overflowed = 0u32;
-    if let Some(es) = &enc {
-        let r = es.err.read()?;
-        enc_used = r.used;
-        if let Some(f) = r.fault {
-            enc_overflowed = f.overflowed;
-            if f.code != 0 {
-                let frame = plan
-                    .frames
-                    .get(f.frame as usize)
-                    .copied()
-                    .unwrap_or(f.frame);
-                return Err(rans::fault_error(&f, frame).with_op("encode (cuda)"));
-            }
-        }
-    }
+    let (saturated, enc_used, enc_overflowed) =
+        check_records(src, &plan, params.result_dtype, &errs, enc.as_ref())?;
     let t_sync = t.elapsed().as_secs_f64();
     if let Some(p) = progress {
         p.end();
@@ -1093,4 +1067,43 @@ fn allocate<'m>(
         errs,
         bad_buf,
     })
+}
+
+/// Read the load's records after the final synchronize: a decode fault (named by file and
+/// frame), a region/bin overflow, or an encoder fault is the load's error; else the clipped
+/// values, the arena bytes the encoder used and the frames that overflowed the arena.
+fn check_records(
+    src: &Source,
+    plan: &LoadPlan,
+    result_dtype: DType,
+    errs: &ErrorRecords,
+    enc: Option<&EncodeState<'_>>,
+) -> Result<(u64, u64, u32)> {
+    let rec = errs.read()?;
+    if let Some(f) = fault_from_record(&rec.decode) {
+        let pc = plan.chunks.get(f.chunk as usize);
+        let err = fault_to_error(&f, pc.map(|p| p.rec.first_frame));
+        return Err(match pc {
+            Some(p) => err.with_file(&src.files[p.rec.file as usize].path),
+            None => err,
+        });
+    }
+    rec.overflow(&plan.frames, result_dtype)?;
+    let (mut used, mut overflowed) = (0u64, 0u32);
+    if let Some(es) = enc {
+        let r = es.err.read()?;
+        used = r.used;
+        if let Some(f) = r.fault {
+            overflowed = f.overflowed;
+            if f.code != 0 {
+                let frame = plan
+                    .frames
+                    .get(f.frame as usize)
+                    .copied()
+                    .unwrap_or(f.frame);
+                return Err(rans::fault_error(&f, frame).with_op("encode (cuda)"));
+            }
+        }
+    }
+    Ok((rec.saturated, used, overflowed))
 }
