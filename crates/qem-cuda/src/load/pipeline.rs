@@ -10,7 +10,7 @@ use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 use qem_core::{DType, Error, MemoryReport, Result, Shape2, StageTiming};
 use qem_io::{ChunkCodec, Source};
 
-use super::plan::{admit, plan_source, table_words, LoadPlan, MemoryPlan};
+use super::plan::{admit, plan_source, table_words, BatchPlan, LoadPlan, MemoryPlan};
 use super::reader::{read_batch, BatchInput};
 use super::records::{EncoderRecords, ErrorRecords};
 use super::GpuLoadParams;
@@ -360,26 +360,7 @@ pub(super) fn pipeline(
         bytes_read += batch.in_bytes;
         let n_blocks = table.n_blocks();
         let n_copies = table.n_copies();
-        let dst_map: &[u32] = if direct {
-            &[]
-        } else {
-            let a = pcs.first().map_or(0, |p| p.dst_start);
-            let b = pcs
-                .last()
-                .map_or(0, |p| p.dst_start + p.rec.frames_in_chunk as usize);
-            &plan.dst_frames[a..b]
-        };
-        // Encoding: batch-local frame slots (k, or u32::MAX for frames not wanted) for the
-        // region/bin kernel, after the result frame map.
-        let local_map: Vec<u32> = if enc.is_some() && !identity {
-            dst_map
-                .iter()
-                .enumerate()
-                .map(|(k, &f)| if f == u32::MAX { u32::MAX } else { k as u32 })
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let (dst_map, local_map) = batch_maps(&plan, batch, direct, enc.is_some() && !identity);
         let words = table.blocks.len() + table.copies.len() + dst_map.len() + local_map.len();
         if words > tab_words_cap[s] {
             // A chunk with more blocks than the first one: grow this slot's tables (its last
@@ -401,17 +382,7 @@ pub(super) fn pipeline(
             status = DevBuf::alloc(&ctx, 8 * (n_blocks + n_copies), c, "decode status")?;
             status_words = status.bytes() / 4;
         }
-        {
-            let ht = h_tab[s].as_mut_slice();
-            let w: &mut [u32] = bytemuck::cast_slice_mut(&mut ht[..words * 4]);
-            let (a, rest) = w.split_at_mut(table.blocks.len());
-            a.copy_from_slice(&table.blocks);
-            let (b, rest) = rest.split_at_mut(table.copies.len());
-            b.copy_from_slice(&table.copies);
-            let (c2, d2) = rest.split_at_mut(dst_map.len());
-            c2.copy_from_slice(dst_map);
-            d2.copy_from_slice(&local_map);
-        }
+        pack_tables(h_tab[s].as_mut_slice(), &table, dst_map, &local_map);
         read_wall_s += t.elapsed().as_secs_f64();
 
         // H2D on the copy stream once the previous decode from this device slot is over.
@@ -1106,4 +1077,48 @@ fn check_records(
         }
     }
     Ok((rec.saturated, used, overflowed))
+}
+
+/// The frame maps of one batch: the result frame of each decoded frame (`u32::MAX`: not
+/// wanted; empty when decoding straight into the result) and, when frames are transformed on
+/// their way to the encoder, each wanted frame's batch-local slot for the region/bin kernel.
+fn batch_maps<'p>(
+    plan: &'p LoadPlan,
+    batch: &BatchPlan,
+    direct: bool,
+    local: bool,
+) -> (&'p [u32], Vec<u32>) {
+    if direct {
+        return (&[], Vec::new());
+    }
+    let pcs = &plan.chunks[batch.chunks.clone()];
+    let a = pcs.first().map_or(0, |p| p.dst_start);
+    let b = pcs
+        .last()
+        .map_or(0, |p| p.dst_start + p.rec.frames_in_chunk as usize);
+    let dst_map = &plan.dst_frames[a..b];
+    let local_map = if local {
+        dst_map
+            .iter()
+            .enumerate()
+            .map(|(k, &f)| if f == u32::MAX { u32::MAX } else { k as u32 })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    (dst_map, local_map)
+}
+
+/// Lay a batch's tables out in its pinned slot as the kernels read them: block words, copy
+/// words, the result frame map, the local frame map.
+fn pack_tables(slot: &mut [u8], table: &BlockTable, dst_map: &[u32], local_map: &[u32]) {
+    let words = table.blocks.len() + table.copies.len() + dst_map.len() + local_map.len();
+    let w: &mut [u32] = bytemuck::cast_slice_mut(&mut slot[..words * 4]);
+    let (a, rest) = w.split_at_mut(table.blocks.len());
+    a.copy_from_slice(&table.blocks);
+    let (b, rest) = rest.split_at_mut(table.copies.len());
+    b.copy_from_slice(&table.copies);
+    let (c, d) = rest.split_at_mut(dst_map.len());
+    c.copy_from_slice(dst_map);
+    d.copy_from_slice(local_map);
 }
