@@ -47,7 +47,8 @@ pub fn to_py<'py, T: serde::Serialize>(py: Python<'py>, value: &T) -> PyResult<B
     json_to_py(py, &v)
 }
 
-fn shaped<T: numpy::Element>(py: Python<'_>, v: Vec<T>, shape: &[usize]) -> PyResult<Py<PyAny>> {
+/// `v` as a numpy array of `shape` (no copy of the data).
+pub fn array<T: numpy::Element>(py: Python<'_>, v: Vec<T>, shape: &[usize]) -> PyResult<Py<PyAny>> {
     let arr = ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| {
         to_pyerr(Error::internal(
             "convert to numpy",
@@ -57,12 +58,17 @@ fn shaped<T: numpy::Element>(py: Python<'_>, v: Vec<T>, shape: &[usize]) -> PyRe
     Ok(arr.into_pyarray(py).into_any().unbind())
 }
 
+/// `v` as a numpy array of the 2-D shape `s` (no copy of the data).
+pub fn grid<T: numpy::Element>(py: Python<'_>, v: Vec<T>, s: Shape2) -> PyResult<Py<PyAny>> {
+    array(py, v, &[s.rows, s.cols])
+}
+
 /// A dense array as a numpy array of `shape`, without copying the data.
 pub fn dense_to_numpy(py: Python<'_>, a: DenseArray, shape: &[usize]) -> PyResult<Py<PyAny>> {
     match a {
-        DenseArray::U8(v) => shaped(py, v, shape),
-        DenseArray::U16(v) => shaped(py, v, shape),
-        DenseArray::U32(v) => shaped(py, v, shape),
+        DenseArray::U8(v) => array(py, v, shape),
+        DenseArray::U16(v) => array(py, v, shape),
+        DenseArray::U32(v) => array(py, v, shape),
     }
 }
 

@@ -6,11 +6,10 @@
 //! build the result classes from those. Shapes of masks and gradient fields are checked here,
 //! so that the error names the expected and the found shape rather than a flat length.
 
-use crate::convert::{dense_to_numpy, to_py};
+use crate::convert::{dense_to_numpy, grid, to_py};
 use crate::dataset::{run_on, PyDataset};
 use crate::errors::{to_pyerr, IntoPyResult};
-use numpy::ndarray::{ArrayD, IxDyn};
-use numpy::{IntoPyArray, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use qem::detector::{
@@ -24,21 +23,6 @@ use qem::{Error, Region, Shape2};
 /// which the façade re-checks): checked here too so that a value that does not even fit the
 /// engine's `u32` weights is reported as it was given.
 const MAX_INT_WEIGHT: u32 = 65535;
-
-/// `v` as a numpy array of `shape` (no copy of the data).
-fn array<T: numpy::Element>(py: Python<'_>, v: Vec<T>, shape: &[usize]) -> PyResult<Py<PyAny>> {
-    let arr = ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| {
-        to_pyerr(Error::internal(
-            "convert to numpy",
-            format!("shape {shape:?} does not fit the data: {e}"),
-        ))
-    })?;
-    Ok(arr.into_pyarray(py).into_any().unbind())
-}
-
-fn grid<T: numpy::Element>(py: Python<'_>, v: Vec<T>, s: Shape2) -> PyResult<Py<PyAny>> {
-    array(py, v, &[s.rows, s.cols])
-}
 
 fn shape_text(shape: &[usize]) -> String {
     let parts: Vec<String> = shape.iter().map(|n| n.to_string()).collect();
@@ -116,63 +100,72 @@ fn com_dict<'py>(py: Python<'py>, c: CenterOfMass) -> PyResult<Bound<'py, PyDict
     Ok(out)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn detector_params(
+/// The detector geometry `detector._geometry` checks and passes as one dict: the fields of
+/// [`DetectorParams`], `center` as a `(row, col)` sequence and `unit` as its name.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct Geometry {
     inner: Option<f64>,
     outer: Option<f64>,
     center: Option<Vec<f64>>,
     radius: Option<f64>,
-    unit: &str,
+    unit: String,
     semiangle_mrad: Option<f64>,
     det_sampling_mrad: Option<f64>,
-) -> PyResult<DetectorParams> {
-    let center = match center.as_deref() {
-        None => None,
-        Some(&[r, c]) => Some((r, c)),
-        Some(other) => {
-            return Err(to_pyerr(
-                Error::invalid("detector", "center is a detector position")
-                    .with_expected("(row, col)")
-                    .with_found(format!("{other:?}")),
-            ))
-        }
-    };
-    Ok(DetectorParams {
-        inner,
-        outer,
-        center,
-        radius,
-        unit: unit.parse::<Unit>().py()?,
-        semiangle_mrad,
-        det_sampling_mrad,
-    })
+}
+
+impl Geometry {
+    fn params(self) -> PyResult<DetectorParams> {
+        let center = match self.center.as_deref() {
+            None => None,
+            Some(&[r, c]) => Some((r, c)),
+            Some(other) => {
+                return Err(to_pyerr(
+                    Error::invalid("detector", "center is a detector position")
+                        .with_expected("(row, col)")
+                        .with_found(format!("{other:?}")),
+                ))
+            }
+        };
+        Ok(DetectorParams {
+            inner: self.inner,
+            outer: self.outer,
+            center,
+            radius: self.radius,
+            unit: self.unit.parse::<Unit>().py()?,
+            semiangle_mrad: self.semiangle_mrad,
+            det_sampling_mrad: self.det_sampling_mrad,
+        })
+    }
+}
+
+/// A reduction over every frame to one detector pattern, as a `(k_r, k_c)` array.
+fn detector_pattern<T: numpy::Element + Send + 'static>(
+    py: Python<'_>,
+    dataset: PyRef<'_, PyDataset>,
+    op: &str,
+    reduce: fn(&qem::Dataset) -> qem::Result<Vec<T>>,
+) -> PyResult<Py<PyAny>> {
+    let v = run_on(py, &dataset, op, move |ds, _| reduce(ds))?;
+    grid(py, v, dataset.with(|ds| ds.detector_shape()))
 }
 
 /// Exact `u64` sum of every frame, `(k_r, k_c)`.
 #[pyfunction]
 fn detector_sum_dp(py: Python<'_>, dataset: PyRef<'_, PyDataset>) -> PyResult<Py<PyAny>> {
-    let v = run_on(py, &dataset, "detector.sum_dp", |ds, _| {
-        detector::sum_dp(ds)
-    })?;
-    grid(py, v, dataset.with(|ds| ds.detector_shape()))
+    detector_pattern(py, dataset, "detector.sum_dp", detector::sum_dp)
 }
 
 /// Mean DP, `f32` `(k_r, k_c)`.
 #[pyfunction]
 fn detector_mean_dp(py: Python<'_>, dataset: PyRef<'_, PyDataset>) -> PyResult<Py<PyAny>> {
-    let v = run_on(py, &dataset, "detector.mean_dp", |ds, _| {
-        detector::mean_dp(ds)
-    })?;
-    grid(py, v, dataset.with(|ds| ds.detector_shape()))
+    detector_pattern(py, dataset, "detector.mean_dp", detector::mean_dp)
 }
 
 /// Max DP, `u32` `(k_r, k_c)`.
 #[pyfunction]
 fn detector_max_dp(py: Python<'_>, dataset: PyRef<'_, PyDataset>) -> PyResult<Py<PyAny>> {
-    let v = run_on(py, &dataset, "detector.max_dp", |ds, _| {
-        detector::max_dp(ds)
-    })?;
-    grid(py, v, dataset.with(|ds| ds.detector_shape()))
+    detector_pattern(py, dataset, "detector.max_dp", detector::max_dp)
 }
 
 /// The BF disk fitted from the mean DP, as a dict.
@@ -353,35 +346,16 @@ fn detector_virtual_image(
 }
 
 /// One named detector image as a dict (`kind`, `image`, `inner_px`, `outer_px`, `disk`,
-/// `mask_pixels`, `provenance`).
+/// `mask_pixels`, `provenance`); `geometry` as for [`Geometry`].
 #[pyfunction]
-#[pyo3(signature = (
-    dataset, kind, *, inner = None, outer = None, center = None, radius = None, unit = "px",
-    semiangle_mrad = None, det_sampling_mrad = None
-))]
-#[allow(clippy::too_many_arguments)]
 fn detector_image<'py>(
     py: Python<'py>,
     dataset: PyRef<'py, PyDataset>,
     kind: &str,
-    inner: Option<f64>,
-    outer: Option<f64>,
-    center: Option<Vec<f64>>,
-    radius: Option<f64>,
-    unit: &str,
-    semiangle_mrad: Option<f64>,
-    det_sampling_mrad: Option<f64>,
+    geometry: Geometry,
 ) -> PyResult<Bound<'py, PyDict>> {
     let kind = kind.parse::<DetectorKind>().py()?;
-    let p = detector_params(
-        inner,
-        outer,
-        center,
-        radius,
-        unit,
-        semiangle_mrad,
-        det_sampling_mrad,
-    )?;
+    let p = geometry.params()?;
     let im = run_on(py, &dataset, "detector image", move |ds, _| {
         detector::detector_image(ds, kind, &p)
     })?;
@@ -401,39 +375,21 @@ fn detector_moments<'py>(
 }
 
 /// Several products in one pass: dict `images` (list of image dicts), `sum_dp`, `mean_dp`,
-/// `max_dp`, `moments`, `com`, `disk` (each `None` unless asked), `provenance`.
+/// `max_dp`, `moments`, `com`, `disk` (each `None` unless asked), `provenance`; `geometry` as
+/// for [`Geometry`].
 #[pyfunction]
-#[pyo3(signature = (
-    dataset, names, *, inner = None, outer = None, center = None, radius = None, unit = "px",
-    semiangle_mrad = None, det_sampling_mrad = None
-))]
-#[allow(clippy::too_many_arguments)]
 fn detector_products<'py>(
     py: Python<'py>,
     dataset: PyRef<'py, PyDataset>,
     names: Vec<String>,
-    inner: Option<f64>,
-    outer: Option<f64>,
-    center: Option<Vec<f64>>,
-    radius: Option<f64>,
-    unit: &str,
-    semiangle_mrad: Option<f64>,
-    det_sampling_mrad: Option<f64>,
+    geometry: Geometry,
 ) -> PyResult<Bound<'py, PyDict>> {
     let which = names
         .iter()
         .map(|n| n.parse::<Product>())
         .collect::<qem::Result<Vec<_>>>()
         .py()?;
-    let p = detector_params(
-        inner,
-        outer,
-        center,
-        radius,
-        unit,
-        semiangle_mrad,
-        det_sampling_mrad,
-    )?;
+    let p = geometry.params()?;
     let r = run_on(py, &dataset, "detector.products", move |ds, _| {
         detector::products(ds, &which, &p)
     })?;

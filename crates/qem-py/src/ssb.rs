@@ -7,7 +7,7 @@
 //! documented result classes from them and checks the arguments users get wrong most often,
 //! so the messages here are the engine's own for anything that gets past it.
 
-use crate::convert::to_py;
+use crate::convert::{grid, to_py};
 use crate::dataset::{run_on, PyDataset};
 use crate::errors::{to_pyerr, IntoPyResult};
 use crate::watch::run_watched;
@@ -43,16 +43,6 @@ fn objective(name: &str) -> PyResult<Objective> {
 
 fn aberrations(map: BTreeMap<String, f64>) -> PyResult<Aberrations> {
     Aberrations::from_map(&map).py()
-}
-
-fn grid(py: Python<'_>, v: Vec<f64>, s: Shape2) -> PyResult<Py<PyAny>> {
-    let arr = Array2::from_shape_vec((s.rows, s.cols), v).map_err(|e| {
-        to_pyerr(Error::internal(
-            "convert to numpy",
-            format!("scan shape {s} does not fit the data: {e}"),
-        ))
-    })?;
-    Ok(arr.into_pyarray(py).into_any().unbind())
 }
 
 /// `v` (`n` row/col pairs, flat) as an `(n, 2)` array.

@@ -373,7 +373,7 @@ def virtual_image(ds, mask) -> np.ndarray:
 def _geometry(
     op: str, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad
 ) -> dict[str, Any]:
-    """The checked keyword arguments of the native detector calls."""
+    """The checked detector geometry, as the one dict the native detector calls take."""
     lo = _args.optional_number(op, "inner", inner, minimum=0.0)
     hi = _args.optional_number(op, "outer", outer, minimum=0.0)
     if lo is not None and hi is not None and lo > hi:
@@ -397,7 +397,7 @@ def _detector(kind: str, ds, inner, outer, center, radius, unit, semiangle_mrad,
     op = f"detector.{kind}"
     _args.dataset(op, ds)
     geometry = _geometry(op, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad)
-    return DetectorImage._from_native(_native.detector_image(ds, kind, **geometry))
+    return DetectorImage._from_native(_native.detector_image(ds, kind, geometry))
 
 
 _DETECTOR_DOC = """{title} image: the exact ``uint64`` sum over {what} per frame.
@@ -519,7 +519,7 @@ def products(
     if not names:
         raise _invalid("detector.products", "nothing requested", "at least one product name")
     geometry = _geometry(op, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad)
-    res = _native.detector_products(ds, names, **geometry)
+    res = _native.detector_products(ds, names, geometry)
     items: dict[str, Any] = {}
     for d in res["images"]:
         img = DetectorImage._from_native(d)
