@@ -19,7 +19,7 @@ integrates the field into a phase with the least-squares inverse gradient
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,15 @@ _EDGES = ("periodic", "mirror")
 
 def _shape(a: np.ndarray) -> str:
     return "(" + ", ".join(str(n) for n in a.shape) + ")"
+
+
+# Scalar fields are cast to their annotated type; arrays and dicts are taken as they come.
+_SCALARS = {"float": float, "bool": bool, "int": int, "str": str}
+
+
+def _from_fields(cls, d: dict[str, Any]):
+    """An instance of the dataclass ``cls`` from the native dict ``d``, field by field."""
+    return cls(**{f.name: _SCALARS.get(f.type, lambda v: v)(d[f.name]) for f in fields(cls)})
 
 
 @dataclass(frozen=True, repr=False)
@@ -62,14 +71,7 @@ class CoM:
 
     @classmethod
     def _from_native(cls, d: dict[str, Any]) -> CoM:
-        return cls(
-            com_row=d["com_row"],
-            com_col=d["com_col"],
-            zero_frames=int(d["zero_frames"]),
-            centered=bool(d["centered"]),
-            unit=str(d["unit"]),
-            provenance=d["provenance"],
-        )
+        return _from_fields(cls, d)
 
     def __repr__(self) -> str:
         return (
@@ -120,20 +122,7 @@ class DPCResult:
 
     @classmethod
     def _from_native(cls, d: dict[str, Any]) -> DPCResult:
-        return cls(
-            com_row=d["com_row"],
-            com_col=d["com_col"],
-            rotation_deg=float(d["rotation_deg"]),
-            transpose=bool(d["transpose"]),
-            sign_confidence=float(d["sign_confidence"]),
-            sign_criterion=str(d["sign_criterion"]),
-            confident=bool(d["confident"]),
-            dpc_row=d["dpc_row"],
-            dpc_col=d["dpc_col"],
-            phase=d["phase"],
-            curl_score=float(d["curl_score"]),
-            provenance=d["provenance"],
-        )
+        return _from_fields(cls, d)
 
     def __repr__(self) -> str:
         return (
