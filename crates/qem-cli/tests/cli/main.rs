@@ -1,0 +1,53 @@
+//! End-to-end tests of the `quantem-gpu` binary: exit codes, JSON outputs, the demo and a tiny
+//! benchmark.
+//!
+//! One test binary (`cli`), cut by job: this file holds the shared helpers that run the binary;
+//! `basics` (device, usage, missing files), `demo`, `bench`, `fixtures` (generated
+//! acquisitions, `.npy` readers, naive references), `products`, `dpc`, `ssb` and `hostile`
+//! (hostile-input regression tests).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod basics;
+mod bench;
+mod demo;
+mod dpc;
+mod fixtures;
+mod hostile;
+mod products;
+mod ssb;
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn qg(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_quantem-gpu"))
+        .args(args)
+        .output()
+        .expect("run quantem-gpu")
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().expect("exit code")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json_stdout(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&o.stdout),
+            stderr(o)
+        )
+    })
+}
+
+fn png_size(path: &Path) -> (u32, u32) {
+    let b = std::fs::read(path).unwrap();
+    assert_eq!(&b[1..4], b"PNG", "{}", path.display());
+    let be = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    (be(16), be(20))
+}
