@@ -11,6 +11,7 @@ pub mod error;
 pub mod geometry;
 pub mod metadata;
 pub mod optics;
+pub mod plan;
 pub mod progress;
 pub mod provenance;
 pub mod reduce;
@@ -20,6 +21,7 @@ pub use dtype::{DType, DtypeRequest};
 pub use error::{Error, ErrorDetails, ErrorKind, Result};
 pub use geometry::{bin_extent, checked_product, Region, Shape2};
 pub use metadata::{MaskPolicy, Metadata, ScanShapeOrigin};
+pub use plan::DetectorPlan;
 pub use progress::{NoProgress, Progress};
 pub use provenance::{
     fnv1a64, CodecInfo, FileIdentity, MemoryReport, Provenance, StageTiming, FNV_OFFSET,

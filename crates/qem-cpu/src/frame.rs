@@ -6,7 +6,7 @@
 //! exactly (an overflow is an error naming the pixel) or, on an explicit `u8` request, saturated
 //! at 255 with the number of clipped values counted.
 
-use qem_core::{bin_extent, DType, Error, Region, Result, Shape2};
+use qem_core::{DType, DetectorPlan, Error, Region, Result, Shape2};
 
 /// One source frame, row-major, in its source dtype.
 #[derive(Debug, Clone, Copy)]
@@ -104,6 +104,17 @@ pub struct FramePlan {
 }
 
 impl FramePlan {
+    /// The detector geometry (source, region, bin, output), for an engine that transforms
+    /// frames itself (CUDA).
+    pub fn detector(&self) -> DetectorPlan {
+        DetectorPlan {
+            source: self.source_detector,
+            region: self.region,
+            bin: self.bin,
+            output: self.output,
+        }
+    }
+
     /// Plan for frames of `source_detector` pixels.
     ///
     /// `detector_region` is half-open in source pixels (`None` = whole frame); `det_bin >= 1`;
@@ -117,23 +128,24 @@ impl FramePlan {
         saturate: bool,
         bad_mask: Option<&[bool]>,
     ) -> Result<FramePlan> {
-        let region = detector_region.unwrap_or(source_detector.full());
-        region.validate(source_detector, "detector_region")?;
-        if det_bin == 0 {
-            return Err(Error::invalid("load", "det_bin must be at least 1")
-                .with_expected(">= 1")
-                .with_found("0"));
-        }
-        let rs = region.shape();
-        if det_bin > rs.rows.max(rs.cols) {
-            return Err(Error::invalid(
-                "load",
-                format!("det_bin {det_bin} is larger than the detector extent {rs}"),
-            )
-            .with_expected(format!("<= {}", rs.rows.max(rs.cols)))
-            .with_found(det_bin.to_string()));
-        }
-        let output = Shape2::new(bin_extent(rs.rows, det_bin), bin_extent(rs.cols, det_bin));
+        let geometry = DetectorPlan::new(source_detector, detector_region, det_bin)?;
+        FramePlan::with_geometry(geometry, result_dtype, saturate, bad_mask)
+    }
+
+    /// Plan from a detector geometry already validated ([`DetectorPlan::new`], the one place
+    /// regions and bins are checked for both engines).
+    pub fn with_geometry(
+        geometry: DetectorPlan,
+        result_dtype: DType,
+        saturate: bool,
+        bad_mask: Option<&[bool]>,
+    ) -> Result<FramePlan> {
+        let DetectorPlan {
+            source: source_detector,
+            region,
+            bin: det_bin,
+            output,
+        } = geometry;
         let (bad, bad_lookup) = match bad_mask {
             Some(m) => {
                 if m.len() != source_detector.len() {

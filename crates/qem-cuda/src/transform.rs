@@ -1,13 +1,14 @@
 //! Frame transforms of the load pipeline: the wrapper of `kernels/region_bin.cu` (the only
 //! place that knows its kernel names and launch shapes).
 //!
-//! [`RegionPlan`] is the host-side geometry, shared by the planner, the kernel arguments and
+//! [`DetectorPlan`] (qem-core, validated once for both engines) is the host-side geometry, shared
+//! by the planner, the kernel arguments and
 //! the tests: mask first, then the half-open detector region (source pixels), then
 //! count-preserving binning with partial edge blocks kept (`ceil`), then the result dtype — the
 //! CPU engine's `FramePlan` order.
 
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
-use qem_core::{bin_extent, DType, Error, Region, Result, Shape2};
+use qem_core::{DType, DetectorPlan, Error, Result};
 
 use crate::device::{driver_error, Gpu};
 use crate::nvrtc::{load_module, ModuleInfo};
@@ -24,69 +25,6 @@ fn dtype_tag(d: DType) -> &'static str {
         DType::U8 => "u8",
         DType::U16 => "u16",
         DType::U32 => "u32",
-    }
-}
-
-/// Geometry of one frame through the load: source detector, region, bin, output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RegionPlan {
-    /// Source detector shape.
-    pub source: Shape2,
-    /// Half-open detector region in source pixels.
-    pub region: Region,
-    /// Bin factor (>= 1).
-    pub bin: usize,
-    /// Result frame shape: `ceil(region / bin)` per axis.
-    pub output: Shape2,
-}
-
-impl RegionPlan {
-    /// Validate and plan (same rules and messages as the CPU engine).
-    pub fn new(source: Shape2, detector_region: Option<Region>, bin: usize) -> Result<RegionPlan> {
-        let region = detector_region.unwrap_or(source.full());
-        region.validate(source, "detector_region")?;
-        if bin == 0 {
-            return Err(Error::invalid("load", "det_bin must be at least 1")
-                .with_expected(">= 1")
-                .with_found("0"));
-        }
-        let rs = region.shape();
-        if bin > rs.rows.max(rs.cols) {
-            return Err(Error::invalid(
-                "load",
-                format!("det_bin {bin} is larger than the detector extent {rs}"),
-            )
-            .with_expected(format!("<= {}", rs.rows.max(rs.cols)))
-            .with_found(bin.to_string()));
-        }
-        if source.len() > u32::MAX as usize {
-            return Err(Error::invalid(
-                "load",
-                "detector too large for the GPU kernels",
-            ));
-        }
-        Ok(RegionPlan {
-            source,
-            region,
-            bin,
-            output: Shape2::new(bin_extent(rs.rows, bin), bin_extent(rs.cols, bin)),
-        })
-    }
-
-    /// True when frames pass through unchanged (whole detector, no binning, same dtype).
-    pub fn is_identity(&self, source: DType, result: DType) -> bool {
-        self.bin == 1 && self.region.is_full(self.source) && source == result
-    }
-
-    /// Source pixels `[(row_start, row_stop), (col_start, col_stop)]` summed into result pixel
-    /// `(orow, ocol)` (the kernel's arithmetic).
-    pub fn source_block(&self, orow: usize, ocol: usize) -> ((usize, usize), (usize, usize)) {
-        let rs = self.region.row_start + orow * self.bin;
-        let cs = self.region.col_start + ocol * self.bin;
-        (
-            (rs, (rs + self.bin).min(self.region.row_stop)),
-            (cs, (cs + self.bin).min(self.region.col_stop)),
-        )
     }
 }
 
@@ -173,9 +111,17 @@ pub struct RegionBinArgs {
 pub unsafe fn launch_region_bin(
     k: &TransformKernels,
     stream: &cudarc::driver::CudaStream,
-    plan: &RegionPlan,
+    plan: &DetectorPlan,
     a: &RegionBinArgs,
 ) -> Result<()> {
+    if plan.source.len() > u32::MAX as usize {
+        return Err(Error::invalid(
+            "load (cuda)",
+            "detector too large for the GPU kernels",
+        )
+        .with_expected(format!("at most {} pixels", u32::MAX))
+        .with_found(plan.source.to_string()));
+    }
     let total = plan.output.len() as u64 * a.n_frames as u64;
     if total == 0 {
         return Ok(());
@@ -223,7 +169,7 @@ pub unsafe fn launch_region_bin(
     // SAFETY: the argument list matches `qem_region_bin_<S>_<T>` in region_bin.cu (pointers as
     // 64-bit addresses, u64, 9 × u32, ptr, u32, ptr, u32, ptr, u64, u32, ptr, ptr); the
     // caller guarantees the buffers (see the function's contract); the region lies inside the
-    // source frame (validated by `RegionPlan::new`).
+    // source frame (validated by `DetectorPlan::new`).
     unsafe { b.launch(cfg) }.map_err(|e| driver_error("launch region/bin", e))?;
     Ok(())
 }
@@ -275,6 +221,7 @@ pub unsafe fn launch_zero_pixels(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use qem_core::{Region, Shape2};
 
     #[test]
     fn region_plan_matches_the_cpu_frame_plan() {
@@ -285,7 +232,7 @@ mod tests {
             (Region::new(1, 6, 1, 5), 3),
             (Region::new(2, 3, 0, 5), 4),
         ] {
-            let g = RegionPlan::new(det, Some(region), bin).unwrap();
+            let g = DetectorPlan::new(det, Some(region), bin).unwrap();
             let c =
                 qem_cpu::FramePlan::new(det, Some(region), bin, DType::U32, false, None).unwrap();
             assert_eq!(g.output, c.output_shape());
@@ -311,10 +258,10 @@ mod tests {
                 }
             }
         }
-        assert!(RegionPlan::new(det, None, 0).is_err());
-        assert!(RegionPlan::new(det, None, 8).is_err());
-        assert!(RegionPlan::new(det, Some(Region::new(0, 8, 0, 5)), 1).is_err());
-        let id = RegionPlan::new(det, None, 1).unwrap();
+        assert!(DetectorPlan::new(det, None, 0).is_err());
+        assert!(DetectorPlan::new(det, None, 8).is_err());
+        assert!(DetectorPlan::new(det, Some(Region::new(0, 8, 0, 5)), 1).is_err());
+        let id = DetectorPlan::new(det, None, 1).unwrap();
         assert!(id.is_identity(DType::U16, DType::U16));
         assert!(!id.is_identity(DType::U16, DType::U32));
     }

@@ -3,7 +3,8 @@
 use crate::backend::{cpu_description, cuda_description, resolve_backend, Backend, BackendRequest};
 use crate::dataset::{Dataset, Representation, Storage};
 use qem_core::{
-    checked_product, CodecInfo, DType, DenseArray, DtypeRequest, Error, ErrorKind, FileIdentity,
+    checked_product, CodecInfo, DType, DenseArray, DetectorPlan, DtypeRequest, Error, ErrorKind,
+    FileIdentity,
     MaskPolicy, Metadata, NoProgress, Progress, Provenance, Region, Result, ScanShapeOrigin,
     Shape2, StageTiming, PACKAGE_VERSION,
 };
@@ -192,33 +193,15 @@ pub(crate) fn plan_load(
 ) -> Result<Planned> {
     let scan_region = params.scan_region.unwrap_or(scan.full());
     scan_region.validate(scan, "scan_region")?;
-    if params.det_bin == 0 {
-        return Err(Error::invalid("load", "det_bin must be at least 1")
-            .with_expected(">= 1")
-            .with_found("0"));
-    }
-    let bin2 = (params.det_bin as u64)
-        .checked_mul(params.det_bin as u64)
-        .ok_or_else(|| {
-            Error::invalid(
-                "load",
-                "det_bin is absurdly large: det_bin^2 overflows 64 bits",
-            )
-            .with_expected("a bin no larger than the detector")
-            .with_found(params.det_bin.to_string())
-        })?;
+    // Region and bin are validated here, once, for both engines (DetectorPlan).
+    let geometry = DetectorPlan::new(detector, params.detector_region, params.det_bin)?;
+    // bin ≤ the detector's larger extent, so bin² cannot overflow.
+    let bin2 = (geometry.bin as u64).saturating_mul(geometry.bin as u64);
     let result_dtype = params
         .dtype
         .result_dtype(source_dtype, source_dtype.max_value().saturating_mul(bin2));
     let saturate = params.dtype == DtypeRequest::U8Saturating;
-    let plan = FramePlan::new(
-        detector,
-        params.detector_region,
-        params.det_bin,
-        result_dtype,
-        saturate,
-        bad,
-    )?;
+    let plan = FramePlan::with_geometry(geometry, result_dtype, saturate, bad)?;
     // Checked: every factor comes from a file or a caller. A plan larger than this machine
     // could address is refused here, for every backend, before anything is allocated.
     let bytes = checked_product(
@@ -353,8 +336,7 @@ pub(crate) fn gpu_params<'a>(
 ) -> qem_cuda::GpuLoadParams<'a> {
     qem_cuda::GpuLoadParams {
         scan_region: planned.scan_region,
-        detector_region: params.detector_region,
-        det_bin: params.det_bin,
+        detector: planned.plan.detector(),
         result_dtype: planned.result_dtype,
         saturate: params.dtype == DtypeRequest::U8Saturating,
         bad_mask: bad,

@@ -98,7 +98,10 @@ fn on_every_engine<T: PartialEq + std::fmt::Debug>(
         };
         assert_eq!(ds.dtype(), DType::U16, "{what} on {arm:?}");
         let got = case(&ds).unwrap_or_else(|e| panic!("{what} on {arm:?}: {e}"));
-        assert_eq!(got, reference, "{what} on {arm:?} differs from the CPU engine");
+        assert_eq!(
+            got, reference,
+            "{what} on {arm:?} differs from the CPU engine"
+        );
         ran += 1;
     }
     ran

@@ -16,7 +16,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use qem_core::{DType, DenseArray, DtypeRequest, Error, Region, Result};
+use qem_core::{DType, DenseArray, DetectorPlan, DtypeRequest, Error, Region, Result};
 use qem_cpu::{FramePlan, LoadHooks};
 use qem_cuda::{load_source, GpuLoadParams, PipelineOptions};
 use qem_io::{OpenOptions, Source};
@@ -139,8 +139,7 @@ fn run_case(src: &Source, bad: Option<&[bool]>, a: &Args, c: &Case) -> Result<(V
     let saturate = c.dtype == DtypeRequest::U8Saturating;
     let params = GpuLoadParams {
         scan_region: c.region,
-        detector_region: None,
-        det_bin: c.bin,
+        detector: DetectorPlan::new(src.detector_shape, None, c.bin)?,
         result_dtype,
         saturate,
         bad_mask: bad,

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use qem_core::{
-    DType, DenseArray, DetectorMask, ReduceRequest, ReduceResult, Result, Shape2, VirtualImage,
+    DType, DenseArray, DetectorMask, DetectorPlan, ReduceRequest, ReduceResult, Result, Shape2, VirtualImage,
 };
 use qem_cpu::EncodedFrames;
 use qem_cuda::rans::DeviceEncoded;
@@ -283,8 +283,7 @@ fn requests(det: Shape2, n_frames: u64, sum_dp: &[u64]) -> Vec<(&'static str, Re
 fn upload_dense(data: &DenseArray, scan: Shape2, det: Shape2) -> Result<DeviceArray> {
     let params = GpuLoadParams {
         scan_region: scan.full(),
-        detector_region: None,
-        det_bin: 1,
+        detector: DetectorPlan::new(det, None, 1)?,
         result_dtype: data.dtype(),
         saturate: false,
         bad_mask: None,
@@ -389,8 +388,7 @@ fn run_load(master: &Path, repeats: usize) -> Result<(Value, bool)> {
     let bad = src.bad_pixel_mask();
     let params = GpuLoadParams {
         scan_region: src.scan_shape.full(),
-        detector_region: None,
-        det_bin: 1,
+        detector: DetectorPlan::new(src.detector_shape, None, 1)?,
         result_dtype: DType::U16,
         saturate: false,
         bad_mask: bad.as_deref(),

@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use qem_codec::qem_file::{QemFile, QemWriter, StreamEntry};
 use qem_codec::rans::{self, CountsModel, FloorPolicy, ModelParams};
-use qem_core::{DType, Error, Region, Result, Shape2};
+use qem_core::{DType, DetectorPlan, Error, Region, Result, Shape2};
 use qem_cpu::{FramePlan, LoadHooks};
 use qem_cuda::mem::{DevBuf, MemCounter};
 use qem_cuda::rans::{
@@ -422,8 +422,7 @@ fn run_load(k: &RansKernels, a: &Args, master: &std::path::Path) -> Result<(Valu
     let bad = src.bad_pixel_mask();
     let params = GpuLoadParams {
         scan_region: src.scan_shape.full(),
-        detector_region: None,
-        det_bin: 1,
+        detector: DetectorPlan::new(src.detector_shape, None, 1)?,
         result_dtype: DType::U16,
         saturate: false,
         bad_mask: bad.as_deref(),

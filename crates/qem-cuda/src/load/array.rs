@@ -13,7 +13,7 @@ use super::{GpuLoad, GpuLoadParams};
 use crate::device::driver_error;
 use crate::engine::engine;
 use crate::mem::{DevBuf, MemCounter};
-use crate::transform::RegionPlan;
+
 
 /// A dense `[R_r, R_c, k_r, k_c]` array in device memory (freed on drop).
 #[derive(Debug)]
@@ -102,7 +102,12 @@ pub fn load_array(
     let t_total = Instant::now();
     let e = engine()?;
     params.scan_region.validate(scan, "scan_region")?;
-    let rplan = RegionPlan::new(detector, params.detector_region, params.det_bin)?;
+    let rplan = params.detector;
+    if rplan.source != detector {
+        return Err(Error::internal("load (cuda)", "detector plan made for another detector")
+            .with_expected(detector.to_string())
+            .with_found(rplan.source.to_string()));
+    }
     let n_src = scan.len();
     if data.len() != n_src * detector.len() || n_src > u32::MAX as usize - 1 {
         return Err(Error::invalid(

@@ -21,7 +21,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use qem_core::{DType, Error, MemoryReport, Progress, Region, Result, StageTiming};
+use qem_core::{DType, DetectorPlan, Error, MemoryReport, Progress, Region, Result, StageTiming};
 use qem_io::Source;
 
 use crate::engine::engine;
@@ -82,10 +82,9 @@ impl Default for PipelineOptions {
 pub struct GpuLoadParams<'a> {
     /// Half-open scan region; only its frames' chunks are read.
     pub scan_region: Region,
-    /// Half-open detector region in source pixels.
-    pub detector_region: Option<Region>,
-    /// Count-preserving bin factor.
-    pub det_bin: usize,
+    /// Detector region and bin, validated by the caller ([`DetectorPlan::new`]); its source
+    /// shape must be the source's detector.
+    pub detector: DetectorPlan,
     /// Result dtype.
     pub result_dtype: DType,
     /// Clip to the result dtype (explicit u8) instead of failing on overflow.
@@ -104,8 +103,7 @@ impl std::fmt::Debug for GpuLoadParams<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GpuLoadParams")
             .field("scan_region", &self.scan_region)
-            .field("detector_region", &self.detector_region)
-            .field("det_bin", &self.det_bin)
+            .field("detector", &self.detector)
             .field("result_dtype", &self.result_dtype)
             .field("saturate", &self.saturate)
             .field("memory_budget", &self.memory_budget)

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
-use qem_core::{DType, Error, MemoryReport, Result, Shape2, StageTiming};
+use qem_core::{DType, DetectorPlan, Error, MemoryReport, Result, Shape2, StageTiming};
 use qem_io::{ChunkCodec, Source};
 
 use super::plan::{admit, plan_source, table_words, BatchPlan, LoadPlan, MemoryPlan};
@@ -19,7 +19,7 @@ use crate::device::driver_error;
 use crate::engine::{engine, Engine};
 use crate::mem::{DevBuf, MemCounter, PinnedBuf};
 use crate::rans::{self, DeviceModel, EncoderScratch, RansKernels};
-use crate::transform::{launch_region_bin, launch_zero_pixels, RegionBinArgs, RegionPlan};
+use crate::transform::{launch_region_bin, launch_zero_pixels, RegionBinArgs};
 
 pub(super) fn event(e: &Engine) -> Result<CudaEvent> {
     e.gpu
@@ -152,7 +152,12 @@ pub(super) fn pipeline(
     let e = engine()?;
     let opts = params.options;
     let slots = opts.slots.clamp(2, 4);
-    let rplan = RegionPlan::new(src.detector_shape, params.detector_region, params.det_bin)?;
+    let rplan = params.detector;
+    if rplan.source != src.detector_shape {
+        return Err(Error::internal(op, "detector plan made for another detector")
+            .with_expected(src.detector_shape.to_string())
+            .with_found(rplan.source.to_string()));
+    }
     let identity = rplan.is_identity(src.dtype, params.result_dtype);
     let encode = match sink {
         Sink::Dense => None,
@@ -858,7 +863,7 @@ pub(super) struct RegionBinBatch {
 pub(super) unsafe fn region_bin_batch(
     e: &Engine,
     stream: &CudaStream,
-    rplan: &RegionPlan,
+    rplan: &DetectorPlan,
     b: &RegionBinBatch,
     result_dtype: DType,
     saturate: bool,

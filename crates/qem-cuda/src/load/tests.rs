@@ -6,8 +6,8 @@ use super::pipeline::overflow_error;
 use super::plan::plan_source;
 use super::reader::{read_batch, BatchInput};
 use super::*;
-use crate::transform::RegionPlan;
-use qem_core::{DenseArray, DtypeRequest, Shape2};
+
+use qem_core::{DenseArray, DetectorPlan, DtypeRequest, Shape2};
 use qem_io::ChunkRecord;
 
 fn rec(file: u32, offset: u64, size: u64, first_frame: u64, n: u32) -> ChunkRecord {
@@ -147,7 +147,7 @@ fn admission_names_both_numbers() {
 
 /// The host half of the pipeline (plan, batched coalesced reads, descriptor tables) run
 /// against a CPU emulation of the kernels' descriptor semantics (LZ4 block + bit
-/// un-transpose to `out + out_offset`, raw copies, region/bin by `RegionPlan::source_block`,
+/// un-transpose to `out + out_offset`, raw copies, region/bin by `DetectorPlan::source_block`,
 /// mask), compared with the CPU engine. Exercises direct decode, scan regions, binning,
 /// multi-frame chunks with a partial last chunk, and narrowing.
 #[test]
@@ -251,7 +251,7 @@ fn emulate(
 ) -> Result<(Vec<u8>, bool)> {
     use qem_codec::bitshuffle::untranspose_block;
     use qem_codec::lz4::decompress_block_exact;
-    let rplan = RegionPlan::new(src.detector_shape, None, bin)?;
+    let rplan = DetectorPlan::new(src.detector_shape, None, bin)?;
     let identity = rplan.is_identity(src.dtype, rd);
     // Tiny batches and scratch so that there are many of each.
     let opts = PipelineOptions {
@@ -380,8 +380,7 @@ fn without_a_gpu_loads_are_backend_unavailable() {
     let data = DenseArray::U16(vec![1; 4 * 4]);
     let p = GpuLoadParams {
         scan_region: Region::new(0, 2, 0, 2),
-        detector_region: None,
-        det_bin: 1,
+        detector: DetectorPlan::new(Shape2::new(2, 2), None, 1).unwrap(),
         result_dtype: DType::U16,
         saturate: false,
         bad_mask: None,
