@@ -9,7 +9,8 @@
 //! is not dropped between runs (warm reads, stated in the record).
 
 use crate::args::{shape2, BenchLoadArgs};
-use crate::machine::{git_revision, machine, utc_now};
+use crate::machine::RecordStamp;
+use crate::output::write_json;
 use anyhow::{anyhow, Context};
 use qem::{BackendRequest, DType, DenseArray, LoadParams, SourceArg};
 use qem_io::writer::{self, WriteParams};
@@ -99,6 +100,25 @@ pub(crate) fn min_max(v: &[f64]) -> (f64, f64) {
         })
 }
 
+/// The header of the readers table, its first column `width` wide.
+pub(crate) fn reader_header(width: usize) -> String {
+    format!(
+        "{:<width$} {:>8} {:>8} {:>8} {:>10}\n",
+        "reader", "p50 s", "min s", "max s", "GB/s raw"
+    )
+}
+
+/// One row of the readers table: `reader`, its `(p50, min, max)` seconds and the raw GB/s at
+/// its p50.
+pub(crate) fn reader_row(
+    width: usize,
+    reader: &str,
+    (p50_s, min_s, max_s): (f64, f64, f64),
+    raw_gb_s: f64,
+) -> String {
+    format!("{reader:<width$} {p50_s:>8.3} {min_s:>8.3} {max_s:>8.3} {raw_gb_s:>10.2}\n")
+}
+
 /// Run the h5py snippet; its JSON output, or why it could not run.
 fn run_h5py(
     master: &std::path::Path,
@@ -174,11 +194,7 @@ pub fn run_load(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
     })
     .context("writing the benchmark acquisition")?;
     let t_write = t.elapsed().as_secs_f64();
-    let file_bytes: u64 = std::iter::once(&written.master)
-        .chain(&written.data_files)
-        .filter_map(|p| std::fs::metadata(p).ok())
-        .map(|m| m.len())
-        .sum();
+    let file_bytes = written.file_bytes();
 
     // Our loads.
     let load_params = LoadParams {
@@ -260,16 +276,9 @@ pub fn run_load(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
         None => {}
     }
 
-    let (date, time) = utc_now();
-    let m = machine();
-    let record = json!({
+    let stamp = RecordStamp::now();
+    let record = stamp.record(command_line, json!({
         "benchmark": "cpu_load",
-        "command": command_line,
-        "git_revision": git_revision(),
-        "package_version": env!("CARGO_PKG_VERSION"),
-        "date_utc": date,
-        "time_utc": time,
-        "machine": m,
         "generator": format!("qem_sim::DiskPattern: Poisson counts of a fixed disk of radius {radius} px with {}% of the dose in a (r/d)^4 halo; no specimen; seed 0", HALO_FRACTION * 100.0),
         "acquisition": {
             "scan_shape": [scan.rows, scan.cols],
@@ -304,19 +313,14 @@ pub fn run_load(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
         "h5py": h5py_json,
         "ratio_h5py_over_ours_p50": ratio,
         "checksums_equal": equal,
-    });
+    }));
     std::fs::create_dir_all(&a.out)
         .map_err(|e| qem::Error::io("create output folder", &a.out, &e))?;
-    let stamp = format!("{date}T{}", time.replace(':', ""));
-    let path = a.out.join(format!("cpu_load_{}_{stamp}.json", m.hostname));
-    std::fs::write(
-        &path,
-        format!("{}\n", serde_json::to_string_pretty(&record)?),
-    )
-    .map_err(|e| qem::Error::io("write benchmark record", &path, &e))?;
+    let path = a.out.join(stamp.file_name("cpu_load"));
+    let text = write_json(&path, &record, "write benchmark record")?;
 
     if a.json {
-        return crate::print_out(&format!("{}\n", serde_json::to_string_pretty(&record)?));
+        return crate::print_out(&text);
     }
     let mut s = format!(
         "bench load: {scan} scan x {det} detector, u16, {frames} frames; {:.2} GB raw, {:.2} GB on disk ({:.1}x), written in {t_write:.1} s\n",
@@ -324,27 +328,15 @@ pub fn run_load(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
         file_bytes as f64 / 1e9,
         raw / written.compressed_bytes.max(1) as f64
     );
-    s.push_str(&format!(
-        "{:<22} {:>8} {:>8} {:>8} {:>10}\n",
-        "reader", "p50 s", "min s", "max s", "GB/s raw"
-    ));
-    s.push_str(&format!(
-        "{:<22} {:>8.3} {:>8.3} {:>8.3} {:>10.2}\n",
+    s.push_str(&reader_header(22));
+    s.push_str(&reader_row(
+        22,
         "quantem-gpu (cpu)",
-        o_p50,
-        o_min,
-        o_max,
-        raw / o_p50 / 1e9
+        (o_p50, o_min, o_max),
+        raw / o_p50 / 1e9,
     ));
-    if let Some((p, lo, hi)) = h5py_row {
-        s.push_str(&format!(
-            "{:<22} {:>8.3} {:>8.3} {:>8.3} {:>10.2}\n",
-            "h5py + hdf5plugin",
-            p,
-            lo,
-            hi,
-            raw / p / 1e9
-        ));
+    if let Some(row) = h5py_row {
+        s.push_str(&reader_row(22, "h5py + hdf5plugin", row, raw / row.0 / 1e9));
     }
     if let (Some(r), Some(eq)) = (ratio, equal) {
         s.push_str(&format!(

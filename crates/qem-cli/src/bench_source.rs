@@ -21,8 +21,9 @@
 //! Any failed comparison exits non-zero after the record and table are written.
 
 use crate::args::{shape2, BenchLoadArgs};
-use crate::bench::{min_max, p50};
-use crate::machine::{git_revision, machine, utc_now};
+use crate::bench::{min_max, p50, reader_header, reader_row};
+use crate::machine::RecordStamp;
+use crate::output::write_json;
 use anyhow::{anyhow, Context};
 use qem::{BackendRequest, DenseArray, LoadParams, Region, SourceArg, StageTiming};
 use rayon::prelude::*;
@@ -508,16 +509,9 @@ pub fn run(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
     };
 
     // The record.
-    let (date, time) = utc_now();
-    let m = machine();
-    let record = json!({
+    let stamp = RecordStamp::now();
+    let record = stamp.record(command_line, json!({
         "benchmark": format!("{backend_name}_load"),
-        "command": command_line,
-        "git_revision": git_revision(),
-        "package_version": env!("CARGO_PKG_VERSION"),
-        "date_utc": date,
-        "time_utc": time,
-        "machine": m,
         "gpu": smi,
         "backends": backends,
         "source": {
@@ -581,21 +575,14 @@ pub fn run(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
         "cupy": cupy,
         "failures": failures,
         "passed": failures.is_empty(),
-    });
+    }));
     std::fs::create_dir_all(&a.out)
         .map_err(|e| qem::Error::io("create output folder", &a.out, &e))?;
-    let stamp = format!("{date}T{}", time.replace(':', ""));
-    let path = a
-        .out
-        .join(format!("{backend_name}_load_{}_{stamp}.json", m.hostname));
-    std::fs::write(
-        &path,
-        format!("{}\n", serde_json::to_string_pretty(&record)?),
-    )
-    .map_err(|e| qem::Error::io("write benchmark record", &path, &e))?;
+    let path = a.out.join(stamp.file_name(&format!("{backend_name}_load")));
+    let text = write_json(&path, &record, "write benchmark record")?;
 
     if a.json {
-        crate::print_out(&format!("{}\n", serde_json::to_string_pretty(&record)?))?;
+        crate::print_out(&text)?;
     } else {
         crate::print_out(&table(&record, cupy_row, &path))?;
     }
@@ -619,6 +606,15 @@ fn gb(v: &Value) -> String {
     v.as_u64()
         .map(|b| format!("{:.2} GB", b as f64 / 1e9))
         .unwrap_or_else(|| "-".into())
+}
+
+/// `yes` where the record's `v` is `true`, else `no` (also where it is missing).
+fn when_true<'a>(v: &Value, yes: &'a str, no: &'a str) -> &'a str {
+    if v.as_bool() == Some(true) {
+        yes
+    } else {
+        no
+    }
 }
 
 /// The closing table.
@@ -653,28 +649,22 @@ fn table(r: &Value, cupy_row: Option<(f64, f64, f64)>, path: &Path) -> String {
         p["result_shape"],
         p["result_dtype"].as_str().unwrap_or("?"),
     ));
-    t.push_str(&format!(
-        "{:<34} {:>8} {:>8} {:>8} {:>10}\n",
-        "reader", "p50 s", "min s", "max s", "GB/s raw"
-    ));
+    t.push_str(&reader_header(34));
     // The CuPy path always reads the whole source.
     let raw_read = s["raw_bytes"].as_u64().map_or(f64::NAN, |b| b as f64 / 1e9);
-    t.push_str(&format!(
-        "{:<34} {:>8.3} {:>8.3} {:>8.3} {:>10.2}\n",
-        format!("quantem-gpu ({})", p["backend"].as_str().unwrap_or("?")),
-        o["p50_s"].as_f64().unwrap_or(f64::NAN),
-        o["min_s"].as_f64().unwrap_or(f64::NAN),
-        o["max_s"].as_f64().unwrap_or(f64::NAN),
-        o["raw_gb_s_at_p50"].as_f64().unwrap_or(f64::NAN),
+    let secs = |key: &str| o[key].as_f64().unwrap_or(f64::NAN);
+    t.push_str(&reader_row(
+        34,
+        &format!("quantem-gpu ({})", p["backend"].as_str().unwrap_or("?")),
+        (secs("p50_s"), secs("min_s"), secs("max_s")),
+        secs("raw_gb_s_at_p50"),
     ));
-    if let Some((pp, lo, hi)) = cupy_row {
-        t.push_str(&format!(
-            "{:<34} {:>8.3} {:>8.3} {:>8.3} {:>10.2}\n",
+    if let Some(row) = cupy_row {
+        t.push_str(&reader_row(
+            34,
             "h5py+hdf5plugin -> cupy.asarray",
-            pp,
-            lo,
-            hi,
-            raw_read / pp
+            row,
+            raw_read / row.0,
         ));
     }
     t.push_str("stages of the p50 run:\n");
@@ -710,18 +700,10 @@ fn table(r: &Value, cupy_row: Option<(f64, f64, f64)>, path: &Path) -> String {
         let c = &r["cpu_check"];
         t.push_str(&format!(
             "CPU check: checksum {}, {}/{} sampled frames equal -> {}\n",
-            if c["checksum_equal"].as_bool() == Some(true) {
-                "equal"
-            } else {
-                "DIFFERENT"
-            },
+            when_true(&c["checksum_equal"], "equal", "DIFFERENT"),
             c["sampled_frames_equal"],
             c["sampled_frames"],
-            if c["byte_exact"].as_bool() == Some(true) {
-                "byte-exact"
-            } else {
-                "MISMATCH"
-            },
+            when_true(&c["byte_exact"], "byte-exact", "MISMATCH"),
         ));
     }
     if let Some(c) = r["cupy"].as_object() {
@@ -742,11 +724,7 @@ fn table(r: &Value, cupy_row: Option<(f64, f64, f64)>, path: &Path) -> String {
     }
     t.push_str(&format!(
         "result: {}\nrecord: {}\n",
-        if r["passed"].as_bool() == Some(true) {
-            "PASS"
-        } else {
-            "FAIL"
-        },
+        when_true(&r["passed"], "PASS", "FAIL"),
         path.display()
     ));
     t

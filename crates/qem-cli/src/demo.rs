@@ -13,6 +13,7 @@
 use crate::args::DemoArgs;
 use crate::dpc_cmd::write_dpc;
 use crate::image::correlation;
+use crate::output::write_json;
 use crate::products_cmd::{disk_json, write_products};
 use crate::progress::TermProgress;
 use crate::ssb_cmd::{write_ssb, SsbJob};
@@ -23,7 +24,6 @@ use qem::ssb::{FitParams, SsbParams};
 use qem::{DType, DenseArray, LoadParams, SourceArg};
 use qem_io::writer::{self, WriteCompression, WriteLayout, WriteParams};
 use serde_json::json;
-use std::path::Path;
 use std::time::Instant;
 
 /// Bad pixels of the demo detector: `(row, col, pixel_mask bits)` — dead (2) inside the BF disk,
@@ -36,10 +36,6 @@ const SSB_DET_BIN: usize = 2;
 
 /// Frames per data shard, so that the 1920-frame demo spans two shards.
 const FRAMES_PER_FILE: u64 = 1000;
-
-fn file_size(p: &Path) -> u64 {
-    std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
-}
 
 pub fn run(a: &DemoArgs, command_line: &str) -> anyhow::Result<()> {
     // An explicit backend that cannot run fails before any work (exit 4).
@@ -93,10 +89,7 @@ pub fn run(a: &DemoArgs, command_line: &str) -> anyhow::Result<()> {
     })
     .context("writing the demo acquisition")?;
     let t_write = t.elapsed().as_secs_f64();
-    let file_bytes: u64 = std::iter::once(&written.master)
-        .chain(&written.data_files)
-        .map(|p| file_size(p))
-        .sum();
+    let file_bytes = written.file_bytes();
 
     // 3. Load.
     let load_params = LoadParams {
@@ -203,11 +196,7 @@ pub fn run(a: &DemoArgs, command_line: &str) -> anyhow::Result<()> {
         "phi12_rad": fitted.phi12 - ab_true.phi12_rad,
     });
     let ssb_json = a.out.join("ssb").join("ssb.json");
-    std::fs::write(
-        &ssb_json,
-        format!("{}\n", serde_json::to_string_pretty(&ssb_record)?),
-    )
-    .map_err(|e| qem::Error::io("write report", &ssb_json, &e))?;
+    write_json(&ssb_json, &ssb_record, "write report")?;
     files.push("ssb/ssb.json".into());
     // The report holds the provenance once (under "load"); ssb/ssb.json keeps the fit's.
     if let Some(o) = ssb_record.as_object_mut() {
@@ -302,14 +291,10 @@ pub fn run(a: &DemoArgs, command_line: &str) -> anyhow::Result<()> {
         "output_files": files,
     });
     let report_path = a.out.join("report.json");
-    std::fs::write(
-        &report_path,
-        format!("{}\n", serde_json::to_string_pretty(&report)?),
-    )
-    .map_err(|e| qem::Error::io("write report", &report_path, &e))?;
+    let text = write_json(&report_path, &report, "write report")?;
 
     if a.json {
-        return crate::print_out(&format!("{}\n", serde_json::to_string_pretty(&report)?));
+        return crate::print_out(&text);
     }
     let mb = |b: u64| b as f64 / 1e6;
     let mut s = format!("quantem-gpu demo -> {}\n", a.out.display());

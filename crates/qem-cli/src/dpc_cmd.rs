@@ -8,9 +8,7 @@
 
 use crate::args::DpcArgs;
 use crate::print_out;
-use crate::products_cmd::{
-    dataset_line, load_source, make_out_dir, write_record, write_scan_arrays,
-};
+use crate::products_cmd::{dataset_line, load_source, write_record, write_scan_arrays};
 use anyhow::Context;
 use qem::dpc::{self, DpcParams, DpcResult};
 use qem::Dataset;
@@ -28,13 +26,9 @@ pub fn write_dpc(
     let t = Instant::now();
     let res = dpc::run(ds, params).context("computing DPC")?;
     let t_compute = t.elapsed().as_secs_f64();
-    // The folder appears only once there is something to put in it.
-    make_out_dir(out)?;
-    let t = Instant::now();
-    let scan = res.scan_shape;
-    let (files, arrays) = write_scan_arrays(
+    let (files, arrays, t_write) = write_scan_arrays(
         out,
-        scan,
+        res.scan_shape,
         &[
             ("com_row", &res.com_row),
             ("com_col", &res.com_col),
@@ -42,7 +36,6 @@ pub fn write_dpc(
         ],
         &[("dpc_row", &res.dpc_row), ("dpc_col", &res.dpc_col)],
     )?;
-    let t_write = t.elapsed().as_secs_f64();
     let record = json!({
         "dataset": crate::products_cmd::dataset_json(ds),
         "params": {

@@ -9,7 +9,8 @@
 //! that it loads without `--scan-shape`.
 
 use crate::args::GenerateReferenceArgs;
-use crate::machine::{git_revision, machine, utc_now};
+use crate::machine::RecordStamp;
+use crate::output::write_json;
 use anyhow::{anyhow, Context};
 use qem::{DType, Shape2};
 use qem_io::writer::{self, Calibration, WriteParams};
@@ -121,21 +122,10 @@ pub fn run(a: &GenerateReferenceArgs, command_line: &str) -> anyhow::Result<()> 
         })
         .context("writing the reference acquisition")?;
     let seconds = t.elapsed().as_secs_f64();
-    let file_bytes: u64 = std::iter::once(&written.master)
-        .chain(&written.data_files)
-        .filter_map(|p| std::fs::metadata(p).ok())
-        .map(|m| m.len())
-        .sum();
+    let file_bytes = written.file_bytes();
     let ratio = written.raw_bytes as f64 / written.compressed_bytes.max(1) as f64;
-    let (date, time) = utc_now();
-    let summary = json!({
+    let summary = RecordStamp::now().record(command_line, json!({
         "what": "reference benchmark acquisition (recipe of tests/tools/make_reference_acquisition.py)",
-        "command": command_line,
-        "git_revision": git_revision(),
-        "package_version": env!("CARGO_PKG_VERSION"),
-        "date_utc": date,
-        "time_utc": time,
-        "machine": machine(),
         "threads": threads,
         "master": written.master,
         "shards": written.data_files.len(),
@@ -161,15 +151,11 @@ pub fn run(a: &GenerateReferenceArgs, command_line: &str) -> anyhow::Result<()> 
         "seconds": seconds,
         "frames_per_s": frames as f64 / seconds,
         "compression": "bitshuffle + LZ4 (HDF5 filter 32008), direct chunk writes, Dectris master + external shards",
-    });
+    }));
     let json_path = a.outdir.join("reference_acquisition.json");
-    std::fs::write(
-        &json_path,
-        format!("{}\n", serde_json::to_string_pretty(&summary)?),
-    )
-    .map_err(|e| qem::Error::io("write summary", &json_path, &e))?;
+    let text = write_json(&json_path, &summary, "write summary")?;
     if a.json {
-        return crate::print_out(&format!("{}\n", serde_json::to_string_pretty(&summary)?));
+        return crate::print_out(&text);
     }
     crate::print_out(&format!(
         "generate-reference: {frames} frames ({scan} x {det} {}) in {seconds:.1} s on {threads} threads = {:.0} frames/s\n\

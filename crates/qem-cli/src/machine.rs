@@ -76,6 +76,55 @@ pub fn git_revision() -> String {
     }
 }
 
+/// When and where a benchmark or generator record was made.
+pub struct RecordStamp {
+    /// UTC date, `YYYY-MM-DD`.
+    pub date: String,
+    /// UTC time, `HH:MM:SS`.
+    pub time: String,
+    /// This machine.
+    pub machine: Machine,
+}
+
+impl RecordStamp {
+    /// Now, on this machine.
+    pub fn now() -> RecordStamp {
+        let (date, time) = utc_now();
+        RecordStamp {
+            date,
+            time,
+            machine: machine(),
+        }
+    }
+
+    /// The JSON object `fields` with the fields every record carries added: `command`,
+    /// `git_revision`, `package_version`, `date_utc`, `time_utc` and `machine`.
+    pub fn record(&self, command_line: &str, mut fields: serde_json::Value) -> serde_json::Value {
+        let common = serde_json::json!({
+            "command": command_line,
+            "git_revision": git_revision(),
+            "package_version": env!("CARGO_PKG_VERSION"),
+            "date_utc": self.date,
+            "time_utc": self.time,
+            "machine": self.machine,
+        });
+        if let (Some(to), serde_json::Value::Object(from)) = (fields.as_object_mut(), common) {
+            to.extend(from);
+        }
+        fields
+    }
+
+    /// The record's file name, `{kind}_{hostname}_{date}T{HHMMSS}.json`.
+    pub fn file_name(&self, kind: &str) -> String {
+        format!(
+            "{kind}_{}_{}T{}.json",
+            self.machine.hostname,
+            self.date,
+            self.time.replace(':', "")
+        )
+    }
+}
+
 /// Civil UTC date and time `(YYYY-MM-DD, HH:MM:SS)` of now.
 pub fn utc_now() -> (String, String) {
     let secs = std::time::SystemTime::now()

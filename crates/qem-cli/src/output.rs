@@ -10,6 +10,14 @@ use anyhow::Context;
 use qem::Shape2;
 use std::path::Path;
 
+/// Write `value` to `path` as pretty JSON and a newline (`what` says what the file is, for the
+/// error); returns the text written.
+pub fn write_json(path: &Path, value: &serde_json::Value, what: &str) -> anyhow::Result<String> {
+    let text = format!("{}\n", serde_json::to_string_pretty(value)?);
+    std::fs::write(path, &text).map_err(|e| qem::Error::io(what, path, &e))?;
+    Ok(text)
+}
+
 /// An element type the NPY writer knows.
 pub trait NpyElem: Copy {
     /// NumPy's `descr` string (`"<u8"`, `"<f4"`, ...).

@@ -116,14 +116,18 @@ pub fn write_npy_only(
     })
 }
 
-/// Float images of one scan: `pictured` as `.npy` + PNG (linear grey), `npy_only` as `.npy`;
-/// returns the files written and the record's `arrays` entries by name.
+/// Float images of one scan: `pictured` as `.npy` + PNG (linear grey), `npy_only` as `.npy`,
+/// into `out` (created here, so that the folder appears only once there is something to put
+/// in it); returns the files written, the record's `arrays` entries by name and the seconds
+/// the writing took.
 pub fn write_scan_arrays(
     out: &Path,
     scan: Shape2,
     pictured: &[(&str, &[f64])],
     npy_only: &[(&str, &[f64])],
-) -> anyhow::Result<(Vec<String>, serde_json::Map<String, Value>)> {
+) -> anyhow::Result<(Vec<String>, serde_json::Map<String, Value>, f64)> {
+    make_out_dir(out)?;
+    let t = Instant::now();
     let mut files = Vec::new();
     let mut arrays = serde_json::Map::new();
     for &(name, v) in pictured {
@@ -136,7 +140,7 @@ pub fn write_scan_arrays(
         files.extend(w.files);
         arrays.insert(name.into(), w.entry);
     }
-    Ok((files, arrays))
+    Ok((files, arrays, t.elapsed().as_secs_f64()))
 }
 
 fn dtype_name<T: crate::output::NpyElem>() -> &'static str {

@@ -11,9 +11,7 @@
 
 use crate::args::SsbArgs;
 use crate::print_out;
-use crate::products_cmd::{
-    dataset_line, load_source, make_out_dir, write_record, write_scan_arrays,
-};
+use crate::products_cmd::{dataset_line, load_source, write_record, write_scan_arrays};
 use anyhow::Context;
 use qem::ssb::{Aberrations, FitParams, Objective, Ssb, SsbParams, SsbResult};
 use qem::Dataset;
@@ -79,13 +77,9 @@ pub fn write_ssb(
         }
     };
     let t_compute = t.elapsed().as_secs_f64();
-    // The folder appears only once there is something to put in it.
-    make_out_dir(out)?;
-    let t = Instant::now();
-    let scan = res.scan_shape;
-    let (files, arrays) = write_scan_arrays(
+    let (files, arrays, t_write) = write_scan_arrays(
         out,
-        scan,
+        res.scan_shape,
         &[
             ("phase", &res.phase),
             ("weak_phase", &res.weak_phase),
@@ -93,7 +87,6 @@ pub fn write_ssb(
         ],
         &[("object_re", &res.object_re), ("object_im", &res.object_im)],
     )?;
-    let t_write = t.elapsed().as_secs_f64();
     let objective = match job {
         SsbJob::Fit(f) => f.objective,
         SsbJob::Reconstruct(_) => Objective::default(),

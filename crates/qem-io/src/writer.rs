@@ -143,6 +143,18 @@ pub struct Written {
     pub raw_bytes: u64,
 }
 
+impl Written {
+    /// Bytes on disk of the master and the shards, as the file system reports them now (a
+    /// file it cannot stat counts 0).
+    pub fn file_bytes(&self) -> u64 {
+        std::iter::once(&self.master)
+            .chain(&self.data_files)
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum()
+    }
+}
+
 const OP: &str = "write acquisition";
 
 fn werr(path: &Path, what: &str, e: impl std::fmt::Display) -> Error {
