@@ -16,3 +16,51 @@
 //!   plan), `decode_speed`, `pair_study`, `rans_ratio` (codec studies).
 //!
 //! Benchmarks print a table and write JSON; none asserts a time.
+
+use std::path::Path;
+
+/// The CUDA device of a check binary, printed as `device: ...`; where there is none, says why
+/// and exits 4.
+pub fn cuda_device_or_exit() -> qem_cuda::DeviceInfo {
+    match qem_cuda::engine_info() {
+        Ok(info) => {
+            println!("device: {}", info.summary());
+            info
+        }
+        Err(er) => {
+            eprintln!("CUDA unavailable: {er}");
+            std::process::exit(4)
+        }
+    }
+}
+
+/// The end of a check binary: writes the record `run` returned as pretty JSON to `out/name`,
+/// prints `ALL PASS` or `SOME FAILED` and the path, and exits 0 when every case passed, else 1.
+/// A run that failed as a whole prints its error and exits 1.
+pub fn finish_check<E: std::fmt::Display>(
+    out: &Path,
+    name: &str,
+    run: Result<(serde_json::Value, bool), E>,
+) -> ! {
+    match run {
+        Ok((v, ok)) => {
+            let _ = std::fs::create_dir_all(out);
+            let p = out.join(name);
+            if let Err(er) =
+                std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap_or_default())
+            {
+                eprintln!("cannot write {}: {er}", p.display());
+            }
+            println!(
+                "{} -> {}",
+                if ok { "ALL PASS" } else { "SOME FAILED" },
+                p.display()
+            );
+            std::process::exit(if ok { 0 } else { 1 })
+        }
+        Err(er) => {
+            eprintln!("error: {er}");
+            std::process::exit(1)
+        }
+    }
+}

@@ -306,14 +306,7 @@ fn run_case(src: &Source, bad: Option<&[bool]>, a: &Args, c: &Case) -> Result<(V
 
 fn main() {
     let a = parse_args();
-    let info = match qem_cuda::engine_info() {
-        Ok(i) => i,
-        Err(e) => {
-            eprintln!("CUDA unavailable: {e}");
-            std::process::exit(4)
-        }
-    };
-    println!("device: {}", info.summary());
+    let info = qem_bench::cuda_device_or_exit();
     let run = || -> Result<(Vec<Value>, bool)> {
         let t = Instant::now();
         let src = Source::open(&a.master, &OpenOptions::default())?;

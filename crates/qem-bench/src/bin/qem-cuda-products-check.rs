@@ -715,14 +715,7 @@ fn main() {
         i += 2;
     }
     let run = || -> Result<(Value, bool)> {
-        let info = match engine() {
-            Ok(e) => e.gpu.info().clone(),
-            Err(er) => {
-                eprintln!("CUDA unavailable: {er}");
-                std::process::exit(4)
-            }
-        };
-        println!("device: {}", info.summary());
+        let info = qem_bench::cuda_device_or_exit();
         let odd = Shape2::new(13, 11);
         let scan = Shape2::new(9, 7);
         let cases = vec![
@@ -813,25 +806,5 @@ fn main() {
             all,
         ))
     };
-    match run() {
-        Ok((v, ok)) => {
-            let _ = std::fs::create_dir_all(&out);
-            let p = out.join("products_check.json");
-            if let Err(er) =
-                std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap_or_default())
-            {
-                eprintln!("cannot write {}: {er}", p.display());
-            }
-            println!(
-                "{} -> {}",
-                if ok { "ALL PASS" } else { "SOME FAILED" },
-                p.display()
-            );
-            std::process::exit(if ok { 0 } else { 1 })
-        }
-        Err(er) => {
-            eprintln!("error: {er}");
-            std::process::exit(1)
-        }
-    }
+    qem_bench::finish_check(&out, "products_check.json", run())
 }

@@ -640,14 +640,7 @@ fn run_load(k: &RansKernels, a: &Args, master: &std::path::Path) -> Result<(Valu
 
 fn main() {
     let a = parse_args();
-    let info = match qem_cuda::engine_info() {
-        Ok(i) => i,
-        Err(er) => {
-            eprintln!("CUDA unavailable: {er}");
-            std::process::exit(4)
-        }
-    };
-    println!("device: {}", info.summary());
+    let info = qem_bench::cuda_device_or_exit();
     let run = || -> Result<(Value, bool)> {
         let e = engine()?;
         let t = Instant::now();
@@ -732,25 +725,5 @@ fn main() {
             all,
         ))
     };
-    match run() {
-        Ok((v, ok)) => {
-            let _ = std::fs::create_dir_all(&a.out);
-            let p = a.out.join("rans_check.json");
-            if let Err(er) =
-                std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap_or_default())
-            {
-                eprintln!("cannot write {}: {er}", p.display());
-            }
-            println!(
-                "{} -> {}",
-                if ok { "ALL PASS" } else { "SOME FAILED" },
-                p.display()
-            );
-            std::process::exit(if ok { 0 } else { 1 })
-        }
-        Err(er) => {
-            eprintln!("error: {er}");
-            std::process::exit(1)
-        }
-    }
+    qem_bench::finish_check(&a.out, "rans_check.json", run())
 }
