@@ -4,9 +4,8 @@ use crate::backend::{cpu_description, cuda_description, resolve_backend, Backend
 use crate::dataset::{Dataset, Representation, Storage};
 use qem_core::{
     checked_product, CodecInfo, DType, DenseArray, DetectorPlan, DtypeRequest, Error, ErrorKind,
-    FileIdentity,
-    MaskPolicy, Metadata, NoProgress, Progress, Provenance, Region, Result, ScanShapeOrigin,
-    Shape2, StageTiming, PACKAGE_VERSION,
+    FileIdentity, MaskPolicy, Metadata, NoProgress, Progress, Provenance, Region, Result,
+    ScanShapeOrigin, Shape2, StageTiming, PACKAGE_VERSION,
 };
 use qem_cpu::{FramePlan, LoadHooks};
 use std::path::{Path, PathBuf};
@@ -108,12 +107,26 @@ pub fn load(source: SourceArg, params: &LoadParams) -> Result<Dataset> {
         Some(p) => p.as_ref(),
         None => &NoProgress,
     };
+    let request = Request {
+        params,
+        backend,
+        representation,
+        progress,
+    };
     match source {
-        SourceArg::Path(path) => load_path(&path, params, backend, representation, progress),
-        SourceArg::Array { data, shape } => {
-            load_in_memory(data, &shape, params, backend, representation, progress)
-        }
+        SourceArg::Path(path) => load_path(&path, request),
+        SourceArg::Array { data, shape } => load_in_memory(data, &shape, request),
     }
+}
+
+/// What each loader gets besides the source: the caller's parameters and the engine,
+/// representation and progress that [`load`] resolved from them.
+#[derive(Clone, Copy)]
+pub(crate) struct Request<'a> {
+    pub(crate) params: &'a LoadParams,
+    pub(crate) backend: Backend,
+    pub(crate) representation: Representation,
+    pub(crate) progress: &'a dyn Progress,
 }
 
 /// The representation a load gets when the caller does not say: DENSE on the CPU engine,
@@ -346,44 +359,42 @@ pub(crate) fn gpu_params<'a>(
     }
 }
 
-fn load_path(
-    path: &Path,
-    params: &LoadParams,
-    backend: Backend,
-    representation: Representation,
-    progress: &dyn Progress,
-) -> Result<Dataset> {
+fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
     let t_total = Instant::now();
     if crate::qemfile::is_qem_file(path)? {
-        return crate::qemfile::load_qem(path, params, backend, representation, progress);
+        return crate::qemfile::load_qem(path, request);
     }
     let t = Instant::now();
     let src = qem_io::Source::open(
         path,
         &qem_io::OpenOptions {
-            dataset_path: params.dataset_path.clone(),
-            scan_shape: params.scan_shape,
+            dataset_path: request.params.dataset_path.clone(),
+            scan_shape: request.params.scan_shape,
         },
     )?;
     let t_open = t.elapsed().as_secs_f64();
     // Frames never written fail here, naming the first one in the requested region, before
     // any plan or buffer is sized (a file may declare billions of frames and hold one).
-    let region = params.scan_region.unwrap_or(src.scan_shape.full());
+    let region = request.params.scan_region.unwrap_or(src.scan_shape.full());
     region.validate(src.scan_shape, "scan_region")?;
     src.check_region_complete(region, "load")?;
     let mask = src.bad_pixel_mask();
     let bad_count = mask
         .as_ref()
         .map_or(0, |m| m.iter().filter(|&&b| b).count());
-    let bad = if params.apply_mask { mask } else { None };
+    let bad = if request.params.apply_mask {
+        mask
+    } else {
+        None
+    };
     let planned = plan_load(
         src.dtype,
         src.scan_shape,
         src.detector_shape,
         bad.as_deref(),
-        params,
-        backend,
-        representation,
+        request.params,
+        request.backend,
+        request.representation,
     )?;
     let mut timings = vec![StageTiming {
         stage: if src.index_from_cache {
@@ -393,13 +404,15 @@ fn load_path(
         },
         seconds: t_open,
     }];
-    let loaded = match (backend, planned.representation) {
+    let loaded = match (request.backend, planned.representation) {
         (Backend::Cpu, Representation::Dense) => {
             let l = qem_cpu::load_dense(
                 &src,
                 planned.scan_region,
                 &planned.plan,
-                LoadHooks { progress },
+                LoadHooks {
+                    progress: request.progress,
+                },
             )?;
             Loaded {
                 storage: Storage::CpuDense(l.data),
@@ -414,8 +427,8 @@ fn load_path(
                 &src,
                 planned.scan_region,
                 &planned.plan,
-                params.memory_budget,
-                progress,
+                request.params.memory_budget,
+                request.progress,
             )?;
             let dense_bytes = (planned.scan_region.shape().len()
                 * planned.plan.output_len()
@@ -440,7 +453,7 @@ fn load_path(
             };
             let g = qem_cuda::load_source_encoded(
                 &src,
-                &gpu_params(&planned, params, bad.as_deref(), progress),
+                &gpu_params(&planned, request.params, bad.as_deref(), request.progress),
                 &opts,
             )?;
             let dense_bytes = (planned.scan_region.shape().len() * frame_bytes) as u64;
@@ -461,7 +474,7 @@ fn load_path(
         (Backend::Cuda, Representation::Dense) => {
             let g = qem_cuda::load_source(
                 &src,
-                &gpu_params(&planned, params, bad.as_deref(), progress),
+                &gpu_params(&planned, request.params, bad.as_deref(), request.progress),
             )?;
             Loaded {
                 storage: Storage::CudaDense(g.array),
@@ -491,8 +504,8 @@ fn load_path(
     Ok(finish(
         facts,
         &planned,
-        params,
-        backend,
+        request.params,
+        request.backend,
         Loaded { timings, ..loaded },
     ))
 }
@@ -509,14 +522,7 @@ fn isqrt_exact(n: usize) -> Option<usize> {
     (r.checked_mul(r) == Some(n)).then_some(r)
 }
 
-fn load_in_memory(
-    data: DenseArray,
-    shape: &[usize],
-    params: &LoadParams,
-    backend: Backend,
-    representation: Representation,
-    progress: &dyn Progress,
-) -> Result<Dataset> {
+fn load_in_memory(data: DenseArray, shape: &[usize], request: Request<'_>) -> Result<Dataset> {
     let t_total = Instant::now();
     let (n_frames, detector, array_scan) = match *shape {
         [r, c, kr, kc] => {
@@ -533,7 +539,7 @@ fn load_in_memory(
             )
         }
     };
-    let (scan, origin) = match (params.scan_shape, array_scan) {
+    let (scan, origin) = match (request.params.scan_shape, array_scan) {
         (Some(s), Some(a)) if s != a => {
             return Err(Error::invalid("load", "scan_shape does not match the array's scan axes")
                 .with_expected(a.to_string())
@@ -582,27 +588,32 @@ fn load_in_memory(
         scan,
         detector,
         None,
-        params,
-        backend,
-        representation,
+        request.params,
+        request.backend,
+        request.representation,
     )?;
-    let mut loaded = match backend {
+    let mut loaded = match request.backend {
         Backend::Cpu => {
             let l = qem_cpu::load_array(
                 &data,
                 scan,
                 planned.scan_region,
                 &planned.plan,
-                LoadHooks { progress },
+                LoadHooks {
+                    progress: request.progress,
+                },
             )?;
             if planned.representation == Representation::Encoded {
                 drop(data);
                 let t = Instant::now();
                 let dense_bytes = l.data.nbytes() as u64;
-                let (frames, fit_frames) =
-                    crate::encode::encode_dense(&l.data, planned.plan.output_shape(), progress)?;
+                let (frames, fit_frames) = crate::encode::encode_dense(
+                    &l.data,
+                    planned.plan.output_shape(),
+                    request.progress,
+                )?;
                 drop(l.data);
-                if let Some(b) = params.memory_budget {
+                if let Some(b) = request.params.memory_budget {
                     if frames.nbytes() > b {
                         return Err(Error::memory_budget("load (ENCODED)", frames.nbytes(), b));
                     }
@@ -635,7 +646,7 @@ fn load_in_memory(
                 &data,
                 scan,
                 detector,
-                &gpu_params(&planned, params, None, progress),
+                &gpu_params(&planned, request.params, None, request.progress),
             )?;
             if planned.representation == Representation::Encoded {
                 let frame_bytes = planned.plan.output_len() * 2;
@@ -695,7 +706,13 @@ fn load_in_memory(
             ..Metadata::default()
         },
     };
-    Ok(finish(facts, &planned, params, backend, loaded))
+    Ok(finish(
+        facts,
+        &planned,
+        request.params,
+        request.backend,
+        loaded,
+    ))
 }
 
 /// Report on a source's readiness without decoding pixels.

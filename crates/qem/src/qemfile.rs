@@ -18,7 +18,7 @@
 
 use crate::backend::Backend;
 use crate::dataset::{narrow, Dataset, Representation, Storage};
-use crate::load::{finish, gpu_params, plan_load, LoadParams, Loaded, SourceFacts};
+use crate::load::{finish, gpu_params, plan_load, Loaded, Request, SourceFacts};
 use qem_codec::qem_file::{QemFile, QemFileError, QemWriter, MAGIC};
 use qem_codec::rans::CountsModel;
 use qem_core::{
@@ -484,28 +484,22 @@ fn refuse(path: &Path, what: &str) -> Error {
 }
 
 /// Load a `.qem` file: ENCODED on the CPU as stored, or decoded to a dense array.
-pub(crate) fn load_qem(
-    path: &Path,
-    params: &LoadParams,
-    backend: Backend,
-    representation: Representation,
-    progress: &dyn Progress,
-) -> Result<Dataset> {
+pub(crate) fn load_qem(path: &Path, request: Request<'_>) -> Result<Dataset> {
     let t_total = Instant::now();
-    if params.scan_region.is_some() {
+    if request.params.scan_region.is_some() {
         return Err(refuse(path, "scan_region"));
     }
-    if params.detector_region.is_some() {
+    if request.params.detector_region.is_some() {
         return Err(refuse(path, "detector_region"));
     }
-    if params.det_bin != 1 {
+    if request.params.det_bin != 1 {
         return Err(refuse(path, "det_bin"));
     }
-    if params.dtype != DtypeRequest::Native {
+    if request.params.dtype != DtypeRequest::Native {
         return Err(refuse(path, "a dtype other than \"native\""));
     }
     let q = read_qem(path, &QemReadParams::default())?;
-    if let Some(s) = params.scan_shape {
+    if let Some(s) = request.params.scan_shape {
         if s != q.scan_shape {
             return Err(
                 Error::invalid("load", "scan_shape does not match the .qem file's scan")
@@ -520,9 +514,9 @@ pub(crate) fn load_qem(
         q.scan_shape,
         q.detector_shape,
         None,
-        params,
-        backend,
-        representation,
+        request.params,
+        request.backend,
+        request.representation,
     )?;
     let mut timings = q.timings;
     let file_bytes = q.file.size;
@@ -530,9 +524,9 @@ pub(crate) fn load_qem(
     let dense_bytes = (q.scan_shape.len() * q.detector_shape.len() * q.dtype.size()) as u64;
     let mut codec = q.provenance.codec.clone();
     let mut memory = None;
-    let storage = match (backend, representation) {
+    let storage = match (request.backend, request.representation) {
         (Backend::Cpu, Representation::Encoded) => {
-            if let Some(b) = params.memory_budget {
+            if let Some(b) = request.params.memory_budget {
                 if q.frames.nbytes() > b {
                     return Err(Error::memory_budget("load", q.frames.nbytes(), b).with_file(path));
                 }
@@ -547,24 +541,24 @@ pub(crate) fn load_qem(
         }
         (_, Representation::Dense) => {
             let t = Instant::now();
-            progress.begin("decode", 1);
+            request.progress.begin("decode", 1);
             let counts = q.frames.decode_all();
-            progress.advance(1);
-            progress.end();
+            request.progress.advance(1);
+            request.progress.end();
             let dense = narrow(counts?, q.dtype);
             timings.push(StageTiming {
                 stage: "decode (wall)".into(),
                 seconds: t.elapsed().as_secs_f64(),
             });
             codec = None;
-            match backend {
+            match request.backend {
                 Backend::Cpu => Storage::CpuDense(dense),
                 Backend::Cuda => {
                     let g = qem_cuda::load_array(
                         &dense,
                         q.scan_shape,
                         q.detector_shape,
-                        &gpu_params(&planned, params, None, progress),
+                        &gpu_params(&planned, request.params, None, request.progress),
                     )?;
                     timings.extend(g.timings);
                     Storage::CudaDense(g.array)
@@ -578,7 +572,7 @@ pub(crate) fn load_qem(
             let counter = std::sync::Arc::new(qem_cuda::mem::MemCounter::default());
             let (free0, total) = eng.gpu.mem_info()?;
             let need = q.frames.nbytes();
-            qem_cuda::load::admit(need, params.memory_budget, free0, 256 << 20)
+            qem_cuda::load::admit(need, request.params.memory_budget, free0, 256 << 20)
                 .map_err(|e| e.with_file(path))?;
             let d = qem_cuda::DeviceEncoded::upload(
                 &eng.gpu,
@@ -596,7 +590,7 @@ pub(crate) fn load_qem(
             });
             memory = Some(qem_core::MemoryReport {
                 planned_device_bytes: need,
-                budget_bytes: params.memory_budget.unwrap_or(free0),
+                budget_bytes: request.params.memory_budget.unwrap_or(free0),
                 process_peak_device_bytes: counter.peak(),
                 card_used_before_bytes: total.saturating_sub(free0),
                 card_used_peak_bytes: total.saturating_sub(free1),
@@ -633,7 +627,7 @@ pub(crate) fn load_qem(
         timings,
         codec,
     };
-    let mut ds = finish(facts, &planned, params, backend, loaded);
+    let mut ds = finish(facts, &planned, request.params, request.backend, loaded);
     ds.provenance.mask_policy = q.provenance.mask_policy.clone();
     ds.provenance.converted_from = Some(Box::new(q.provenance));
     Ok(ds)
