@@ -201,6 +201,17 @@ pub struct Optics {
 }
 
 impl Optics {
+    /// The optics of a `voltage_kv` beam through an aperture of `semiangle_mrad`, recorded on
+    /// square detector pixels of `det_sampling_mrad` each.
+    pub fn new(voltage_kv: f64, semiangle_mrad: f64, det_sampling_mrad: f64) -> Optics {
+        let dtheta_rad = det_sampling_mrad * 1e-3;
+        Optics {
+            lambda_a: electron_wavelength_a(voltage_kv),
+            alpha_rad: semiangle_mrad * 1e-3,
+            dtheta_rad: (dtheta_rad, dtheta_rad),
+        }
+    }
+
     /// Soft aperture `A(v) = clip((α − λ|v|)/δ + ½, 0, 1)`, `δ = √((cosφ Δθ_r)² + (sinφ Δθ_c)²)`
     /// (one detector pixel wide, so the BF disk edge is anti-aliased); δ ≈ 0 → hard edge.
     pub fn aperture(&self, v_r: f64, v_c: f64) -> f64 {
@@ -223,12 +234,9 @@ impl Optics {
 mod tests {
     use super::*;
 
+    /// 300 kV, 20 mrad, 2.5 mrad per pixel.
     fn optics() -> Optics {
-        Optics {
-            lambda_a: 0.019_687_489_006_849,
-            alpha_rad: 0.02,
-            dtheta_rad: (0.0025, 0.0025),
-        }
+        Optics::new(300.0, 20.0, 2.5)
     }
 
     #[test]

@@ -920,12 +920,9 @@ mod tests {
         }
     }
 
+    /// 300 kV, 20 mrad, 2.5 mrad per pixel.
     fn optics() -> Optics {
-        Optics {
-            lambda_a: 0.019_687_489_006_849,
-            alpha_rad: 0.02,
-            dtheta_rad: (0.0025, 0.0025),
-        }
+        Optics::new(300.0, 20.0, 2.5)
     }
 
     #[test]
