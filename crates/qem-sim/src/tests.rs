@@ -173,6 +173,45 @@ fn power_at(img: &[f64], shape: Shape2, u: usize, v: usize) -> f64 {
     re * re + im * im
 }
 
+/// Power of an image over the non-redundant half-plane of frequencies, DC left out.
+struct LatticePower {
+    total: f64,
+    /// At multiples of the lattice's fundamental frequencies.
+    on_lattice: f64,
+    /// The strongest frequency: `(power, u, v)`.
+    strongest: (f64, usize, usize),
+}
+
+/// [`LatticePower`] of `img` (`shape`) for a lattice of `(cells_row, cells_col)` cells per
+/// image, i.e. fundamental frequencies `(cells_row, 0)` and `(0, cells_col)`.
+fn lattice_power(
+    img: &[f64],
+    shape: Shape2,
+    (cells_row, cells_col): (usize, usize),
+) -> LatticePower {
+    let mut p = LatticePower {
+        total: 0.0,
+        on_lattice: 0.0,
+        strongest: (0.0, 0, 0),
+    };
+    for u in 0..shape.rows {
+        for v in 0..=shape.cols / 2 {
+            if u == 0 && v == 0 {
+                continue;
+            }
+            let pw = power_at(img, shape, u, v);
+            p.total += pw;
+            if u % cells_row == 0 && v % cells_col == 0 {
+                p.on_lattice += pw;
+            }
+            if pw > p.strongest.0 {
+                p.strongest = (pw, u, v);
+            }
+        }
+    }
+    p
+}
+
 #[test]
 fn bf_image_shows_the_lattice_with_rows_and_columns_in_place() {
     // Rectangular lattice: 3.0 Å along rows, 4.0 Å along columns, step 0.5 Å -> periods of 6 and
@@ -198,25 +237,11 @@ fn bf_image_shows_the_lattice_with_rows_and_columns_in_place() {
     };
     let out = simulate(&p).unwrap();
     let bf = bf_image(&out);
-    // Strongest non-DC frequency over the non-redundant half-plane.
-    let mut best = (0.0, 0, 0);
-    let mut total = 0.0;
-    let mut on_lattice = 0.0;
-    for u in 0..scan.rows {
-        for v in 0..=scan.cols / 2 {
-            if u == 0 && v == 0 {
-                continue;
-            }
-            let pw = power_at(&bf, scan, u, v);
-            total += pw;
-            if u % 6 == 0 && v % 4 == 0 {
-                on_lattice += pw;
-            }
-            if pw > best.0 {
-                best = (pw, u, v);
-            }
-        }
-    }
+    let LatticePower {
+        total,
+        on_lattice,
+        strongest: best,
+    } = lattice_power(&bf, scan, (6, 4));
     assert!(
         (best.1, best.2) == (6, 0) || (best.1, best.2) == (30, 0) || (best.1, best.2) == (0, 4),
         "strongest frequency ({}, {})",
@@ -247,19 +272,9 @@ fn srtio3_bf_image_has_the_cubic_period() {
     };
     let out = simulate(&p).unwrap();
     let bf = bf_image(&out);
-    let (mut total, mut on_lattice) = (0.0, 0.0);
-    for u in 0..scan.rows {
-        for v in 0..=scan.cols / 2 {
-            if u == 0 && v == 0 {
-                continue;
-            }
-            let pw = power_at(&bf, scan, u, v);
-            total += pw;
-            if u % 4 == 0 && v % 3 == 0 {
-                on_lattice += pw;
-            }
-        }
-    }
+    let LatticePower {
+        total, on_lattice, ..
+    } = lattice_power(&bf, scan, (4, 3));
     assert!(
         on_lattice > 0.9 * total,
         "lattice holds {:.3} of the power",
