@@ -2,7 +2,7 @@
 """Physical validation of ``dpc.run`` on abTEM multislice simulations.
 
 The simulations come from the independent driver ``simulate_abtem.py`` (abTEM, not the
-engine's own simulator; in $ANCHOR_TOOLS, default ../shared/tools). Its conventions: detector
+engine's own simulator; in $ANCHOR_TOOLS, default tests/tools). Its conventions: detector
 axis 0 is parallel to scan axis 0 (true scan rotation 0 deg, no transpose, no flip);
 ``phase_scan`` is sigma * V_proj at the scan positions, positive on the atom columns.
 

@@ -8,12 +8,11 @@
 # tests and the reference-acquisition generator. Needs cargo and maturin; run from the
 # repository root, then carry `device_carry` (it must stay under 64 MiB; du is printed).
 #
-# The generator (make_reference_acquisition.py) is the anchor's tool, not part of this
-# repository: it is read from $ANCHOR_TOOLS (default ../shared/tools, the anchor's checkout next
-# to this one), e.g. `ANCHOR_TOOLS=/path/to/tools bench/prepare_carry.sh`. Only that one file is
-# copied; nothing else of ../shared travels, and no build or test of the repository reads it.
+# The generator (make_reference_acquisition.py) is the anchor's recipe for the reference
+# acquisition; our copy lives in tests/tools (the default of $ANCHOR_TOOLS; point it elsewhere to
+# use another copy). Only that one file is copied into the carry.
 set -euo pipefail
-ANCHOR_TOOLS=${ANCHOR_TOOLS:-../shared/tools}
+ANCHOR_TOOLS=${ANCHOR_TOOLS:-tests/tools}
 GEN="$ANCHOR_TOOLS/make_reference_acquisition.py"
 [ -f "$GEN" ] || { echo "no $GEN: set ANCHOR_TOOLS to the folder holding it" >&2; exit 2; }
 D=device_carry

@@ -3,14 +3,14 @@
 # C10/C12/phi12 at two doses and two thicknesses, write Dectris files, run the
 # `ssb_validation` example on each and merge the records into
 # bench/results/cpu_ssb_abtem_validation.json.
-#   ANCHOR_TOOLS=../shared/tools   (simulate_abtem.py, make_dectris.py: the anchor's independent
+#   ANCHOR_TOOLS=tests/tools   (simulate_abtem.py, make_dectris.py: the anchor's independent
 #                                   tools, given by the developer; the repository never reads them)
 #   PY=/tmp/abtem-venv/bin/python  (venv from $ANCHOR_TOOLS/requirements-abtem.lock.txt)
 #   WORK=/tmp/ssbval               (scratch)
 #   SKIP_SIM=1                     (reuse simulations already in $WORK)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-TOOLS="$(cd "$ROOT" && cd "${ANCHOR_TOOLS:-../shared/tools}" && pwd)"
+TOOLS="$(cd "$ROOT" && cd "${ANCHOR_TOOLS:-tests/tools}" && pwd)"
 PY="${PY:-/tmp/abtem-venv/bin/python}"
 WORK="${WORK:-/tmp/ssbval}"
 OUT="${OUT:-$ROOT/bench/results/cpu_ssb_abtem_validation.json}"

@@ -6,7 +6,7 @@ py4DSTEM's SSB given the true aberrations on the same data").
 
 Runs in the reference environment (numpy < 2):
     python3 -m venv /tmp/refs-venv
-    /tmp/refs-venv/bin/pip install -c "${ANCHOR_TOOLS:-../shared/tools}"/requirements-refs.lock.txt numpy py4DSTEM
+    /tmp/refs-venv/bin/pip install -c "${ANCHOR_TOOLS:-tests/tools}"/requirements-refs.lock.txt numpy py4DSTEM
     /tmp/refs-venv/bin/python bench/ssb_py4dstem_compare.py \
         --sim-dir /tmp/ssbval --cases sto_t1_d1e6,sto_t1_d1e5,sto_d1e6,sto_d1e5 \
         --ours-python python3 --out bench/results/cpu_ssb_py4dstem_compare.json
