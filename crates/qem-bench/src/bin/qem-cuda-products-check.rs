@@ -23,7 +23,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use qem_core::{
-    DType, DenseArray, DetectorMask, DetectorPlan, ReduceRequest, ReduceResult, Result, Shape2, VirtualImage,
+    DType, DenseArray, DetectorMask, DetectorPlan, ReduceRequest, ReduceResult, Result, Shape2,
+    VirtualImage,
 };
 use qem_cpu::EncodedFrames;
 use qem_cuda::rans::DeviceEncoded;
