@@ -10,39 +10,7 @@ impl GpuSsb {
         let b = s.pixels.len();
         let scan = s.scan;
         let n = scan.len();
-        let (frames, frame_len, det_cols) = match src {
-            Source::Dense(a) => {
-                let [r, c, kr, kc] = a.shape();
-                (r * c, kr * kc, kc)
-            }
-            Source::Encoded(e) => (
-                e.n_frames() as usize,
-                e.frame_shape().len(),
-                e.frame_shape().cols,
-            ),
-            Source::Host { frame, .. } => (n, frame.len(), frame.cols),
-        };
-        if b == 0 || s.k.len() != b || s.g0.len() != b || n == 0 || frames != n {
-            return Err(
-                Error::invalid(OP, "BF pixels, k vectors, sums and scan disagree")
-                    .with_expected(format!("{b} k vectors and sums, {n} frames"))
-                    .with_found(format!(
-                        "{} k vectors, {} sums, {frames} frames",
-                        s.k.len(),
-                        s.g0.len()
-                    )),
-            );
-        }
-        if s.nu_r.len() != scan.rows || s.nu_c.len() != scan.cols {
-            return Err(Error::invalid(OP, "scan frequencies do not match the scan")
-                .with_expected(format!("{} and {}", scan.rows, scan.cols))
-                .with_found(format!("{} and {}", s.nu_r.len(), s.nu_c.len())));
-        }
-        if let Some(&p) = s.pixels.iter().find(|&&p| p >= frame_len) {
-            return Err(Error::invalid(OP, "pixel index outside the frame")
-                .with_expected(format!("< {frame_len}"))
-                .with_found(p.to_string()));
-        }
+        let (frames, frame_len, det_cols) = check_setup(&src, s)?;
         let t0 = Instant::now();
         let e = engine()?;
         let gpu = &e.gpu;
@@ -162,161 +130,24 @@ impl GpuSsb {
             "G (BF pixel spectra)",
         )?;
         let batches = b.div_ceil(batch);
-        {
-            let stream = gpu.stream();
-            let images = DevBuf::alloc(ctx, batch * n * 4, c, "BF pixel images")?;
-            // cuFFT writes [pixel][h]; the store kernel moves each batch into G's tiles.
-            let temp = DevBuf::alloc(ctx, (batch as u64 * nh * 8) as usize, c, "batch spectra")?;
-            let mut plans: Vec<(usize, SizedPlan)> = Vec::new();
-            // The host route's two pinned buffers (filled and uploaded in turn), each with the
-            // event of its last upload.
-            let chunk_px = (HOST_CHUNK_BYTES / (n * 4)).clamp(1, batch);
-            let mut staging = Staging {
-                bufs: Vec::new(),
-                stream,
-                engine: e,
-            };
-            if matches!(src, Source::Host { .. }) {
-                for _ in 0..2 {
-                    let buf = e.take_pinned(chunk_px * n * 4, "SSB host images")?;
-                    let ev = ctx
-                        .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                        .map_err(|er| driver_error("create event", er))?;
-                    staging.bufs.push((buf, ev, false));
-                }
-            }
-            let mut turn = 0usize;
-            let (dec, err) = match src {
-                Source::Encoded(_) => (
-                    Some(DevBuf::alloc(ctx, scratch as usize, c, "decoded frames")?),
-                    Some(new_err_record(ctx, c)?),
-                ),
-                Source::Dense(_) | Source::Host { .. } => (None, None),
-            };
-            for p0 in (0..b).step_by(batch) {
-                let np = batch.min(b - p0);
-                let pix_ptr = d_pix.ptr() + (p0 * 4) as u64;
-                let out = images.ptr();
-                match src {
-                    Source::Dense(a) => {
-                        launch_gather(
-                            stream,
-                            f.gather(a.dtype()),
-                            a.device_ptr(),
-                            frame_len,
-                            frames,
-                            0,
-                            n,
-                            pix_ptr,
-                            np,
-                            out,
-                        )?;
-                    }
-                    Source::Host { images: host, .. } => {
-                        // The copies queue behind the last batch's R2C (which reads `images`)
-                        // in stream order; the host waits only for a buffer's previous copy,
-                        // so it fills the next chunk while the card copies and transforms.
-                        for c0 in (p0..p0 + np).step_by(chunk_px) {
-                            let cn = chunk_px.min(p0 + np - c0);
-                            let (buf, ev, used) = &mut staging.bufs[turn % 2];
-                            turn += 1;
-                            if *used {
-                                ev.synchronize()
-                                    .map_err(|er| driver_error("wait for an SSB upload", er))?;
-                            }
-                            let bytes = cn * n * 4;
-                            let out: &mut [u32] =
-                                bytemuck::try_cast_slice_mut(&mut buf.as_mut_slice()[..bytes])
-                                    .map_err(|_| {
-                                        Error::internal(OP, "pinned buffer not 4-byte aligned")
-                                    })?;
-                            host.fill(c0, cn, out)?;
-                            buf.copy_to_device_async(&images, (c0 - p0) * n * 4, bytes, stream)?;
-                            ev.record(stream)
-                                .map_err(|er| driver_error("record an SSB upload", er))?;
-                            *used = true;
-                        }
-                        let (buf, len) = (images.ptr(), (np * n) as u64);
-                        let mut lb = stream.launch_builder(&f.u32_to_f32);
-                        lb.arg(&buf).arg(&len);
-                        // SAFETY: matches `qem_ssb_u32_to_f32(unsigned int*, u64)`; `images`
-                        // holds batch·n ≥ np·n 4-byte values; grid-stride loop.
-                        unsafe { lb.launch(grid_1d(len)) }
-                            .map_err(|er| driver_error("launch ssb u32_to_f32", er))?;
-                    }
-                    Source::Encoded(enc) => {
-                        let (Some(dec), Some(err)) = (dec.as_ref(), err.as_ref()) else {
-                            return Err(Error::internal(OP, "decode scratch missing"));
-                        };
-                        let rk = e.rans()?;
-                        let per = (scratch / (frame_len as u64 * 2)).max(1) as usize;
-                        for f0 in (0..frames).step_by(per) {
-                            let nf = per.min(frames - f0);
-                            // SAFETY: `dec` holds `per × frame_len` u16 ≥ nf frames; `err` is a
-                            // zeroed record; both live until the synchronize after the loop, and
-                            // the gather below reads `dec` in stream order before the next decode.
-                            unsafe {
-                                enc.launch_decode_dense(
-                                    rk,
-                                    stream,
-                                    f0 as u64,
-                                    nf as u64,
-                                    dec.ptr(),
-                                    err.ptr(),
-                                )
-                            }?;
-                            launch_gather(
-                                stream,
-                                f.gather(DType::U16),
-                                dec.ptr(),
-                                frame_len,
-                                nf,
-                                f0,
-                                n,
-                                pix_ptr,
-                                np,
-                                out,
-                            )?;
-                        }
-                    }
-                }
-                let plan = cached_plan(&mut plans, np, || {
-                    make_plan(gpu, scan, cufft_sys::cufftType::CUFFT_R2C, np, &counter)
-                })?;
-                // SAFETY: the plan is `np` R2C transforms of the scan; `images` holds np·n f32
-                // and `temp` batch·nh ≥ np·nh complex f32; stream order.
-                unsafe {
-                    cufft::exec_r2c(
-                        plan.plan.0,
-                        images.ptr() as *mut f32,
-                        temp.ptr() as *mut cufft_sys::cufftComplex,
-                    )
-                }
-                .map_err(|er| cufft_error(OP, "R2C of the BF images", er))?;
-                let (tp, gs, gp) = (temp.ptr(), d_gscale.ptr(), g.ptr());
-                let (np32, p032, nb32) = (np as u32, p0 as u32, b as u32);
-                let mut lb = stream.launch_builder(&f.store);
-                lb.arg(&tp).arg(&nh).arg(&np32).arg(&p032).arg(&nb32);
-                if storage == GStorage::C16 {
-                    lb.arg(&gs);
-                }
-                lb.arg(&gp);
-                // SAFETY: matches `qem_ssb_store_g32(const float2*, u64, u32, u32, u32, float2*)`
-                // or `qem_ssb_store_g16(const float2*, u64, u32, u32, u32, const float*,
-                // ushort2*)`; temp holds np·nh float2, G b·padded_half(nh) values with
-                // p0 + np ≤ b, gscale b floats; grid-stride loop.
-                unsafe { lb.launch(grid_1d(nh * np as u64)) }
-                    .map_err(|er| driver_error("launch ssb store", er))?;
-            }
-            stream
-                .synchronize()
-                .map_err(|er| driver_error("synchronize ssb prepare", er))?;
-            if let Some(err) = &err {
-                if let Some(fault) = read_err(err)? {
-                    return Err(fault_error(&fault, fault.frame).with_op("ssb gather_pixels"));
-                }
-            }
-        }
+        fill_g(&FillG {
+            e,
+            src: &src,
+            counter: &counter,
+            f: &f,
+            scan,
+            b,
+            n,
+            nh,
+            frames,
+            frame_len,
+            batch,
+            scratch,
+            storage,
+            pixels: &d_pix,
+            gscale: &d_gscale,
+            g: &g,
+        })?;
         let seconds = t0.elapsed().as_secs_f64();
         let peak_prepare = counter.peak();
         let dc = s.g0.iter().sum::<f64>() / b as f64;
@@ -381,4 +212,251 @@ impl GpuSsb {
             stats,
         })
     }
+}
+
+/// The source's frame count, frame length and detector columns, after checking that the BF
+/// pixels, their k vectors and sums, the scan and its frequencies agree.
+fn check_setup(src: &Source<'_>, s: &Setup<'_>) -> Result<(usize, usize, usize)> {
+    let b = s.pixels.len();
+    let scan = s.scan;
+    let n = scan.len();
+    let (frames, frame_len, det_cols) = match src {
+        Source::Dense(a) => {
+            let [r, c, kr, kc] = a.shape();
+            (r * c, kr * kc, kc)
+        }
+        Source::Encoded(e) => (
+            e.n_frames() as usize,
+            e.frame_shape().len(),
+            e.frame_shape().cols,
+        ),
+        Source::Host { frame, .. } => (n, frame.len(), frame.cols),
+    };
+    if b == 0 || s.k.len() != b || s.g0.len() != b || n == 0 || frames != n {
+        return Err(
+            Error::invalid(OP, "BF pixels, k vectors, sums and scan disagree")
+                .with_expected(format!("{b} k vectors and sums, {n} frames"))
+                .with_found(format!(
+                    "{} k vectors, {} sums, {frames} frames",
+                    s.k.len(),
+                    s.g0.len()
+                )),
+        );
+    }
+    if s.nu_r.len() != scan.rows || s.nu_c.len() != scan.cols {
+        return Err(Error::invalid(OP, "scan frequencies do not match the scan")
+            .with_expected(format!("{} and {}", scan.rows, scan.cols))
+            .with_found(format!("{} and {}", s.nu_r.len(), s.nu_c.len())));
+    }
+    if let Some(&p) = s.pixels.iter().find(|&&p| p >= frame_len) {
+        return Err(Error::invalid(OP, "pixel index outside the frame")
+            .with_expected(format!("< {frame_len}"))
+            .with_found(p.to_string()));
+    }
+    Ok((frames, frame_len, det_cols))
+}
+
+/// What [`fill_g`] reads and writes.
+struct FillG<'a> {
+    e: &'static Engine,
+    src: &'a Source<'a>,
+    counter: &'a Arc<MemCounter>,
+    f: &'a Funcs,
+    scan: Shape2,
+    /// BF pixels.
+    b: usize,
+    /// Scan positions.
+    n: usize,
+    /// Half-spectrum values per image.
+    nh: u64,
+    frames: usize,
+    frame_len: usize,
+    /// BF pixels per pass.
+    batch: usize,
+    /// Bytes of the ENCODED route's decode scratch.
+    scratch: u64,
+    storage: GStorage,
+    pixels: &'a DevBuf,
+    gscale: &'a DevBuf,
+    g: &'a DevBuf,
+}
+
+/// Fill G batch by batch: gather the batch's BF-pixel images (dense data in place, host data
+/// through two pinned buffers, ENCODED data decoded frame chunk by frame chunk), R2C them with
+/// cuFFT and store the half spectra into G's tiles; one synchronize and record check at the end.
+fn fill_g(x: &FillG<'_>) -> Result<()> {
+    let FillG {
+        e,
+        src,
+        counter,
+        f,
+        scan,
+        b,
+        n,
+        nh,
+        frames,
+        frame_len,
+        batch,
+        scratch,
+        storage,
+        pixels: d_pix,
+        gscale: d_gscale,
+        g,
+    } = *x;
+    let gpu = &e.gpu;
+    let ctx = gpu.ctx();
+    let c = Some(counter);
+
+    let stream = gpu.stream();
+    let images = DevBuf::alloc(ctx, batch * n * 4, c, "BF pixel images")?;
+    // cuFFT writes [pixel][h]; the store kernel moves each batch into G's tiles.
+    let temp = DevBuf::alloc(ctx, (batch as u64 * nh * 8) as usize, c, "batch spectra")?;
+    let mut plans: Vec<(usize, SizedPlan)> = Vec::new();
+    // The host route's two pinned buffers (filled and uploaded in turn), each with the
+    // event of its last upload.
+    let chunk_px = (HOST_CHUNK_BYTES / (n * 4)).clamp(1, batch);
+    let mut staging = Staging {
+        bufs: Vec::new(),
+        stream,
+        engine: e,
+    };
+    if matches!(src, Source::Host { .. }) {
+        for _ in 0..2 {
+            let buf = e.take_pinned(chunk_px * n * 4, "SSB host images")?;
+            let ev = ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|er| driver_error("create event", er))?;
+            staging.bufs.push((buf, ev, false));
+        }
+    }
+    let mut turn = 0usize;
+    let (dec, err) = match src {
+        Source::Encoded(_) => (
+            Some(DevBuf::alloc(ctx, scratch as usize, c, "decoded frames")?),
+            Some(new_err_record(ctx, c)?),
+        ),
+        Source::Dense(_) | Source::Host { .. } => (None, None),
+    };
+    for p0 in (0..b).step_by(batch) {
+        let np = batch.min(b - p0);
+        let pix_ptr = d_pix.ptr() + (p0 * 4) as u64;
+        let out = images.ptr();
+        match src {
+            Source::Dense(a) => {
+                launch_gather(
+                    stream,
+                    f.gather(a.dtype()),
+                    a.device_ptr(),
+                    frame_len,
+                    frames,
+                    0,
+                    n,
+                    pix_ptr,
+                    np,
+                    out,
+                )?;
+            }
+            Source::Host { images: host, .. } => {
+                // The copies queue behind the last batch's R2C (which reads `images`)
+                // in stream order; the host waits only for a buffer's previous copy,
+                // so it fills the next chunk while the card copies and transforms.
+                for c0 in (p0..p0 + np).step_by(chunk_px) {
+                    let cn = chunk_px.min(p0 + np - c0);
+                    let (buf, ev, used) = &mut staging.bufs[turn % 2];
+                    turn += 1;
+                    if *used {
+                        ev.synchronize()
+                            .map_err(|er| driver_error("wait for an SSB upload", er))?;
+                    }
+                    let bytes = cn * n * 4;
+                    let out: &mut [u32] =
+                        bytemuck::try_cast_slice_mut(&mut buf.as_mut_slice()[..bytes])
+                            .map_err(|_| Error::internal(OP, "pinned buffer not 4-byte aligned"))?;
+                    host.fill(c0, cn, out)?;
+                    buf.copy_to_device_async(&images, (c0 - p0) * n * 4, bytes, stream)?;
+                    ev.record(stream)
+                        .map_err(|er| driver_error("record an SSB upload", er))?;
+                    *used = true;
+                }
+                let (buf, len) = (images.ptr(), (np * n) as u64);
+                let mut lb = stream.launch_builder(&f.u32_to_f32);
+                lb.arg(&buf).arg(&len);
+                // SAFETY: matches `qem_ssb_u32_to_f32(unsigned int*, u64)`; `images`
+                // holds batch·n ≥ np·n 4-byte values; grid-stride loop.
+                unsafe { lb.launch(grid_1d(len)) }
+                    .map_err(|er| driver_error("launch ssb u32_to_f32", er))?;
+            }
+            Source::Encoded(enc) => {
+                let (Some(dec), Some(err)) = (dec.as_ref(), err.as_ref()) else {
+                    return Err(Error::internal(OP, "decode scratch missing"));
+                };
+                let rk = e.rans()?;
+                let per = (scratch / (frame_len as u64 * 2)).max(1) as usize;
+                for f0 in (0..frames).step_by(per) {
+                    let nf = per.min(frames - f0);
+                    // SAFETY: `dec` holds `per × frame_len` u16 ≥ nf frames; `err` is a
+                    // zeroed record; both live until the synchronize after the loop, and
+                    // the gather below reads `dec` in stream order before the next decode.
+                    unsafe {
+                        enc.launch_decode_dense(
+                            rk,
+                            stream,
+                            f0 as u64,
+                            nf as u64,
+                            dec.ptr(),
+                            err.ptr(),
+                        )
+                    }?;
+                    launch_gather(
+                        stream,
+                        f.gather(DType::U16),
+                        dec.ptr(),
+                        frame_len,
+                        nf,
+                        f0,
+                        n,
+                        pix_ptr,
+                        np,
+                        out,
+                    )?;
+                }
+            }
+        }
+        let plan = cached_plan(&mut plans, np, || {
+            make_plan(gpu, scan, cufft_sys::cufftType::CUFFT_R2C, np, counter)
+        })?;
+        // SAFETY: the plan is `np` R2C transforms of the scan; `images` holds np·n f32
+        // and `temp` batch·nh ≥ np·nh complex f32; stream order.
+        unsafe {
+            cufft::exec_r2c(
+                plan.plan.0,
+                images.ptr() as *mut f32,
+                temp.ptr() as *mut cufft_sys::cufftComplex,
+            )
+        }
+        .map_err(|er| cufft_error(OP, "R2C of the BF images", er))?;
+        let (tp, gs, gp) = (temp.ptr(), d_gscale.ptr(), g.ptr());
+        let (np32, p032, nb32) = (np as u32, p0 as u32, b as u32);
+        let mut lb = stream.launch_builder(&f.store);
+        lb.arg(&tp).arg(&nh).arg(&np32).arg(&p032).arg(&nb32);
+        if storage == GStorage::C16 {
+            lb.arg(&gs);
+        }
+        lb.arg(&gp);
+        // SAFETY: matches `qem_ssb_store_g32(const float2*, u64, u32, u32, u32, float2*)`
+        // or `qem_ssb_store_g16(const float2*, u64, u32, u32, u32, const float*,
+        // ushort2*)`; temp holds np·nh float2, G b·padded_half(nh) values with
+        // p0 + np ≤ b, gscale b floats; grid-stride loop.
+        unsafe { lb.launch(grid_1d(nh * np as u64)) }
+            .map_err(|er| driver_error("launch ssb store", er))?;
+    }
+    stream
+        .synchronize()
+        .map_err(|er| driver_error("synchronize ssb prepare", er))?;
+    if let Some(err) = &err {
+        if let Some(fault) = read_err(err)? {
+            return Err(fault_error(&fault, fault.frame).with_op("ssb gather_pixels"));
+        }
+    }
+    Ok(())
 }
