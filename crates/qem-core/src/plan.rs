@@ -22,7 +22,11 @@ pub struct DetectorPlan {
 impl DetectorPlan {
     /// Validate `detector_region` (inside the detector, non-empty) and `bin` (≥ 1, at most the
     /// region's larger extent) and plan the output frame.
-    pub fn new(source: Shape2, detector_region: Option<Region>, bin: usize) -> Result<DetectorPlan> {
+    pub fn new(
+        source: Shape2,
+        detector_region: Option<Region>,
+        bin: usize,
+    ) -> Result<DetectorPlan> {
         let region = detector_region.unwrap_or(source.full());
         region.validate(source, "detector_region")?;
         if bin == 0 {

@@ -115,12 +115,11 @@ pub unsafe fn launch_region_bin(
     a: &RegionBinArgs,
 ) -> Result<()> {
     if plan.source.len() > u32::MAX as usize {
-        return Err(Error::invalid(
-            "load (cuda)",
-            "detector too large for the GPU kernels",
-        )
-        .with_expected(format!("at most {} pixels", u32::MAX))
-        .with_found(plan.source.to_string()));
+        return Err(
+            Error::invalid("load (cuda)", "detector too large for the GPU kernels")
+                .with_expected(format!("at most {} pixels", u32::MAX))
+                .with_found(plan.source.to_string()),
+        );
     }
     let total = plan.output.len() as u64 * a.n_frames as u64;
     if total == 0 {

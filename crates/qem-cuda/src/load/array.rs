@@ -14,7 +14,6 @@ use crate::device::driver_error;
 use crate::engine::engine;
 use crate::mem::{DevBuf, MemCounter};
 
-
 /// A dense `[R_r, R_c, k_r, k_c]` array in device memory (freed on drop).
 #[derive(Debug)]
 pub struct DeviceArray {
@@ -104,9 +103,11 @@ pub fn load_array(
     params.scan_region.validate(scan, "scan_region")?;
     let rplan = params.detector;
     if rplan.source != detector {
-        return Err(Error::internal("load (cuda)", "detector plan made for another detector")
-            .with_expected(detector.to_string())
-            .with_found(rplan.source.to_string()));
+        return Err(
+            Error::internal("load (cuda)", "detector plan made for another detector")
+                .with_expected(detector.to_string())
+                .with_found(rplan.source.to_string()),
+        );
     }
     let n_src = scan.len();
     if data.len() != n_src * detector.len() || n_src > u32::MAX as usize - 1 {

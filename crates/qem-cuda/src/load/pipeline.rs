@@ -154,9 +154,11 @@ pub(super) fn pipeline(
     let slots = opts.slots.clamp(2, 4);
     let rplan = params.detector;
     if rplan.source != src.detector_shape {
-        return Err(Error::internal(op, "detector plan made for another detector")
-            .with_expected(src.detector_shape.to_string())
-            .with_found(rplan.source.to_string()));
+        return Err(
+            Error::internal(op, "detector plan made for another detector")
+                .with_expected(src.detector_shape.to_string())
+                .with_found(rplan.source.to_string()),
+        );
     }
     let identity = rplan.is_identity(src.dtype, params.result_dtype);
     let encode = match sink {
