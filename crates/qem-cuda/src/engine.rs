@@ -2,7 +2,7 @@
 //! first use and kept for the life of the process, so a second load pays no context creation
 //! and no NVRTC compile.
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use qem_core::Result;
 
@@ -29,6 +29,10 @@ pub struct Engine {
     rans: OnceLock<Result<RansKernels>>,
     /// Detector-reduction kernels, compiled on first use.
     products: OnceLock<Result<ProductKernels>>,
+    /// Reader thread pools by thread count, kept between loads: a pool built per load spawned
+    /// fresh threads each time, and each new thread's allocator arena kept its pages (host RSS
+    /// grew ~140 KB per DENSE load on the H200, issue 17).
+    readers: Mutex<Vec<(usize, Arc<rayon::ThreadPool>)>>,
 }
 
 /// Most pinned buffers kept for reuse.
@@ -50,6 +54,27 @@ impl Engine {
             .get_or_init(|| ProductKernels::load(&self.gpu))
             .as_ref()
             .map_err(Clone::clone)
+    }
+
+    /// The reader pool of `threads` threads (made on first use, then shared by every load).
+    pub fn reader_pool(&self, threads: usize) -> Result<Arc<rayon::ThreadPool>> {
+        let threads = threads.max(1);
+        let mut pools = self
+            .readers
+            .lock()
+            .map_err(|_| qem_core::Error::internal("reader threads", "pool lock poisoned"))?;
+        if let Some((_, p)) = pools.iter().find(|(n, _)| *n == threads) {
+            return Ok(p.clone());
+        }
+        let pool = Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(|i| format!("qem-reader-{i}"))
+                .build()
+                .map_err(|e| qem_core::Error::internal("reader threads", e.to_string()))?,
+        );
+        pools.push((threads, pool.clone()));
+        Ok(pool)
     }
 
     /// A pinned buffer of at least `bytes` bytes: a kept one when one is large enough, else a
@@ -108,6 +133,7 @@ pub fn engine() -> Result<&'static Engine> {
                 pinned: Mutex::new(Vec::new()),
                 rans: OnceLock::new(),
                 products: OnceLock::new(),
+                readers: Mutex::new(Vec::new()),
             })
         })
         .as_ref()

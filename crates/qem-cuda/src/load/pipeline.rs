@@ -306,10 +306,7 @@ pub(super) fn pipeline(
         .iter()
         .map(|f| qem_io::open_regular("open", &f.path, "data file"))
         .collect::<Result<_>>()?;
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(opts.reader_threads.max(1))
-        .build()
-        .map_err(|err| Error::internal(op, format!("reader threads: {err}")))?;
+    let pool = e.reader_pool(opts.reader_threads)?;
     let t_alloc = t.elapsed().as_secs_f64();
 
     // ---- pipeline
