@@ -27,18 +27,7 @@ pub const fn transpose_8x8(mut x: u64) -> u64 {
 }
 
 fn check_block(src: &[u8], dst: &[u8], elem_size: usize) -> Result<(), CodecError> {
-    if elem_size == 0 {
-        return Err(CodecError::UnsupportedElemSize {
-            elem_size,
-            reason: "element size must be at least 1 byte",
-        });
-    }
-    if elem_size > crate::MAX_ELEM_SIZE {
-        return Err(CodecError::UnsupportedElemSize {
-            elem_size,
-            reason: "element size above qem_codec::MAX_ELEM_SIZE",
-        });
-    }
+    crate::framing::check_elem_size_range(elem_size)?;
     if src.len() != dst.len() {
         return Err(CodecError::SizeMismatch {
             what: "bit transpose output buffer",

@@ -12,6 +12,7 @@
 //! scratch buffers, and [`encode_chunk`] writes the format as hdf5plugin does.
 
 use crate::bitshuffle::{transpose_block, untranspose_unchecked};
+use crate::framing::{block_payload, read_be_u32};
 use crate::lz4::{compress_block, compress_bound, decompress_block_exact};
 use crate::CodecError;
 
@@ -78,18 +79,7 @@ impl ChunkLayout {
 }
 
 fn check_elem_size(elem_size: usize, out_len: usize) -> Result<(), CodecError> {
-    if elem_size == 0 {
-        return Err(CodecError::UnsupportedElemSize {
-            elem_size,
-            reason: "element size must be at least 1 byte",
-        });
-    }
-    if elem_size > crate::MAX_ELEM_SIZE {
-        return Err(CodecError::UnsupportedElemSize {
-            elem_size,
-            reason: "element size above qem_codec::MAX_ELEM_SIZE",
-        });
-    }
+    crate::framing::check_elem_size_range(elem_size)?;
     if out_len % elem_size != 0 {
         return Err(CodecError::UnsupportedElemSize {
             elem_size,
@@ -97,18 +87,6 @@ fn check_elem_size(elem_size: usize, out_len: usize) -> Result<(), CodecError> {
         });
     }
     Ok(())
-}
-
-fn read_be_u32(chunk: &[u8], offset: usize, what: &'static str) -> Result<u32, CodecError> {
-    match chunk.get(offset..offset + 4) {
-        Some(&[a, b, c, d]) => Ok(u32::from_be_bytes([a, b, c, d])),
-        _ => Err(CodecError::Truncated {
-            what,
-            offset,
-            needed: 4,
-            available: chunk.len().saturating_sub(offset),
-        }),
-    }
 }
 
 /// Parse and validate the framing of `chunk` (`elem_size`-byte elements, `expected_bytes` of
@@ -189,17 +167,8 @@ pub fn parse_chunk_into(
         let mut index = 0usize;
         while out_offset < blocked_bytes {
             let out_len = block_bytes.min(blocked_bytes - out_offset);
-            let c = read_be_u32(chunk, offset, "bitshuffle block length prefix")? as usize;
-            let payload_offset = offset + 4;
-            let left = chunk.len() - payload_offset;
-            if c > left {
-                return Err(CodecError::PayloadLength {
-                    block: index,
-                    found: c as u64,
-                    limit: left as u64,
-                    why: "bytes left in the chunk",
-                });
-            }
+            let (payload_offset, c) =
+                block_payload(chunk, offset, index, "bitshuffle block length prefix")?;
             let bound = compress_bound(out_len);
             if c > bound {
                 return Err(CodecError::PayloadLength {

@@ -22,6 +22,7 @@ pub mod qem_file;
 pub mod rans;
 
 mod error;
+mod framing;
 pub use error::{CodecError, Lz4Fault};
 
 /// Largest element size (bytes) the chunk codecs accept; keeps `8 * elem_size` far from overflow.

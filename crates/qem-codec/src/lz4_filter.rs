@@ -5,23 +5,12 @@
 //! `u32` length `c` and `c` bytes: the block stored raw when `c` equals the block's size,
 //! otherwise one LZ4 block that must decode to exactly the block's size. No bit transpose.
 
+use crate::framing::{block_payload, read_be_u32};
 use crate::lz4::decompress_block_exact;
 use crate::CodecError;
 
 /// HDF5 filter id of the LZ4 filter.
 pub const FILTER_ID: u32 = 32004;
-
-fn read_be_u32(chunk: &[u8], offset: usize, what: &'static str) -> Result<usize, CodecError> {
-    match chunk.get(offset..offset + 4) {
-        Some(&[a, b, c, d]) => Ok(u32::from_be_bytes([a, b, c, d]) as usize),
-        _ => Err(CodecError::Truncated {
-            what,
-            offset,
-            needed: 4,
-            available: chunk.len().saturating_sub(offset),
-        }),
-    }
-}
 
 /// Decode one filter-32004 chunk into `out` (`out.len()` = expected uncompressed bytes).
 ///
@@ -47,7 +36,7 @@ pub fn decode_chunk(chunk: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
             found: total,
         });
     }
-    let block_bytes = read_be_u32(chunk, 8, "LZ4 filter chunk header")?;
+    let block_bytes = read_be_u32(chunk, 8, "LZ4 filter chunk header")? as usize;
     if block_bytes == 0 && !out.is_empty() {
         return Err(CodecError::BlockSize {
             block_bytes: 0,
@@ -60,17 +49,7 @@ pub fn decode_chunk(chunk: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
     let mut index = 0usize;
     while out_offset < out.len() {
         let len = block_bytes.min(out.len() - out_offset);
-        let c = read_be_u32(chunk, offset, "LZ4 filter block length prefix")?;
-        let start = offset + 4;
-        let left = chunk.len() - start;
-        if c > left {
-            return Err(CodecError::PayloadLength {
-                block: index,
-                found: c as u64,
-                limit: left as u64,
-                why: "bytes left in the chunk",
-            });
-        }
+        let (start, c) = block_payload(chunk, offset, index, "LZ4 filter block length prefix")?;
         let payload = &chunk[start..start + c];
         let dst = &mut out[out_offset..out_offset + len];
         if c == len {
