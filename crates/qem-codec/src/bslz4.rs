@@ -12,7 +12,7 @@
 //! scratch buffers, and [`encode_chunk`] writes the format as hdf5plugin does.
 
 use crate::bitshuffle::{transpose_block, untranspose_unchecked};
-use crate::framing::{block_payload, read_be_u32};
+use crate::framing::{block_payload, check_payload_len, read_be_u32};
 use crate::lz4::{compress_block, compress_bound, decompress_block_exact};
 use crate::CodecError;
 
@@ -170,14 +170,7 @@ pub fn parse_chunk_into(
             let (payload_offset, c) =
                 block_payload(chunk, offset, index, "bitshuffle block length prefix")?;
             let bound = compress_bound(out_len);
-            if c > bound {
-                return Err(CodecError::PayloadLength {
-                    block: index,
-                    found: c as u64,
-                    limit: bound as u64,
-                    why: "LZ4 bound of the block size",
-                });
-            }
+            check_payload_len(index, c, bound, "LZ4 bound of the block size")?;
             layout.blocks.push(BlockSpan {
                 payload_offset,
                 payload_len: c,

@@ -31,15 +31,26 @@ pub(crate) fn block_payload(
     let c = read_be_u32(chunk, offset, what)? as usize;
     let payload_offset = offset + 4;
     let left = chunk.len() - payload_offset;
-    if c > left {
+    check_payload_len(index, c, left, "bytes left in the chunk")?;
+    Ok((payload_offset, c))
+}
+
+/// `PayloadLength` for block `index` when its `len` exceeds `limit` (`why` names the limit).
+pub(crate) fn check_payload_len(
+    index: usize,
+    len: usize,
+    limit: usize,
+    why: &'static str,
+) -> Result<(), CodecError> {
+    if len > limit {
         return Err(CodecError::PayloadLength {
             block: index,
-            found: c as u64,
-            limit: left as u64,
-            why: "bytes left in the chunk",
+            found: len as u64,
+            limit: limit as u64,
+            why,
         });
     }
-    Ok((payload_offset, c))
+    Ok(())
 }
 
 /// An element size the bit transpose handles: 1 to [`crate::MAX_ELEM_SIZE`] bytes.
