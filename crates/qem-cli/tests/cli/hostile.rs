@@ -97,30 +97,10 @@ fn a_scan_shape_whose_product_wraps_is_refused_before_allocating() {
     let master = write_acq(dir.path(), (8, 8), (2, 2), &frames);
     // 64 x (2^58 + 1) wraps to 64, the number of frames present.
     let wraps = ((1u64 << 58) + 1).to_string();
-    let o = qg_limited(&["inspect", &master, "--scan-shape", "64", &wraps], &[], 60);
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
-    assert!(
-        out.contains("ready: NO") && out.contains("overflows"),
-        "{out}"
-    );
+    let shape = ["--scan-shape", "64", &wraps];
+    inspect_says_not_ready(&master, &shape, "overflows");
     let qem = dir.path().join("out.qem");
-    let o = qg_limited(
-        &[
-            "convert",
-            &master,
-            qem.to_str().unwrap(),
-            "--backend",
-            "cpu",
-            "--scan-shape",
-            "64",
-            &wraps,
-        ],
-        &[],
-        60,
-    );
-    assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert!(stderr(&o).contains("overflows"), "{}", stderr(&o));
+    convert_fails(&master, &qem, &shape, 2, "overflows");
     assert!(!qem.exists());
 }
 
@@ -137,21 +117,26 @@ fn a_file_declaring_a_billion_frames_and_holding_one_fails_fast_naming_frame_1()
     )
     .unwrap();
     let p = path.to_str().unwrap();
-    let o = qg_limited(&["inspect", p], &[], 60);
+    inspect_says_not_ready(p, &[], "first: 1");
+    convert_fails(p, &dir.path().join("out.qem"), &[], 3, "frame 1 ");
+}
+
+/// `inspect SOURCE EXTRA...` succeeds and reports the source not ready, saying `why`.
+fn inspect_says_not_ready(source: &str, extra: &[&str], why: &str) {
+    let args: Vec<&str> = ["inspect", source].iter().chain(extra).copied().collect();
+    let o = qg_limited(&args, &[], 60);
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    assert!(
-        out.contains("ready: NO") && out.contains("first: 1"),
-        "{out}"
-    );
-    let qem = dir.path().join("out.qem");
-    let o = qg_limited(
-        &["convert", p, qem.to_str().unwrap(), "--backend", "cpu"],
-        &[],
-        60,
-    );
-    assert_eq!(code(&o), 3, "{}", stderr(&o));
-    assert!(stderr(&o).contains("frame 1 "), "{}", stderr(&o));
+    assert!(out.contains("ready: NO") && out.contains(why), "{out}");
+}
+
+/// `convert SOURCE QEM --backend cpu EXTRA...` exits `want_code` saying `why` on stderr.
+fn convert_fails(source: &str, qem: &Path, extra: &[&str], want_code: i32, why: &str) {
+    let head = ["convert", source, qem.to_str().unwrap(), "--backend", "cpu"];
+    let args: Vec<&str> = head.iter().chain(extra).copied().collect();
+    let o = qg_limited(&args, &[], 60);
+    assert_eq!(code(&o), want_code, "{}", stderr(&o));
+    assert!(stderr(&o).contains(why), "{}", stderr(&o));
 }
 
 #[test]
