@@ -64,3 +64,21 @@ pub fn finish_check<E: std::fmt::Display>(
         }
     }
 }
+
+/// Load parameters for a whole acquisition as it is stored (full scan, whole detector, no
+/// bin, u16, the source's bad pixels masked): what the check binaries load the reference with.
+pub fn whole_u16_load<'a>(
+    src: &qem_io::Source,
+    bad_mask: Option<&'a [bool]>,
+) -> qem_core::Result<qem_cuda::GpuLoadParams<'a>> {
+    Ok(qem_cuda::GpuLoadParams {
+        scan_region: src.scan_shape.full(),
+        detector: qem_core::DetectorPlan::new(src.detector_shape, None, 1)?,
+        result_dtype: qem_core::DType::U16,
+        saturate: false,
+        bad_mask,
+        memory_budget: None,
+        options: qem_cuda::PipelineOptions::default(),
+        progress: None,
+    })
+}

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use qem_core::{
-    DType, DenseArray, DetectorMask, DetectorPlan, ReduceRequest, ReduceResult, Result, Shape2,
+    DenseArray, DetectorMask, DetectorPlan, ReduceRequest, ReduceResult, Result, Shape2,
     VirtualImage,
 };
 use qem_cpu::EncodedFrames;
@@ -387,16 +387,7 @@ fn run_load(master: &Path, repeats: usize) -> Result<(Value, bool)> {
     let e = engine()?;
     let src = Source::open(master, &OpenOptions::default())?;
     let bad = src.bad_pixel_mask();
-    let params = GpuLoadParams {
-        scan_region: src.scan_shape.full(),
-        detector: DetectorPlan::new(src.detector_shape, None, 1)?,
-        result_dtype: DType::U16,
-        saturate: false,
-        bad_mask: bad.as_deref(),
-        memory_budget: None,
-        options: PipelineOptions::default(),
-        progress: None,
-    };
+    let params = qem_bench::whole_u16_load(&src, bad.as_deref())?;
     let det = src.detector_shape;
     let n = src.scan_shape.len() as u64;
     let enc = load_source_encoded(&src, &params, &EncodeOptions::default())?.encoded;

@@ -24,14 +24,14 @@ use std::time::Instant;
 
 use qem_codec::qem_file::{QemFile, QemWriter, StreamEntry};
 use qem_codec::rans::{self, CountsModel, FloorPolicy, ModelParams};
-use qem_core::{DType, DetectorPlan, Error, Region, Result, Shape2};
+use qem_core::{DType, Error, Region, Result, Shape2};
 use qem_cpu::{FramePlan, LoadHooks};
 use qem_cuda::mem::{DevBuf, MemCounter};
 use qem_cuda::rans::{
     fit_on_device, frame_hash, launch_encode, DeviceEncoded, DeviceModel, EncodeArgs,
     EncoderScratch, FrameReduce, RansKernels,
 };
-use qem_cuda::{engine, load_source_encoded, EncodeOptions, Gpu, GpuLoadParams, PipelineOptions};
+use qem_cuda::{engine, load_source_encoded, EncodeOptions, Gpu};
 use qem_io::{OpenOptions, Source};
 use qem_sim::{ReferenceParams, ReferencePattern};
 use rayon::prelude::*;
@@ -420,16 +420,7 @@ fn run_load(k: &RansKernels, a: &Args, master: &std::path::Path) -> Result<(Valu
     let src = Source::open(master, &OpenOptions::default())?;
     let open_s = t.elapsed().as_secs_f64();
     let bad = src.bad_pixel_mask();
-    let params = GpuLoadParams {
-        scan_region: src.scan_shape.full(),
-        detector: DetectorPlan::new(src.detector_shape, None, 1)?,
-        result_dtype: DType::U16,
-        saturate: false,
-        bad_mask: bad.as_deref(),
-        memory_budget: None,
-        options: PipelineOptions::default(),
-        progress: None,
-    };
+    let params = qem_bench::whole_u16_load(&src, bad.as_deref())?;
     let mut opts = EncodeOptions::default();
     if let Some(c) = a.contexts {
         opts.model.contexts = c;
