@@ -208,6 +208,30 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// Parse `s` (any case) as the one of `all` whose `name` it is; otherwise an
+/// [`ErrorKind::InvalidArgument`] error for `op`, `unknown {what} "{s}"`, expecting the names
+/// (`"a, b or c"`) and finding `s`. The shared `FromStr` of the named option enums.
+pub fn parse_choice<T: Copy>(
+    op: &str,
+    what: &str,
+    s: &str,
+    all: &[T],
+    name: impl Fn(T) -> &'static str,
+) -> Result<T> {
+    let low = s.to_ascii_lowercase();
+    if let Some(&t) = all.iter().find(|&&t| name(t) == low) {
+        return Ok(t);
+    }
+    let names: Vec<&str> = all.iter().map(|&t| name(t)).collect();
+    let expected = match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => names.join(""),
+    };
+    Err(Error::invalid(op, format!("unknown {what} \"{s}\""))
+        .with_expected(expected)
+        .with_found(s.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,5 +255,17 @@ mod tests {
         let s = e.to_string();
         assert!(s.contains("100") && s.contains("40"), "{s}");
         assert_eq!(e.kind.exit_code(), 5);
+    }
+
+    #[test]
+    fn parse_choice_matches_any_case_and_lists_the_names() {
+        let all = [1u8, 2, 3];
+        let name = |t: u8| ["one", "two", "three"][t as usize - 1];
+        assert_eq!(parse_choice("op", "thing", "TWO", &all, name).unwrap(), 2);
+        let e = parse_choice("op", "thing", "Four", &all, name).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert_eq!(e.expected.as_deref(), Some("one, two or three"));
+        assert_eq!(e.found.as_deref(), Some("Four"));
+        assert!(e.to_string().contains("unknown thing \"Four\""), "{e}");
     }
 }

@@ -18,7 +18,7 @@ pub mod reduce;
 
 pub use dense::DenseArray;
 pub use dtype::{DType, DtypeRequest};
-pub use error::{Error, ErrorDetails, ErrorKind, Result};
+pub use error::{parse_choice, Error, ErrorDetails, ErrorKind, Result};
 pub use geometry::{bin_extent, checked_product, Region, Shape2};
 pub use metadata::{MaskPolicy, Metadata, ScanShapeOrigin};
 pub use plan::DetectorPlan;

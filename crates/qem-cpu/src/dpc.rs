@@ -23,7 +23,7 @@
 //!    positively skewed). The decision says which criterion decided and whether it was
 //!    confident.
 
-use qem_core::{Error, Moments, Result, Shape2};
+use qem_core::{parse_choice, Error, Moments, Result, Shape2};
 use rayon::prelude::*;
 use rustfft::num_complex::Complex64;
 use rustfft::{Fft, FftDirection, FftPlanner};
@@ -72,15 +72,10 @@ impl EdgeMode {
 impl std::str::FromStr for EdgeMode {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "periodic" => Ok(EdgeMode::Periodic),
-            "mirror" => Ok(EdgeMode::Mirror),
-            other => Err(
-                Error::invalid("dpc integrate", format!("unknown edge mode \"{other}\""))
-                    .with_expected("periodic or mirror")
-                    .with_found(other.to_string()),
-            ),
-        }
+        // Lower-cased first: the error has always quoted the lower-cased input.
+        let all = [EdgeMode::Periodic, EdgeMode::Mirror];
+        let low = s.to_ascii_lowercase();
+        parse_choice("dpc integrate", "edge mode", &low, &all, EdgeMode::name)
     }
 }
 

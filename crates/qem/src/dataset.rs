@@ -1,7 +1,7 @@
 //! [`Dataset`]: a loaded acquisition `I[R_r, R_c, k_r, k_c]` with its metadata and provenance.
 
 use crate::backend::Backend;
-use qem_core::{DType, DenseArray, Error, Metadata, Provenance, Result, Shape2};
+use qem_core::{parse_choice, DType, DenseArray, Error, Metadata, Provenance, Result, Shape2};
 
 /// How the counts are held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -26,15 +26,10 @@ impl Representation {
 impl std::str::FromStr for Representation {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "dense" => Ok(Representation::Dense),
-            "encoded" => Ok(Representation::Encoded),
-            other => Err(
-                Error::invalid("load", format!("unknown representation \"{other}\""))
-                    .with_expected("dense or encoded")
-                    .with_found(other.to_string()),
-            ),
-        }
+        // Lower-cased first: the error has always quoted the lower-cased input.
+        let all = [Representation::Dense, Representation::Encoded];
+        let low = s.to_ascii_lowercase();
+        parse_choice("load", "representation", &low, &all, Representation::name)
     }
 }
 

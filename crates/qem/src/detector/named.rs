@@ -6,7 +6,7 @@ use super::geometry::{bounds, bounds_json, disk_json, geometry, sampling_json};
 use super::{annulus_mask, live, reduce, DetectorMask, DiskFit, ReduceRequest, VirtualImage};
 use crate::dataset::Dataset;
 use crate::result::ResultProvenance;
-use qem_core::{Error, Result, Shape2};
+use qem_core::{parse_choice, Error, Result, Shape2};
 use serde_json::json;
 use std::time::Instant;
 
@@ -34,15 +34,15 @@ impl Unit {
 impl std::str::FromStr for Unit {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "px" => Ok(Unit::Px),
-            "mrad" => Ok(Unit::Mrad),
-            other => Err(
-                Error::invalid("detector", format!("unknown unit \"{other}\""))
-                    .with_expected("px or mrad")
-                    .with_found(other.to_string()),
-            ),
-        }
+        // Lower-cased first: the error has always quoted the lower-cased input.
+        let low = s.to_ascii_lowercase();
+        parse_choice(
+            "detector",
+            "unit",
+            &low,
+            &[Unit::Px, Unit::Mrad],
+            Unit::name,
+        )
     }
 }
 
@@ -110,15 +110,13 @@ impl std::fmt::Display for DetectorKind {
 impl std::str::FromStr for DetectorKind {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        let low = s.to_ascii_lowercase();
-        DetectorKind::ALL
-            .into_iter()
-            .find(|k| k.name() == low)
-            .ok_or_else(|| {
-                Error::invalid("detector", format!("unknown detector \"{s}\""))
-                    .with_expected("bf, abf, adf, haadf, df or annular")
-                    .with_found(s.to_string())
-            })
+        parse_choice(
+            "detector",
+            "detector",
+            s,
+            &DetectorKind::ALL,
+            DetectorKind::name,
+        )
     }
 }
 

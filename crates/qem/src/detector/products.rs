@@ -10,7 +10,7 @@ use super::{
 };
 use crate::dataset::Dataset;
 use crate::result::ResultProvenance;
-use qem_core::{Error, Result};
+use qem_core::{parse_choice, Error, Result};
 use serde_json::json;
 use std::time::Instant;
 
@@ -55,20 +55,16 @@ impl std::fmt::Display for Product {
 impl std::str::FromStr for Product {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "sum_dp" => Ok(Product::SumDp),
-            "mean_dp" => Ok(Product::MeanDp),
-            "max_dp" => Ok(Product::MaxDp),
-            "moments" => Ok(Product::Moments),
-            "com" => Ok(Product::Com),
-            _ => s.parse::<DetectorKind>().map(Product::Det).map_err(|_| {
-                Error::invalid("detector products", format!("unknown product \"{s}\""))
-                    .with_expected(
-                        "bf, abf, adf, haadf, df, annular, sum_dp, mean_dp, max_dp, moments or com",
-                    )
-                    .with_found(s.to_string())
-            }),
-        }
+        let all: Vec<Product> = (DetectorKind::ALL.into_iter().map(Product::Det))
+            .chain([
+                Product::SumDp,
+                Product::MeanDp,
+                Product::MaxDp,
+                Product::Moments,
+                Product::Com,
+            ])
+            .collect();
+        parse_choice("detector products", "product", s, &all, Product::name)
     }
 }
 
