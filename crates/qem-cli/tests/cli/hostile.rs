@@ -132,8 +132,11 @@ fn inspect_says_not_ready(source: &str, extra: &[&str], why: &str) {
 
 /// `convert SOURCE QEM --backend cpu EXTRA...` exits `want_code` saying `why` on stderr.
 fn convert_fails(source: &str, qem: &Path, extra: &[&str], want_code: i32, why: &str) {
-    let head = ["convert", source, qem.to_str().unwrap(), "--backend", "cpu"];
-    let args: Vec<&str> = head.iter().chain(extra).copied().collect();
+    let args: Vec<&str> = convert_args(source, qem)
+        .iter()
+        .chain(extra)
+        .copied()
+        .collect();
     let o = qg_limited(&args, &[], 60);
     assert_eq!(code(&o), want_code, "{}", stderr(&o));
     assert!(stderr(&o).contains(why), "{}", stderr(&o));
@@ -154,13 +157,7 @@ fn shard_links_leaving_the_folder_are_refused_unless_allowed() {
     std::fs::rename(&shard, elsewhere.join("acq_data_000001.h5")).unwrap();
     std::os::unix::fs::symlink("../elsewhere/acq_data_000001.h5", &shard).unwrap();
     let qem = acq.join("out.qem");
-    let args = [
-        "convert",
-        master.as_str(),
-        qem.to_str().unwrap(),
-        "--backend",
-        "cpu",
-    ];
+    let args = convert_args(&master, &qem);
     let o = qg_limited(&args, &[], 60);
     let e = stderr(&o);
     assert_eq!(code(&o), 3, "{e}");
@@ -185,15 +182,19 @@ fn small_qem(dir: &Path, name: &str, scan: (usize, usize)) -> (String, std::path
     std::fs::create_dir_all(&sub).unwrap();
     let master = write_acq(&sub, scan, det, &frames);
     let qem = dir.join(format!("{name}.qem"));
-    let o = qg(&[
-        "convert",
-        &master,
-        qem.to_str().unwrap(),
-        "--backend",
-        "cpu",
-    ]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    convert_ok(&master, &qem);
     (master, qem)
+}
+
+/// `convert MASTER QEM --backend cpu`.
+fn convert_args<'a>(master: &'a str, qem: &'a Path) -> [&'a str; 5] {
+    ["convert", master, qem.to_str().unwrap(), "--backend", "cpu"]
+}
+
+/// Run `convert MASTER QEM --backend cpu` and require it to succeed.
+fn convert_ok(master: &str, qem: &Path) {
+    let o = qg(&convert_args(master, qem));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
 }
 
 fn tmp_leftovers(dir: &Path) -> Vec<String> {
@@ -225,14 +226,7 @@ fn convert_killed_at_random_moments_keeps_the_old_file_and_cleans_up() {
     let bin = env!("CARGO_BIN_EXE_quantem-gpu");
     // Time a full run to spread the kills over it.
     let t = std::time::Instant::now();
-    let o = qg(&[
-        "convert",
-        &master,
-        qem.to_str().unwrap(),
-        "--backend",
-        "cpu",
-    ]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    convert_ok(&master, &qem);
     let full_ms = (t.elapsed().as_millis() as u64).max(20);
     let reference = std::fs::read(&qem).unwrap();
     assert!(qem::read_qem(&qem, &Default::default()).is_ok());
@@ -241,13 +235,7 @@ fn convert_killed_at_random_moments_keeps_the_old_file_and_cleans_up() {
         let before = std::fs::read(&qem).unwrap();
         let delay = next() % (full_ms + full_ms / 4);
         let mut child = Command::new(bin)
-            .args([
-                "convert",
-                &master,
-                qem.to_str().unwrap(),
-                "--backend",
-                "cpu",
-            ])
+            .args(convert_args(&master, &qem))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -274,14 +262,7 @@ fn convert_killed_at_random_moments_keeps_the_old_file_and_cleans_up() {
     let _ = old;
     eprintln!("{killed_mid_way} of 10 saves killed before finishing (full run {full_ms} ms)");
     // The next save removes the temporaries the killed ones left behind.
-    let o = qg(&[
-        "convert",
-        &master,
-        qem.to_str().unwrap(),
-        "--backend",
-        "cpu",
-    ]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    convert_ok(&master, &qem);
     assert_eq!(tmp_leftovers(dir.path()), Vec::<String>::new());
     // A stale temporary of a dead pid is removed; one of a live process is kept.
     let stale = dir.path().join("kill.qem.tmp-999999999-0");
@@ -290,14 +271,7 @@ fn convert_killed_at_random_moments_keeps_the_old_file_and_cleans_up() {
         .join(format!("kill.qem.tmp-{}-7", std::process::id()));
     std::fs::write(&stale, b"partial").unwrap();
     std::fs::write(&live, b"in progress").unwrap();
-    let o = qg(&[
-        "convert",
-        &master,
-        qem.to_str().unwrap(),
-        "--backend",
-        "cpu",
-    ]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    convert_ok(&master, &qem);
     assert!(!stale.exists() && live.exists());
 }
 
