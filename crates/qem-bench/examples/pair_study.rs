@@ -16,23 +16,11 @@
 //! Run: `cargo run --release -p qem-bench --example pair_study [frames]` (default 300).
 
 use qem_codec::rans::{encode_stream, fit_freq, symbol_of, CountsModel, FloorPolicy, ModelParams};
-use qem_sim::{ReferenceParams, ReferencePattern};
+
+#[path = "shared/reference_frames.rs"]
+mod reference_frames;
 
 const Q: u32 = 8;
-
-fn frames(n: usize, dose: f64) -> Result<Vec<Vec<u16>>, Box<dyn std::error::Error>> {
-    let pat = ReferencePattern::new(ReferenceParams {
-        dose_e_per_frame: dose,
-        ..ReferenceParams::default()
-    })?;
-    let len = pat.params().detector_shape.len();
-    let total = pat.frames();
-    let mut lam = vec![0f32; len];
-    let mut out = vec![0u32; len];
-    Ok((0..n as u64)
-        .map(|k| pat.loaded_frame(k.wrapping_mul(2_654_435_761) % total, &mut lam, &mut out))
-        .collect())
-}
 
 fn eg_bits(v: u32) -> f64 {
     (2 * (31 - (v + 1).leading_zeros()) + 1) as f64
@@ -44,7 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map_or(300, |s| s.parse().unwrap_or(300));
     println!("dose     d  pair_steps  steps/frame (v2 1152)  est. size / v2 est.  v2 bytes/frame  escapes/pair");
     for dose in [20_000.0, 200_000.0, 1_000_000.0] {
-        let fr = frames(n, dose)?;
+        let fr = reference_frames::make_frames(n, dose)?;
         let len = fr[0].len();
         let model = CountsModel::fit(
             fr.iter().map(|f| f.as_slice()),

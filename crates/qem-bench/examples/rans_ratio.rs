@@ -24,37 +24,12 @@ use qem_codec::bslz4;
 use qem_codec::rans::{
     decode_stream, encode_stream, ContextRule, CountsModel, FloorPolicy, ModelParams, SplitRule,
 };
-use qem_sim::{ReferenceParams, ReferencePattern};
+
+#[path = "shared/reference_frames.rs"]
+mod reference_frames;
 
 /// Frames of the full reference scan (the model's amortisation base).
 const SCAN_FRAMES: f64 = 512.0 * 512.0;
-
-fn make_frames(n: usize, dose: f64) -> Result<Vec<Vec<u16>>, Box<dyn std::error::Error>> {
-    let pat = ReferencePattern::new(ReferenceParams {
-        dose_e_per_frame: dose,
-        ..ReferenceParams::default()
-    })?;
-    let len = pat.params().detector_shape.len();
-    let total = pat.frames();
-    let threads = std::thread::available_parallelism().map_or(2, |t| t.get());
-    let mut frames = vec![Vec::new(); n];
-    std::thread::scope(|sc| {
-        for (part, chunk) in frames.chunks_mut(n.div_ceil(threads)).enumerate() {
-            let pat = &pat;
-            let base = part * n.div_ceil(threads);
-            sc.spawn(move || {
-                let mut lam = vec![0f32; len];
-                let mut out = vec![0u32; len];
-                for (i, f) in chunk.iter_mut().enumerate() {
-                    let k = (base + i) as u64;
-                    let idx = k.wrapping_mul(2_654_435_761) % total;
-                    *f = pat.loaded_frame(idx, &mut lam, &mut out);
-                }
-            });
-        }
-    });
-    Ok(frames)
-}
 
 struct Row {
     label: String,
@@ -240,7 +215,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut json = Vec::new();
     for dose in [20_000.0, 200_000.0, 1_000_000.0] {
         let t = Instant::now();
-        let frames = make_frames(n, dose)?;
+        let frames = reference_frames::make_frames(n, dose)?;
         let gen_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let mut bslz4_bytes = 0usize;
