@@ -950,19 +950,31 @@ mod tests {
             (0.7, 0, 2, -0.4),
         ];
         let (nr, nc) = (shape.rows as f64, shape.cols as f64);
+        field(shape, |r, c| {
+            let (mut phi, mut gr, mut gc) = (0.0, 0.0, 0.0);
+            for &(a, k, l, p) in &terms {
+                let (wr, wc) = (2.0 * PI * k as f64 / nr, 2.0 * PI * l as f64 / nc);
+                let arg = wr * r + wc * c + p;
+                phi += a * arg.cos();
+                gr -= a * wr * arg.sin();
+                gc -= a * wc * arg.sin();
+            }
+            (phi, gr, gc)
+        })
+    }
+
+    /// φ and its gradient (∂φ/∂row, ∂φ/∂col) on `shape`, row-major, from `at(row, col)`.
+    fn field(
+        shape: Shape2,
+        at: impl Fn(f64, f64) -> (f64, f64, f64),
+    ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
         let mut phi = vec![0.0; shape.len()];
         let mut gr = vec![0.0; shape.len()];
         let mut gc = vec![0.0; shape.len()];
         for r in 0..shape.rows {
             for c in 0..shape.cols {
                 let i = r * shape.cols + c;
-                for &(a, k, l, p) in &terms {
-                    let (wr, wc) = (2.0 * PI * k as f64 / nr, 2.0 * PI * l as f64 / nc);
-                    let arg = wr * r as f64 + wc * c as f64 + p;
-                    phi[i] += a * arg.cos();
-                    gr[i] -= a * wr * arg.sin();
-                    gc[i] -= a * wc * arg.sin();
-                }
+                (phi[i], gr[i], gc[i]) = at(r as f64, c as f64);
             }
         }
         (phi, gr, gc)
@@ -995,20 +1007,16 @@ mod tests {
         // A cosine series with whole half-periods is its own mirror image: mirror integration
         // must reproduce it exactly (tests the sign flips of the mirrored components).
         let shape = Shape2::new(14, 9);
-        let mut phi = vec![0.0; shape.len()];
-        let mut gr = vec![0.0; shape.len()];
-        let mut gc = vec![0.0; shape.len()];
         // cos(π k (r + ½)/N_r) is even about r = −½ and r = N_r − ½.
-        for r in 0..shape.rows {
-            for c in 0..shape.cols {
-                let i = r * shape.cols + c;
-                let (wr, wc) = (PI * 2.0 / 14.0, PI * 3.0 / 9.0);
-                let (ar, ac) = (wr * (r as f64 + 0.5), wc * (c as f64 + 0.5));
-                phi[i] = ar.cos() * ac.cos() + 0.5 * ac.cos();
-                gr[i] = -wr * ar.sin() * ac.cos();
-                gc[i] = -wc * ar.cos() * ac.sin() - 0.5 * wc * ac.sin();
-            }
-        }
+        let (phi, gr, gc) = field(shape, |r, c| {
+            let (wr, wc) = (PI * 2.0 / 14.0, PI * 3.0 / 9.0);
+            let (ar, ac) = (wr * (r + 0.5), wc * (c + 0.5));
+            (
+                ar.cos() * ac.cos() + 0.5 * ac.cos(),
+                -wr * ar.sin() * ac.cos(),
+                -wc * ar.cos() * ac.sin() - 0.5 * wc * ac.sin(),
+            )
+        });
         let got = integrate(&gr, &gc, shape, EdgeMode::Mirror).unwrap();
         let e = rel_l2(&got, &demean(&phi));
         assert!(e < 1e-12, "mirror rel L2 {e}");
