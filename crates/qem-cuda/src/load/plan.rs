@@ -239,15 +239,19 @@ pub(super) fn plan_source(
             "chunk index is not sorted by frame",
         ))
     };
-    if identity {
-        let plan = plan_chunks(
+    // `scratch`: the decode-scratch bound on a batch, `None` on the identity path.
+    let plan_with = |scratch: Option<u64>| {
+        plan_chunks(
             &src.chunks,
             frames,
             frame_bytes,
             locate,
             opts.batch_bytes,
-            None,
-        )?;
+            scratch,
+        )
+    };
+    if identity {
+        let plan = plan_with(None)?;
         if plan.chunks_map_contiguously() {
             return Ok((plan, true));
         }
@@ -260,13 +264,5 @@ pub(super) fn plan_source(
         .max()
         .unwrap_or(0);
     let limit = opts.max_scratch_bytes.max(largest);
-    let plan = plan_chunks(
-        &src.chunks,
-        frames,
-        frame_bytes,
-        locate,
-        opts.batch_bytes,
-        Some(limit),
-    )?;
-    Ok((plan, false))
+    Ok((plan_with(Some(limit))?, false))
 }
