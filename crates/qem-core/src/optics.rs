@@ -144,7 +144,13 @@ pub fn chi(ab: &Aberrations, lambda_a: f64, v_r: f64, v_c: f64) -> f64 {
     if a == 0.0 {
         return 0.0;
     }
-    let phi = v_c.atan2(v_r);
+    chi_polar(ab, lambda_a, a, v_c.atan2(v_r))
+}
+
+/// [`chi`] at scattering angle `alpha_rad` = λ|v| and azimuth `phi_rad` (from the row axis
+/// towards the column axis).
+pub fn chi_polar(ab: &Aberrations, lambda_a: f64, alpha_rad: f64, phi_rad: f64) -> f64 {
+    let (a, phi) = (alpha_rad, phi_rad);
     let a2 = a * a;
     let sum = ab.c10 * a2 / 2.0
         + ab.c12 * a2 / 2.0 * (2.0 * (phi - ab.phi12)).cos()

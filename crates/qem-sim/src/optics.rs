@@ -60,14 +60,17 @@ pub struct Aberrations {
 impl Aberrations {
     /// `χ(α, φ)` in rad for scattering angle `alpha_rad`, azimuth `phi_rad` and wavelength `λ`.
     pub fn chi(&self, alpha_rad: f64, phi_rad: f64, wavelength_a: f64) -> f64 {
-        let a = alpha_rad;
-        let a2 = a * a;
-        let sum = self.c10_a * a2 / 2.0
-            + self.c12_a * a2 / 2.0 * (2.0 * (phi_rad - self.phi12_rad)).cos()
-            + self.c21_a * a2 * a / 3.0 * (phi_rad - self.phi21_rad).cos()
-            + self.c23_a * a2 * a / 3.0 * (3.0 * (phi_rad - self.phi23_rad)).cos()
-            + self.c30_a * a2 * a2 / 4.0;
-        2.0 * std::f64::consts::PI / wavelength_a * sum
+        let ab = qem_core::optics::Aberrations {
+            c10: self.c10_a,
+            c12: self.c12_a,
+            phi12: self.phi12_rad,
+            c21: self.c21_a,
+            phi21: self.phi21_rad,
+            c23: self.c23_a,
+            phi23: self.phi23_rad,
+            c30: self.c30_a,
+        };
+        qem_core::optics::chi_polar(&ab, wavelength_a, alpha_rad, phi_rad)
     }
 
     /// A rough upper bound on the probe's real-space radius caused by the aberrations, Å:
