@@ -389,113 +389,38 @@ pub(super) fn pipeline(
         pack_tables(h_tab[s].as_mut_slice(), &table, dst_map, &local_map);
         read_wall_s += t.elapsed().as_secs_f64();
 
-        // H2D on the copy stream once the previous decode from this device slot is over.
-        let be = BatchEvents {
-            h2d_start: event(e)?,
-            h2d_end: event(e)?,
-            dec_start: event(e)?,
-            dec_end: event(e)?,
-            rb_end: if direct || (enc.is_some() && identity) {
-                None
-            } else {
-                Some(event(e)?)
-            },
-            enc_start: if enc.is_some() { Some(event(e)?) } else { None },
-            enc_end: if enc.is_some() { Some(event(e)?) } else { None },
-        };
-        if let Some(i) = dec_done[s] {
-            copy_stream
-                .wait(evs[i].last())
-                .map_err(|err| driver_error("stream wait", err))?;
-        }
-        record(&be.h2d_start, &copy_stream)?;
-        h_in[s].copy_to_device_async(&d_in[s], 0, batch.in_bytes as usize, &copy_stream)?;
-        h_tab[s].copy_to_device_async(&d_tab[s], 0, words * 4, &copy_stream)?;
-        record(&be.h2d_end, &copy_stream)?;
-
-        // Decode (and region/bin) on the compute stream after the copy.
-        compute
-            .wait(&be.h2d_end)
-            .map_err(|err| driver_error("stream wait", err))?;
-        record(&be.dec_start, &compute)?;
-        let tab = d_tab[s].ptr();
-        let (out, out_len) = match (&scratch, &dst) {
-            (Some(sc), _) => (sc.ptr(), batch.decoded_bytes),
-            (None, Some(d)) => (d.ptr(), dest_bytes),
-            (None, None) => return Err(Error::internal(op, "no decode destination")),
-        };
-        // SAFETY: the tables hold the words just copied (blocks, then copies), the input slot
-        // the batch's bytes, the output is the result or the scratch of `out_len` bytes, the
-        // status buffer ≥ 2 words per item; all alive until the final synchronize below.
-        unsafe {
-            decode_batch(
-                e,
-                &compute,
-                &DecodeBatch {
-                    elem_size: es,
-                    input: d_in[s].ptr(),
-                    in_len: batch.in_bytes,
-                    table: &table,
-                    tables_at: tab,
-                    out,
-                    out_len,
-                    status: status.ptr(),
-                },
-                &errs,
-                shape,
-            )
-        }?;
-        record(&be.dec_end, &compute)?;
-        let map_at = tab + 4 * (table.blocks.len() + table.copies.len()) as u64;
-        if let (Some(sc), Some(rb)) = (&scratch, &be.rb_end) {
-            // Dense: result frames named by the frame map; encoding: batch-local slots.
-            let (dst_frame, dst_ptr) = match (&enc, &dst) {
-                (Some(es), _) => (
-                    map_at + 4 * dst_map.len() as u64,
-                    es.input.as_ref().map_or(0, |b| b.ptr()),
-                ),
-                (None, Some(d)) => (map_at, d.ptr()),
-                (None, None) => return Err(Error::internal(op, "no region/bin destination")),
-            };
-            // SAFETY: scratch holds `batch.frames` decoded source frames, the frame map
-            // `batch.frames` words naming result frames < n_result, the result holds n_result
-            // frames, the lookup is source-sized; all alive until the final synchronize.
-            unsafe {
-                region_bin_batch(
-                    e,
-                    &compute,
-                    &rplan,
-                    &RegionBinBatch {
-                        src: sc.ptr(),
-                        src_dtype: src.dtype,
-                        n_frames: batch.frames,
-                        dst_frame,
-                        dst: dst_ptr,
-                    },
-                    params.result_dtype,
-                    params.saturate,
-                    bad_buf.as_ref(),
-                    &errs,
-                )
-            }?;
-            record(rb, &compute)?;
-        }
-        if let (Some(es), Some(sc), Some(ea), Some(eb)) =
-            (&enc, &scratch, &be.enc_start, &be.enc_end)
-        {
-            record(ea, &compute)?;
-            encode_batch(
-                e,
-                &compute,
-                es,
-                sc,
-                batch.frames,
-                map_at,
-                out_frame_elems,
-                bad_idx.len(),
-            )?;
-            record(eb, &compute)?;
-        }
+        // H2D on the copy stream, then decode, region/bin and encode on the compute stream.
+        let be = queue_batch(&QueueBatch {
+            e,
+            copy_stream: &copy_stream,
+            compute: &compute,
+            slot_free: dec_done[s].map(|i| evs[i].last()),
+            h_in: &h_in[s],
+            d_in: &d_in[s],
+            h_tab: &h_tab[s],
+            d_tab: &d_tab[s],
+            words,
+            batch,
+            table: &table,
+            dst_map_len: dst_map.len(),
+            scratch: scratch.as_ref(),
+            dst: dst.as_ref(),
+            dest_bytes,
+            enc: enc.as_ref(),
+            identity,
+            direct,
+            status: &status,
+            errs: &errs,
+            shape,
+            elem_size: es,
+            rplan: &rplan,
+            src_dtype: src.dtype,
+            result_dtype: params.result_dtype,
+            saturate: params.saturate,
+            bad_buf: bad_buf.as_ref(),
+            out_frame_elems,
+            n_bad: bad_idx.len(),
+        })?;
         evs.push(be);
         h2d_done[s] = Some(bi);
         dec_done[s] = Some(bi);
@@ -1125,4 +1050,165 @@ fn pack_tables(slot: &mut [u8], table: &BlockTable, dst_map: &[u32], local_map: 
     let (c, d) = rest.split_at_mut(dst_map.len());
     c.copy_from_slice(dst_map);
     d.copy_from_slice(local_map);
+}
+
+/// What [`queue_batch`] queues one batch with.
+struct QueueBatch<'a> {
+    e: &'a Engine,
+    copy_stream: &'a CudaStream,
+    compute: &'a CudaStream,
+    /// The event after the last kernel that read this slot's device buffers (none on first use).
+    slot_free: Option<&'a CudaEvent>,
+    h_in: &'a PinnedBuf,
+    d_in: &'a DevBuf,
+    h_tab: &'a PinnedBuf,
+    d_tab: &'a DevBuf,
+    /// Table words packed in `h_tab` (blocks, copies, frame maps).
+    words: usize,
+    batch: &'a BatchPlan,
+    table: &'a BlockTable,
+    dst_map_len: usize,
+    scratch: Option<&'a DevBuf>,
+    dst: Option<&'a DevBuf>,
+    dest_bytes: u64,
+    enc: Option<&'a EncodeState<'a>>,
+    identity: bool,
+    direct: bool,
+    status: &'a DevBuf,
+    errs: &'a ErrorRecords,
+    shape: LaunchShape,
+    elem_size: usize,
+    rplan: &'a DetectorPlan,
+    src_dtype: DType,
+    result_dtype: DType,
+    saturate: bool,
+    bad_buf: Option<&'a DevBuf>,
+    out_frame_elems: usize,
+    n_bad: usize,
+}
+
+/// Queue one batch on the device: its H2D copies on the copy stream once the slot is free,
+/// then on the compute stream (waiting for the copies) the decode, the region/bin transform
+/// and the encode its plan needs; returns the batch's events. Nothing here waits on the host.
+fn queue_batch(q: &QueueBatch<'_>) -> Result<BatchEvents> {
+    const OP: &str = "load (cuda)";
+    let (e, copy_stream, compute, batch) = (q.e, q.copy_stream, q.compute, q.batch);
+    let (es, table, status, errs, shape, rplan) =
+        (q.elem_size, q.table, q.status, q.errs, q.shape, q.rplan);
+    let be = BatchEvents {
+        h2d_start: event(e)?,
+        h2d_end: event(e)?,
+        dec_start: event(e)?,
+        dec_end: event(e)?,
+        rb_end: if q.direct || (q.enc.is_some() && q.identity) {
+            None
+        } else {
+            Some(event(e)?)
+        },
+        enc_start: if q.enc.is_some() {
+            Some(event(e)?)
+        } else {
+            None
+        },
+        enc_end: if q.enc.is_some() {
+            Some(event(e)?)
+        } else {
+            None
+        },
+    };
+    if let Some(ev) = q.slot_free {
+        copy_stream
+            .wait(ev)
+            .map_err(|err| driver_error("stream wait", err))?;
+    }
+    record(&be.h2d_start, copy_stream)?;
+    q.h_in
+        .copy_to_device_async(q.d_in, 0, batch.in_bytes as usize, copy_stream)?;
+    q.h_tab
+        .copy_to_device_async(q.d_tab, 0, q.words * 4, copy_stream)?;
+    record(&be.h2d_end, copy_stream)?;
+
+    // Decode (and region/bin) on the compute stream after the copy.
+    compute
+        .wait(&be.h2d_end)
+        .map_err(|err| driver_error("stream wait", err))?;
+    record(&be.dec_start, compute)?;
+    let tab = q.d_tab.ptr();
+    let (out, out_len) = match (q.scratch, q.dst) {
+        (Some(sc), _) => (sc.ptr(), batch.decoded_bytes),
+        (None, Some(d)) => (d.ptr(), q.dest_bytes),
+        (None, None) => return Err(Error::internal(OP, "no decode destination")),
+    };
+    // SAFETY: the tables hold the words just copied (blocks, then copies), the input slot
+    // the batch's bytes, the output is the result or the scratch of `out_len` bytes, the
+    // status buffer ≥ 2 words per item; all alive until the pipeline's final synchronize.
+    unsafe {
+        decode_batch(
+            e,
+            compute,
+            &DecodeBatch {
+                elem_size: es,
+                input: q.d_in.ptr(),
+                in_len: batch.in_bytes,
+                table,
+                tables_at: tab,
+                out,
+                out_len,
+                status: status.ptr(),
+            },
+            errs,
+            shape,
+        )
+    }?;
+    record(&be.dec_end, compute)?;
+    let map_at = tab + 4 * (table.blocks.len() + table.copies.len()) as u64;
+    if let (Some(sc), Some(rb)) = (q.scratch, &be.rb_end) {
+        // Dense: result frames named by the frame map; encoding: batch-local slots.
+        let (dst_frame, dst_ptr) = match (q.enc, q.dst) {
+            (Some(es), _) => (
+                map_at + 4 * q.dst_map_len as u64,
+                es.input.as_ref().map_or(0, |b| b.ptr()),
+            ),
+            (None, Some(d)) => (map_at, d.ptr()),
+            (None, None) => return Err(Error::internal(OP, "no region/bin destination")),
+        };
+        // SAFETY: scratch holds `batch.frames` decoded source frames, the frame map
+        // `batch.frames` words naming result frames < n_result, the result holds n_result
+        // frames, the lookup is source-sized; all alive until the pipeline's final synchronize.
+        unsafe {
+            region_bin_batch(
+                e,
+                compute,
+                rplan,
+                &RegionBinBatch {
+                    src: sc.ptr(),
+                    src_dtype: q.src_dtype,
+                    n_frames: batch.frames,
+                    dst_frame,
+                    dst: dst_ptr,
+                },
+                q.result_dtype,
+                q.saturate,
+                q.bad_buf,
+                errs,
+            )
+        }?;
+        record(rb, compute)?;
+    }
+    if let (Some(es), Some(sc), Some(ea), Some(eb)) = (q.enc, q.scratch, &be.enc_start, &be.enc_end)
+    {
+        record(ea, compute)?;
+        encode_batch(
+            e,
+            compute,
+            es,
+            sc,
+            batch.frames,
+            map_at,
+            q.out_frame_elems,
+            q.n_bad,
+        )?;
+        record(eb, compute)?;
+    }
+    Ok(be)
 }
