@@ -1,0 +1,1 @@
+// quantem.gpu browse page
