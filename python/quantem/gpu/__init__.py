@@ -1,19 +1,20 @@
 """quantem.gpu: a 4D-STEM engine (Rust core) for acquisitions ``I[R_r, R_c, k_r, k_c]``.
 
->>> from quantem.gpu import io, detector, dpc, ssb, device
+>>> from quantem.gpu import io, detector, dpc, ssb, device, browse
 >>> device.available()
 ['cpu']
 >>> with io.load("scan_master.h5", scan_shape=(256, 256)) as ds:
 ...     frame = ds[10, 20]
 ...     adf = detector.adf(ds)          # uint64 image, BF disk fitted from the mean DP
 ...     phase = dpc.run(ds).phase       # iDPC
+>>> srv = browse.serve("scan_master.h5")   # the browse page at srv.url; srv.stop()
 
 Every error raised by the engine is a :class:`QuantemError`; its subclasses name the category
 (:class:`SourceError`, :class:`DecodeError`, ...) and carry ``op``, ``file``, ``frame``,
 ``expected`` and ``found`` attributes.
 """
 
-from quantem.gpu import detector, device, dpc, io, ssb
+from quantem.gpu import browse, detector, device, dpc, io, ssb
 from quantem.gpu._native import (
     ArgumentTypeError,
     BackendUnavailableError,
@@ -44,6 +45,7 @@ __all__ = [
     "QuantemIOError",
     "SourceError",
     "__version__",
+    "browse",
     "detector",
     "device",
     "dpc",
