@@ -21,21 +21,16 @@ use anyhow::Context;
 use qem::detector::{DetectorKind, DetectorParams, Product};
 use qem::dpc::DpcParams;
 use qem::ssb::{FitParams, SsbParams};
-use qem::{DType, DenseArray, LoadParams, SourceArg};
-use qem_io::writer::{self, WriteCompression, WriteLayout, WriteParams};
+use qem::{DenseArray, LoadParams, SourceArg};
 use serde_json::json;
 use std::time::Instant;
 
-/// Bad pixels of the demo detector: `(row, col, pixel_mask bits)` — dead (2) inside the BF disk,
-/// noisy (16) in the ADF annulus, hot (8) in a corner.
-const BAD_PIXELS: [(usize, usize, u32); 3] = [(28, 38, 2), (50, 13, 16), (3, 5, 8)];
+/// Bad pixels of the demo detector (qem_sim::demo, which writes the files).
+const BAD_PIXELS: [(usize, usize, u32); 3] = qem_sim::demo::DEMO_BAD_PIXELS;
 
 /// Detector binning of the SSB step: 2×2 takes the 776 BF pixels to 193, so the fit stays
 /// about a second on two cores (the loaded dataset itself stays unbinned; report.json says so).
 const SSB_DET_BIN: usize = 2;
-
-/// Frames per data shard, so that the 1920-frame demo spans two shards.
-const FRAMES_PER_FILE: u64 = 1000;
 
 pub fn run(a: &DemoArgs, command_line: &str) -> anyhow::Result<()> {
     // An explicit backend that cannot run fails before any work (exit 4).
@@ -53,41 +48,9 @@ pub fn run(a: &DemoArgs, command_line: &str) -> anyhow::Result<()> {
     let frame_len = det.len();
 
     // 2. Write Dectris-style files, bad pixels at 65535 like real ARINA data.
-    let mut pixel_mask = vec![0u32; frame_len];
-    for &(r, c, bits) in &BAD_PIXELS {
-        pixel_mask[r * det.cols + c] = bits;
-    }
-    let write_params = WriteParams {
-        prefix: a.out.join("demo"),
-        scan_shape: scan,
-        detector_shape: det,
-        dtype: DType::U16,
-        frames_per_file: FRAMES_PER_FILE,
-        frames_per_chunk: 1,
-        block_elems: 0,
-        compression: WriteCompression::Bslz4,
-        layout: WriteLayout::Shards,
-        pixel_mask: Some(pixel_mask.clone()),
-        calibration: writer::Calibration {
-            energy_ev: Some(params.voltage_kv * 1e3),
-            semiangle_mrad: Some(params.semiangle_mrad),
-            scan_step_a: Some((cal.scan_step_a, cal.scan_step_a)),
-            angular_sampling_mrad: Some((cal.angular_sampling_mrad, cal.angular_sampling_mrad)),
-            ..Default::default()
-        },
-        skip_frames: Vec::new(),
-        write_scan_shape: true,
-    };
     let t = Instant::now();
-    let written = writer::write_acquisition(&write_params, |n, buf| {
-        let start = n as usize * frame_len;
-        let src = &sim.counts[start..start + frame_len];
-        for ((dst, &v), &m) in buf.chunks_exact_mut(2).zip(src).zip(&pixel_mask) {
-            let v = if m != 0 { u16::MAX } else { v };
-            dst.copy_from_slice(&v.to_le_bytes());
-        }
-    })
-    .context("writing the demo acquisition")?;
+    let (written, pixel_mask) = qem_sim::demo::write_simulated(&a.out, &sim)
+        .context("writing the demo acquisition")?;
     let t_write = t.elapsed().as_secs_f64();
     let file_bytes = written.file_bytes();
 

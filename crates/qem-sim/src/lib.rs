@@ -2,8 +2,9 @@
 //!
 //! It makes acquisitions `I[R_r, R_c, k_r, k_c]` (u16 Poisson counts) with a known ground truth
 //! for the `demo` command, tests and benchmarks, and later for validating DPC and SSB. It depends
-//! only on `qem-core`; nothing here reads or writes files. Any crate may depend on it (normally as
-//! a dev-dependency or from the CLI). [`DiskPattern`] is a much cheaper generator (Poisson
+//! only on `qem-core`; nothing here reads or writes files, except the `demo` module (feature
+//! `files`, which adds `qem-io`): the demo acquisition written as Dectris-style files. Any crate
+//! may depend on it (normally as a dev-dependency or from the CLI). [`DiskPattern`] is a much cheaper generator (Poisson
 //! counts of a fixed disk, no specimen) for benchmark files too large to simulate quickly;
 //! [`ReferencePattern`] makes the frames of the reference benchmark acquisition.
 //!
@@ -38,6 +39,8 @@
 //! * Each frame's Poisson noise comes from its own RNG seeded by `(seed, frame index)`, so the
 //!   result does not depend on the number of threads.
 
+#[cfg(feature = "files")]
+pub mod demo;
 pub mod disk;
 pub mod optics;
 pub mod potential;
