@@ -103,6 +103,11 @@ impl PyDataset {
         self.shared.read(f)
     }
 
+    /// The shared dataset, for holders that outlive one call (the browse service).
+    pub fn shared(&self) -> Arc<Shared> {
+        Arc::clone(&self.shared)
+    }
+
     /// Refuse a call on a dataset that is closed or closing.
     pub fn check_open(&self, op: &str) -> PyResult<()> {
         if self.shared.closing() {

@@ -6,6 +6,7 @@
 //! signatures and doc strings users read live in `python/quantem/gpu/`; nothing depends on this
 //! crate.
 
+mod browse;
 mod convert;
 mod dataset;
 mod engine;
@@ -194,5 +195,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_inject_cuda_fault, m)?)?;
     products::register(m)?;
     ssb::register(m)?;
+    browse::register(m)?;
     Ok(())
 }
