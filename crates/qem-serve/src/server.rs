@@ -1,9 +1,12 @@
-//! Starting and stopping: [`start`] binds synchronously, then serves on a thread of its own.
+//! Starting and stopping: [`start`] checks the options, binds synchronously, then serves on a
+//! thread of its own with a tokio runtime; [`Server::stop`] shuts it down gracefully.
 
+use crate::catalog::Catalog;
 use crate::config::{ServeOptions, ServeRoot, TokenMode};
-use qem::{Error, ErrorKind, Result};
-use std::net::SocketAddr;
-use std::sync::{Condvar, Mutex};
+use crate::state::AppState;
+use qem::{Backend, Error, ErrorKind, Result};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 /// A running service. Dropping it does not stop it; call [`Server::stop`].
@@ -13,7 +16,9 @@ pub struct Server {
     token: Option<String>,
     shutdown: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    stopped: (Mutex<bool>, Condvar),
+    stopped: Arc<(Mutex<bool>, Condvar)>,
+    /// The demo's files, removed when the server is dropped.
+    _demo_dir: Option<tempfile::TempDir>,
 }
 
 impl Server {
@@ -48,7 +53,7 @@ impl Server {
     }
     /// Block until the service has stopped (by [`Server::stop`] from another thread).
     pub fn wait(&self) {
-        let (lock, cv) = &self.stopped;
+        let (lock, cv) = &*self.stopped;
         let Ok(mut done) = lock.lock() else { return };
         while !*done {
             match cv.wait(done) {
@@ -59,28 +64,147 @@ impl Server {
     }
 }
 
+fn invalid(detail: impl Into<String>) -> Error {
+    Error::invalid("serve", detail)
+}
+
+/// Half of the machine's memory (`/proc/meminfo`), else 8 GiB.
+fn host_budget() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(8 << 30, |kb| kb * 1024 / 2)
+}
+
+/// 80 % of the GPU's memory as the façade's description gives it (`…, 139.8 GiB), …`; to
+/// 0.1 GiB), else the host's budget.
+fn cuda_budget() -> u64 {
+    let d = qem::backend::cuda_description();
+    let gib = d
+        .split(" GiB")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|s| s.parse::<f64>().ok());
+    match gib {
+        Some(g) if g > 0.0 => (g * 0.8 * (1u64 << 30) as f64) as u64,
+        _ => host_budget(),
+    }
+}
+
 /// Start serving `root` with `opts`. Binds before returning (so [`Server::addr`] is the real
-/// port); a refused configuration (a non-loopback host with the token disabled, an empty fixed
-/// token) is `InvalidArgument`, a failed bind `Io`.
+/// port). A refused configuration (a non-loopback host with the token disabled, an empty fixed
+/// token, a zero budget) is `InvalidArgument`; a failed bind `Io`; a missing path `Source`; an
+/// unusable backend `BackendUnavailable`.
 pub fn start(root: ServeRoot, opts: ServeOptions) -> Result<Server> {
-    let _ = root;
-    let _ = (&opts.backend, &opts.representation, &opts.memory_budget);
+    let addr = (opts.host.as_str(), opts.port)
+        .to_socket_addrs()
+        .map_err(|e| invalid(format!("host \"{}\" does not resolve: {e}", opts.host)))?
+        .next()
+        .ok_or_else(|| invalid(format!("host \"{}\" has no address", opts.host)))?;
     let token = match &opts.token {
-        TokenMode::Random => Some(String::new()),
+        TokenMode::Random => Some(crate::auth::random_token()?),
+        TokenMode::Fixed(t) if t.is_empty() || !t.chars().all(|c| c.is_ascii_graphic()) => {
+            return Err(invalid("a fixed token must be non-empty printable ASCII"))
+        }
         TokenMode::Fixed(t) => Some(t.clone()),
+        TokenMode::Disabled if !is_loopback(addr.ip()) => {
+            return Err(invalid(format!(
+                "refusing to serve {} without a token: only loopback addresses may disable it",
+                addr.ip()
+            ))
+            .with_expected("a token, or a loopback host such as 127.0.0.1")
+            .with_found(opts.host.clone()))
+        }
         TokenMode::Disabled => None,
     };
-    let listener = std::net::TcpListener::bind((opts.host.as_str(), opts.port)).map_err(|e| {
-        Error::new(ErrorKind::Io, "serve", format!("cannot bind {}:{}: {e}", opts.host, opts.port))
-    })?;
+    if opts.memory_budget == Some(0) {
+        return Err(invalid("the memory budget must be > 0"));
+    }
+    let mut demo_dir = None;
+    let (catalog, backend) = match root {
+        ServeRoot::Path(p) => (Catalog::of_path(&p)?, qem::resolve_backend(opts.backend)?),
+        ServeRoot::Demo => {
+            let dir = tempfile::tempdir()
+                .map_err(|e| Error::io("serve --demo", &std::env::temp_dir(), &e))?;
+            qem_sim::demo::write_demo(dir.path(), &qem_sim::SimParams::default())?;
+            let c = Catalog::of_path(dir.path())?;
+            demo_dir = Some(dir);
+            (c, qem::resolve_backend(opts.backend)?)
+        }
+        ServeRoot::Dataset { name, handle } => {
+            let mut facts = None;
+            handle.with_dataset(&mut |ds| facts = Some((ds.backend(), ds.nbytes_resident())))?;
+            let (b, n) = facts.ok_or_else(|| invalid("the shared dataset was not run"))?;
+            (Catalog::of_shared(name, handle, n), b)
+        }
+    };
+    let budget = opts.memory_budget.unwrap_or_else(|| match backend {
+        Backend::Cuda => cuda_budget(),
+        Backend::Cpu => host_budget(),
+    });
+    let listener = std::net::TcpListener::bind(addr)
+        .map_err(|e| Error::new(ErrorKind::Io, "serve", format!("cannot bind {addr}: {e}")))?;
     let addr = listener
         .local_addr()
         .map_err(|e| Error::new(ErrorKind::Io, "serve", e.to_string()))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::new(ErrorKind::Io, "serve", e.to_string()))?;
+    let state = Arc::new(AppState {
+        token: token.clone(),
+        backend,
+        representation: opts.representation,
+        budget,
+        catalog,
+        device: Arc::new(tokio::sync::Semaphore::new(1)),
+        jobs: Default::default(),
+    });
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let stopped = Arc::new((Mutex::new(false), Condvar::new()));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("qem-serve")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::new(ErrorKind::Io, "serve", format!("no tokio runtime: {e}")))?;
+    let stopped2 = Arc::clone(&stopped);
+    let thread = std::thread::Builder::new()
+        .name("qem-serve".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                if let Ok(l) = tokio::net::TcpListener::from_std(listener) {
+                    let app = crate::routes::router(state);
+                    let _ = axum::serve(l, app)
+                        .with_graceful_shutdown(async {
+                            let _ = rx.await;
+                        })
+                        .await;
+                }
+            });
+            // Blocking engine tasks still running finish in the background.
+            runtime.shutdown_background();
+            let (lock, cv) = &*stopped2;
+            if let Ok(mut d) = lock.lock() {
+                *d = true;
+            }
+            cv.notify_all();
+        })
+        .map_err(|e| Error::new(ErrorKind::Io, "serve", format!("no server thread: {e}")))?;
     Ok(Server {
         addr,
         token,
-        shutdown: Mutex::new(None),
-        thread: Mutex::new(None),
-        stopped: (Mutex::new(true), Condvar::new()),
+        shutdown: Mutex::new(Some(tx)),
+        thread: Mutex::new(Some(thread)),
+        stopped,
+        _demo_dir: demo_dir,
     })
+}
+
+fn is_loopback(ip: IpAddr) -> bool {
+    ip.is_loopback()
 }

@@ -202,6 +202,18 @@ pub struct FitParams {
     pub start: Aberrations,
 }
 
+impl FitParams {
+    /// About how many objective evaluations the fit makes: the start point and the global
+    /// points, then for each Nelder–Mead start its simplex and about one evaluation per
+    /// iteration, and the best start continued (the progress total of
+    /// [`Ssb::fit_with_progress`]).
+    pub fn evaluation_estimate(&self) -> usize {
+        let simplex = self.fit.len() + 1;
+        let starts = self.local_starts.max(1);
+        1 + self.global_evals + starts * (simplex + self.local_max_iter) + self.local_max_iter
+    }
+}
+
 impl Default for FitParams {
     fn default() -> Self {
         FitParams {
@@ -593,6 +605,19 @@ impl Ssb {
 
     /// Fit the aberrations (seeded global search, then Nelder–Mead; `qem_cpu::ssb::fit`).
     pub fn fit(&self, f: &FitParams) -> Result<SsbFit> {
+        self.fit_with_progress(f, &|_, _| {})
+    }
+
+    /// [`Ssb::fit`], calling `progress(done, total)` after each batch of objective evaluations
+    /// (the global points are one batch, then each Nelder–Mead step). `done` counts evaluations
+    /// so far; `total` is [`FitParams::evaluation_estimate`], an estimate the Nelder–Mead part
+    /// may pass or not reach (`done` is then shown against the larger of the two). The fit
+    /// itself is the same as [`Ssb::fit`]'s: the same losses in the same order.
+    pub fn fit_with_progress(
+        &self,
+        f: &FitParams,
+        progress: &(dyn Fn(usize, usize) + Sync),
+    ) -> Result<SsbFit> {
         const OP: &str = "ssb fit";
         let t0 = Instant::now();
         if f.fit.is_empty() {
@@ -643,12 +668,29 @@ impl Ssb {
             local_starts: f.local_starts,
             start: f.start,
         };
+        let estimate = f.evaluation_estimate();
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        let report = |n: usize| {
+            let d = done.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
+            progress(d, estimate.max(d));
+        };
+        // The same batches as `cpu::fit` (CPU) and the per-point objective (CUDA), counted.
         let out = match &self.prep {
-            Prep::Cpu(p) => cpu::fit(p, &spec)?,
+            Prep::Cpu(p) => cpu::fit_with(&spec, &|abs: &[Aberrations]| {
+                let losses = abs
+                    .par_iter()
+                    .map(|ab| p.objective(ab, spec.objective))
+                    .collect();
+                report(abs.len());
+                Ok(losses)
+            })?,
             Prep::Cuda(_) => cpu::fit_with(&spec, &|abs: &[Aberrations]| {
-                abs.iter()
+                let losses = abs
+                    .iter()
                     .map(|ab| self.objective(ab, f.objective))
-                    .collect()
+                    .collect::<Result<Vec<f64>>>();
+                report(abs.len());
+                losses
             })?,
         };
         let t_fit = t0.elapsed().as_secs_f64();

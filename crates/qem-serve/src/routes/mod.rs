@@ -1,0 +1,231 @@
+//! The router: the page and its static files, `/api/v1` (capabilities, catalog, data views,
+//! virtual images, SSB and jobs), all behind the token middleware; unknown routes are a JSON 404.
+
+mod data;
+mod ssb;
+mod virt;
+
+use crate::auth;
+use crate::catalog::{cached, Acq};
+use crate::error::{ApiError, ApiResult};
+use crate::params::{Params, DET_BINS, GEOMETRY_FACTOR, MAX_BODY_BYTES, SCAN_BINS};
+use crate::state::AppState;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use qem::{BackendRequest, LoadParams, Representation, SourceArg};
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+const INDEX_HTML: &str = include_str!("../../web/index.html");
+const APP_JS: &str = include_str!("../../web/app.js");
+const STYLE_CSS: &str = include_str!("../../web/style.css");
+
+/// Every route of the service.
+pub(crate) fn router(st: Arc<AppState>) -> Router {
+    let api = Router::new()
+        .route("/capabilities", get(capabilities))
+        .route("/acquisitions", get(acquisitions))
+        .route("/acquisitions/{id}", get(acquisition_detail))
+        .route("/acquisitions/{id}/dp", get(data::dp))
+        .route("/acquisitions/{id}/frame", get(data::frame))
+        .route("/acquisitions/{id}/roi-dp", get(data::roi_dp))
+        .route("/acquisitions/{id}/virtual", get(virt::virtual_image))
+        .route("/acquisitions/{id}/virtual-mask", post(virt::virtual_mask))
+        .route("/acquisitions/{id}/ssb/prepare", post(ssb::prepare))
+        .route("/acquisitions/{id}/ssb/reconstruct", get(ssb::reconstruct))
+        .route("/acquisitions/{id}/ssb/fit", post(ssb::fit))
+        .route("/jobs/{job}", get(ssb::job));
+    Router::new()
+        .route("/", get(page))
+        .route("/static/{name}", get(static_file))
+        .nest("/api/v1", api)
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&st),
+            auth::require_token,
+        ))
+        .with_state(st)
+}
+
+/// The page; with the right `?token=` it also sets the `qem_token` cookie.
+async fn page(State(st): State<Arc<AppState>>, RawQuery(q): RawQuery) -> Response {
+    let mut resp = axum::response::Html(INDEX_HTML).into_response();
+    if let Some(token) = &st.token {
+        // The middleware let the request in; set the cookie only for a right query token.
+        if auth::query_token(q.as_deref()).is_some_and(|t| auth::token_eq(&t, token)) {
+            if let Ok(v) = HeaderValue::from_str(&auth::set_cookie(token)) {
+                resp.headers_mut().insert(header::SET_COOKIE, v);
+            }
+        }
+    }
+    no_store(resp)
+}
+
+fn no_store(mut resp: Response) -> Response {
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+/// The page's two static files, from a fixed table (no path is ever opened).
+async fn static_file(Path(name): Path<String>) -> Response {
+    let (body, ctype) = match name.as_str() {
+        "app.js" => (APP_JS, "text/javascript; charset=utf-8"),
+        "style.css" => (STYLE_CSS, "text/css; charset=utf-8"),
+        _ => return ApiError::not_found("no such static file").into_response(),
+    };
+    no_store(([(header::CONTENT_TYPE, ctype)], body).into_response())
+}
+
+async fn capabilities(State(st): State<Arc<AppState>>) -> Json<Value> {
+    let revision = match qem::GIT_REVISION {
+        "" | "unknown" => env!("CARGO_PKG_VERSION"),
+        r => r,
+    };
+    Json(json!({
+        "protocol": "quantem-gpu-browse",
+        "version": 1,
+        "backend": st.backend.name(),
+        "devices": qem::available_backends(),
+        "memory": {"budget_bytes": st.budget, "resident_bytes": st.catalog.resident()},
+        "revision": revision,
+        "package_version": env!("CARGO_PKG_VERSION"),
+        "limits": {
+            "det_bin": DET_BINS, "scan_bin": SCAN_BINS, "max_body_bytes": MAX_BODY_BYTES,
+            "geometry_factor": GEOMETRY_FACTOR, "engine_calls_per_device": 1,
+        },
+    }))
+}
+
+async fn acquisitions(State(st): State<Arc<AppState>>) -> ApiResult<Json<Value>> {
+    let st2 = Arc::clone(&st);
+    // Rescanning and inspecting read files: off the async threads.
+    let list = tokio::task::spawn_blocking(move || {
+        st2.catalog.rescan()?;
+        st2.catalog.listing()
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("catalog task failed: {e}")))??;
+    Ok(Json(Value::Array(list)))
+}
+
+/// The acquisition `id`, loaded on first use (LRU release within the budget).
+pub(crate) async fn acquisition(st: &Arc<AppState>, id: &str) -> ApiResult<Acq> {
+    let path = match st.catalog.lookup(id)? {
+        Ok(a) => return Ok(a),
+        Err(p) => p,
+    };
+    let permit = st
+        .device
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::internal("the device semaphore was closed"))?;
+    if let Ok(a) = st.catalog.lookup(id)? {
+        return Ok(a); // loaded while this request waited
+    }
+    let st2 = Arc::clone(st);
+    let id = id.to_string();
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        load(&st2, &id, path)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("a load task failed: {e}")))?
+}
+
+fn load(st: &AppState, id: &str, path: std::path::PathBuf) -> ApiResult<Acq> {
+    let representation = st
+        .representation
+        .unwrap_or_else(|| qem::default_representation(st.backend));
+    // Room for a dense load first (its size is known from the header); an ENCODED load's
+    // size is known once encoded.
+    let estimate = match (representation, qem::inspect(&path, None)) {
+        (Representation::Dense, Ok(ins)) => match (ins.scan_shape, ins.detector_shape, ins.dtype) {
+            (Some(s), Some(d), Some(t)) => (s.len() as u64)
+                .saturating_mul(d.len() as u64)
+                .saturating_mul(t.size() as u64),
+            _ => 0,
+        },
+        _ => 0,
+    };
+    if estimate > st.budget {
+        return Err(qem::Error::memory_budget("serve load", estimate, st.budget).into());
+    }
+    st.catalog.make_room(estimate, st.budget, None)?;
+    let params = LoadParams {
+        backend: match st.backend {
+            qem::Backend::Cpu => BackendRequest::Cpu,
+            qem::Backend::Cuda => BackendRequest::Cuda,
+        },
+        representation: Some(representation),
+        memory_budget: Some(st.budget),
+        ..Default::default()
+    };
+    let ds = qem::load(SourceArg::Path(path), &params)?;
+    let n = ds.nbytes_resident();
+    if n > st.budget {
+        return Err(qem::Error::memory_budget("serve load", n, st.budget).into());
+    }
+    st.catalog.make_room(n, st.budget, None)?;
+    st.catalog.insert_loaded(id, ds)
+}
+
+/// The BF disk of the mean DP, cached per acquisition.
+pub(crate) fn disk(ds: &qem::Dataset, acq: &Acq) -> ApiResult<qem::detector::DiskFit> {
+    cached(&acq.cache.disk, || Ok(qem::detector::fit_disk(ds)?)).copied()
+}
+
+async fn acquisition_detail(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let acq = acquisition(&st, &id).await?;
+    let (mut v, _) = st
+        .engine(&acq, |ds, acq| {
+            let d = disk(ds, acq)?;
+            let m = ds.metadata();
+            let src = |x: bool, s: &str| if x { json!(s) } else { Value::Null };
+            let det_mrad = m.angular_sampling_mrad.map(|a| a.0);
+            Ok(json!({
+                "shape": ds.shape(),
+                "dtype": ds.dtype().numpy_name(),
+                "representation": ds.representation().name(),
+                "backend": ds.backend().name(),
+                "device": ds.device(),
+                "nbytes_resident": ds.nbytes_resident(),
+                "metadata": m,
+                "provenance": ds.provenance(),
+                "calibration": {
+                    "det_mrad_per_px": det_mrad,
+                    "det_mrad_per_px_source": src(det_mrad.is_some(), "metadata"),
+                    "scan_step_a": m.scan_step_a,
+                    "scan_step_a_source": src(m.scan_step_a.is_some(), "metadata"),
+                    "voltage_kv": m.energy_ev.map(|e| e / 1e3),
+                    "voltage_kv_source": src(m.energy_ev.is_some(), "metadata"),
+                    "semiangle_mrad": m.semiangle_mrad,
+                },
+                "disk": {"row": d.center_px.0, "col": d.center_px.1, "radius": d.radius_px},
+            }))
+        })
+        .await?;
+    // The catalog's fields (id, name, path, ready, loaded) come first.
+    let listing = st.catalog.listing()?;
+    if let Some(entry) = listing.into_iter().find(|e| e["id"] == json!(id)) {
+        if let (Some(o), Value::Object(e)) = (v.as_object_mut(), entry) {
+            for (k, x) in e {
+                o.entry(k).or_insert(x);
+            }
+        }
+    }
+    Ok(Json(v))
+}
+
+/// The parsed query of a request.
+pub(crate) fn params(q: &Option<String>) -> ApiResult<Params> {
+    Params::parse(q.as_deref())
+}
