@@ -1,0 +1,9 @@
+//! The browse service's integration tests: one binary (one link), real HTTP over loopback, CPU
+//! backend. `api`: every route against independent arithmetic and the façade; `security`: the
+//! token, cookie, traversal, catalog confinement and input limits; `load`: concurrency, memory
+//! and the LRU.
+
+mod api;
+mod common;
+mod load;
+mod security;
