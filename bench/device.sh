@@ -27,6 +27,9 @@
 #             issue-17 repro, an injected device loss, a 500-operation seeded soak over ENCODED,
 #             DENSE and CPU datasets, 200 load/close cycles, 4 threads, and the soak under
 #             compute-sanitizer memcheck, racecheck and synccheck → h200_reliability.json
+#   serve     the browse service's latency on the reference (serve-latency: the server in-process,
+#             HTTP over loopback, ENCODED resident): virtual images, frames, binned frames, a
+#             scan-ROI DP and a 20-per-second drag → h200_serve_latency.json
 #   all       checks load products ssb sanitize soak (longer than one 10-minute call: the steps
 #             past STEP_BUDGET are skipped and say so)
 #
@@ -184,10 +187,17 @@ print({k: v.get("ok") for k, v in rec.items() if isinstance(v, dict)})
 PY
 }
 
+mode_serve() { # issue 19: the browse service's round trips on the 512² reference
+  acquisition /tmp/ref
+  step "serve latency (ENCODED)" serve_latency.log timeout 300 "$D/serve-latency" --source "$REF" --backend cuda \
+    --requests 50 --out "$R/serve_latency.json"
+  record "$R/serve_latency.json" h200_serve_latency.json
+}
+
 modes=("$@")
 [ "${modes[*]}" = all ] && modes=(checks load products ssb sanitize soak)
 for m in "${modes[@]}"; do
-  case $m in checks|load|products|ssb|sanitize|profile|soak) ;; *) echo "unknown mode: $m" >&2; usage ;; esac
+  case $m in checks|load|products|ssb|sanitize|profile|soak|serve) ;; *) echo "unknown mode: $m" >&2; usage ;; esac
 done
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; cat /proc/loadavg
   echo "revision $QEM_GIT_REVISION; modes ${modes[*]}"; } > "$R/machine.txt" 2>&1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fill device_carry/ (git-ignored) with what bench/device.sh runs on the GPU machine, built
 # here: the four check binaries of crates/qem-bench (qem-cuda-check, -load-check,
-# -products-check, -rans-check), the façade and SSB benches (qem-bench's examples
+# -products-check, -rans-check) and its serve-latency bench, the façade and SSB benches (qem-bench's examples
 # cuda_products_bench, ssb_cuda_bench), the Rust ssb test binary, the wheel installed into
 # site/ (with the quantem-gpu CLI in site/bin), hdf5plugin for
 # the device's Python 3.12 (bitshuffle filter only) in h5p/, the bslz4 test vectors, the Python
@@ -19,7 +19,7 @@ D=device_carry
 rm -rf "$D" && mkdir -p "$D/tests" "$D/site" "$D/h5p"
 cargo build --release -q -p qem-bench --bins
 cargo build --release -q -p qem-bench --example cuda_products_bench --example ssb_cuda_bench
-for b in qem-cuda-check qem-cuda-load-check qem-cuda-products-check qem-cuda-rans-check; do
+for b in qem-cuda-check qem-cuda-load-check qem-cuda-products-check qem-cuda-rans-check serve-latency; do
   cp "target/release/$b" "$D/"
 done
 cp target/release/examples/cuda_products_bench target/release/examples/ssb_cuda_bench "$D/"
@@ -33,7 +33,7 @@ for l in sys.stdin:
 }
 cp "$(test_binary ssb)" "$D/ssb_tests"
 cp "$(test_binary every_engine)" "$D/every_engine_tests"
-strip "$D"/qem-cuda-* "$D"/cuda_products_bench "$D"/ssb_cuda_bench "$D"/ssb_tests "$D"/every_engine_tests
+strip "$D"/qem-cuda-* "$D"/serve-latency "$D"/cuda_products_bench "$D"/ssb_cuda_bench "$D"/ssb_tests "$D"/every_engine_tests
 rm -rf dist && python3 -m maturin build --release --quiet -o dist
 python3 -m pip install --quiet --no-deps --no-compile --target "$D/site" dist/quantem_gpu-*.whl
 # The console script's interpreter as the device has it (pip wrote this machine's).
