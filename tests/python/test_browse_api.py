@@ -8,8 +8,10 @@ NumPy, never from the service. The contract is ``docs/browse.md``.
 
 from __future__ import annotations
 
+import html
 import io as _io
 import json
+import re
 import shutil
 import socket
 import urllib.error
@@ -164,6 +166,30 @@ def test_the_page_loads_with_the_token(srv):
     a = request(srv, "/")
     assert a.status == 200
     assert a.headers["content-type"].startswith("text/html")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="qem-serve: the page's static/app.js and static/style.css are authorised only by the "
+    "qem_token cookie, which a browser does not send (SameSite=Strict) when the page is in a "
+    "cross-site IFrame, e.g. _repr_html_ in Jupyter opened at http://localhost:8888",
+)
+def test_the_page_assets_load_without_the_cookie(srv):
+    """What a Jupyter IFrame needs: the page loaded with ``?token=`` must bring its own assets
+    without the cookie (seen in Chromium: a notebook page on ``localhost`` framing the service
+    on ``127.0.0.1`` got 401 for both assets and showed an empty page)."""
+    page = request(srv, "/")
+    assert page.status == 200
+    assets = re.findall(r'(?:src|href)="((?:\./)?static/[^"]+)"', page.body.decode())
+    assert assets, page.body[:300]
+    for asset in assets:
+        url = urllib.parse.urljoin(srv.url, html.unescape(asset))
+        try:
+            with OPENER.open(url, timeout=30) as r:
+                status = r.status
+        except urllib.error.HTTPError as e:
+            status = e.code
+        assert status == 200, (asset, status)
 
 
 # ----------------------------------------------------------------------------- JSON routes
