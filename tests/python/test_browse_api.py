@@ -14,6 +14,8 @@ import json
 import re
 import shutil
 import socket
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -23,7 +25,7 @@ import pytest
 from helpers import bin_reference, h5py_dectris, write_acquisition
 
 import quantem.gpu as qg
-from quantem.gpu import browse, detector, io
+from quantem.gpu import browse, detector, device, io
 
 SCAN = (5, 7)
 DET = (11, 13)
@@ -481,6 +483,76 @@ def test_closing_the_dataset_makes_its_routes_410(data):
             assert a.status == 410, (view, a.status, a.body[:200])
             assert a.error_kind() == "closed"
         assert request(s, "/api/v1/capabilities").status == 200  # the service itself lives on
+
+
+def test_close_while_requests_run(data):
+    """``ds.close()`` from Python while the service computes on the dataset: nothing waits on
+    anything else, every answer is the right image or 410, and the ones after close are 410."""
+    counts = disk_counts((48, 48), (48, 48), center=(24, 23), radius=9, seed=5, dtype=np.uint16)
+    d = io.load(counts, backend="cpu")
+    want = detector.virtual_image(d, np.ones((48, 48), bool))
+    with browse.serve(d, token=TOKEN) as s:
+        aid = acq(s)
+        answers = []
+
+        def hammer():
+            for _ in range(15):
+                a = api(s, aid, "virtual", mode="rect", r0=0, r1=48, c0=0, c1=48)
+                answers.append((a.status, a.array() if a.status == 200 else a.error_kind()))
+
+        workers = [threading.Thread(target=hammer) for _ in range(3)]
+        for w in workers:
+            w.start()
+        while not answers:
+            time.sleep(0.001)
+        d.close()
+        closed_at = len(answers)
+        for w in workers:
+            w.join(timeout=120)
+            assert not w.is_alive()
+        statuses = {status for status, _ in answers}
+        assert statuses <= {200, 410}, statuses
+        for status, body in answers:
+            if status == 200:
+                assert np.array_equal(body, want)
+            else:
+                assert body == "closed"
+        # Only the request each worker had in flight when close() came may still be an image.
+        late = [status for status, _ in answers[closed_at:]]
+        assert late.count(200) <= len(workers), late
+        assert late.count(410) >= 1, late
+        assert api(s, aid, "frame", r=0, c=0).status == 410
+        assert d.closed
+
+
+def test_the_service_keeps_a_dropped_dataset_alive():
+    import gc
+
+    counts = disk_counts(SCAN, DET, center=(5, 6), radius=3, seed=9, dtype=np.uint16)
+    with browse.serve(io.load(counts, backend="cpu"), token=TOKEN) as s:
+        gc.collect()
+        assert np.array_equal(api(s, acq(s), "frame", r=4, c=1).array(), counts[4, 1])
+
+
+def test_loading_options_reach_the_service(tmp_path):
+    counts = disk_counts(SCAN, DET, center=(5, 6), radius=3, seed=4, dtype=np.uint16)
+    master, _, _ = write_acquisition(tmp_path, name="u16", data=counts, dtype=np.uint16)
+    with browse.serve(master, backend="cpu", representation="encoded", token=TOKEN) as s:
+        aid = acq(s)
+        assert np.array_equal(api(s, aid, "frame", r=1, c=2).array(), counts[1, 2])
+        (item,) = request(s, "/api/v1/acquisitions").json()
+        assert item["representation"] == "encoded"
+    with browse.serve(master, backend="cpu", memory_budget=1000, token=TOKEN) as s:
+        assert request(s, "/api/v1/capabilities").json()["memory"]["budget_bytes"] == 1000
+        a = api(s, acq(s), "frame", r=0, c=0)  # 5*7*11*13 u16 = 10010 bytes > 1000
+        assert a.status == 507
+        assert a.error_kind() == "memory_budget"
+
+
+@pytest.mark.skipif("cuda" in device.available(), reason="CUDA is usable here")
+def test_an_unusable_explicit_backend_raises(data):
+    with pytest.raises(qg.BackendUnavailableError):
+        browse.serve(data["master"], backend="cuda")
 
 
 # ----------------------------------------------------------------------------- lifetime
