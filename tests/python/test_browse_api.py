@@ -11,8 +11,10 @@ from __future__ import annotations
 import html
 import io as _io
 import json
+import os
 import re
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -587,6 +589,27 @@ def test_stop_frees_the_port_and_is_idempotent(ds):
         assert request(again, "/api/v1/capabilities").status == 200
     finally:
         again.stop()
+
+
+def test_wait_returns_when_stopped(ds):
+    with browse.serve(ds) as s:
+        t0 = time.monotonic()
+        assert s.wait(timeout=0.2) is False
+        assert time.monotonic() - t0 >= 0.2
+        threading.Timer(0.2, s.stop).start()
+        assert s.wait(timeout=30) is True
+        assert s.stopped
+        with pytest.raises(qg.ArgumentTypeError):
+            s.wait(timeout="1")
+
+
+def test_ctrl_c_in_wait_stops_the_service(ds):
+    s = browse.serve(ds)
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        s.wait()
+    assert s.stopped
+    assert_port_free(s.port)
 
 
 def test_the_with_block_stops(ds):

@@ -24,6 +24,7 @@ import html
 import os
 import pathlib
 import re
+import time
 from typing import Any, Union
 
 from quantem.gpu import _args, _native
@@ -96,6 +97,30 @@ class BrowseServer:
         ``ds.close()``).
         """
         self._native.stop()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the service is stopped (by :meth:`stop` from another thread), for at most
+        ``timeout`` seconds (``None``: no limit). For scripts: ``browse.serve(...).wait()``
+        serves until Ctrl-C, which stops the service and raises ``KeyboardInterrupt``.
+
+        Returns
+        -------
+        bool
+            True when the service has stopped, False when ``timeout`` passed first.
+        """
+        limit = _args.optional_number("BrowseServer.wait", "timeout", timeout, minimum=0.0)
+        deadline = None if limit is None else time.monotonic() + limit
+        try:
+            while not self.stopped:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                # Short sleeps keep Ctrl-C prompt.
+                time.sleep(0.1 if left is None else min(0.1, left))
+        except KeyboardInterrupt:
+            self.stop()
+            raise
+        return True
 
     def __enter__(self) -> BrowseServer:
         return self
@@ -222,8 +247,8 @@ def serve(
     Returns
     -------
     BrowseServer
-        ``.url`` (with the token), ``.token``, ``.host``, ``.port``, ``.stop()``; a context
-        manager; shown as the page in an IFrame by Jupyter.
+        ``.url`` (with the token), ``.token``, ``.host``, ``.port``, ``.stop()``, ``.wait()``;
+        a context manager; shown as the page in an IFrame by Jupyter.
 
     Raises
     ------
@@ -253,6 +278,10 @@ def serve(
     >>> urllib.request.urlopen(req).read()                          # the JSON catalog
     >>> ds.close()           # the service now answers 410 for it
     >>> srv.stop()
+
+    In a script, serve until Ctrl-C:
+
+    >>> browse.serve("scan_master.h5").wait()
     """
     kind, src = _source(source)
     backend = _args.text(_OP, "backend", backend, _BACKENDS)
