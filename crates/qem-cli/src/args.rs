@@ -17,8 +17,7 @@ pub struct Cli {
 
 /// The subcommands.
 ///
-/// Later ones (docs/concepts.md §7 "Command line") get a variant here and a module of their own:
-/// (wave 2) `serve PATH`.
+/// Each has a variant here and a module of its own.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// List the compute backends and whether each can run here.
@@ -40,6 +39,9 @@ pub enum Command {
     /// Simulate a small SrTiO3 acquisition, write it as Dectris files, load it, and write
     /// detector images, diffraction patterns and the DPC phase with a JSON report.
     Demo(DemoArgs),
+    /// Serve a local web page and HTTP API onto an acquisition, a folder of acquisitions or the
+    /// demo (docs/browse.md); prints the URL with its token and serves until Ctrl-C.
+    Serve(ServeArgs),
     /// Write the reference benchmark acquisition (Dectris master + bitshuffle/LZ4 shards):
     /// by default 512x512 scan x 192x192 u16, 200,000 e-/frame (about 6x compression).
     GenerateReference(GenerateReferenceArgs),
@@ -311,6 +313,43 @@ pub struct DemoArgs {
     /// Print the report JSON instead of a summary.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `quantem-gpu serve`
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// A master file, a plain HDF5 or .qem file, or a folder (a catalog of every acquisition in
+    /// it).
+    #[arg(required_unless_present = "demo", conflicts_with = "demo")]
+    pub path: Option<PathBuf>,
+    /// Serve the built-in simulated acquisition (written to a temporary folder).
+    #[arg(long)]
+    pub demo: bool,
+    /// Engine: auto (CUDA when usable, else CPU), cpu or cuda.
+    #[arg(long, default_value = "auto", value_parser = parse_backend)]
+    pub backend: BackendRequest,
+    /// Address to bind; anything but a loopback address needs a token.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port (0 = any free port).
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+    /// Use this token instead of a random one.
+    #[arg(long, conflicts_with = "no_token")]
+    pub token: Option<String>,
+    /// No token (refused unless the host is a loopback address).
+    #[arg(long)]
+    pub no_token: bool,
+    /// Bytes of acquisitions kept loaded (default: 80 % of the GPU's memory on CUDA, half of
+    /// the machine's memory on the CPU).
+    #[arg(long)]
+    pub memory_budget: Option<u64>,
+    /// encoded or dense (default: the backend's).
+    #[arg(long, value_parser = parse_representation)]
+    pub representation: Option<Representation>,
+    /// Open the page in the default browser.
+    #[arg(long)]
+    pub open: bool,
 }
 
 /// `quantem-gpu bench load`

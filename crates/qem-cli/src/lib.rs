@@ -29,6 +29,7 @@ mod machine;
 mod output;
 mod products_cmd;
 mod progress;
+mod serve_cmd;
 mod ssb_cmd;
 
 use clap::Parser;
@@ -56,6 +57,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         args::Command::Dpc(a) => dpc_cmd::run(&a, &command_line),
         args::Command::Ssb(a) => ssb_cmd::run(&a, &command_line),
         args::Command::Demo(a) => demo::run(&a, &command_line),
+        args::Command::Serve(a) => serve_cmd::run(&a),
         args::Command::GenerateReference(a) => generate::run(&a, &command_line),
         args::Command::Bench(args::BenchCommand::Load(a)) => bench::run_load(&a, &command_line),
     };

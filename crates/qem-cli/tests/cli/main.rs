@@ -3,7 +3,7 @@
 //!
 //! One test binary (`cli`), cut by job: this file holds the shared helpers that run the binary;
 //! `basics` (device, usage, missing files), `demo`, `bench`, `fixtures` (generated
-//! acquisitions, `.npy` readers, naive references), `products`, `dpc`, `ssb` and `hostile`
+//! acquisitions, `.npy` readers, naive references), `products`, `dpc`, `ssb`, `serve` and `hostile`
 //! (hostile-input regression tests).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -14,6 +14,7 @@ mod dpc;
 mod fixtures;
 mod hostile;
 mod products;
+mod serve;
 mod ssb;
 
 use serde_json::Value;
