@@ -49,8 +49,8 @@ pub fn run(a: &DemoArgs, command_line: &str) -> anyhow::Result<()> {
 
     // 2. Write Dectris-style files, bad pixels at 65535 like real ARINA data.
     let t = Instant::now();
-    let (written, pixel_mask) = qem_sim::demo::write_simulated(&a.out, &sim)
-        .context("writing the demo acquisition")?;
+    let (written, pixel_mask) =
+        qem_sim::demo::write_simulated(&a.out, &sim).context("writing the demo acquisition")?;
     let t_write = t.elapsed().as_secs_f64();
     let file_bytes = written.file_bytes();
 
