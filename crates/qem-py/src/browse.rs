@@ -79,8 +79,13 @@ impl PyBrowseServer {
 
 impl Drop for PyBrowseServer {
     fn drop(&mut self) {
-        // The server never needs the GIL, so stopping with it held cannot deadlock.
-        self.stop_once();
+        // Stopping waits for requests in flight (an engine call may take seconds): without the
+        // GIL, so Python threads keep running meanwhile. The server never needs the GIL, so
+        // stopping with it held (an interpreter shutting down) cannot deadlock either.
+        let this = &*self;
+        if Python::try_attach(|py| py.detach(|| this.stop_once())).is_none() {
+            this.stop_once();
+        }
     }
 }
 
