@@ -93,8 +93,8 @@ class BrowseServer:
     def stop(self) -> None:
         """Stop serving and free the port; calling it again does nothing.
 
-        Requests in flight are ended; a shared dataset stays open (close it with
-        ``ds.close()``).
+        Requests in flight are answered first (the GIL is released meanwhile); idle
+        connections are closed. A shared dataset stays open (close it with ``ds.close()``).
         """
         self._native.stop()
 
