@@ -10,7 +10,8 @@
 //!   case, with timings, written as JSON (`bench/device.sh` runs them):
 //!   `qem-cuda-check` (bitshuffle/LZ4 kernel), `qem-cuda-load-check` (dense load),
 //!   `qem-cuda-products-check` (detector products, iDPC), `qem-cuda-rans-check` (rANS codec,
-//!   ENCODED load, `.qem` round trip).
+//!   ENCODED load, `.qem` round trip); and `serve-latency`, the browse service's round trips
+//!   over loopback (views and a coalescing drag), which runs on the CPU as well.
 //! * `examples/`: benchmark and study programs: `cuda_products_bench`, `ssb_cuda_bench`,
 //!   `ssb_validation`, `load_time` (through the `qem` façade), `plan_time` (the CUDA load
 //!   plan), `decode_speed`, `pair_study`, `rans_ratio` (codec studies).
