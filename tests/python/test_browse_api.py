@@ -27,7 +27,7 @@ import pytest
 from helpers import bin_reference, h5py_dectris, write_acquisition
 
 import quantem.gpu as qg
-from quantem.gpu import browse, detector, device, io
+from quantem.gpu import browse, detector, device, dpc, io, ssb
 
 SCAN = (5, 7)
 DET = (11, 13)
@@ -383,6 +383,56 @@ def test_npy_format_is_the_raw_answer(srv):
         assert np.array_equal(loaded, raw), view
 
 
+def test_dp_max_det_bin_4_is_the_block_maximum(srv, ds):
+    got = api(srv, acq(srv), "dp", reduce="max", det_bin=4).array()
+    padded = np.zeros((12, 16), np.uint32)
+    padded[: DET[0], : DET[1]] = detector.max_dp(ds)
+    assert np.array_equal(got, padded.reshape(3, 4, 4, 4).max(axis=(1, 3)))
+
+
+def test_virtual_region_crops_the_scan_before_binning(srv, ds):
+    bf = np.asarray(detector.bf(ds))
+    aid = acq(srv)
+    got = api(srv, aid, "virtual", mode="bf", region="1,4,2,7").array()
+    assert np.array_equal(got, bf[1:4, 2:7])
+    got = api(srv, aid, "virtual", mode="bf", region="1,4,2,7", scan_bin=2).array()
+    assert np.array_equal(got, bf[1:3, 2:6].reshape(1, 2, 2, 2).sum(axis=(1, 3)))
+
+
+def test_virtual_com_and_dpc_phase_are_dpc_results(srv, ds):
+    aid = acq(srv)
+    com = dpc.center_of_mass(ds)
+    for mode, want in [("com_row", com.com_row), ("com_col", com.com_col)]:
+        a = api(srv, aid, "virtual", mode=mode, det_bin=2)
+        assert a.headers["x-det-bin"] == "1"  # CoM is computed on the whole detector
+        got = a.array()
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, np.asarray(want), rtol=1e-5, atol=1e-6)
+    got = api(srv, aid, "virtual", mode="dpc_phase").array()
+    np.testing.assert_allclose(got, np.asarray(dpc.run(ds).phase), rtol=1e-5, atol=1e-6)
+
+
+def test_ssb_reconstruct_is_ssb_reconstruct(srv, ds):
+    aid = urllib.parse.quote(acq(srv))
+    params = {"voltage_kv": 300.0, "semiangle_mrad": 20.0, "scan_step_a": 0.5}
+    a = request(
+        srv,
+        f"/api/v1/acquisitions/{aid}/ssb/prepare",
+        method="POST",
+        body=json.dumps(params).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    assert a.status == 200, a.body[:300]
+    assert a.json()["n_bf_pixels"] > 0
+    aberrations = {"C10": 12.5, "C12": 3.0, "phi12": 0.4}
+    want = ssb.SSB(ds, **params).reconstruct(aberrations)
+    for part in ("phase", "amplitude"):
+        route = f"/api/v1/acquisitions/{aid}/ssb/reconstruct"
+        got = request(srv, route, {**aberrations, "part": part}).array()
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, np.asarray(getattr(want, part)), rtol=1e-5, atol=1e-6)
+
+
 # ----------------------------------------------------------------------------- errors
 
 
@@ -424,6 +474,25 @@ def test_bad_virtual_requests_are_400_json(srv):
         a = api(srv, aid, "virtual", **params)
         assert a.status == 400, (params, a.status, a.body[:200])
         assert a.error_kind() == "bad_request"
+
+
+def test_bad_masks_and_bodies(srv):
+    aid = urllib.parse.quote(acq(srv))
+    route = f"/api/v1/acquisitions/{aid}/virtual-mask"
+    a = request(srv, route, method="POST", body=b"\x01" * (DET[0] * DET[1] - 1))
+    assert a.status == 400 and a.error_kind() == "bad_request"
+    # The mask of the binned detector at det_bin=2 is 6 x 7; the full-size one is refused.
+    a = request(srv, route, {"det_bin": 2}, method="POST", body=b"\x01" * (DET[0] * DET[1]))
+    assert a.status == 400 and a.error_kind() == "bad_request"
+    a = request(srv, route, method="POST", body=b"\x01" * ((16 << 20) + 1))
+    assert a.status == 413 and a.error_kind() == "too_large"
+
+
+def test_ids_are_not_paths(srv):
+    for aid in ["..%2F..%2Fetc%2Fpasswd", "%2Fetc%2Fpasswd", "..", "x%00y"]:
+        a = request(srv, f"/api/v1/acquisitions/{aid}/frame", {"r": 0, "c": 0})
+        assert a.status == 404, (aid, a.status)
+        assert a.error_kind() == "not_found"
 
 
 # ----------------------------------------------------------------------------- sources
