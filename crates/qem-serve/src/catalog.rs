@@ -26,10 +26,7 @@ pub(crate) struct AcqCache {
 }
 
 /// `cell`'s value, computed by `f` the first time (two racing computations give the same value).
-pub(crate) fn cached<'a, T>(
-    cell: &'a OnceLock<T>,
-    f: impl FnOnce() -> ApiResult<T>,
-) -> ApiResult<&'a T> {
+pub(crate) fn cached<T>(cell: &OnceLock<T>, f: impl FnOnce() -> ApiResult<T>) -> ApiResult<&T> {
     if let Some(v) = cell.get() {
         return Ok(v);
     }
@@ -328,27 +325,20 @@ impl Catalog {
     /// The listing of docs/browse.md (`GET /acquisitions`), each entry inspected when not
     /// loaded.
     pub fn listing(&self) -> ApiResult<Vec<Value>> {
-        let snapshot: Vec<(String, String, String, Option<PathBuf>, Option<Acq>, u64)> = {
+        let snapshot: Vec<(String, Value, Option<PathBuf>, Option<Acq>)> = {
             let st = self.state.lock().map_err(|_| lock_err())?;
             st.entries
                 .iter()
                 .map(|(id, e)| {
-                    (
-                        id.clone(),
-                        e.name.clone(),
-                        e.rel.clone(),
-                        e.path.clone(),
-                        e.loaded.clone(),
-                        e.nbytes,
-                    )
+                    let v = json!({"id": id, "name": e.name, "path": e.rel,
+                        "loaded": e.loaded.is_some(), "nbytes_resident": e.nbytes, "ready": true,
+                        "reason": null, "shape": null, "dtype": null, "representation": null});
+                    (id.clone(), v, e.path.clone(), e.loaded.clone())
                 })
                 .collect()
         };
         let mut out = Vec::with_capacity(snapshot.len());
-        for (id, name, rel, path, loaded, nbytes) in snapshot {
-            let mut v = json!({"id": id, "name": name, "path": rel, "loaded": loaded.is_some(),
-                "nbytes_resident": nbytes, "ready": true, "reason": null, "shape": null,
-                "dtype": null, "representation": null});
+        for (_, mut v, path, loaded) in snapshot {
             if let Some(a) = &loaded {
                 let facts = a.with(|ds| {
                     Ok((

@@ -3,6 +3,8 @@
 //! token, cookie, traversal, catalog confinement and input limits; `load`: concurrency, memory
 //! and the LRU.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod api;
 mod common;
 mod load;
