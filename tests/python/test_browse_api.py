@@ -524,6 +524,25 @@ def test_serving_a_folder_lists_its_acquisitions(tmp_path):
         assert len(request(s, "/api/v1/acquisitions").json()) == 3
 
 
+def test_a_folder_reports_a_broken_acquisition_and_skips_links_out(tmp_path):
+    counts = disk_counts(SCAN, DET, center=(5, 6), radius=3, seed=1, dtype=np.uint16)
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    _, files, _ = write_acquisition(root, name="broken", data=counts, dtype=np.uint16)
+    files[-1].unlink()  # a missing shard
+    outside, _, _ = write_acquisition(elsewhere, name="outside", data=counts, dtype=np.uint16)
+    (root / "link_master.h5").symlink_to(outside)
+    with browse.serve(root, backend="cpu", token=TOKEN) as s:
+        (item,) = request(s, "/api/v1/acquisitions").json()
+        assert item["path"] == "broken_master.h5"
+        assert item["ready"] is False
+        assert "broken_data_000005.h5" in item["reason"]
+        a = api(s, item["id"], "frame", r=0, c=0)
+        assert a.status == 422
+        assert a.error_kind() == "source"
+
+
 def test_serving_one_file(data):
     with browse.serve(data["master"], backend="cpu", token=TOKEN) as s:
         aid = acq(s)
