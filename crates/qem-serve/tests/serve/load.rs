@@ -139,3 +139,75 @@ fn stop_frees_the_port_and_wait_returns() {
         "still listening after stop"
     );
 }
+
+/// A shared dataset whose first use waits at a gate, and which counts its uses.
+#[derive(Debug)]
+struct Gated {
+    ds: qem::Dataset,
+    calls: std::sync::atomic::AtomicUsize,
+    open: std::sync::Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl qem_serve::SharedDataset for Gated {
+    fn with_dataset(&self, f: &mut dyn FnMut(&qem::Dataset)) -> qem::Result<()> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.cv.wait(open).unwrap();
+        }
+        drop(open);
+        f(&self.ds);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_requests_of_clients_that_left_never_compute() {
+    let dir = tempfile::tempdir().expect("tmp");
+    write_acquisition(dir.path(), "scan", SCAN, DET);
+    let params = qem::LoadParams { backend: qem::BackendRequest::Cpu, ..Default::default() };
+    let ds = qem::load(qem::SourceArg::Path(dir.path().join("scan_master.h5")), &params).expect("load");
+    let gated = Arc::new(Gated {
+        ds,
+        calls: Default::default(),
+        open: std::sync::Mutex::new(true),
+        cv: Default::default(),
+    });
+    let root = ServeRoot::Dataset { name: "gated".into(), handle: gated.clone() };
+    let s = Arc::new(TestServer::start(root, cpu_opts()));
+    let id = s.first_id().await;
+    let calls = || gated.calls.load(std::sync::atomic::Ordering::SeqCst);
+    let base = calls(); // start() and the listing read the dataset too
+    *gated.open.lock().unwrap() = false;
+    // One request takes the device and waits at the gate.
+    let first = {
+        let (s, id) = (Arc::clone(&s), id.clone());
+        tokio::spawn(async move { s.get(&format!("/api/v1/acquisitions/{id}/frame?r=0&c=0")).await })
+    };
+    while calls() == base {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // Twenty more queue behind it; their clients give up after 300 ms.
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..20 {
+        let (s, id) = (Arc::clone(&s), id.clone());
+        set.spawn(async move {
+            let url = format!("{}/api/v1/acquisitions/{id}/frame?r={}&c=0", s.base, i % SCAN.0);
+            let rb = s.client.get(url).bearer_auth(s.token.clone().unwrap_or_default());
+            rb.timeout(std::time::Duration::from_millis(300)).send().await.is_err()
+        });
+    }
+    let mut timed_out = 0;
+    while let Some(j) = set.join_next().await {
+        timed_out += usize::from(j.expect("task"));
+    }
+    assert_eq!(timed_out, 20);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    *gated.open.lock().unwrap() = true;
+    gated.cv.notify_all();
+    assert_eq!(first.await.expect("first").status, 200);
+    // One more request computes; the twenty abandoned ones never reached the dataset.
+    assert_eq!(s.get(&format!("/api/v1/acquisitions/{id}/frame?r=1&c=1")).await.status, 200);
+    assert_eq!(calls(), base + 2, "abandoned requests were computed");
+}
