@@ -593,8 +593,10 @@ def test_close_while_requests_run(data):
         workers = [threading.Thread(target=hammer) for _ in range(3)]
         for w in workers:
             w.start()
-        while not answers:
+        deadline = time.monotonic() + 60
+        while not answers and time.monotonic() < deadline:
             time.sleep(0.001)
+        assert answers, "no answer within 60 s"
         d.close()
         closed_at = len(answers)
         for w in workers:
