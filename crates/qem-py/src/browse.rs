@@ -15,6 +15,7 @@ use pyo3::types::{PyBool, PyString};
 use qem::{BackendRequest, Error, Representation};
 use qem_serve::{ServeOptions, ServeRoot, Server, SharedDataset, TokenMode};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// A Python `Dataset` as the server sees it: the live dataset, refused once closing.
@@ -66,12 +67,12 @@ pub struct PyBrowseServer {
     token: Option<String>,
     host: String,
     port: u16,
-    stopped: std::sync::atomic::AtomicBool,
+    stopped: AtomicBool,
 }
 
 impl PyBrowseServer {
     fn stop_once(&self) {
-        if !self.stopped.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        if !self.stopped.swap(true, Ordering::SeqCst) {
             self.server.stop();
         }
     }
@@ -118,7 +119,7 @@ impl PyBrowseServer {
     /// True once `stop()` was called.
     #[getter]
     fn stopped(&self) -> bool {
-        self.stopped.load(std::sync::atomic::Ordering::SeqCst)
+        self.stopped.load(Ordering::SeqCst)
     }
 
     /// Stop serving and free the port (the GIL is released while the server shuts down);
@@ -189,7 +190,7 @@ fn _browse_serve(
         host: addr.ip().to_string(),
         port: addr.port(),
         server,
-        stopped: std::sync::atomic::AtomicBool::new(false),
+        stopped: AtomicBool::new(false),
     })
 }
 
