@@ -398,4 +398,56 @@ async fn ssb_prepare_reconstruct_and_fit_job() {
     let c10 = last["result"]["aberrations"]["C10"].as_f64().expect("C10");
     assert!((0.0..=100.0).contains(&c10));
     assert_eq!(s.get("/api/v1/jobs/job-999").await.status, 404);
+
+    // The façade's fit with and without the progress hook: the same losses in the same order,
+    // and the service's answer is that fit.
+    let params = qem::LoadParams {
+        backend: qem::BackendRequest::Cpu,
+        ..Default::default()
+    };
+    let ds = qem::load(
+        qem::SourceArg::Path(dir.path().join("demo_master.h5")),
+        &params,
+    )
+    .expect("load");
+    let ssb_params = qem::ssb::SsbParams {
+        voltage_kv: sim.voltage_kv,
+        semiangle_mrad: sim.semiangle_mrad,
+        scan_step_a: (sim.scan_step_a, sim.scan_step_a),
+        ..Default::default()
+    };
+    let ssb = qem::ssb::Ssb::new(&ds, &ssb_params).expect("prepare");
+    let fp = qem::ssb::FitParams {
+        seed: 1,
+        fit: vec!["C10".into()],
+        ranges: [("C10".to_string(), (0.0, 100.0))].into_iter().collect(),
+        global_evals: 6,
+        local_max_iter: 4,
+        local_starts: 1,
+        ..Default::default()
+    };
+    let plain = ssb.fit(&fp).expect("fit");
+    let seen = std::sync::Mutex::new(Vec::new());
+    let hooked = ssb
+        .fit_with_progress(&fp, &|d, t| seen.lock().unwrap().push((d, t)))
+        .expect("fit");
+    assert_eq!(plain.loss_curve, hooked.loss_curve);
+    assert_eq!(plain.aberrations, hooked.aberrations);
+    let seen = seen.into_inner().unwrap();
+    assert_eq!(
+        seen.first(),
+        Some(&(7, fp.evaluation_estimate())),
+        "the global batch first"
+    );
+    assert_eq!(seen.last().map(|p| p.0), Some(plain.evaluations));
+    assert!(seen.windows(2).all(|w| w[0].0 < w[1].0 && w[0].0 <= w[0].1));
+    assert_eq!(
+        last["result"]["evaluations"].as_u64(),
+        Some(plain.evaluations as u64)
+    );
+    let c10_plain = plain.aberrations.c10;
+    assert!(
+        (c10 - c10_plain).abs() <= 1e-9 * c10_plain.abs().max(1.0),
+        "{c10} vs {c10_plain}"
+    );
 }
