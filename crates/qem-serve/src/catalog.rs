@@ -229,31 +229,20 @@ impl Catalog {
         Ok(())
     }
 
-    /// The loaded acquisition `id` (marked used), or its path to load, or 404.
-    pub fn lookup(&self, id: &str) -> ApiResult<Result<Acq, PathBuf>> {
-        for attempt in 0..2 {
-            {
-                let mut st = self.state.lock().map_err(|_| lock_err())?;
-                st.clock += 1;
-                let now = st.clock;
-                if let Some(e) = st.entries.get_mut(id) {
-                    if let Some(a) = &e.loaded {
-                        e.last_used = now;
-                        return Ok(Ok(a.clone()));
-                    }
-                    if let Some(p) = &e.path {
-                        return Ok(Err(p.clone()));
-                    }
-                }
-            }
-            if attempt == 0 {
-                // An id from a listing made since: look again once.
-                self.rescan().map_err(ApiError::from)?;
-            }
+    /// The loaded acquisition `id` (marked used), or its path to load; `None` when the catalog
+    /// does not know `id` (callers rescan once, off the async threads, then answer 404).
+    pub fn lookup(&self, id: &str) -> ApiResult<Option<Result<Acq, PathBuf>>> {
+        let mut st = self.state.lock().map_err(|_| lock_err())?;
+        st.clock += 1;
+        let now = st.clock;
+        let Some(e) = st.entries.get_mut(id) else {
+            return Ok(None);
+        };
+        if let Some(a) = &e.loaded {
+            e.last_used = now;
+            return Ok(Some(Ok(a.clone())));
         }
-        Err(ApiError::not_found(format!(
-            "no acquisition with id \"{id}\""
-        )))
+        Ok(e.path.clone().map(Err))
     }
 
     /// Resident bytes of every loaded acquisition.
@@ -322,13 +311,14 @@ impl Catalog {
         Ok(acq)
     }
 
-    /// The listing of docs/browse.md (`GET /acquisitions`), each entry inspected when not
-    /// loaded.
-    pub fn listing(&self) -> ApiResult<Vec<Value>> {
+    /// The listing of docs/browse.md (`GET /acquisitions`; with `only`, that entry alone), each
+    /// entry inspected when not loaded (reads files: call it off the async threads).
+    pub fn listing(&self, only: Option<&str>) -> ApiResult<Vec<Value>> {
         let snapshot: Vec<(String, Value, Option<PathBuf>, Option<Acq>)> = {
             let st = self.state.lock().map_err(|_| lock_err())?;
             st.entries
                 .iter()
+                .filter(|(id, _)| only.is_none_or(|o| o == id.as_str()))
                 .map(|(id, e)| {
                     let v = json!({"id": id, "name": e.name, "path": e.rel,
                         "loaded": e.loaded.is_some(), "nbytes_resident": e.nbytes, "ready": true,

@@ -92,3 +92,37 @@ impl IntoResponse for ApiError {
         (self.status, axum::Json(body)).into_response()
     }
 }
+
+/// Every error answer as JSON: axum's own rejections (a path that does not decode, a method a
+/// route does not take) are plain text; they become `{"error": …}` with their status kept.
+pub(crate) async fn json_errors(resp: Response) -> Response {
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if is_json {
+        return resp;
+    }
+    let text = axum::body::to_bytes(resp.into_body(), 64 << 10)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    let kind = match status.as_u16() {
+        401 => "unauthorized",
+        404 => "not_found",
+        410 => "closed",
+        413 => "too_large",
+        400..=499 => "bad_request",
+        _ => "internal",
+    };
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_string()
+    } else {
+        text
+    };
+    ApiError::new(status, kind, message).into_response()
+}

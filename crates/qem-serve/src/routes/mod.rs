@@ -48,6 +48,7 @@ pub(crate) fn router(st: Arc<AppState>) -> Router {
             Arc::clone(&st),
             auth::require_token,
         ))
+        .layer(axum::middleware::map_response(crate::error::json_errors))
         .with_state(st)
 }
 
@@ -104,20 +105,46 @@ async fn capabilities(State(st): State<Arc<AppState>>) -> Json<Value> {
 async fn acquisitions(State(st): State<Arc<AppState>>) -> ApiResult<Json<Value>> {
     let st2 = Arc::clone(&st);
     // Rescanning and inspecting read files: off the async threads.
-    let list = tokio::task::spawn_blocking(move || {
+    let list = blocking(move || {
         st2.catalog.rescan()?;
-        st2.catalog.listing()
+        st2.catalog.listing(None)
     })
-    .await
-    .map_err(|e| ApiError::internal(format!("catalog task failed: {e}")))??;
+    .await?;
     Ok(Json(Value::Array(list)))
+}
+
+/// `f` on a blocking thread (file-system work that is not engine work: no device permit).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> ApiResult<T> + Send + 'static,
+) -> ApiResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("a catalog task failed: {e}")))?
 }
 
 /// The acquisition `id`, loaded on first use (LRU release within the budget).
 pub(crate) async fn acquisition(st: &Arc<AppState>, id: &str) -> ApiResult<Acq> {
-    let path = match st.catalog.lookup(id)? {
-        Ok(a) => return Ok(a),
-        Err(p) => p,
+    let found = match st.catalog.lookup(id)? {
+        Some(f) => Some(f),
+        None => {
+            // An id from a listing made since the last scan: rescan once (reads the folder).
+            let st2 = Arc::clone(st);
+            let id2 = id.to_string();
+            blocking(move || {
+                st2.catalog.rescan()?;
+                st2.catalog.lookup(&id2)
+            })
+            .await?
+        }
+    };
+    let path = match found {
+        Some(Ok(a)) => return Ok(a),
+        Some(Err(p)) => p,
+        None => {
+            return Err(ApiError::not_found(format!(
+                "no acquisition with id \"{id}\""
+            )))
+        }
     };
     let permit = st
         .device
@@ -125,7 +152,7 @@ pub(crate) async fn acquisition(st: &Arc<AppState>, id: &str) -> ApiResult<Acq> 
         .acquire_owned()
         .await
         .map_err(|_| ApiError::internal("the device semaphore was closed"))?;
-    if let Ok(a) = st.catalog.lookup(id)? {
+    if let Some(Ok(a)) = st.catalog.lookup(id)? {
         return Ok(a); // loaded while this request waited
     }
     let st2 = Arc::clone(st);
@@ -214,7 +241,9 @@ async fn acquisition_detail(
         })
         .await?;
     // The catalog's fields (id, name, path, ready, loaded) come first.
-    let listing = st.catalog.listing()?;
+    let st2 = Arc::clone(&st);
+    let id2 = id.clone();
+    let listing = blocking(move || st2.catalog.listing(Some(&id2))).await?;
     if let Some(entry) = listing.into_iter().find(|e| e["id"] == json!(id)) {
         if let (Some(o), Value::Object(e)) = (v.as_object_mut(), entry) {
             for (k, x) in e {

@@ -166,15 +166,25 @@ impl qem_serve::SharedDataset for Gated {
 async fn queued_requests_of_clients_that_left_never_compute() {
     let dir = tempfile::tempdir().expect("tmp");
     write_acquisition(dir.path(), "scan", SCAN, DET);
-    let params = qem::LoadParams { backend: qem::BackendRequest::Cpu, ..Default::default() };
-    let ds = qem::load(qem::SourceArg::Path(dir.path().join("scan_master.h5")), &params).expect("load");
+    let params = qem::LoadParams {
+        backend: qem::BackendRequest::Cpu,
+        ..Default::default()
+    };
+    let ds = qem::load(
+        qem::SourceArg::Path(dir.path().join("scan_master.h5")),
+        &params,
+    )
+    .expect("load");
     let gated = Arc::new(Gated {
         ds,
         calls: Default::default(),
         open: std::sync::Mutex::new(true),
         cv: Default::default(),
     });
-    let root = ServeRoot::Dataset { name: "gated".into(), handle: gated.clone() };
+    let root = ServeRoot::Dataset {
+        name: "gated".into(),
+        handle: gated.clone(),
+    };
     let s = Arc::new(TestServer::start(root, cpu_opts()));
     let id = s.first_id().await;
     let calls = || gated.calls.load(std::sync::atomic::Ordering::SeqCst);
@@ -183,7 +193,10 @@ async fn queued_requests_of_clients_that_left_never_compute() {
     // One request takes the device and waits at the gate.
     let first = {
         let (s, id) = (Arc::clone(&s), id.clone());
-        tokio::spawn(async move { s.get(&format!("/api/v1/acquisitions/{id}/frame?r=0&c=0")).await })
+        tokio::spawn(async move {
+            s.get(&format!("/api/v1/acquisitions/{id}/frame?r=0&c=0"))
+                .await
+        })
     };
     while calls() == base {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
@@ -193,9 +206,19 @@ async fn queued_requests_of_clients_that_left_never_compute() {
     for i in 0..20 {
         let (s, id) = (Arc::clone(&s), id.clone());
         set.spawn(async move {
-            let url = format!("{}/api/v1/acquisitions/{id}/frame?r={}&c=0", s.base, i % SCAN.0);
-            let rb = s.client.get(url).bearer_auth(s.token.clone().unwrap_or_default());
-            rb.timeout(std::time::Duration::from_millis(300)).send().await.is_err()
+            let url = format!(
+                "{}/api/v1/acquisitions/{id}/frame?r={}&c=0",
+                s.base,
+                i % SCAN.0
+            );
+            let rb = s
+                .client
+                .get(url)
+                .bearer_auth(s.token.clone().unwrap_or_default());
+            rb.timeout(std::time::Duration::from_millis(300))
+                .send()
+                .await
+                .is_err()
         });
     }
     let mut timed_out = 0;
@@ -208,6 +231,11 @@ async fn queued_requests_of_clients_that_left_never_compute() {
     gated.cv.notify_all();
     assert_eq!(first.await.expect("first").status, 200);
     // One more request computes; the twenty abandoned ones never reached the dataset.
-    assert_eq!(s.get(&format!("/api/v1/acquisitions/{id}/frame?r=1&c=1")).await.status, 200);
+    assert_eq!(
+        s.get(&format!("/api/v1/acquisitions/{id}/frame?r=1&c=1"))
+            .await
+            .status,
+        200
+    );
     assert_eq!(calls(), base + 2, "abandoned requests were computed");
 }

@@ -130,6 +130,13 @@ async fn static_traversal_and_unknown_ids_are_404() {
     s.get("/api/v1/jobs/none")
         .await
         .assert_error(404, "not_found");
+    // axum's own rejections are JSON too: a path segment that is not UTF-8, a wrong method.
+    s.get("/api/v1/acquisitions/%FF%FE/dp")
+        .await
+        .assert_error(400, "bad_request");
+    s.post("/api/v1/capabilities", Vec::new())
+        .await
+        .assert_error(405, "bad_request");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
