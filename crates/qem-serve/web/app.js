@@ -194,7 +194,8 @@ function fmt(v) {
   if (!Number.isFinite(v)) return String(v);
   const a = Math.abs(v);
   if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(2);
-  return Number.isInteger(v) ? String(v) : v.toPrecision(4).replace(/\.?0+$/, "");
+  if (Number.isInteger(v)) return String(v);
+  return String(Number(v.toPrecision(4))); // 4 significant digits, no exponent below 1e5
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -244,6 +245,7 @@ class ImageView {
     this.array = null;
     this.display = null;
     this.scale = null; // {perPx, unit}
+    this.lastPointer = null;
   }
 
   settings() {
@@ -286,7 +288,14 @@ class ImageView {
     }
     const lut = LUTS[s.cmap] || LUTS.gray;
     const img = new ImageData(cols, rows);
-    for (let i = 0; i < m.index.length; i++) img.data.set(lut.subarray(4 * m.index[i], 4 * m.index[i] + 4), 4 * i);
+    const px = img.data;
+    for (let i = 0; i < m.index.length; i++) {
+      const k = 4 * m.index[i];
+      px[4 * i] = lut[k];
+      px[4 * i + 1] = lut[k + 1];
+      px[4 * i + 2] = lut[k + 2];
+      px[4 * i + 3] = 255;
+    }
     this.canvas.getContext("2d").putImageData(img, 0, 0);
     const bar = new ImageData(256, 1);
     bar.data.set(lut);
@@ -296,6 +305,7 @@ class ImageView {
     Object.assign(ds, { url: this.array.url, shape: this.array.shape.join(","), lo: m.lo, hi: m.hi,
       offset: m.offset, transform: s.transform, gamma: s.gamma, cmap: s.cmap, plo: s.plo, phi: s.phi });
     this.drawScale();
+    if (this.lastPointer) this.showValue(this.lastPointer);
   }
 
   /** A scale bar (1, 2 or 5 × 10^k units, about a fifth of the width) when calibrated. */
@@ -325,6 +335,7 @@ class ImageView {
   }
 
   showValue(e) {
+    this.lastPointer = { clientX: e.clientX, clientY: e.clientY }; // to refresh on the next render
     if (!this.array) return;
     const p = this.toPixel(e), [rows, cols] = this.array.shape;
     const i = Math.floor(p.row), j = Math.floor(p.col);
@@ -430,7 +441,8 @@ function detectorInView() {
   const b = state.detBin, st = state;
   if (isNamed(st.mode)) {
     const n = st.named, [k0, k1] = NAMED[st.mode];
-    return { kind: "named", row: n.row / b, col: n.col / b, radius: n.radius / b, inner: k0 * n.radius / b, outer: k1 * n.radius / b };
+    return { kind: "named", row: n.row / b, col: n.col / b, radius: n.radius / b,
+      inner: (k0 * n.radius) / b, outer: (k1 * n.radius) / b };
   }
   const s = st.shape;
   if (s.kind === "rect") return { kind: "rect", r0: s.r0 / b, r1: s.r1 / b, c0: s.c0 / b, c1: s.c1 / b };
@@ -441,12 +453,14 @@ function detectorInView() {
 function virtualParams() {
   const st = state, b = st.detBin, p = { mode: st.mode, det_bin: b, scan_bin: st.scanBin };
   if (isNamed(st.mode)) {
-    if (st.namedMoved) Object.assign(p, { cr: round2(st.named.row / b - 0.5), cc: round2(st.named.col / b - 0.5), radius: round2(st.named.radius / b) });
+    const n = st.named; // the server's own fitted disk unless the user moved it
+    if (st.namedMoved) Object.assign(p, { cr: round2(n.row / b - 0.5), cc: round2(n.col / b - 0.5), radius: round2(n.radius / b) });
   } else if (st.mode === "custom") {
     const s = st.shape;
     p.mode = s.kind;
-    if (s.kind === "rect") Object.assign(p, { r0: round2(s.r0 / b - 0.5), r1: round2(s.r1 / b - 0.5), c0: round2(s.c0 / b - 0.5), c1: round2(s.c1 / b - 0.5) });
-    else Object.assign(p, { cr: round2(s.row / b - 0.5), cc: round2(s.col / b - 0.5) });
+    const api = (edge) => round2(edge / b - 0.5);
+    if (s.kind === "rect") Object.assign(p, { r0: api(s.r0), r1: api(s.r1), c0: api(s.c0), c1: api(s.c1) });
+    else Object.assign(p, { cr: api(s.row), cc: api(s.col) });
     if (s.kind === "disk") p.radius = round2(s.radius / b);
     if (s.kind === "annulus") Object.assign(p, { inner: round2(s.inner / b), outer: round2(s.outer / b) });
   } else {
@@ -462,7 +476,8 @@ function drawDetector() {
   if (!state.acq || !views.dp.array || !usesDetector(state.mode)) return;
   const d = detectorInView(), [rows, cols] = views.dp.array.shape;
   const hs = Math.max(rows, cols) * 0.025; // handle size, in view pixels
-  const handle = (x, y, what) => svgEl("rect", { x: x - hs, y: y - hs, width: 2 * hs, height: 2 * hs, class: "handle", "data-drag": what }, g);
+  const handle = (x, y, what) =>
+    svgEl("rect", { x: x - hs, y: y - hs, width: 2 * hs, height: 2 * hs, class: "handle", "data-drag": what }, g);
   if (d.kind === "rect") {
     const r0 = Math.min(d.r0, d.r1), r1 = Math.max(d.r0, d.r1), c0 = Math.min(d.c0, d.c1), c1 = Math.max(d.c0, d.c1);
     svgEl("rect", { x: c0, y: r0, width: c1 - c0, height: r1 - r0, class: "det", "data-drag": "move" }, g);
@@ -476,9 +491,10 @@ function drawDetector() {
   if (inner > 0) path += " " + circle(inner);
   svgEl("path", { d: path, class: "det", "fill-rule": "evenodd", "data-drag": "move" }, g);
   svgEl("circle", { cx: d.col, cy: d.row, r: hs * 0.6, class: "centre", "data-drag": "move" }, g);
-  if (d.kind === "named") handle(d.col + d.radius, d.row, "radius");
-  else if (d.kind === "disk") handle(d.col + d.radius, d.row, "radius");
-  else { handle(d.col + d.inner, d.row, "inner"); handle(d.col + d.outer, d.row, "outer"); }
+  // Radius handles sit right of the centre, or left of it when that would leave the image.
+  const side = (r) => (d.col + r + hs <= cols || d.col - r - hs < 0 ? d.col + r : d.col - r);
+  if (d.kind === "named" || d.kind === "disk") handle(side(d.radius), d.row, "radius");
+  else { handle(side(d.inner), d.row, "inner"); handle(side(d.outer), d.row, "outer"); }
 }
 
 /** Drags on the detector overlay: move the whole detector, or resize with a handle. The virtual
@@ -576,7 +592,8 @@ function setupScanInteraction() {
     if (roiDrag) {
       roiDrag.b = cell(e);
       const { a, b } = roiDrag;
-      state.roi = { r0: Math.min(a.i, b.i) * s, r1: (Math.max(a.i, b.i) + 1) * s, c0: Math.min(a.j, b.j) * s, c1: (Math.max(a.j, b.j) + 1) * s };
+      state.roi = { r0: Math.min(a.i, b.i) * s, r1: (Math.max(a.i, b.i) + 1) * s,
+        c0: Math.min(a.j, b.j) * s, c1: (Math.max(a.j, b.j) + 1) * s };
       drawScanMarks();
       return;
     }
@@ -620,8 +637,10 @@ const state = {
 const lastArrays = { dp: null, virtual: null, frame: null, ssb: null };
 let views = {};
 
-/** A calibration entry may be a number or {value, source}. */
-const calValue = (x) => (x && typeof x === "object" ? x.value : x);
+/** A calibration entry: a number, a (row, col) pair or {value, source}; null when unknown. */
+const calValue = (x) => (x && typeof x === "object" && !Array.isArray(x) ? x.value : x) ?? null;
+/** The column (horizontal) value of a calibration entry, for scale bars. */
+const calCol = (x) => { const v = calValue(x); return Array.isArray(v) ? v[1] : v; };
 
 async function loadCatalog() {
   state.catalog = await apiJson("acquisitions");
@@ -655,7 +674,8 @@ async function openAcquisition(id) {
   [dpChannel, virtualChannel, ssbChannel].forEach((c) => c.cancel());
   setStatus(`opening ${id}…`, "busy");
   const acq = await apiJson(`acquisitions/${encodeURIComponent(id)}`);
-  Object.assign(state, { id, acq, pos: null, pinned: false, roi: null, namedMoved: false, ssb: { prepared: false, job: null, values: { C10: 0, C12: 0, phi12: 0 } } });
+  Object.assign(state, { id, acq, pos: null, pinned: false, roi: null, namedMoved: false,
+    ssb: { prepared: false, job: null, values: { C10: 0, C12: 0, phi12: 0 } } });
   for (const li of $("catalog-list").children) li.classList.toggle("current", li.dataset.id === id);
   $("catalog-select").value = id;
   const [, , dr, dc] = acq.shape;
@@ -671,7 +691,9 @@ async function openAcquisition(id) {
   requestDp(true);
   requestVirtual(true);
   await idle();
-  if (statusEl.dataset.kind !== "error") setStatus(`${acq.name}: ${acq.shape.join("×")} ${acq.dtype}, ${acq.representation || ""} on ${state.caps.backend}`);
+  if (statusEl.dataset.kind !== "error") { // keep an error from the first requests visible
+    setStatus(`${acq.name}: ${acq.shape.join("×")} ${acq.dtype}, ${acq.representation || ""} on ${state.caps.backend}`);
+  }
 }
 
 /** The custom detector's starting geometry, from the fitted disk. */
@@ -716,7 +738,7 @@ function requestDp(urgent = false) {
     lastArrays.dp = arr;
     if (path.includes("/frame?")) lastArrays.frame = arr;
     views.dp.show(arr, `${caption}, det_bin ${bin}`);
-    const mrad = calValue(state.acq.calibration && state.acq.calibration.det_mrad_per_px);
+    const mrad = calCol(state.acq.calibration && state.acq.calibration.det_mrad_per_px);
     views.dp.setScale(mrad * bin, "mrad");
     drawDetector();
   }, urgent);
@@ -730,7 +752,7 @@ function requestVirtual(urgent = false) {
   virtualChannel.run((signal) => apiArray(path, signal), (arr) => {
     lastArrays.virtual = arr;
     views.virtual.show(arr, `${label}, det_bin ${arr.detBin ?? p.det_bin}, scan_bin ${arr.scanBin ?? p.scan_bin}`);
-    const step = calValue(state.acq.calibration && state.acq.calibration.scan_step_a);
+    const step = calCol(state.acq.calibration && state.acq.calibration.scan_step_a);
     views.virtual.setScale(step * (arr.scanBin || p.scan_bin), "Å");
     drawScanMarks();
   }, urgent);
@@ -749,7 +771,9 @@ function fillProvenance() {
   const c = state.caps, a = state.acq;
   const lines = [`acquisition: ${a.name} (${a.path || a.id})`,
     `service: backend ${c.backend}, revision ${c.revision}`,
-    ...(c.devices || []).map((d, i) => `device ${i}: ${typeof d === "object" ? JSON.stringify(d) : d}`),
+    ...(c.devices || []).map((d) => (typeof d === "object"
+      ? `device ${d.name}: ${d.available === false ? "unavailable" : "available"}${d.detail ? ` (${d.detail})` : ""}`
+      : `device: ${d}`)),
     ...flatten(a.calibration, "calibration."), ...flatten(a.disk, "disk."), ...flatten(a.provenance)];
   $("provenance").textContent = lines.join("\n");
 }
@@ -812,10 +836,11 @@ const SSB_SLIDERS = ["C10", "C12", "phi12"];
 
 function fillSsbDefaults() {
   const cal = state.acq.calibration || {}, md = state.acq.metadata || {};
-  const set = (id, v) => { $(id).value = Number.isFinite(v) ? v : ""; };
-  set("ssb-voltage", calValue(cal.voltage_kv));
-  set("ssb-semiangle", calValue(cal.semiangle_mrad) ?? calValue(md.semiangle_mrad));
-  set("ssb-step", calValue(cal.scan_step_a));
+  // The scan step may be a (row, col) pair: shown as "r, c" when they differ.
+  const text = (v) => (Array.isArray(v) ? (v[0] === v[1] ? String(v[0]) : v.join(", ")) : v === null ? "" : String(v));
+  $("ssb-voltage").value = text(calValue(cal.voltage_kv));
+  $("ssb-semiangle").value = text(calValue(cal.semiangle_mrad) ?? calValue(md.semiangle_mrad));
+  $("ssb-step").value = text(calValue(cal.scan_step_a));
   SSB_SLIDERS.forEach((k) => { $(`ssb-${k}`).disabled = true; });
   showSliderValues(true);
   $("ssb-fit").disabled = true;
@@ -835,8 +860,9 @@ function showSliderValues(fromValues = false) {
 
 async function ssbPrepare() {
   const num = (id) => (Number.isFinite(parseFloat($(id).value)) ? parseFloat($(id).value) : undefined);
+  const step = $("ssb-step").value.split(/[\s,]+/).filter(Boolean).map(Number);
   const body = { voltage_kv: num("ssb-voltage"), semiangle_mrad: num("ssb-semiangle"),
-    scan_step_a: num("ssb-step"), rotation_deg: num("ssb-rotation") };
+    scan_step_a: step.length === 2 ? step : step.length === 1 ? step[0] : undefined, rotation_deg: num("ssb-rotation") };
   setStatus("SSB: preparing…", "busy");
   const r = await apiJson(`acquisitions/${encodeURIComponent(state.id)}/ssb/prepare`, { method: "POST", body });
   state.ssb.prepared = true;
@@ -856,7 +882,7 @@ function ssbReconstruct(urgent = false) {
   ssbChannel.run((signal) => apiArray(path, signal), (arr) => {
     lastArrays.ssb = arr;
     views.ssb.show(arr, `SSB ${part}, C10 ${fmt(v.C10)} Å, C12 ${fmt(v.C12)} Å, φ12 ${fmt((v.phi12 * 180) / Math.PI)}°`);
-    const step = calValue(state.acq.calibration && state.acq.calibration.scan_step_a);
+    const step = calCol(state.acq.calibration && state.acq.calibration.scan_step_a);
     views.ssb.setScale(step, "Å");
   }, urgent);
 }
@@ -874,7 +900,10 @@ async function ssbFit() {
       const j = await apiJson(`jobs/${encodeURIComponent(job)}`);
       if (state.ssb.job !== job || state.id !== id) return; // superseded: another acquisition or fit
       if (j.progress) { bar.max = j.progress.total || 1; bar.value = j.progress.done || 0; }
-      if (j.state === "failed") throw new ApiError(200, (j.error && j.error.kind) || "job", (j.error && j.error.message) || JSON.stringify(j.error));
+      if (j.state === "failed") {
+        const e = j.error || {};
+        throw new ApiError(200, e.kind || "job", e.message || JSON.stringify(j.error));
+      }
       if (j.state === "done") {
         const ab = (j.result && (j.result.aberrations || j.result)) || {};
         for (const k of SSB_SLIDERS) if (Number.isFinite(ab[k])) state.ssb.values[k] = ab[k];
