@@ -9,7 +9,7 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-/// A running service. Dropping it does not stop it; call [`Server::stop`].
+/// A running service. [`Server::stop`] stops it; so does dropping it.
 #[derive(Debug)]
 pub struct Server {
     addr: SocketAddr,
@@ -61,6 +61,13 @@ impl Server {
                 Err(_) => return,
             }
         }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // A dropped handle leaves no thread serving and no port bound (stop is idempotent).
+        self.stop();
     }
 }
 
