@@ -2,7 +2,9 @@
 
 A small acquisition (rectangular scan, odd detector so that det_bin 2 has partial edge blocks, a
 bright disk for the BF fit) is served on the CPU; the page is opened, the virtual detector dragged,
-a scan position clicked, a scan ROI shift-dragged and det_bin switched. After each step the pixels
+a scan position clicked (pinned, unpinned, hovered), det_bin switched, a scan ROI shift-dragged,
+contrast and colour map changed, an annulus resized by its handle, scan_bin switched, CoM shown,
+and SSB prepared and reconstructed as its C10 slider moves. After each step the pixels
 the page shows (``getImageData`` of its native-resolution canvases) are compared with the display
 mapping documented in ``crates/qem-serve/web/app.js`` and ``docs/browse.md`` ("The page"),
 recomputed here in NumPy from the array the test fetches from the API itself: the page must show
@@ -333,6 +335,14 @@ def run_page(page, service: Service, artifacts: Path):
     p.shot("frame")
     p.check_view(service, "dp", route("frame"), {"r": r, "c": c, "det_bin": 1})
 
+    # A second click unpins; the frame then follows the mouse.
+    page.mouse.click(*p.at("virtual", r + 0.5, c + 0.5, scan))
+    page.mouse.move(*p.at("virtual", r - 0.5, c - 0.5, scan), steps=3)
+    p.idle()
+    p.check_view(service, "dp", route("frame"), {"r": r - 1, "c": c - 1, "det_bin": 1})
+    page.mouse.click(*p.at("virtual", r + 0.5, c + 0.5, scan))  # pinned at (r, c) again
+    p.idle()
+
     # 4. det_bin 2: the frame and the virtual image at the binned geometry (a partial edge block
     # where the detector is odd).
     page.select_option("#det-bin", "2")
@@ -405,6 +415,37 @@ def run_page(page, service: Service, artifacts: Path):
         "outer": shape["outer"] / 2,
     }
     p.check_view(service, "virtual", route("virtual"), annulus)
+
+    # 9. scan_bin 2 (whole 2 x 2 blocks; a last odd row or column dropped) and CoM magnitude
+    # (float32, computed at det_bin 1).
+    page.select_option("#scan-bin", "2")
+    p.idle()
+    p.check_view(service, "virtual", route("virtual"), {**annulus, "scan_bin": 2})
+    assert p.canvas("virtual")[0].shape[:2] == (scan[0] // 2, scan[1] // 2)
+    page.select_option("#scan-bin", "1")
+    page.select_option("#mode", "com_mag")
+    p.idle()
+    p.shot("com")
+    p.check_view(
+        service, "virtual", route("virtual"), {"mode": "com_mag", "det_bin": 1, "scan_bin": 1}
+    )
+
+    # 10. SSB: prepare with typed parameters, reconstruct, move the C10 slider.
+    page.fill("#ssb-voltage", "300")
+    page.fill("#ssb-semiangle", "20")
+    page.fill("#ssb-step", "0.4")
+    page.click("#ssb-prepare")
+    page.wait_for_function("!document.getElementById('ssb-C10').disabled", timeout=60000)
+    p.idle()
+    p.check_view(
+        service, "ssb", route("ssb/reconstruct"), {"C10": 0, "C12": 0, "phi12": 0, "part": "phase"}
+    )
+    page.locator("#ssb-C10").fill("120")  # an input event, as a slider move
+    page.wait_for_timeout(100)  # the 40 ms debounce
+    p.idle()
+    p.shot("ssb")
+    params = {"C10": 120, "C12": 0, "phi12": 0, "part": "phase"}
+    p.check_view(service, "ssb", route("ssb/reconstruct"), params)
 
     status = page.evaluate(
         "[document.getElementById('status').dataset.kind, "
