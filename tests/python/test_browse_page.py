@@ -252,7 +252,9 @@ def test_browse_page(tmp_path, artifacts):
     service = Service(acquisition(tmp_path))
     try:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+            browser = pw.chromium.launch(
+                executable_path=chromium, args=["--no-sandbox", "--disable-dev-shm-usage"]
+            )
             try:
                 page = browser.new_page(
                     viewport={"width": 1280, "height": 1000}, accept_downloads=True
