@@ -393,6 +393,11 @@ def run_page(page, service: Service, artifacts: Path):
     saved = artifacts / "virtual.npy"
     dl.value.save_as(str(saved))
     assert np.array_equal(np.load(saved).astype(np.float64), want)
+    with page.expect_download() as dl:
+        page.click(f"{view} .save-png")
+    png = artifacts / "virtual.png"
+    dl.value.save_as(str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # 8. A custom annulus (from the fitted disk), its inner handle dragged out by 2 binned pixels.
     page.select_option(f"{view} .cmap", "gray")
@@ -432,7 +437,12 @@ def run_page(page, service: Service, artifacts: Path):
         service, "virtual", route("virtual"), {"mode": "com_mag", "det_bin": 1, "scan_bin": 1}
     )
 
-    # 10. SSB: prepare with typed parameters, reconstruct, move the C10 slider.
+    # 10. SSB. Without a semiangle (this acquisition has none) prepare fails: the API's error must
+    # be shown in the status line. Then prepare with typed parameters, reconstruct, move C10.
+    page.fill("#ssb-semiangle", "")
+    page.click("#ssb-prepare")
+    page.wait_for_function("document.getElementById('status').dataset.kind === 'error'")
+    assert "semiangle" in page.text_content("#status"), page.text_content("#status")
     page.fill("#ssb-voltage", "300")
     page.fill("#ssb-semiangle", "20")
     page.fill("#ssb-step", "0.4")
