@@ -305,6 +305,7 @@ async fn measure(a: &Args, client: Client, command: String) -> Result<Value, Str
         "package_version": env!("CARGO_PKG_VERSION"),
         "backend": caps["backend"],
         "devices": caps["devices"],
+        "memory": caps["memory"],
         "source": a.source,
         "shape": shape,
         "dtype": detail["dtype"],
