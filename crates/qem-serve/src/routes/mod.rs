@@ -52,18 +52,39 @@ pub(crate) fn router(st: Arc<AppState>) -> Router {
         .with_state(st)
 }
 
-/// The page; with the right `?token=` it also sets the `qem_token` cookie.
+/// The page; with the right `?token=` it also sets the `qem_token` cookie and carries the
+/// token in its asset URLs, because a browser sends no `SameSite=Strict` cookie to a page framed
+/// by another site (a notebook's IFrame) and the assets would then be refused.
 async fn page(State(st): State<Arc<AppState>>, RawQuery(q): RawQuery) -> Response {
-    let mut resp = axum::response::Html(INDEX_HTML).into_response();
-    if let Some(token) = &st.token {
-        // The middleware let the request in; set the cookie only for a right query token.
-        if auth::query_token(q.as_deref()).is_some_and(|t| auth::token_eq(&t, token)) {
-            if let Ok(v) = HeaderValue::from_str(&auth::set_cookie(token)) {
-                resp.headers_mut().insert(header::SET_COOKIE, v);
-            }
+    let right = |t: &String| auth::query_token(q.as_deref()).is_some_and(|q| auth::token_eq(&q, t));
+    let token = st.token.as_ref().filter(|t| right(t));
+    let html = match token {
+        Some(t) => with_asset_token(INDEX_HTML, t),
+        None => INDEX_HTML.to_string(),
+    };
+    let mut resp = axum::response::Html(html).into_response();
+    if let Some(t) = token {
+        if let Ok(v) = HeaderValue::from_str(&auth::set_cookie(t)) {
+            resp.headers_mut().insert(header::SET_COOKIE, v);
         }
     }
     no_store(resp)
+}
+
+/// `html` with `?token=…` (percent-encoded, so also safe inside an attribute) appended to the
+/// quoted URLs of the two static files.
+fn with_asset_token(html: &str, token: &str) -> String {
+    let q = serde_urlencoded::to_string([("token", token)]).unwrap_or_default();
+    let mut out = html.to_string();
+    for name in ["app.js", "style.css"] {
+        for prefix in ["static/", "./static/", "/static/"] {
+            out = out.replace(
+                &format!("\"{prefix}{name}\""),
+                &format!("\"{prefix}{name}?{q}\""),
+            );
+        }
+    }
+    out
 }
 
 fn no_store(mut resp: Response) -> Response {

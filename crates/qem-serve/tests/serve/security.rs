@@ -58,8 +58,20 @@ async fn page_sets_an_httponly_strict_cookie_that_authorises() {
         cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
         "{cookie}"
     );
-    // Bearer-authorised page loads set no cookie.
-    assert_eq!(s.get("/").await.header("set-cookie"), "");
+    // The page's assets carry the token, so a framed page (no cookie sent) still loads them.
+    let html = String::from_utf8_lossy(&a.body).to_string();
+    for asset in ["static/app.js", "static/style.css"] {
+        let with = format!("\"{asset}?token={token}\"");
+        assert!(html.contains(&with), "{asset} without the token");
+        let r = s
+            .send(s.client.get(format!("{}/{asset}?token={token}", s.base)))
+            .await;
+        assert_eq!(r.status, 200, "{asset}");
+    }
+    // Bearer-authorised page loads set no cookie and put no token in the page.
+    let plain = s.get("/").await;
+    assert_eq!(plain.header("set-cookie"), "");
+    assert!(!String::from_utf8_lossy(&plain.body).contains(&token));
     let with = |v: String| {
         s.client
             .get(format!("{}/api/v1/capabilities", s.base))
