@@ -172,12 +172,6 @@ def test_the_page_loads_with_the_token(srv):
     assert a.headers["content-type"].startswith("text/html")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="qem-serve: the page's static/app.js and static/style.css are authorised only by the "
-    "qem_token cookie, which a browser does not send (SameSite=Strict) when the page is in a "
-    "cross-site IFrame, e.g. _repr_html_ in Jupyter opened at http://localhost:8888",
-)
 def test_the_page_assets_load_without_the_cookie(srv):
     """What a Jupyter IFrame needs: the page loaded with ``?token=`` must bring its own assets
     without the cookie (seen in Chromium: a notebook page on ``localhost`` framing the service
