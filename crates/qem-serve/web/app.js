@@ -651,14 +651,14 @@ async function loadCatalog() {
   $("catalog").hidden = !many;
   $("catalog-pick").hidden = many;
   for (const a of state.catalog) {
-    const label = `${a.name}${a.shape ? ` · ${a.shape.join("×")}` : ""}`;
+    const label = `${a.path || a.name}${a.shape ? ` · ${a.shape.join("×")}` : ""}`;
     const li = document.createElement("li");
     li.dataset.id = a.id;
     li.dataset.ready = a.ready;
     li.innerHTML = `<span class="dot"></span><span class="name"></span><span class="why"></span>`;
     li.querySelector(".name").textContent = label;
     li.querySelector(".why").textContent = a.ready ? (a.loaded ? "loaded" : "ready") : a.reason || "not ready";
-    li.title = a.path || a.name;
+    li.title = `${a.path || a.name}${a.ready ? "" : `\n${a.reason || "not ready"}`}`;
     li.addEventListener("click", () => (a.ready ? openAcquisition(a.id).catch((e) => showError("open", e))
       : setStatus(`${a.name} is not ready: ${a.reason || "no reason given"}`, "error")));
     list.append(li);
@@ -666,7 +666,6 @@ async function loadCatalog() {
     opt.disabled = !a.ready;
     select.append(opt);
   }
-  if (!state.catalog.length) setStatus("the catalog is empty: no acquisitions to show", "error");
   return state.catalog;
 }
 
@@ -822,7 +821,23 @@ function setupPanels() {
     requestVirtual(true);
   });
   $("catalog-select").addEventListener("change", (e) => openAcquisition(e.target.value).catch((err) => showError("open", err)));
-  $("catalog-refresh").addEventListener("click", () => loadCatalog().catch((e) => showError("catalog", e)));
+  $("catalog-refresh").addEventListener("click", async () => {
+    try {
+      const catalog = await loadCatalog();
+      const first = catalog.find((a) => a.ready);
+      const summary = `catalog: ${catalog.length} acquisition(s), ${catalog.filter((a) => a.ready).length} ready`;
+      if (state.id && catalog.some((a) => a.id === state.id)) {
+        $("catalog-select").value = state.id;
+        setStatus(summary);
+      } else if (first) {
+        await openAcquisition(first.id); // nothing open yet, or it went away
+      } else {
+        setStatus(summary, "error");
+      }
+    } catch (e) {
+      showError("catalog", e);
+    }
+  });
   setupDetectorDrag();
   setupScanInteraction();
   setupSsb();
@@ -949,10 +964,7 @@ async function start() {
   }
   const catalog = await loadCatalog();
   const first = catalog.find((a) => a.ready);
-  if (!first) {
-    if (catalog.length) setStatus("no acquisition in the catalog is ready", "error");
-    return;
-  }
+  if (!first) throw new Error(catalog.length ? "no acquisition in the catalog is ready" : "the catalog is empty");
   await openAcquisition(first.id);
   if (statusEl.dataset.kind === "error") throw new Error(statusEl.textContent);
 }
