@@ -211,8 +211,13 @@ function svgEl(tag, attrs = {}, parent = null) {
   return e;
 }
 
-/** The largest CSS size of a view's image; integer magnification when the array is smaller. */
-const STAGE_PX = 384;
+/** CSS size of a view's image: arrays up to STAGE_PX are magnified by a whole factor to fit it; larger
+ * ones are shown 1:1 up to MAX_STAGE_PX (so a 512² scan keeps every row), beyond that scaled down. */
+const STAGE_PX = 384, MAX_STAGE_PX = 768;
+function magnification(n) {
+  if (n <= STAGE_PX) return Math.floor(STAGE_PX / n);
+  return n <= MAX_STAGE_PX ? 1 : MAX_STAGE_PX / n;
+}
 
 class ImageView {
   constructor(container, name, defaults = {}) {
@@ -281,7 +286,7 @@ class ImageView {
     if (this.canvas.width !== cols || this.canvas.height !== rows) {
       this.canvas.width = cols;
       this.canvas.height = rows;
-      const k = Math.max(rows, cols) <= STAGE_PX ? Math.floor(STAGE_PX / Math.max(rows, cols)) : STAGE_PX / Math.max(rows, cols);
+      const k = magnification(Math.max(rows, cols));
       this.stage.style.width = `${cols * k}px`;
       this.stage.style.height = `${rows * k}px`;
       this.svg.setAttribute("viewBox", `0 0 ${cols} ${rows}`);
