@@ -45,7 +45,10 @@ impl Job {
     }
 }
 
-/// Every job of this service (kept until the service stops; a fit's record is small).
+/// Finished jobs kept at most (the oldest finished ones are forgotten first).
+const MAX_JOBS: usize = 256;
+
+/// The jobs of this service: every running one, and the latest finished ones.
 #[derive(Debug, Default)]
 pub(crate) struct Jobs {
     next: AtomicU64,
@@ -57,10 +60,23 @@ impl Jobs {
     pub fn create(&self) -> ApiResult<(String, Arc<Job>)> {
         let id = format!("job-{}", self.next.fetch_add(1, Ordering::Relaxed) + 1);
         let job = Arc::new(Job::default());
-        self.map
+        let mut map = self
+            .map
             .lock()
-            .map_err(|_| ApiError::internal("the job table lock was poisoned"))?
-            .insert(id.clone(), Arc::clone(&job));
+            .map_err(|_| ApiError::internal("the job table lock was poisoned"))?;
+        if map.len() >= MAX_JOBS {
+            let mut finished: Vec<(u64, String)> = map
+                .iter()
+                .filter(|(_, j)| j.outcome.lock().map(|o| o.is_some()).unwrap_or(true))
+                .map(|(k, _)| (k.trim_start_matches("job-").parse().unwrap_or(0), k.clone()))
+                .collect();
+            finished.sort();
+            let excess = map.len() + 1 - MAX_JOBS;
+            for (_, k) in finished.into_iter().take(excess) {
+                map.remove(&k);
+            }
+        }
+        map.insert(id.clone(), Arc::clone(&job));
         Ok((id, job))
     }
     /// The job `id`, or 404.
@@ -71,5 +87,26 @@ impl Jobs {
             .get(id)
             .cloned()
             .ok_or_else(|| ApiError::not_found(format!("no job \"{id}\"")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finished_jobs_are_forgotten_oldest_first_running_ones_never() {
+        let jobs = Jobs::default();
+        let (first, running) = jobs.create().unwrap_or_else(|_| panic!("create"));
+        let mut ids = Vec::new();
+        for _ in 0..MAX_JOBS + 10 {
+            let (id, j) = jobs.create().unwrap_or_else(|_| panic!("create"));
+            j.finish(Ok(json!({})));
+            ids.push(id);
+        }
+        assert!(jobs.get(&first).is_ok(), "a running job was dropped");
+        assert!(jobs.get(&ids[0]).is_err() && jobs.get(&ids[10]).is_err());
+        assert!(jobs.get(&ids[11]).is_ok() && jobs.get(&ids[ids.len() - 1]).is_ok());
+        running.finish(Ok(json!({})));
     }
 }
