@@ -423,6 +423,29 @@ def run_page(page, service: Service, artifacts: Path):
     }
     p.check_view(service, "virtual", route("virtual"), annulus)
 
+    # A rectangle (from the fitted disk's bounding box), its lower-right corner dragged to the
+    # binned pixel boundary nearest the pointer: its edges stay on binned pixel boundaries.
+    page.select_option("#det-shape", "rect")
+    p.idle()
+    rect = page.evaluate("window.qemBrowse.state.shape")
+    r1, c1 = rect["r1"] // 2 + 1, rect["c1"] // 2 + 1  # the target boundaries (binned)
+    page.mouse.move(*p.at("dp", rect["r1"] / 2, rect["c1"] / 2, binned))
+    page.mouse.down()
+    page.mouse.move(*p.at("dp", r1 + 0.2, c1 + 0.2, binned), steps=4)
+    page.mouse.up()
+    p.idle()
+    edges = {"r0": rect["r0"] / 2, "r1": r1, "c0": rect["c0"] / 2, "c1": c1}
+    box = {k: float(v - 0.5) for k, v in edges.items()}  # the API takes pixel centres
+    p.check_view(
+        service, "virtual", route("virtual"), {"mode": "rect", "det_bin": 2, "scan_bin": 1, **box}
+    )
+    page.select_option("#det-shape", "annulus")  # back to the annulus checked above
+    page.mouse.move(*p.at("dp", row, col + inner, binned))
+    page.mouse.down()
+    page.mouse.move(*p.at("dp", row, col + inner + 2, binned), steps=5)
+    page.mouse.up()
+    p.idle()
+
     # 9. scan_bin 2 (whole 2 x 2 blocks; a last odd row or column dropped) and CoM magnitude
     # (float32, computed at det_bin 1).
     page.select_option("#scan-bin", "2")
@@ -437,9 +460,11 @@ def run_page(page, service: Service, artifacts: Path):
         service, "virtual", route("virtual"), {"mode": "com_mag", "det_bin": 1, "scan_bin": 1}
     )
 
-    # 10. SSB. Without a semiangle (this acquisition has none) prepare fails: the API's error must
-    # be shown in the status line. Then prepare with typed parameters, reconstruct, move C10.
-    page.fill("#ssb-semiangle", "")
+    # 10. SSB. A negative semiangle is refused by the service: its error must be shown in the
+    # status line. Then prepare with typed parameters, reconstruct, move the C10 slider.
+    page.fill("#ssb-voltage", "300")
+    page.fill("#ssb-step", "0.4")
+    page.fill("#ssb-semiangle", "-1")
     page.click("#ssb-prepare")
     page.wait_for_function("document.getElementById('status').dataset.kind === 'error'")
     assert "semiangle" in page.text_content("#status"), page.text_content("#status")

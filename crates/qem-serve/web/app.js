@@ -464,7 +464,10 @@ function virtualParams() {
     const s = st.shape;
     p.mode = s.kind;
     const api = (edge) => round2(edge / b - 0.5);
-    if (s.kind === "rect") Object.assign(p, { r0: api(s.r0), r1: api(s.r1), c0: api(s.c0), c1: api(s.c1) });
+    if (s.kind === "rect") { // corners may cross during a drag
+      Object.assign(p, { r0: api(Math.min(s.r0, s.r1)), r1: api(Math.max(s.r0, s.r1)),
+        c0: api(Math.min(s.c0, s.c1)), c1: api(Math.max(s.c0, s.c1)) });
+    }
     else Object.assign(p, { cr: api(s.row), cc: api(s.col) });
     if (s.kind === "disk") p.radius = round2(s.radius / b);
     if (s.kind === "annulus") Object.assign(p, { inner: round2(s.inner / b), outer: round2(s.outer / b) });
@@ -635,6 +638,7 @@ const state = {
   caps: null, catalog: [], id: null, acq: null,
   detBin: 1, scanBin: 1, mode: "bf",
   dpSource: "scan", reduce: "mean", pos: null, pinned: false, roi: null,
+  fitted: null,                   // the fitted BF disk {row, col, radius} (edge coordinates)
   named: null, namedMoved: false, // the named detectors' centre and BF radius (edge coordinates)
   shape: null,                    // the custom detector {kind, row, col, radius, inner, outer, r0, r1, c0, c1}
   ssb: { prepared: false, job: null, values: { C10: 0, C12: 0, phi12: 0 } }, // values: Å, Å, rad
@@ -684,7 +688,8 @@ async function openAcquisition(id) {
   $("catalog-select").value = id;
   const [, , dr, dc] = acq.shape;
   const disk = acq.disk || { row: (dr - 1) / 2, col: (dc - 1) / 2, radius: Math.min(dr, dc) / 8 };
-  state.named = { row: disk.row + 0.5, col: disk.col + 0.5, radius: disk.radius };
+  state.fitted = { row: disk.row + 0.5, col: disk.col + 0.5, radius: disk.radius };
+  state.named = { ...state.fitted };
   resetShape($("det-shape").value);
   $("dp-source").querySelector('[value="roi"]').disabled = true;
   setSource("scan", false);
@@ -702,7 +707,7 @@ async function openAcquisition(id) {
 
 /** The custom detector's starting geometry, from the fitted disk. */
 function resetShape(kind) {
-  const n = state.named;
+  const n = state.fitted;
   const k = kind === "fit" || kind === "named" ? "disk" : kind;
   const r = n.radius;
   state.shape = { kind: k, row: n.row, col: n.col, radius: r, inner: r, outer: 2 * r,
@@ -814,7 +819,7 @@ function setupPanels() {
     const kind = e.target.value;
     if (kind === "named") {
       if (!isNamed(state.mode)) { state.mode = "bf"; $("mode").value = "bf"; }
-      state.named = { row: state.acq.disk.row + 0.5, col: state.acq.disk.col + 0.5, radius: state.acq.disk.radius };
+      state.named = { ...state.fitted };
       state.namedMoved = false;
     } else {
       resetShape(kind);
