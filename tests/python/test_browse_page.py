@@ -3,13 +3,13 @@
 A small acquisition (rectangular scan, odd detector so that det_bin 2 has partial edge blocks, a
 bright disk for the BF fit) is served on the CPU; the page is opened, the virtual detector dragged,
 a scan position clicked (pinned, unpinned, hovered), det_bin switched, a scan ROI shift-dragged,
-contrast and colour map changed, an annulus resized by its handle, scan_bin switched, CoM shown,
-and SSB prepared and reconstructed as its C10 slider moves. After each step the pixels
-the page shows (``getImageData`` of its native-resolution canvases) are compared with the display
-mapping documented in ``crates/qem-serve/web/app.js`` and ``docs/browse.md`` ("The page"),
-recomputed here in NumPy from the array the test fetches from the API itself: the page must show
-the API's array, through that mapping, for the geometry it says it used. The API's own values are
-checked against the engine by ``test_browse_api.py``.
+contrast and colour map changed, an annulus resized by its handle, a rectangle's corner dragged,
+scan_bin switched, CoM shown, an SSB error shown, and SSB prepared and reconstructed as its C10
+slider moves. After each step the pixels the page shows (``getImageData`` of its native-resolution
+canvases) are compared with the display mapping documented in ``crates/qem-serve/web/app.js`` and
+``docs/browse.md`` ("The page"), recomputed here in NumPy from the array the test fetches from the
+API itself: the page must show the API's array, through that mapping, for the geometry it says it
+used. The API's own values are checked against the engine by ``test_browse_api.py``.
 
 Needs Chromium (``chromium`` on PATH; ``scripts/setup.sh`` installs it) and the ``playwright``
 package; without Chromium the test skips, except where ``CI`` is set. Screenshots go to
