@@ -170,6 +170,7 @@ pub fn start(root: ServeRoot, opts: ServeOptions) -> Result<Server> {
         catalog,
         device: Arc::new(tokio::sync::Semaphore::new(1)),
         jobs: Default::default(),
+        job_slot: Arc::new(tokio::sync::Semaphore::new(1)),
     });
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let stopped = Arc::new((Mutex::new(false), Condvar::new()));

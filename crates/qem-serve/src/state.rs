@@ -28,6 +28,8 @@ pub(crate) struct AppState {
     pub device: Arc<Semaphore>,
     /// Background jobs (SSB fits).
     pub jobs: Jobs,
+    /// One background job computing at a time (the others wait their turn).
+    pub job_slot: Arc<Semaphore>,
 }
 
 impl AppState {
@@ -38,12 +40,42 @@ impl AppState {
         T: Send + 'static,
         F: FnOnce(&Dataset, &Acq) -> ApiResult<T> + Send + 'static,
     {
-        let permit = self
-            .device
+        self.run(acq, f, true).await
+    }
+
+    /// [`AppState::engine`] for a background job: on the CPU engine it runs beside the views
+    /// (rayon shares the cores; a minute-long SSB fit must not freeze the page), on CUDA it
+    /// queues for the device like any call (a fit there takes seconds).
+    pub async fn job<T, F>(&self, acq: &Acq, f: F) -> ApiResult<(T, f64)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Dataset, &Acq) -> ApiResult<T> + Send + 'static,
+    {
+        let _slot = self
+            .job_slot
             .clone()
             .acquire_owned()
             .await
-            .map_err(|_| ApiError::internal("the device semaphore was closed"))?;
+            .map_err(|_| ApiError::internal("the job semaphore was closed"))?;
+        self.run(acq, f, self.backend == Backend::Cuda).await
+    }
+
+    async fn run<T, F>(&self, acq: &Acq, f: F, hold_device: bool) -> ApiResult<(T, f64)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Dataset, &Acq) -> ApiResult<T> + Send + 'static,
+    {
+        let permit = if hold_device {
+            Some(
+                self.device
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| ApiError::internal("the device semaphore was closed"))?,
+            )
+        } else {
+            None
+        };
         let acq = acq.clone();
         let out = tokio::task::spawn_blocking(move || {
             let _permit = permit;

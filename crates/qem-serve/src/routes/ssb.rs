@@ -1,6 +1,6 @@
 //! SSB: `prepare` (kept per acquisition), `reconstruct` at given aberrations, and `fit` as a
-//! background job with progress (`GET /api/v1/jobs/{job}`). The fit holds the device permit
-//! while it runs, like every engine call.
+//! background job with progress (`GET /api/v1/jobs/{job}`). On CUDA the fit holds the device
+//! permit while it runs, like every engine call; on the CPU it runs beside the views.
 
 use super::{acquisition, params};
 use crate::error::{ApiError, ApiResult};
@@ -236,7 +236,7 @@ pub(crate) async fn fit(
     tokio::spawn(async move {
         let j = Arc::clone(&job);
         let r = st2
-            .engine(&acq, move |_, _| {
+            .job(&acq, move |_, _| {
                 let out = ssb.fit_with_progress(&fp, &|d, t| j.progress(d, t))?;
                 Ok(
                     json!({"aberrations": out.aberrations.to_map(), "loss": out.loss,

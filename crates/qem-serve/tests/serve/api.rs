@@ -450,4 +450,29 @@ async fn ssb_prepare_reconstruct_and_fit_job() {
         (c10 - c10_plain).abs() <= 1e-9 * c10_plain.abs().max(1.0),
         "{c10} vs {c10_plain}"
     );
+
+    // On the CPU engine a long fit runs beside the views: a frame is answered while the fit
+    // (3,000 global points) is still running.
+    let body = br#"{"seed": 2, "global_evals": 3000, "local_max_iter": 200, "local_starts": 3}"#;
+    let a = s
+        .post(&format!("/api/v1/acquisitions/{id}/ssb/fit"), body.to_vec())
+        .await;
+    assert_eq!(a.status, 200, "{}", String::from_utf8_lossy(&a.body));
+    let job = a.json()["job"].as_str().expect("job").to_string();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let t = std::time::Instant::now();
+    let f = s
+        .get(&format!("/api/v1/acquisitions/{id}/frame?r=1&c=2"))
+        .await;
+    let waited = t.elapsed();
+    assert_eq!(f.status, 200);
+    let st = s.get(&format!("/api/v1/jobs/{job}")).await.json();
+    assert_eq!(
+        st["state"], "running",
+        "the fit ended before the test could see it: {st}"
+    );
+    assert!(
+        waited.as_secs_f64() < 2.0,
+        "a frame waited {waited:?} behind the fit"
+    );
 }
