@@ -97,15 +97,18 @@ struct Timed {
 }
 
 impl Client {
-    async fn get(&self, path: &str) -> Result<Timed, String> {
-        let t = Instant::now();
-        let r = self
-            .http
+    /// The answer to `GET path` with the token.
+    async fn send(&self, path: &str) -> Result<reqwest::Response, String> {
+        self.http
             .get(format!("{}{path}", self.base))
             .bearer_auth(&self.token)
             .send()
             .await
-            .map_err(|e| format!("{path}: {e}"))?;
+            .map_err(|e| format!("{path}: {e}"))
+    }
+    async fn get(&self, path: &str) -> Result<Timed, String> {
+        let t = Instant::now();
+        let r = self.send(path).await?;
         let status = r.status();
         let engine_ms = r
             .headers()
@@ -128,13 +131,7 @@ impl Client {
         })
     }
     async fn json(&self, path: &str) -> Result<Value, String> {
-        let r = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .map_err(|e| format!("{path}: {e}"))?;
+        let r = self.send(path).await?;
         r.json::<Value>().await.map_err(|e| format!("{path}: {e}"))
     }
 }

@@ -401,15 +401,7 @@ async fn ssb_prepare_reconstruct_and_fit_job() {
 
     // The façade's fit with and without the progress hook: the same losses in the same order,
     // and the service's answer is that fit.
-    let params = qem::LoadParams {
-        backend: qem::BackendRequest::Cpu,
-        ..Default::default()
-    };
-    let ds = qem::load(
-        qem::SourceArg::Path(dir.path().join("demo_master.h5")),
-        &params,
-    )
-    .expect("load");
+    let ds = load_cpu(&dir.path().join("demo_master.h5"));
     let ssb_params = qem::ssb::SsbParams {
         voltage_kv: sim.voltage_kv,
         semiangle_mrad: sim.semiangle_mrad,

@@ -140,6 +140,15 @@ pub fn le_f32(b: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// `path` loaded with the CPU engine (what the tests compare the service with).
+pub fn load_cpu(path: &Path) -> qem::Dataset {
+    let params = qem::LoadParams {
+        backend: qem::BackendRequest::Cpu,
+        ..Default::default()
+    };
+    qem::load(qem::SourceArg::Path(path.to_path_buf()), &params).expect("load")
+}
+
 pub fn cpu_opts() -> ServeOptions {
     ServeOptions {
         backend: qem::BackendRequest::Cpu,

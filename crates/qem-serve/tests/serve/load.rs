@@ -166,15 +166,7 @@ impl qem_serve::SharedDataset for Gated {
 async fn queued_requests_of_clients_that_left_never_compute() {
     let dir = tempfile::tempdir().expect("tmp");
     write_acquisition(dir.path(), "scan", SCAN, DET);
-    let params = qem::LoadParams {
-        backend: qem::BackendRequest::Cpu,
-        ..Default::default()
-    };
-    let ds = qem::load(
-        qem::SourceArg::Path(dir.path().join("scan_master.h5")),
-        &params,
-    )
-    .expect("load");
+    let ds = load_cpu(&dir.path().join("scan_master.h5"));
     let gated = Arc::new(Gated {
         ds,
         calls: Default::default(),

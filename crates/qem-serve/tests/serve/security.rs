@@ -308,15 +308,7 @@ impl SharedDataset for Closable {
 async fn a_shared_dataset_is_served_until_closed() {
     let dir = tempfile::tempdir().expect("tmp");
     let data = write_acquisition(dir.path(), "scan", SCAN, DET);
-    let params = qem::LoadParams {
-        backend: qem::BackendRequest::Cpu,
-        ..Default::default()
-    };
-    let ds = qem::load(
-        qem::SourceArg::Path(dir.path().join("scan_master.h5")),
-        &params,
-    )
-    .expect("load");
+    let ds = load_cpu(&dir.path().join("scan_master.h5"));
     let h = Arc::new(Closable {
         ds,
         closed: AtomicBool::new(false),
