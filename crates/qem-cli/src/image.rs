@@ -17,17 +17,6 @@ pub struct ImageStats {
     pub p99_5: f64,
 }
 
-/// Percentile `q` (0–100) of sorted values, linear interpolation between order statistics.
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let pos = q / 100.0 * (sorted.len() - 1) as f64;
-    let lo = pos.floor() as usize;
-    let hi = pos.ceil() as usize;
-    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
-}
-
 /// Statistics of `img`.
 pub fn stats(img: &[f64]) -> ImageStats {
     let mut sorted: Vec<f64> = img.iter().copied().filter(|v| v.is_finite()).collect();
@@ -40,8 +29,8 @@ pub fn stats(img: &[f64]) -> ImageStats {
         max: sorted.last().copied().unwrap_or(f64::NAN),
         mean,
         std: var.sqrt(),
-        p0_5: percentile(&sorted, 0.5),
-        p99_5: percentile(&sorted, 99.5),
+        p0_5: qem::stats::percentile_sorted(&sorted, 0.5),
+        p99_5: qem::stats::percentile_sorted(&sorted, 99.5),
     }
 }
 

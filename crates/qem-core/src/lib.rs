@@ -15,6 +15,7 @@ pub mod plan;
 pub mod progress;
 pub mod provenance;
 pub mod reduce;
+pub mod stats;
 
 pub use dense::DenseArray;
 pub use dtype::{DType, DtypeRequest};

@@ -22,6 +22,8 @@ pub use load::{
     default_representation, discover, inspect, load, Inspection, LoadParams, SourceArg,
     GIT_REVISION,
 };
+/// Summary statistics (percentiles) the tools print and record.
+pub use qem_core::stats;
 pub use qem_cpu::EncodedFrames;
 pub use qemfile::{
     qem_file_error, read_qem, save, QemContents, QemReadParams, SaveSummary, QEM_FORMAT_NAME,

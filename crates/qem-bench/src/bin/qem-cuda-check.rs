@@ -660,14 +660,6 @@ fn combined(h: &[u64]) -> String {
     format!("{s:016x}")
 }
 
-fn percentile(v: &mut [f32], p: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v[((v.len() - 1) as f64 * p).round() as usize] as f64
-}
-
 #[allow(clippy::too_many_arguments)]
 fn bench_case(
     gpu: Option<(&Gpu, &Bslz4Kernels)>,
@@ -793,7 +785,10 @@ fn bench_case(
             ms.push(gpu.time_ms(|| dev.launch(gpu, k, shape_l))?);
         }
         let ok = dev.check_errors(gpu).is_ok();
-        let p50 = percentile(&mut ms, 0.5);
+        let p50 = qem_core::stats::percentile(
+            &ms.iter().map(|&m| f64::from(m)).collect::<Vec<_>>(),
+            50.0,
+        );
         let (min, max) = (ms[0] as f64, ms[ms.len() - 1] as f64);
         let gbps = acq.raw.len() as f64 / (p50 * 1e-3) / 1e9;
         best = best.max(gbps);

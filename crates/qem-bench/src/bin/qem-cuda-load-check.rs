@@ -123,14 +123,6 @@ fn bytes_of(a: &DenseArray) -> &[u8] {
     }
 }
 
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
 fn run_case(src: &Source, bad: Option<&[bool]>, a: &Args, c: &Case) -> Result<(Value, bool)> {
     let bin2 = (c.bin * c.bin) as u64;
     let result_dtype = c
@@ -240,7 +232,7 @@ fn run_case(src: &Source, bad: Option<&[bool]>, a: &Args, c: &Case) -> Result<(V
     }
     let mut sorted = runs.clone();
     sorted.sort_by(f64::total_cmp);
-    let p50 = percentile(&sorted, 0.5);
+    let p50 = qem_core::stats::percentile_sorted(&sorted, 50.0);
     let p50_i = runs.iter().position(|&x| x == p50).unwrap_or(0);
     let (timings, memory, batches, direct) = timings_of[p50_i].clone();
     let compressed: u64 = cpu.bytes_read;

@@ -66,15 +66,9 @@ fn parse_args() -> Args {
     a
 }
 
-/// p-th percentile (nearest rank) of `v`, milliseconds.
+/// p-th percentile of `v` (numpy's linear definition), milliseconds.
 fn pct(v: &[f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let k = ((p / 100.0) * s.len() as f64).ceil() as usize;
-    s[k.clamp(1, s.len()) - 1]
+    qem_core::stats::percentile(v, p)
 }
 
 fn stats(v: &[f64]) -> Value {
