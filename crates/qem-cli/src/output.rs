@@ -19,20 +19,15 @@ pub fn write_json(path: &Path, value: &serde_json::Value, what: &str) -> anyhow:
 }
 
 /// An element type the NPY writer knows.
-pub trait NpyElem: Copy {
+pub trait NpyElem: Copy + npyz::AutoSerialize {
     /// NumPy's `descr` string (`"<u8"`, `"<f4"`, ...).
     const DESCR: &'static str;
-    /// Append the little-endian bytes of `self`.
-    fn put(self, out: &mut Vec<u8>);
 }
 
 macro_rules! npy_elem {
     ($t:ty, $descr:expr) => {
         impl NpyElem for $t {
             const DESCR: &'static str = $descr;
-            fn put(self, out: &mut Vec<u8>) {
-                out.extend_from_slice(&self.to_le_bytes());
-            }
         }
     };
 }
@@ -44,7 +39,7 @@ npy_elem!(u64, "<u8");
 npy_elem!(f32, "<f4");
 npy_elem!(f64, "<f8");
 
-/// The bytes of an NPY v1.0 file holding `data` with `shape` (C order).
+/// The bytes of an NPY file holding `data` with `shape` (C order), written by the `npyz` crate.
 pub fn npy_bytes<T: NpyElem>(data: &[T], shape: &[usize]) -> anyhow::Result<Vec<u8>> {
     let n: usize = shape.iter().product();
     anyhow::ensure!(
@@ -52,37 +47,21 @@ pub fn npy_bytes<T: NpyElem>(data: &[T], shape: &[usize]) -> anyhow::Result<Vec<
         "npy: shape {shape:?} holds {n} values but {} were given",
         data.len()
     );
-    let dims = match shape {
-        [one] => format!("({one},)"),
-        _ => format!(
-            "({})",
-            shape
-                .iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    };
-    let mut header = format!(
-        "{{'descr': '{}', 'fortran_order': False, 'shape': {dims}, }}",
-        T::DESCR
-    );
-    // magic (6) + version (2) + header length (2) + header + '\n', padded to 64 bytes.
-    let unpadded = 10 + header.len() + 1;
-    header.push_str(&" ".repeat(unpadded.next_multiple_of(64) - unpadded));
-    header.push('\n');
-    let header_len = u16::try_from(header.len()).context("npy header too long")?;
-    let mut out = Vec::with_capacity(10 + header.len() + std::mem::size_of_val(data));
-    out.extend_from_slice(b"\x93NUMPY\x01\x00");
-    out.extend_from_slice(&header_len.to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    for &v in data {
-        v.put(&mut out);
-    }
+    use npyz::WriterBuilder;
+    let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+    let mut out = Vec::with_capacity(128 + std::mem::size_of_val(data));
+    let mut w = npyz::WriteOptions::<T>::new()
+        .default_dtype()
+        .shape(&dims)
+        .writer(&mut out)
+        .begin_nd()
+        .context("npy header")?;
+    w.extend(data.iter().copied()).context("npy data")?;
+    w.finish().context("npy data")?;
     Ok(out)
 }
 
-/// Write `data` with `shape` as an NPY v1.0 file.
+/// Write `data` with `shape` as an NPY file.
 pub fn write_npy<T: NpyElem>(path: &Path, data: &[T], shape: &[usize]) -> anyhow::Result<()> {
     let bytes = npy_bytes(data, shape)?;
     std::fs::write(path, bytes)
@@ -191,18 +170,31 @@ mod tests {
     #[test]
     fn npy_header_is_padded_and_parsable() {
         let b = npy_bytes(&[1u64, 2, 3, 4, 5, 6], &[2, 3]).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(&b[..8], b"\x93NUMPY\x01\x00");
+        assert_eq!(&b[..6], b"\x93NUMPY");
         let hl = u16::from_le_bytes([b[8], b[9]]) as usize;
-        assert_eq!((10 + hl) % 64, 0);
+        assert_eq!((10 + hl) % 16, 0, "the data starts aligned");
         let header = std::str::from_utf8(&b[10..10 + hl]).unwrap_or_else(|e| panic!("{e}"));
-        assert!(header.starts_with("{'descr': '<u8', 'fortran_order': False, 'shape': (2, 3), }"));
+        let compact: String = header.chars().filter(|c| !c.is_whitespace()).collect();
+        // A trailing comma in the shape tuple is valid Python (npyz writes `(2, 3, )`).
+        let compact = compact.replace(",)", ")");
+        for part in ["'descr':'<u8'", "'fortran_order':False", "'shape':(2,3)"] {
+            assert!(compact.contains(part), "{part} in {header:?}");
+        }
         assert!(header.ends_with('\n'));
         assert_eq!(b.len(), 10 + hl + 48);
         assert_eq!(&b[10 + hl..10 + hl + 8], &1u64.to_le_bytes());
+        assert_eq!(&b[b.len() - 8..], &6u64.to_le_bytes());
         let one = npy_bytes(&[1.5f32], &[1]).unwrap_or_else(|e| panic!("{e}"));
-        assert!(std::str::from_utf8(&one[10..74])
+        let hl = u16::from_le_bytes([one[8], one[9]]) as usize;
+        let h: String = std::str::from_utf8(&one[10..10 + hl])
             .unwrap_or_else(|e| panic!("{e}"))
-            .contains("'shape': (1,)"));
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        assert!(
+            h.contains("'shape':(1,") && h.contains("'descr':'<f4'"),
+            "{h}"
+        );
         assert!(npy_bytes(&[1.0f64; 3], &[2, 2]).is_err());
     }
 
