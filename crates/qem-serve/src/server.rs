@@ -88,19 +88,11 @@ fn host_budget() -> u64 {
         .map_or(8 << 30, |kb| kb * 1024 / 2)
 }
 
-/// 80 % of the GPU's memory as the façade's description gives it (`…, 139.8 GiB), …`; to
-/// 0.1 GiB), else the host's budget.
+/// 80 % of the GPU's memory, else the host's budget.
 fn cuda_budget() -> u64 {
-    let d = qem::backend::cuda_description();
-    let gib = d
-        .split(" GiB")
-        .next()
-        .and_then(|s| s.rsplit(' ').next())
-        .and_then(|s| s.parse::<f64>().ok());
-    match gib {
-        Some(g) if g > 0.0 => (g * 0.8 * (1u64 << 30) as f64) as u64,
-        _ => host_budget(),
-    }
+    qem::backend::cuda_total_memory()
+        .filter(|&t| t > 0)
+        .map_or_else(host_budget, |t| t / 5 * 4)
 }
 
 /// Start serving `root` with `opts`. Binds before returning (so [`Server::addr`] is the real

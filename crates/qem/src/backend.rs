@@ -102,6 +102,13 @@ pub fn cuda_description() -> String {
     }
 }
 
+/// Total memory of the CUDA device in bytes, or `None` when CUDA is not usable.
+pub fn cuda_total_memory() -> Option<u64> {
+    qem_cuda::engine_info()
+        .ok()
+        .map(|info| info.total_mem_bytes)
+}
+
 /// Why MPS cannot run here.
 pub fn mps_unavailable_reason() -> String {
     format!(
