@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing quantem.gpu needs on a fresh machine that has Rust,
 # Python 3 with pip, and gcc: CMake >= 3.26 (the static HDF5 build needs it), maturin,
-# the Python packages the tests compare against (numpy, h5py, hdf5plugin, pytest), and for the
+# the Python packages the tests compare against (numpy, h5py, hdf5plugin, pytest; tqdm and
+# matplotlib for progress bars and plots), and for the
 # browse page's browser test Playwright with Debian's Chromium (apt, only when chromium is
 # missing and we are root or have sudo; Playwright's own browser download is not used).
 set -euo pipefail
@@ -10,7 +11,7 @@ need=()
 if ! command -v cmake >/dev/null 2>&1 || ! cmake --version | awk 'NR==1{split($3,v,"."); exit !(v[1]>3 || (v[1]==3 && v[2]>=26))}'; then
   need+=("cmake>=3.26")
 fi
-for mod in numpy h5py hdf5plugin pytest maturin playwright; do
+for mod in numpy h5py hdf5plugin pytest maturin playwright tqdm matplotlib; do
   if ! "$PY" -c "import $mod" >/dev/null 2>&1; then
     need+=("$mod")
   fi
