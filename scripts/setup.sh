@@ -16,6 +16,10 @@ for mod in numpy h5py hdf5plugin pytest maturin playwright tqdm matplotlib; do
     need+=("$mod")
   fi
 done
+# quantem.gpu.distributed and its tests (tests/python/test_distributed.py): Dask's distributed
+# scheduler and pandas (the acquisition-batch table).
+"$PY" -c "import distributed" >/dev/null 2>&1 || need+=("dask[distributed]")
+"$PY" -c "import pandas" >/dev/null 2>&1 || need+=("pandas")
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   "$PY" -m pip install --quiet --disable-pip-version-check "${need[@]}"
