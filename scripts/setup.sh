@@ -20,6 +20,13 @@ done
 # scheduler and pandas (the acquisition-batch table).
 "$PY" -c "import distributed" >/dev/null 2>&1 || need+=("dask[distributed]")
 "$PY" -c "import pandas" >/dev/null 2>&1 || need+=("pandas")
+# Result files and the documentation site (tests/python/test_outputs.py, test_docs.py): TIFF
+# writing, the EMD readers of py4DSTEM (emdfile) and hyperspy (rosettasciio), mypy for the
+# type stubs, mkdocs + mkdocstrings for `mkdocs build --strict`.
+for pair in tifffile:tifffile emdfile:emdfile rsciio:rosettasciio mypy:mypy mkdocs:mkdocs \
+  mkdocstrings_handlers.python:"mkdocstrings[python]"; do
+  "$PY" -c "import ${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
+done
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   "$PY" -m pip install --quiet --disable-pip-version-check "${need[@]}"
