@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from quantem.gpu import _args, _native
+from quantem.gpu import _args, _native, results
 
 __all__ = [
     "DetectorImage",
@@ -154,6 +154,15 @@ class DetectorImage:
     disk: DiskFit
     mask_pixels: int
     provenance: dict[str, Any] = field(default_factory=dict)
+    #: Scan axes ``(R_r, R_c)`` of :attr:`image` (Å when the scan step is known, else px).
+    axes: tuple[results.Axis, ...] = ()
+    #: Unit of each array: ``{"image": "counts"}``.
+    units: dict[str, str] = field(default_factory=dict)
+
+    def save(self, path, which: str | None = None) -> str:
+        """Write the image as TIFF (``.tif``) or EMD/HDF5 (``.h5``, ``.emd``) with its axes
+        (see :func:`quantem.gpu.results.save`); returns the path."""
+        return results.save(self, path, which)
 
     @classmethod
     def _from_native(cls, d: dict[str, Any]) -> DetectorImage:
@@ -210,11 +219,29 @@ class Products(dict):
 
     disk: DiskFit | None
     provenance: dict[str, Any]
+    #: Axes of each product by name: scan ``(R_r, R_c)`` or detector ``(k_r, k_c)``.
+    axes: dict[str, tuple[results.Axis, ...]]
+    #: Unit of each product's values by name (``"counts"``, ``"px"``, ...).
+    units: dict[str, str]
 
-    def __init__(self, items, disk: DiskFit | None, provenance: dict[str, Any]):
+    def __init__(
+        self,
+        items,
+        disk: DiskFit | None,
+        provenance: dict[str, Any],
+        axes: dict[str, tuple[results.Axis, ...]] | None = None,
+        units: dict[str, str] | None = None,
+    ):
         super().__init__(items)
         self.disk = disk
         self.provenance = provenance
+        self.axes = dict(axes or {})
+        self.units = dict(units or {})
+
+    def save(self, path, which: str | None = None) -> str:
+        """Write the products as EMD/HDF5 (``.h5``, ``.emd``: every array) or one of them as
+        TIFF (``.tif``, ``which=`` names it); see :func:`quantem.gpu.results.save`."""
+        return results.save(self, path, which)
 
     def __repr__(self) -> str:
         return f"Products({list(self)}, disk={self.disk!r})"
@@ -397,7 +424,9 @@ def _detector(kind: str, ds, inner, outer, center, radius, unit, semiangle_mrad,
     op = f"detector.{kind}"
     _args.dataset(op, ds)
     geometry = _geometry(op, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad)
-    return DetectorImage._from_native(_native.detector_image(ds, kind, geometry))
+    img = DetectorImage._from_native(_native.detector_image(ds, kind, geometry))
+    scan, _ = results.dataset_axes(ds)
+    return results.with_axes(img, scan, {"image": "counts"})
 
 
 _DETECTOR_DOC = """{title} image: the exact ``uint64`` sum over {what} per frame.
@@ -521,14 +550,17 @@ def products(
     geometry = _geometry(op, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad)
     res = _native.detector_products(ds, names, geometry)
     items: dict[str, Any] = {}
+    scan, det = results.dataset_axes(ds, det_sampling_mrad=geometry["det_sampling_mrad"])
     for d in res["images"]:
-        img = DetectorImage._from_native(d)
+        img = results.with_axes(DetectorImage._from_native(d), scan, {"image": "counts"})
         items[img.kind] = img
     for name in ("sum_dp", "mean_dp", "max_dp", "moments"):
         if res.get(name) is not None:
             items[name] = res[name]
     if res.get("com") is not None:
-        items["com"] = CoM._from_native(res["com"])
+        com = CoM._from_native(res["com"])
+        items["com"] = results.with_axes(com, scan, {"com_row": com.unit, "com_col": com.unit})
     ordered = {n: items[n] for n in dict.fromkeys(names) if n in items}
     disk = None if res.get("disk") is None else DiskFit._from_native(res["disk"])
-    return Products(ordered, disk=disk, provenance=res["provenance"])
+    axes, units = results.products_axes(ordered, scan, det)
+    return Products(ordered, disk=disk, provenance=res["provenance"], axes=axes, units=units)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from quantem.gpu import _args, _native
+from quantem.gpu import _args, _native, results
 from quantem.gpu.detector import _invalid
 
 __all__ = ["CoM", "DPCResult", "center_of_mass", "integrate", "run"]
@@ -42,7 +42,9 @@ _SCALARS = {"float": float, "bool": bool, "int": int, "str": str}
 
 def _from_fields(cls, d: dict[str, Any]):
     """An instance of the dataclass ``cls`` from the native dict ``d``, field by field."""
-    return cls(**{f.name: _SCALARS.get(f.type, lambda v: v)(d[f.name]) for f in fields(cls)})
+    return cls(
+        **{f.name: _SCALARS.get(f.type, lambda v: v)(d[f.name]) for f in fields(cls) if f.name in d}
+    )
 
 
 @dataclass(frozen=True, repr=False)
@@ -68,10 +70,19 @@ class CoM:
     centered: bool = True
     unit: str = "px"
     provenance: dict[str, Any] = field(default_factory=dict)
+    #: Scan axes ``(R_r, R_c)`` (Å when the scan step is known, else px).
+    axes: tuple[results.Axis, ...] = ()
+    #: Unit of each array: ``{"com_row": unit, "com_col": unit}``.
+    units: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def _from_native(cls, d: dict[str, Any]) -> CoM:
         return _from_fields(cls, d)
+
+    def save(self, path, which: str | None = None) -> str:
+        """Write the arrays as EMD/HDF5 (``.h5``, ``.emd``) or one image as TIFF (``.tif``;
+        ``which=`` names it); see :func:`quantem.gpu.results.save`. Returns the path."""
+        return results.save(self, path, which)
 
     def __repr__(self) -> str:
         return (
@@ -119,10 +130,20 @@ class DPCResult:
     phase: np.ndarray
     curl_score: float = float("nan")
     provenance: dict[str, Any] = field(default_factory=dict)
+    #: Scan axes ``(R_r, R_c)`` of every array (Å when the scan step is known, else px).
+    axes: tuple[results.Axis, ...] = ()
+    #: Unit of each array: CoM and DPC fields in ``"px"`` or ``"mrad"``, ``phase`` in ``"rad"``
+    #: when the field is calibrated, else in "CoM unit × scan step" (e.g. ``"px·scan step"``).
+    units: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def _from_native(cls, d: dict[str, Any]) -> DPCResult:
         return _from_fields(cls, d)
+
+    def save(self, path, which: str | None = None) -> str:
+        """Write the arrays as EMD/HDF5 (``.h5``, ``.emd``) or one image as TIFF (``.tif``;
+        ``which=`` names it); see :func:`quantem.gpu.results.save`. Returns the path."""
+        return results.save(self, path, which)
 
     def __repr__(self) -> str:
         return (
@@ -150,7 +171,9 @@ def center_of_mass(ds, centered: bool = True) -> CoM:
     """
     op = "dpc.center_of_mass"
     _args.dataset(op, ds)
-    return CoM._from_native(_native.dpc_center_of_mass(ds, _args.flag(op, "centered", centered)))
+    com = CoM._from_native(_native.dpc_center_of_mass(ds, _args.flag(op, "centered", centered)))
+    scan, _ = results.dataset_axes(ds)
+    return results.with_axes(com, scan, {"com_row": com.unit, "com_col": com.unit})
 
 
 def run(
@@ -183,7 +206,11 @@ def run(
         transpose=_args.optional_flag(op, "transpose", transpose),
         edge=_edge(edge, op),
     )
-    return DPCResult._from_native(d)
+    scan, _ = results.dataset_axes(ds)
+    unit = str(d.get("unit", "px"))
+    units = {n: unit for n in ("com_row", "com_col", "dpc_row", "dpc_col")}
+    units["phase"] = str(d.get("phase_unit", "a.u."))
+    return results.with_axes(DPCResult._from_native(d), scan, units)
 
 
 def integrate(g_row, g_col, edge: str = "periodic") -> np.ndarray:

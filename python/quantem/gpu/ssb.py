@@ -34,13 +34,14 @@ The scan may have any shape (rectangular, not a power of two): nothing is croppe
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from quantem.gpu import _args, _native
+from quantem.gpu import _args, _native, results
 from quantem.gpu.detector import _invalid
 
 __all__ = [
@@ -160,6 +161,15 @@ class SSBResult:
     weak_phase: np.ndarray
     aberrations: dict[str, float]
     provenance: dict[str, Any] = field(default_factory=dict)
+    #: Scan axes ``(R_r, R_c)`` in Å (from ``scan_step_a``).
+    axes: tuple[results.Axis, ...] = ()
+    #: Unit of each array: phases in ``"rad"``, ``amplitude`` and ``object`` in ``"a.u."``.
+    units: dict[str, str] = field(default_factory=dict)
+
+    def save(self, path, which: str | None = None) -> str:
+        """Write the arrays as EMD/HDF5 (``.h5``, ``.emd``) or one image as TIFF (``.tif``;
+        default the phase); see :func:`quantem.gpu.results.save`. Returns the path."""
+        return results.save(self, path, which)
 
     @classmethod
     def _from_native(cls, d: dict[str, Any]) -> SSBResult:
@@ -220,6 +230,17 @@ class SSBFit:
     objective: str
     result: SSBResult
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def axes(self) -> tuple[results.Axis, ...]:
+        """Scan axes of :attr:`result` (Å)."""
+        return self.result.axes
+
+    def save(self, path, which: str | None = None) -> str:
+        """Write :attr:`result`'s arrays, the loss curve and the fitted values as EMD/HDF5
+        (``.h5``, ``.emd``) or the phase as TIFF (``.tif``); see
+        :func:`quantem.gpu.results.save`. Returns the path."""
+        return results.save(self, path, which)
 
     @classmethod
     def _from_native(cls, d: dict[str, Any]) -> SSBFit:
@@ -323,6 +344,7 @@ class SSB:
         engine = _args.text(_OP, "engine", engine, ("auto", "cpu", "cuda"))
         compat = _args.flag(_OP, "compat_2alpha", compat_2alpha)
         _args.dataset(_OP, ds)
+        self._axes = results.scan_axes(tuple(ds.shape)[:2], step)
         self._native = _native.ssb_prepare(
             ds,
             voltage_kv=voltage,
@@ -362,7 +384,14 @@ class SSB:
         -------
         SSBResult
         """
-        return SSBResult._from_native(self._native.reconstruct(_aberrations(aberrations)))
+        return self._with_axes(
+            SSBResult._from_native(self._native.reconstruct(_aberrations(aberrations)))
+        )
+
+    _UNITS = {"phase": "rad", "weak_phase": "rad", "amplitude": "a.u.", "object": "a.u."}
+
+    def _with_axes(self, r: SSBResult) -> SSBResult:
+        return results.with_axes(r, self._axes, self._UNITS)
 
     def objective(
         self, aberrations: Mapping[str, float] | None = None, objective: str = "coherence"
@@ -478,7 +507,8 @@ class SSB:
             local_starts=_args.optional_integer(_OP, "local_starts", local_starts, minimum=1),
             start=_aberrations(start, "start"),
         )
-        return SSBFit._from_native(d)
+        f = SSBFit._from_native(d)
+        return dataclasses.replace(f, result=self._with_axes(f.result))
 
     def __repr__(self) -> str:
         i = self.info
