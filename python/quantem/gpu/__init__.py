@@ -14,7 +14,7 @@ Every error raised by the engine is a :class:`QuantemError`; its subclasses name
 ``expected`` and ``found`` attributes.
 """
 
-from quantem.gpu import browse, detector, device, dpc, io, ssb
+from quantem.gpu import browse, detector, device, dpc, io, results, ssb
 from quantem.gpu._native import (
     ArgumentTypeError,
     BackendUnavailableError,
@@ -50,5 +50,6 @@ __all__ = [
     "device",
     "dpc",
     "io",
+    "results",
     "ssb",
 ]
