@@ -6,9 +6,10 @@ use std::time::Instant;
 
 use qem_core::{DType, DenseArray, Error, MemoryReport, Result, Shape2, StageTiming};
 
-use super::pipeline::{elapsed_s, event, record, region_bin_batch, RegionBinBatch};
+use super::pipeline::{region_bin_batch, RegionBinBatch};
 use super::plan::{admit, region_frames};
 use super::records::ErrorRecords;
+use super::timings::{elapsed_s, event, record};
 use super::{GpuLoad, GpuLoadParams};
 use crate::device::driver_error;
 use crate::engine::engine;

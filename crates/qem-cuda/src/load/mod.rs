@@ -30,6 +30,7 @@ use crate::rans::{self, DeviceEncoded};
 use qem_codec::rans::{FloorPolicy, ModelParams};
 
 mod array;
+mod buffers;
 mod encode;
 mod pipeline;
 mod plan;
@@ -37,6 +38,7 @@ mod reader;
 mod records;
 #[cfg(test)]
 mod tests;
+mod timings;
 
 pub use array::{load_array, DeviceArray};
 pub use encode::encode_device_array;

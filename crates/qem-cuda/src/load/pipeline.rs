@@ -6,13 +6,15 @@ use std::fs::File;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
+use cudarc::driver::{CudaEvent, CudaStream};
 use qem_core::{DType, DetectorPlan, Error, MemoryReport, Result, Shape2, StageTiming};
 use qem_io::{ChunkCodec, Source};
 
+use super::buffers::{allocate, Buffers, EncodeState, Sizing};
 use super::plan::{admit, plan_source, table_words, BatchPlan, LoadPlan, MemoryPlan};
 use super::reader::{read_batch, BatchInput};
-use super::records::{EncoderRecords, ErrorRecords};
+use super::records::ErrorRecords;
+use super::timings::{event, record, stage_timings, BatchEvents, HostSeconds, StageInputs};
 use super::GpuLoadParams;
 use crate::bslz4::{fault_from_record, fault_to_error, BlockTable, LaunchShape, RawDecode};
 use crate::device::driver_error;
@@ -21,23 +23,6 @@ use crate::mem::{DevBuf, MemCounter, PinnedBuf};
 use crate::rans::{self, DeviceModel, EncoderScratch, RansKernels};
 use crate::transform::{launch_region_bin, launch_zero_pixels, RegionBinArgs};
 
-pub(super) fn event(e: &Engine) -> Result<CudaEvent> {
-    e.gpu
-        .ctx()
-        .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-        .map_err(|err| driver_error("create event", err))
-}
-
-pub(super) fn record(ev: &CudaEvent, s: &CudaStream) -> Result<()> {
-    ev.record(s).map_err(|e| driver_error("record event", e))
-}
-
-pub(super) fn elapsed_s(a: &CudaEvent, b: &CudaEvent) -> f64 {
-    a.elapsed_ms(b)
-        .map(|ms| ms as f64 / 1e3)
-        .unwrap_or(f64::NAN)
-}
-
 /// Synchronizes its streams when dropped.
 struct Drain<'a>(&'a CudaStream, &'a CudaStream);
 
@@ -45,26 +30,6 @@ impl Drop for Drain<'_> {
     fn drop(&mut self) {
         let _ = self.0.synchronize();
         let _ = self.1.synchronize();
-    }
-}
-
-struct BatchEvents {
-    h2d_start: CudaEvent,
-    h2d_end: CudaEvent,
-    dec_start: CudaEvent,
-    dec_end: CudaEvent,
-    rb_end: Option<CudaEvent>,
-    enc_start: Option<CudaEvent>,
-    enc_end: Option<CudaEvent>,
-}
-
-impl BatchEvents {
-    /// The event after the batch's last kernel (the slot's tables are free after it).
-    fn last(&self) -> &CudaEvent {
-        self.enc_end
-            .as_ref()
-            .or(self.rb_end.as_ref())
-            .unwrap_or(&self.dec_end)
     }
 }
 
@@ -120,21 +85,6 @@ pub(super) struct EncodedOut {
     pub(super) used: u64,
     /// Frames that did not fit the arena.
     pub(super) overflowed: u32,
-}
-
-/// The encoder's buffers during a pipeline.
-struct EncodeState<'a> {
-    model: &'a DeviceModel,
-    kernels: &'a RansKernels,
-    arena: DevBuf,
-    capacity: u64,
-    index: DevBuf,
-    scratch: EncoderScratch,
-    input: Option<DevBuf>,
-    /// Bad-pixel offsets, zeroed in the decoded batch before an identity plan's encode.
-    bad_list: Option<DevBuf>,
-    /// Fault record and arena cursor.
-    err: EncoderRecords,
 }
 
 /// The overlapped pipeline over source frames `frames` (result order).
@@ -589,136 +539,6 @@ fn encode_batch(
     unsafe { rans::launch_encode(es.kernels, compute, es.model, &a) }
 }
 
-/// Host-side seconds of a pipeline's stages.
-struct HostSeconds {
-    plan: f64,
-    allocate: f64,
-    read_threads: f64,
-    table_threads: f64,
-    read_wall: f64,
-    wait: f64,
-    sync: f64,
-}
-
-/// What [`stage_timings`] reports from.
-struct StageInputs<'a> {
-    plan: &'a LoadPlan,
-    evs: &'a [BatchEvents],
-    direct: bool,
-    encoding: bool,
-    /// Bytes of the u16 frames the encoder read.
-    raw_bytes: u64,
-    enc_used: u64,
-    mask_events: Option<&'a (CudaEvent, CudaEvent)>,
-    reader_threads: usize,
-    bytes_read: u64,
-    host: HostSeconds,
-    total_s: f64,
-}
-
-/// A pipeline's stage timings: host stages by wall clock, device stages by their events
-/// (summed over batches; overlapping stages are separate entries, never added into a wall).
-fn stage_timings(t: &StageInputs<'_>) -> Vec<StageTiming> {
-    let sum = |f: &dyn Fn(&BatchEvents) -> f64| t.evs.iter().map(f).sum::<f64>();
-    let h2d_s = sum(&|b| elapsed_s(&b.h2d_start, &b.h2d_end));
-    let dec_s = sum(&|b| elapsed_s(&b.dec_start, &b.dec_end));
-    let rb_s = sum(&|b| b.rb_end.as_ref().map_or(0.0, |r| elapsed_s(&b.dec_end, r)));
-    let gbs = |bytes: u64, s: f64| if s > 0.0 { bytes as f64 / s / 1e9 } else { 0.0 };
-    let decoded_total: u64 = t.plan.batches.iter().map(|b| b.decoded_bytes).sum();
-    let mut timings = vec![
-        StageTiming {
-            stage: format!(
-                "plan (host: {} chunks, {} batches, admission)",
-                t.plan.chunks.len(),
-                t.plan.batches.len()
-            ),
-            seconds: t.host.plan,
-        },
-        StageTiming {
-            stage: "allocate (device + pinned)".into(),
-            seconds: t.host.allocate,
-        },
-        StageTiming {
-            stage: format!(
-                "read (threads, summed; {} threads, {:.1} GB)",
-                t.reader_threads,
-                t.bytes_read as f64 / 1e9
-            ),
-            seconds: t.host.read_threads,
-        },
-        StageTiming {
-            stage: "block table (threads, summed)".into(),
-            seconds: t.host.table_threads,
-        },
-        StageTiming {
-            stage: format!(
-                "read+table (wall, summed over batches; {:.1} GB/s)",
-                gbs(t.bytes_read, t.host.read_wall)
-            ),
-            seconds: t.host.read_wall,
-        },
-        StageTiming {
-            stage: "wait for a free slot (host)".into(),
-            seconds: t.host.wait,
-        },
-        StageTiming {
-            stage: format!("h2d (events, summed; {:.1} GB/s)", gbs(t.bytes_read, h2d_s)),
-            seconds: h2d_s,
-        },
-        StageTiming {
-            stage: format!(
-                "decode (events, summed; {:.1} GB/s decoded{})",
-                gbs(decoded_total, dec_s),
-                if t.direct {
-                    ", straight into the result"
-                } else {
-                    ", into scratch"
-                }
-            ),
-            seconds: dec_s,
-        },
-    ];
-    if t.evs.iter().any(|b| b.rb_end.is_some()) {
-        timings.push(StageTiming {
-            stage: "region/bin (events, summed)".into(),
-            seconds: rb_s,
-        });
-    }
-    if t.encoding {
-        let enc_s = sum(&|b| match (&b.enc_start, &b.enc_end) {
-            (Some(a), Some(z)) => elapsed_s(a, z),
-            _ => 0.0,
-        });
-        timings.push(StageTiming {
-            stage: format!(
-                "encode (events, summed; {:.1} GB/s of u16 frames, {:.3} GB of streams)",
-                gbs(t.raw_bytes, enc_s),
-                t.enc_used as f64 / 1e9
-            ),
-            seconds: enc_s,
-        });
-    }
-    if let Some((a, z)) = t.mask_events {
-        timings.push(StageTiming {
-            stage: "mask (events)".into(),
-            seconds: elapsed_s(a, z),
-        });
-    }
-    timings.push(StageTiming {
-        stage: "final sync + error check (host)".into(),
-        seconds: t.host.sync,
-    });
-    timings.push(StageTiming {
-        stage: "first product (n/a)".into(),
-        seconds: 0.0,
-    });
-    timings.push(StageTiming {
-        stage: "gpu load (wall)".into(),
-        seconds: t.total_s,
-    });
-    timings
-}
-
 /// One batch for the decode kernel: its compressed bytes on the device, its block table and
 /// where the decoded frames go.
 struct DecodeBatch<'a> {
@@ -808,165 +628,6 @@ pub(super) unsafe fn region_bin_batch(
     };
     // SAFETY: the caller's contract covers every address of `a`; the records are the load's.
     unsafe { launch_region_bin(&e.transform, stream, rplan, &a) }
-}
-
-/// What [`allocate`] sizes the buffers from.
-struct Sizing<'a, 'm> {
-    encode: Option<(&'m DeviceModel, &'m RansKernels, u64)>,
-    dest_bytes: u64,
-    n_result: u64,
-    out_frame_elems: usize,
-    enc_in_bytes: u64,
-    identity: bool,
-    direct: bool,
-    slots: usize,
-    table_cap_words: usize,
-    plan: &'a LoadPlan,
-    status_bytes: u64,
-}
-
-/// Every buffer of a pipeline: the destination (a dense result, or the encoder's), the pinned
-/// and device slots, the decode scratch and status, the error records and the bad-pixel table.
-struct Buffers<'m> {
-    dst: Option<DevBuf>,
-    enc: Option<EncodeState<'m>>,
-    d_in: Vec<DevBuf>,
-    d_tab: Vec<DevBuf>,
-    h_in: Vec<PinnedBuf>,
-    h_tab: Vec<PinnedBuf>,
-    scratch: Option<DevBuf>,
-    status: DevBuf,
-    errs: ErrorRecords,
-    bad_buf: Option<DevBuf>,
-}
-
-/// Allocate a pipeline's buffers (after admission), each counted in `counter`.
-fn allocate<'m>(
-    e: &Engine,
-    ctx: &Arc<CudaContext>,
-    counter: &Arc<MemCounter>,
-    z: &Sizing<'_, 'm>,
-    bad_idx: &[u32],
-    bad_mask: Option<&[bool]>,
-) -> Result<Buffers<'m>> {
-    let Sizing {
-        encode,
-        dest_bytes,
-        n_result,
-        out_frame_elems,
-        enc_in_bytes,
-        identity,
-        direct,
-        slots,
-        table_cap_words,
-        plan,
-        status_bytes,
-    } = *z;
-    let ctx = ctx.clone();
-    let c = Some(counter);
-    let dst = match encode {
-        None => Some(DevBuf::alloc(&ctx, dest_bytes as usize, c, "result")?),
-        Some(_) => None,
-    };
-    let enc = match encode {
-        None => None,
-        Some((model, k, capacity)) => {
-            let index = DevBuf::alloc(
-                &ctx,
-                (n_result as usize * rans::INDEX_ENTRY_BYTES).max(16),
-                c,
-                "stream index",
-            )?;
-            // Entries of frames never encoded (a failed load) read as empty streams.
-            index.write(0, &vec![0u8; index.bytes()])?;
-            let err = EncoderRecords::new(&ctx, c)?;
-            Some(EncodeState {
-                model,
-                kernels: k,
-                arena: DevBuf::alloc(&ctx, capacity as usize, c, "encoded streams")?,
-                capacity,
-                index,
-                scratch: EncoderScratch::new(&ctx, k, out_frame_elems, c)?,
-                input: if enc_in_bytes > 0 {
-                    Some(DevBuf::alloc(
-                        &ctx,
-                        enc_in_bytes as usize,
-                        c,
-                        "encoder input batch",
-                    )?)
-                } else {
-                    None
-                },
-                bad_list: if identity && !bad_idx.is_empty() {
-                    let b = DevBuf::alloc(&ctx, bad_idx.len() * 4, c, "bad-pixel list")?;
-                    b.write(0, bytemuck::cast_slice(bad_idx))?;
-                    Some(b)
-                } else {
-                    None
-                },
-                err,
-            })
-        }
-    };
-    let mut d_in = Vec::with_capacity(slots);
-    let mut d_tab = Vec::with_capacity(slots);
-    let mut h_in = Vec::with_capacity(slots);
-    let mut h_tab = Vec::with_capacity(slots);
-    for _ in 0..slots {
-        d_in.push(DevBuf::alloc(
-            &ctx,
-            plan.max_in_bytes as usize,
-            c,
-            "compressed batch",
-        )?);
-        d_tab.push(DevBuf::alloc(&ctx, table_cap_words * 4, c, "block table")?);
-        h_in.push(e.take_pinned(plan.max_in_bytes as usize, "batch slot")?);
-        h_tab.push(e.take_pinned(table_cap_words * 4, "table slot")?);
-    }
-    let scratch = if direct {
-        None
-    } else {
-        Some(DevBuf::alloc(
-            &ctx,
-            plan.max_decoded_bytes as usize,
-            c,
-            "decode scratch",
-        )?)
-    };
-    let status = DevBuf::alloc(&ctx, status_bytes as usize, c, "decode status")?;
-    // [0..32) decode error record, [32..64) overflow record, [64..72) saturated counter.
-    let errs = ErrorRecords::new(&ctx, c)?;
-    let bad_buf = if direct {
-        if bad_idx.is_empty() {
-            None
-        } else {
-            let b = DevBuf::alloc(&ctx, bad_idx.len() * 4, c, "bad-pixel list")?;
-            b.write(0, bytemuck::cast_slice(bad_idx))?;
-            Some(b)
-        }
-    } else {
-        match bad_mask {
-            Some(m) if m.iter().any(|&b| b) => {
-                let lut: Vec<u8> = m.iter().map(|&b| u8::from(b)).collect();
-                let b = DevBuf::alloc(&ctx, lut.len(), c, "bad-pixel lookup")?;
-                b.write(0, &lut)?;
-                Some(b)
-            }
-            _ => None,
-        }
-    };
-    Ok(Buffers {
-        dst,
-        enc,
-        d_in,
-        d_tab,
-        h_in,
-        h_tab,
-        scratch,
-        status,
-        errs,
-        bad_buf,
-    })
 }
 
 /// Read the load's records after the final synchronize: a decode fault (named by file and

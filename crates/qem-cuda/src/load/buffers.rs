@@ -1,0 +1,188 @@
+//! The pipeline's buffers, allocated after admission: the destination (a dense result, or the
+//! encoder's arena, index and scratch), the pinned and device slots, the decode scratch and
+//! status, the error records and the bad-pixel table.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaContext;
+use qem_core::Result;
+
+use super::plan::LoadPlan;
+use super::records::{EncoderRecords, ErrorRecords};
+use crate::engine::Engine;
+use crate::mem::{DevBuf, MemCounter, PinnedBuf};
+use crate::rans::{self, DeviceModel, EncoderScratch, RansKernels};
+
+/// The encoder's buffers during a pipeline.
+pub(super) struct EncodeState<'a> {
+    pub(super) model: &'a DeviceModel,
+    pub(super) kernels: &'a RansKernels,
+    pub(super) arena: DevBuf,
+    pub(super) capacity: u64,
+    pub(super) index: DevBuf,
+    pub(super) scratch: EncoderScratch,
+    pub(super) input: Option<DevBuf>,
+    /// Bad-pixel offsets, zeroed in the decoded batch before an identity plan's encode.
+    pub(super) bad_list: Option<DevBuf>,
+    /// Fault record and arena cursor.
+    pub(super) err: EncoderRecords,
+}
+
+/// What [`allocate`] sizes the buffers from.
+pub(super) struct Sizing<'a, 'm> {
+    pub(super) encode: Option<(&'m DeviceModel, &'m RansKernels, u64)>,
+    pub(super) dest_bytes: u64,
+    pub(super) n_result: u64,
+    pub(super) out_frame_elems: usize,
+    pub(super) enc_in_bytes: u64,
+    pub(super) identity: bool,
+    pub(super) direct: bool,
+    pub(super) slots: usize,
+    pub(super) table_cap_words: usize,
+    pub(super) plan: &'a LoadPlan,
+    pub(super) status_bytes: u64,
+}
+
+/// Every buffer of a pipeline: the destination (a dense result, or the encoder's), the pinned
+/// and device slots, the decode scratch and status, the error records and the bad-pixel table.
+pub(super) struct Buffers<'m> {
+    pub(super) dst: Option<DevBuf>,
+    pub(super) enc: Option<EncodeState<'m>>,
+    pub(super) d_in: Vec<DevBuf>,
+    pub(super) d_tab: Vec<DevBuf>,
+    pub(super) h_in: Vec<PinnedBuf>,
+    pub(super) h_tab: Vec<PinnedBuf>,
+    pub(super) scratch: Option<DevBuf>,
+    pub(super) status: DevBuf,
+    pub(super) errs: ErrorRecords,
+    pub(super) bad_buf: Option<DevBuf>,
+}
+
+/// Allocate a pipeline's buffers (after admission), each counted in `counter`.
+pub(super) fn allocate<'m>(
+    e: &Engine,
+    ctx: &Arc<CudaContext>,
+    counter: &Arc<MemCounter>,
+    z: &Sizing<'_, 'm>,
+    bad_idx: &[u32],
+    bad_mask: Option<&[bool]>,
+) -> Result<Buffers<'m>> {
+    let Sizing {
+        encode,
+        dest_bytes,
+        n_result,
+        out_frame_elems,
+        enc_in_bytes,
+        identity,
+        direct,
+        slots,
+        table_cap_words,
+        plan,
+        status_bytes,
+    } = *z;
+    let ctx = ctx.clone();
+    let c = Some(counter);
+    let dst = match encode {
+        None => Some(DevBuf::alloc(&ctx, dest_bytes as usize, c, "result")?),
+        Some(_) => None,
+    };
+    let enc = match encode {
+        None => None,
+        Some((model, k, capacity)) => {
+            let index = DevBuf::alloc(
+                &ctx,
+                (n_result as usize * rans::INDEX_ENTRY_BYTES).max(16),
+                c,
+                "stream index",
+            )?;
+            // Entries of frames never encoded (a failed load) read as empty streams.
+            index.write(0, &vec![0u8; index.bytes()])?;
+            let err = EncoderRecords::new(&ctx, c)?;
+            Some(EncodeState {
+                model,
+                kernels: k,
+                arena: DevBuf::alloc(&ctx, capacity as usize, c, "encoded streams")?,
+                capacity,
+                index,
+                scratch: EncoderScratch::new(&ctx, k, out_frame_elems, c)?,
+                input: if enc_in_bytes > 0 {
+                    Some(DevBuf::alloc(
+                        &ctx,
+                        enc_in_bytes as usize,
+                        c,
+                        "encoder input batch",
+                    )?)
+                } else {
+                    None
+                },
+                bad_list: if identity && !bad_idx.is_empty() {
+                    let b = DevBuf::alloc(&ctx, bad_idx.len() * 4, c, "bad-pixel list")?;
+                    b.write(0, bytemuck::cast_slice(bad_idx))?;
+                    Some(b)
+                } else {
+                    None
+                },
+                err,
+            })
+        }
+    };
+    let mut d_in = Vec::with_capacity(slots);
+    let mut d_tab = Vec::with_capacity(slots);
+    let mut h_in = Vec::with_capacity(slots);
+    let mut h_tab = Vec::with_capacity(slots);
+    for _ in 0..slots {
+        d_in.push(DevBuf::alloc(
+            &ctx,
+            plan.max_in_bytes as usize,
+            c,
+            "compressed batch",
+        )?);
+        d_tab.push(DevBuf::alloc(&ctx, table_cap_words * 4, c, "block table")?);
+        h_in.push(e.take_pinned(plan.max_in_bytes as usize, "batch slot")?);
+        h_tab.push(e.take_pinned(table_cap_words * 4, "table slot")?);
+    }
+    let scratch = if direct {
+        None
+    } else {
+        Some(DevBuf::alloc(
+            &ctx,
+            plan.max_decoded_bytes as usize,
+            c,
+            "decode scratch",
+        )?)
+    };
+    let status = DevBuf::alloc(&ctx, status_bytes as usize, c, "decode status")?;
+    // [0..32) decode error record, [32..64) overflow record, [64..72) saturated counter.
+    let errs = ErrorRecords::new(&ctx, c)?;
+    let bad_buf = if direct {
+        if bad_idx.is_empty() {
+            None
+        } else {
+            let b = DevBuf::alloc(&ctx, bad_idx.len() * 4, c, "bad-pixel list")?;
+            b.write(0, bytemuck::cast_slice(bad_idx))?;
+            Some(b)
+        }
+    } else {
+        match bad_mask {
+            Some(m) if m.iter().any(|&b| b) => {
+                let lut: Vec<u8> = m.iter().map(|&b| u8::from(b)).collect();
+                let b = DevBuf::alloc(&ctx, lut.len(), c, "bad-pixel lookup")?;
+                b.write(0, &lut)?;
+                Some(b)
+            }
+            _ => None,
+        }
+    };
+    Ok(Buffers {
+        dst,
+        enc,
+        d_in,
+        d_tab,
+        h_in,
+        h_tab,
+        scratch,
+        status,
+        errs,
+        bad_buf,
+    })
+}
