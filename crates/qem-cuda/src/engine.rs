@@ -1,6 +1,8 @@
-//! The process-wide CUDA engine: one context on device 0 and the compiled kernels, created on
+//! The process-wide CUDA engine: one context on one device (ordinal 0 unless
+//! [`select_device`] chose another before first use) and the compiled kernels, created on
 //! first use and kept for the life of the process, so a second load pays no context creation
-//! and no NVRTC compile.
+//! and no NVRTC compile. One device per process: several GPUs are used by several processes
+//! (e.g. one Dask worker per GPU, each with its own `CUDA_VISIBLE_DEVICES`).
 
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -13,7 +15,7 @@ use crate::products::ProductKernels;
 use crate::rans::RansKernels;
 use crate::transform::TransformKernels;
 
-/// Device 0 with every kernel the load pipeline launches.
+/// The process's device with every kernel the load pipeline launches.
 #[derive(Debug)]
 pub struct Engine {
     /// The device (context and its default stream).
@@ -116,6 +118,72 @@ impl Engine {
 
 static ENGINE: OnceLock<Result<Engine>> = OnceLock::new();
 
+/// The device ordinal the engine is (or will be) created on; `None` = 0, not chosen.
+static ORDINAL: Mutex<Option<usize>> = Mutex::new(None);
+
+/// How many CUDA devices this process sees (after `CUDA_VISIBLE_DEVICES`), or why CUDA is not
+/// usable.
+pub fn device_count() -> Result<usize> {
+    crate::device::libraries_present()?;
+    crate::device::guard("count devices", || {
+        let n = cudarc::driver::CudaContext::device_count().map_err(|e| {
+            qem_core::Error::backend_unavailable("cuda", format!("cuDeviceGetCount failed: {e}"))
+        })?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    })
+}
+
+/// Put this process's CUDA engine on device `ordinal` (a CUDA ordinal as this process sees
+/// it). Must come before the engine's first use, or name the device it already uses: a
+/// process holds one device. Errors: `BackendUnavailable` when CUDA is not usable here,
+/// `InvalidArgument` for an ordinal past the device count or another device than the one the
+/// engine already uses.
+pub fn select_device(ordinal: usize) -> Result<()> {
+    const OP: &str = "select CUDA device";
+    let mut chosen = ORDINAL
+        .lock()
+        .map_err(|_| qem_core::Error::internal(OP, "device lock poisoned"))?;
+    let current = match ENGINE.get() {
+        Some(Ok(e)) => Some(e.gpu.info().ordinal),
+        _ => *chosen,
+    };
+    if let Some(cur) = current {
+        if cur == ordinal {
+            return Ok(());
+        }
+        if matches!(ENGINE.get(), Some(Ok(_))) {
+            return Err(qem_core::Error::invalid(
+                OP,
+                format!(
+                    "this process's CUDA engine is already on device {cur}; a process uses one \
+                     device (run one process, e.g. one Dask worker, per GPU)"
+                ),
+            )
+            .with_expected(format!("device={cur}"))
+            .with_found(format!("device={ordinal}")));
+        }
+    }
+    let count = device_count()?;
+    if ordinal >= count {
+        let visible = std::env::var("CUDA_VISIBLE_DEVICES")
+            .map(|v| format!(" (CUDA_VISIBLE_DEVICES={v})"))
+            .unwrap_or_default();
+        return Err(qem_core::Error::invalid(
+            OP,
+            format!("device index {ordinal} is out of range{visible}"),
+        )
+        .with_expected(format!("0 <= device < {count}"))
+        .with_found(ordinal.to_string()));
+    }
+    *chosen = Some(ordinal);
+    Ok(())
+}
+
+/// The ordinal the engine is created on: the selected one, else 0.
+fn chosen_ordinal() -> usize {
+    ORDINAL.lock().map(|g| g.unwrap_or(0)).unwrap_or(0)
+}
+
 /// The shared engine, created on the first call (a failure is remembered: CUDA that is not
 /// usable now will not become usable later in the same process). After a sticky fault
 /// ([`crate::device::check_alive`]) every call answers the `DeviceLost` error naming it.
@@ -123,7 +191,7 @@ pub fn engine() -> Result<&'static Engine> {
     crate::device::check_alive("cuda engine")?;
     ENGINE
         .get_or_init(|| {
-            let gpu = Gpu::new(0)?;
+            let gpu = Gpu::new(chosen_ordinal())?;
             let decode = Bslz4Kernels::load(&gpu)?;
             let transform = TransformKernels::load(&gpu)?;
             Ok(Engine {

@@ -1,8 +1,13 @@
 //! Backend selection: which engine runs an operation.
 //!
-//! `auto` picks CUDA when it is usable (a context on device 0 and its kernels load), else the
-//! CPU, and records which. An explicit `cuda` or
+//! `auto` picks CUDA when it is usable (a context on the process's device and its kernels
+//! load), else the CPU, and records which. An explicit `cuda` or
 //! `mps` that is not usable is an error, never a CPU run.
+//!
+//! Device index. A process's CUDA engine lives on one device: ordinal 0 unless
+//! [`select_cuda_device`] (Python: `io.load(..., device=k)`) chose another before its first
+//! use. Several GPUs of one host are used by several processes (one Dask worker per GPU with
+//! its own `CUDA_VISIBLE_DEVICES`, see docs/distributed.md).
 
 use qem_core::{Error, Result};
 use std::fmt;
@@ -56,7 +61,7 @@ impl FromStr for BackendRequest {
 pub enum Backend {
     /// The CPU engine.
     Cpu,
-    /// The CUDA engine (device 0).
+    /// The CUDA engine (the process's device, see [`select_cuda_device`]).
     Cuda,
 }
 
@@ -164,6 +169,58 @@ pub fn inject_cuda_fault() -> Result<()> {
     qem_cuda::fault::inject_fault()
 }
 
+/// How many CUDA devices this process sees, or why CUDA is not usable (`BackendUnavailable`).
+pub fn cuda_device_count() -> Result<usize> {
+    qem_cuda::engine::device_count()
+}
+
+/// Put this process's CUDA engine on device `ordinal` and check that it runs there.
+///
+/// Errors: `BackendUnavailable` when CUDA is not usable here (no driver, no device);
+/// `InvalidArgument` for an ordinal past the device count, or another device than the one this
+/// process's engine already uses (a process holds one device).
+pub fn select_cuda_device(ordinal: usize) -> Result<()> {
+    qem_cuda::engine::select_device(ordinal)?;
+    let info = qem_cuda::engine_info()?;
+    if info.ordinal != ordinal {
+        return Err(Error::invalid(
+            "select CUDA device",
+            "this process's CUDA engine started on another device meanwhile",
+        )
+        .with_expected(format!("device {ordinal}"))
+        .with_found(format!("device {}", info.ordinal)));
+    }
+    Ok(())
+}
+
+/// The backend request a load gets when the caller also names a CUDA `device`: the device is
+/// selected ([`select_cuda_device`]) and `auto` becomes `cuda` (a device index asks for a GPU;
+/// without one that is an error, never a CPU run). A device index with `cpu` or `mps` is an
+/// `InvalidArgument` error; `None` leaves the request as it is.
+pub fn request_with_device(
+    request: BackendRequest,
+    device: Option<usize>,
+) -> Result<BackendRequest> {
+    let Some(ordinal) = device else {
+        return Ok(request);
+    };
+    match request {
+        BackendRequest::Cpu | BackendRequest::Mps => Err(Error::invalid(
+            "load",
+            format!(
+                "device={ordinal} selects a CUDA device, but backend \"{}\" has none",
+                request.name()
+            ),
+        )
+        .with_expected("device=None, or backend \"cuda\" / \"auto\" with a device index")
+        .with_found(format!("backend \"{}\", device={ordinal}", request.name()))),
+        BackendRequest::Auto | BackendRequest::Cuda => {
+            select_cuda_device(ordinal)?;
+            Ok(BackendRequest::Cuda)
+        }
+    }
+}
+
 /// Resolve a request to a usable backend, or a `BackendUnavailable` error with the reason.
 pub fn resolve_backend(request: BackendRequest) -> Result<Backend> {
     match request {
@@ -222,6 +279,34 @@ mod tests {
         assert_eq!(c.available, cuda_usable);
         assert!(!c.detail.is_empty());
         assert_eq!(Backend::Cuda.name(), "cuda");
+    }
+
+    #[test]
+    fn device_index_is_checked() {
+        let cpu = request_with_device(BackendRequest::Cpu, Some(0));
+        assert!(
+            matches!(cpu, Err(ref e) if e.kind == ErrorKind::InvalidArgument
+            && e.to_string().contains("device=0"))
+        );
+        assert_eq!(
+            request_with_device(BackendRequest::Auto, None).ok(),
+            Some(BackendRequest::Auto)
+        );
+        match cuda_device_count() {
+            Err(e) => {
+                // No GPU here: a device index is refused as unavailable, never run on the CPU.
+                assert_eq!(e.kind, ErrorKind::BackendUnavailable);
+                let r = request_with_device(BackendRequest::Auto, Some(0));
+                assert!(matches!(r, Err(ref e) if e.kind == ErrorKind::BackendUnavailable));
+            }
+            Ok(n) => {
+                let r = request_with_device(BackendRequest::Cuda, Some(n + 3));
+                assert!(
+                    matches!(r, Err(ref e) if e.kind == ErrorKind::InvalidArgument
+                    && e.to_string().contains("out of range"))
+                );
+            }
+        }
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::backend::Backend;
 use crate::dataset::Dataset;
 use crate::detector::{self, DetectorKind, DetectorParams, Product};
 use crate::result::ResultProvenance;
-use qem_core::{Error, Moments, Result, Shape2};
+use qem_core::{Error, Moments, Result, Shape2, StageTiming};
 use qem_cpu::dpc as cpu;
 use serde_json::json;
 use std::f64::consts::PI;
@@ -264,19 +264,91 @@ pub fn run(ds: &Dataset, p: &DpcParams) -> Result<DpcResult> {
         .moments
         .as_ref()
         .ok_or_else(|| Error::internal(OP, "the reduction returned no moments"))?;
-    let adf_image = prods.images.first();
-    let adf: Option<Vec<f64>> = adf_image.map(|im| im.image.iter().map(|&v| v as f64).collect());
-    let adf_json = adf_image.map(|im| {
-        json!({
+    let adf = prods.images.first().map(|im| AdfImage {
+        image: &im.image,
+        info: json!({
             "inner_px": im.inner_px,
             "outer_px": im.outer_px,
             "mask_pixels": im.mask_pixels,
             "disk_center_px": [im.disk.center_px.0, im.disk.center_px.1],
             "disk_radius_px": im.disk.radius_px,
-        })
+        }),
     });
+    let mut r = run_on_moments(ds, moments, adf, ds.scan_shape(), p)?;
+    let total = r.provenance.timings.pop();
+    let mut stages = vec![StageTiming {
+        stage: "reduce (adf + moments)".to_string(),
+        seconds: t_reduce,
+    }];
+    stages.extend(
+        prods
+            .provenance
+            .timings
+            .iter()
+            .filter(|st| st.stage.starts_with("reduce: "))
+            .cloned(),
+    );
+    stages.append(&mut r.provenance.timings);
+    r.provenance.timings = stages;
+    if total.is_some() {
+        r.provenance
+            .stage("total (wall)", t0.elapsed().as_secs_f64());
+    }
+    Ok(r)
+}
 
-    let shape = ds.scan_shape();
+/// The ADF image [`run_on_moments`] resolves the 180° ambiguity with, and its description for
+/// the provenance (bounds, mask pixels, disk).
+#[derive(Debug, Clone)]
+pub struct AdfImage<'a> {
+    /// `u64` per scan position, row-major.
+    pub image: &'a [u64],
+    /// What the image is (recorded in the provenance under `"adf"`).
+    pub info: serde_json::Value,
+}
+
+/// [`run`] on moments and an ADF image already reduced (e.g. merged from scan blocks computed
+/// elsewhere, `quantem.gpu.distributed`): CoM, rotation, integration and sign exactly as
+/// [`run`] does them. `ds` gives the calibration (its metadata), the engine the integration
+/// runs on and the provenance; `scan_shape` is the grid the moments cover (it may be larger
+/// than `ds`'s own scan when `ds` holds one block of it).
+pub fn run_on_moments(
+    ds: &Dataset,
+    moments: &Moments,
+    adf_image: Option<AdfImage<'_>>,
+    scan_shape: Shape2,
+    p: &DpcParams,
+) -> Result<DpcResult> {
+    const OP: &str = "dpc run";
+    p.validate()?;
+    let t0 = Instant::now();
+    let n = scan_shape.len();
+    for (name, v) in [
+        ("sum", &moments.sum),
+        ("m_row", &moments.m_row),
+        ("m_col", &moments.m_col),
+    ]
+    .iter()
+    .map(|(a, b)| (*a, b.len()))
+    .chain(adf_image.iter().map(|a| ("adf", a.image.len())))
+    {
+        if v != n {
+            return Err(
+                Error::invalid(OP, format!("{name} does not cover the scan"))
+                    .with_expected(format!(
+                        "{n} values ({} x {})",
+                        scan_shape.rows, scan_shape.cols
+                    ))
+                    .with_found(format!("{v} values")),
+            );
+        }
+    }
+    let adf: Option<Vec<f64>> = adf_image
+        .as_ref()
+        .map(|im| im.image.iter().map(|&v| v as f64).collect());
+    let adf_json = adf_image.map(|im| im.info);
+
+    let shape = scan_shape;
     let t_c = Instant::now();
     let (mut com_row, mut com_col, zero_frames) = com_from_moments(moments, shape, true);
     let cal = Calibration::of(ds);
@@ -414,12 +486,6 @@ pub fn run(ds: &Dataset, p: &DpcParams) -> Result<DpcResult> {
             "zero_frames": zero_frames,
         }),
     );
-    provenance.stage("reduce (adf + moments)", t_reduce);
-    for st in &prods.provenance.timings {
-        if st.stage.starts_with("reduce: ") {
-            provenance.stage(&st.stage, st.seconds);
-        }
-    }
     provenance.stage("centre of mass from the moments", t_com);
     provenance.stage("rotation", t_rotation);
     provenance.stage("integrate", t_integrate);
