@@ -33,7 +33,9 @@ fn parse_representation(name: Option<&str>) -> PyResult<Option<Representation>> 
 #[pyo3(signature = (
     source, *, backend = "auto", scan_shape = None, scan_region = None, detector_region = None,
     det_bin = 1, dtype = "native", representation = None, apply_mask = true,
-    memory_budget = None, progress = None, dataset_path = None
+    memory_budget = None, progress = None, dataset_path = None, format = None, shape = None,
+    raw_dtype = None, file_header_bytes = 0, frame_header_bytes = 0, frame_footer_bytes = 0,
+    float_scale = None
 ))]
 #[allow(clippy::too_many_arguments)]
 fn load(
@@ -50,6 +52,13 @@ fn load(
     memory_budget: Option<u64>,
     progress: Option<Py<PyAny>>,
     dataset_path: Option<String>,
+    format: Option<&str>,
+    shape: Option<Vec<u64>>,
+    raw_dtype: Option<String>,
+    file_header_bytes: u64,
+    frame_header_bytes: u64,
+    frame_footer_bytes: u64,
+    float_scale: Option<f64>,
 ) -> PyResult<PyDataset> {
     if source.is_instance_of::<PyBytes>() {
         // `quantem.gpu.io.load` decodes bytes paths with `os.fsdecode`; bytes that reach this
@@ -84,6 +93,18 @@ fn load(
         apply_mask,
         memory_budget,
         dataset_path,
+        format: format.map(str::parse::<qem::load::Format>).transpose().py()?,
+        raw: match (shape, raw_dtype) {
+            (None, None) => None,
+            (shape, dtype) => Some(qem::load::RawLayout {
+                shape: shape.unwrap_or_default(),
+                dtype: dtype.unwrap_or_default(),
+                file_header_bytes,
+                frame_header_bytes,
+                frame_footer_bytes,
+            }),
+        },
+        float_scale,
         progress: None,
     };
     let ds = watch::run_watched(py, "load", progress, move |w| {

@@ -126,6 +126,13 @@ def load(
     memory_budget: int | None = None,
     progress: None | bool | ProgressCallback = None,
     dataset_path: str | None = None,
+    format: str | None = None,
+    shape: Sequence[int] | None = None,
+    raw_dtype: str | None = None,
+    file_header_bytes: int = 0,
+    frame_header_bytes: int = 0,
+    frame_footer_bytes: int = 0,
+    float_scale: float | None = None,
 ) -> Dataset:
     """Load a 4D-STEM acquisition.
 
@@ -172,6 +179,20 @@ def load(
         the load and propagates.
     dataset_path : str, optional
         Dataset inside a plain HDF5 file (when the file holds more than one candidate).
+    format : str, optional
+        ``None`` recognises the file by its content; else one of ``"hdf5"`` (Dectris, plain
+        HDF5, hyperspy ``.hspy``, py4DSTEM/emdfile), ``"qem"``, ``"npy"``, ``"raw"``, ``"mib"``,
+        ``"empad"``, ``"dm4"``. An unrecognised file raises a SourceError listing them
+        (docs/formats.md).
+    shape, raw_dtype, file_header_bytes, frame_header_bytes, frame_footer_bytes
+        The layout of a generic raw binary file (``format="raw"``): ``shape`` ``(N, k_r, k_c)``
+        or ``(R_r, R_c, k_r, k_c)``, ``raw_dtype`` the stored element type (``"uint16"``,
+        ``"<u2"``, ``">u2"``, ``"float32"``...; ``dtype`` stays the result policy), bytes
+        before the first frame and around each frame. The file size must match exactly.
+    float_scale : float, optional
+        Consent to read float32 frames (gain-corrected, EMPAD) as counts:
+        ``round(value / float_scale)``; values rounding below 0 read 0 (their number is in
+        ``ds.metadata``); NaN/inf raise DecodeError. A float32 source without it is refused.
 
     Returns
     -------
