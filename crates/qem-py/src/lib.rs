@@ -9,6 +9,7 @@
 mod browse;
 mod convert;
 mod dataset;
+mod distributed;
 mod engine;
 mod errors;
 mod products;
@@ -35,7 +36,7 @@ fn parse_representation(name: Option<&str>) -> PyResult<Option<Representation>> 
     det_bin = 1, dtype = "native", representation = None, apply_mask = true,
     memory_budget = None, progress = None, dataset_path = None, format = None, shape = None,
     raw_dtype = None, file_header_bytes = 0, frame_header_bytes = 0, frame_footer_bytes = 0,
-    float_scale = None
+    float_scale = None, device = None
 ))]
 #[allow(clippy::too_many_arguments)]
 fn load(
@@ -59,6 +60,7 @@ fn load(
     frame_header_bytes: u64,
     frame_footer_bytes: u64,
     float_scale: Option<f64>,
+    device: Option<i64>,
 ) -> PyResult<PyDataset> {
     if source.is_instance_of::<PyBytes>() {
         // `quantem.gpu.io.load` decodes bytes paths with `os.fsdecode`; bytes that reach this
@@ -82,8 +84,23 @@ fn load(
         )
     })?;
     let requested = parse_representation(representation)?;
+    let device = device
+        .map(|d| {
+            usize::try_from(d).map_err(|_| {
+                to_pyerr(
+                    Error::invalid("load", "device must be a CUDA device index")
+                        .with_expected("an integer >= 0 or None")
+                        .with_found(d.to_string()),
+                )
+            })
+        })
+        .transpose()?;
+    let backend = backend.parse::<BackendRequest>().py()?;
+    let backend = py
+        .detach(|| qem::backend::request_with_device(backend, device))
+        .py()?;
     let mut params = LoadParams {
-        backend: backend.parse::<BackendRequest>().py()?,
+        backend,
         scan_shape: shape2("scan_shape", scan_shape)?,
         scan_region: region("scan_region", scan_region)?,
         detector_region: region("detector_region", detector_region)?,
@@ -217,5 +234,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     products::register(m)?;
     ssb::register(m)?;
     browse::register(m)?;
+    distributed::register(m)?;
     Ok(())
 }
