@@ -12,6 +12,7 @@ pub mod detector;
 pub mod dpc;
 mod encode;
 pub mod load;
+pub mod progress;
 pub mod qemfile;
 pub mod result;
 pub mod ssb;

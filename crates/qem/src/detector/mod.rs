@@ -77,7 +77,111 @@ fn live(ds: &Dataset, op: &str) -> Result<()> {
 /// Run one reduction pass over the frames of `ds` on the engine that holds it (CPU dense or
 /// ENCODED, CUDA dense or ENCODED). The engine's result is checked against the request (one
 /// value per visited frame, every requested field present) before it is returned.
+///
+/// With a progress observer installed ([`crate::progress::with_progress`]) the pass runs in
+/// blocks of frames (see [`reduce_in_blocks`]), reporting and honouring cancellation between
+/// blocks; the result is the same, value for value.
 pub fn reduce(ds: &Dataset, req: &ReduceRequest) -> Result<ReduceResult> {
+    let n_frames = ds.scan_shape.len();
+    let det = ds.detector_shape;
+    if let Some((progress, label)) = crate::progress::current() {
+        let result = reduce_in_blocks(ds, req, progress.as_ref(), &label)?;
+        check_result(&result, req, n_frames as u64, det.len())?;
+        return Ok(result);
+    }
+    let result = engine_pass(ds, req)?;
+    check_result(&result, req, n_frames as u64, det.len())?;
+    Ok(result)
+}
+
+/// Frames per reported block: about 64 blocks, none smaller than this (an engine call has a
+/// fixed cost: on CUDA the mask upload and launch set-up).
+const MIN_BLOCK_FRAMES: usize = 1024;
+
+/// [`reduce`] as a sequence of engine passes over consecutive blocks of the selected frames,
+/// merged: per-frame outputs (images, moments) concatenated in order, the sum DP added (exact
+/// `u64`), the max DP by element-wise maximum. Each block is reported to `progress` as frames
+/// done; a cancellation between blocks stops the pass with an error.
+fn reduce_in_blocks(
+    ds: &Dataset,
+    req: &ReduceRequest,
+    progress: &dyn qem_core::Progress,
+    label: &str,
+) -> Result<ReduceResult> {
+    let selected: Vec<u64> = match &req.frames {
+        Some(f) => f.clone(),
+        None => (0..ds.scan_shape.len() as u64).collect(),
+    };
+    let n = selected.len();
+    let block = n.div_ceil(64).max(MIN_BLOCK_FRAMES);
+    progress.begin(label, n as u64);
+    let out = (|| {
+        let mut merged: Option<ReduceResult> = None;
+        for part in selected.chunks(block.max(1)) {
+            if progress.cancelled() {
+                return Err(Error::invalid(label, "cancelled by the caller"));
+            }
+            let sub = ReduceRequest {
+                frames: Some(part.to_vec()),
+                ..req.clone()
+            };
+            let r = engine_pass(ds, &sub)?;
+            merged = Some(match merged {
+                None => r,
+                Some(m) => merge(m, r)?,
+            });
+            progress.advance(part.len() as u64);
+        }
+        match merged {
+            Some(m) => Ok(m),
+            // No frame selected: the engine's own answer to an empty selection.
+            None => engine_pass(ds, req),
+        }
+    })();
+    progress.end();
+    out
+}
+
+/// `a` followed by `b` (consecutive blocks of one pass).
+fn merge(mut a: ReduceResult, b: ReduceResult) -> Result<ReduceResult> {
+    let mismatch = || Error::internal("detector reduction", "blocks of one pass differ in kind");
+    if a.images.len() != b.images.len() {
+        return Err(mismatch());
+    }
+    for (x, y) in a.images.iter_mut().zip(b.images) {
+        match (x, y) {
+            (VirtualImage::U64(x), VirtualImage::U64(y)) => x.extend(y),
+            (VirtualImage::F64(x), VirtualImage::F64(y)) => x.extend(y),
+            _ => return Err(mismatch()),
+        }
+    }
+    a.sum_dp = match (a.sum_dp, b.sum_dp) {
+        (Some(x), Some(y)) => Some(x.iter().zip(&y).map(|(p, q)| p + q).collect()),
+        (None, None) => None,
+        _ => return Err(mismatch()),
+    };
+    a.max_dp = match (a.max_dp, b.max_dp) {
+        (Some(x), Some(y)) => Some(x.iter().zip(&y).map(|(p, q)| *p.max(q)).collect()),
+        (None, None) => None,
+        _ => return Err(mismatch()),
+    };
+    a.moments = match (a.moments, b.moments) {
+        (Some(mut x), Some(y)) => {
+            x.sum.extend(y.sum);
+            x.m_row.extend(y.m_row);
+            x.m_col.extend(y.m_col);
+            Some(x)
+        }
+        (None, None) => None,
+        _ => return Err(mismatch()),
+    };
+    a.n_frames += b.n_frames;
+    a.stages.extend(b.stages);
+    Ok(a)
+}
+
+/// One engine call on the storage of `ds`.
+fn engine_pass(ds: &Dataset, req: &ReduceRequest) -> Result<ReduceResult> {
     let n_frames = ds.scan_shape.len();
     let det = ds.detector_shape;
     let result = match &ds.storage {
@@ -87,7 +191,6 @@ pub fn reduce(ds: &Dataset, req: &ReduceRequest) -> Result<ReduceResult> {
         Storage::CudaEncoded(e) => qem_cuda::reduce_encoded(e, req)?,
         Storage::Closed => return Err(closed("detector reduction")),
     };
-    check_result(&result, req, n_frames as u64, det.len())?;
     Ok(result)
 }
 
