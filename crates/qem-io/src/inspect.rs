@@ -135,6 +135,7 @@ pub fn inspect(path: &Path, scan_shape: Option<Shape2>) -> Result<Inspection> {
     let opts = OpenOptions {
         dataset_path: None,
         scan_shape,
+        ..OpenOptions::default()
     };
 
     // Shard census first, so missing shards are listed even though open fails on them.

@@ -16,6 +16,7 @@
 //! register so that small compressed datasets (a `pixel_mask`) read through HDF5.
 
 mod cache;
+pub mod formats;
 mod guard;
 mod h5;
 mod inspect;
@@ -23,6 +24,7 @@ mod meta;
 mod open;
 pub mod writer;
 
+pub use formats::{FloatScale, Format, HostDecode, RawLayout};
 pub use guard::{check_regular_file, open_regular, ALLOW_EXTERNAL_LINKS_ENV};
 pub use inspect::{discover, inspect, Inspection, ShardReport};
 
@@ -30,6 +32,7 @@ use qem_core::{fnv1a64, DType, Error, FileIdentity, Metadata, Region, Result, Sh
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Options of [`Source::open`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -41,6 +44,13 @@ pub struct OpenOptions {
     /// Scan shape given by the caller; it wins over anything recorded in the file, and must
     /// still match the number of frames present.
     pub scan_shape: Option<Shape2>,
+    /// The file format; `None` recognises it by content ([`formats::detect`]).
+    pub format: Option<Format>,
+    /// Layout of a generic raw binary file ([`Format::Raw`]; required for it).
+    pub raw: Option<RawLayout>,
+    /// Consent to read float32 frames as counts: `round(value / scale)`, negatives read as 0
+    /// (docs/formats.md, "Float32 counts"). A float source without it is refused.
+    pub float_scale: Option<FloatScale>,
 }
 
 /// What kind of file a [`Source`] was opened from.
@@ -51,6 +61,16 @@ pub enum SourceKind {
     DectrisMaster,
     /// One self-contained HDF5 dataset (3-D or 4-D).
     Hdf5Dataset,
+    /// A NumPy `.npy` file.
+    Npy,
+    /// A generic raw binary file described by [`RawLayout`].
+    RawBinary,
+    /// Quantum Detectors Merlin `.mib` frames.
+    MerlinMib,
+    /// An EMPAD `.raw` file (with its `.xml`).
+    Empad,
+    /// A Gatan Digital Micrograph `.dm4` (or `.dm3`) file.
+    GatanDm,
 }
 
 impl SourceKind {
@@ -59,6 +79,11 @@ impl SourceKind {
         match self {
             SourceKind::DectrisMaster => "dectris_master",
             SourceKind::Hdf5Dataset => "hdf5_dataset",
+            SourceKind::Npy => "npy",
+            SourceKind::RawBinary => "raw_binary",
+            SourceKind::MerlinMib => "merlin_mib",
+            SourceKind::Empad => "empad",
+            SourceKind::GatanDm => "gatan_dm",
         }
     }
 }
@@ -221,6 +246,9 @@ pub struct Source {
     pub index_from_cache: bool,
     /// Open handles of `files`, same order.
     handles: Vec<std::fs::File>,
+    /// Host-side decoding between the stored bytes and the frames, if any (then `codec` is
+    /// [`ChunkCodec::Raw`] and [`Source::read_chunk`] returns decoded frames).
+    host: Option<Arc<HostDecode>>,
 }
 
 impl Source {
@@ -233,12 +261,33 @@ impl Source {
     /// A second open of the same files in one process reuses their index when no file has
     /// changed size or modification time (see the `cache` module; `index_from_cache` says so).
     pub fn open(path: &Path, opts: &OpenOptions) -> Result<Source> {
+        let format = match opts.format {
+            Some(f) => f,
+            None => formats::detect(path)?,
+        };
+        if format != Format::Hdf5 {
+            return formats::open(format, path, opts);
+        }
+        formats::check_not_dectris_shard(path)?;
         if let Some(source) = cache::lookup(path, opts)? {
             return Ok(source);
         }
         let source = open::open(path, opts)?;
         cache::store(path, opts, &source);
         Ok(source)
+    }
+
+    /// True when the chunk bytes in the files are not the frames the engines take (compressed
+    /// by a filter we decode on the host, big-endian, float32, packed...): read them with
+    /// [`Source::read_chunk`], which decodes; an engine that reads file bytes itself (CUDA)
+    /// must not be given this source.
+    pub fn needs_host_decode(&self) -> bool {
+        self.host.is_some()
+    }
+
+    /// The host-side decoding of this source, if any.
+    pub fn host_decode(&self) -> Option<&HostDecode> {
+        self.host.as_deref()
     }
 
     /// A copy of this source's index with its own, newly opened file handles.
@@ -272,6 +321,7 @@ impl Source {
             missing_frames: self.missing_frames.clone(),
             index_from_cache: true,
             handles: Vec::new(),
+            host: self.host.as_ref().map(|h| Arc::new(h.fresh())),
         }
     }
 
@@ -348,6 +398,23 @@ impl Source {
     /// read. Thread-safe; takes no lock. A short read (truncated file) is a source error naming
     /// the file and the chunk's first frame.
     pub fn read_chunk(&self, rec: &ChunkRecord, buf: &mut Vec<u8>) -> Result<()> {
+        match &self.host {
+            None => self.read_stored(rec, buf),
+            Some(host) => STORED.with(|cell| {
+                let mut stored = cell.borrow_mut();
+                self.read_stored(rec, &mut stored)?;
+                let file_path = self
+                    .files
+                    .get(rec.file as usize)
+                    .map(|f| f.path.as_path())
+                    .unwrap_or(&self.path);
+                host.decode(file_path, rec, &stored, buf)
+            }),
+        }
+    }
+
+    /// Read the stored bytes of `rec` as they are in the file.
+    fn read_stored(&self, rec: &ChunkRecord, buf: &mut Vec<u8>) -> Result<()> {
         let file_path = self
             .files
             .get(rec.file as usize)
@@ -419,4 +486,9 @@ impl Source {
     pub fn compressed_bytes(&self) -> u64 {
         self.chunks.iter().map(|c| c.size).sum()
     }
+}
+
+thread_local! {
+    /// Stored bytes of the chunk being decoded on the host (one buffer per thread).
+    static STORED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }

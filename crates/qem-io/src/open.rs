@@ -1,6 +1,7 @@
 //! Opening a source: locating the frame dataset(s), the one-pass chunk index, consistency checks
 //! and scan-shape resolution.
 
+use crate::formats::host::{BlockGeom, ElemConv, H5Filter};
 use crate::guard;
 use crate::h5::{self, h5err, RawChunk};
 use crate::meta::{self, MasterInfo};
@@ -149,7 +150,9 @@ fn find_frame_datasets(g: &hdf5::Group, prefix: &str, out: &mut Vec<String>, dep
             let nd = ds.ndim();
             let int = matches!(
                 ds.dtype().and_then(|t| t.to_descriptor()),
-                Ok(TypeDescriptor::Unsigned(_)) | Ok(TypeDescriptor::Integer(_))
+                Ok(TypeDescriptor::Unsigned(_))
+                    | Ok(TypeDescriptor::Integer(_))
+                    | Ok(TypeDescriptor::Float(hdf5::types::FloatSize::U4))
             );
             if int && (nd == 3 || nd == 4) {
                 out.push(full);
@@ -173,6 +176,30 @@ pub(crate) struct PartInfo {
     pub chunks: Vec<ChunkRecord>,
     pub image_nr: (Option<i128>, Option<i128>),
     pub scan_attr: Option<Vec<i128>>,
+    /// Host-side decoding the frames need (filters we decode ourselves, 4-D blocks of partial
+    /// rows, big-endian or float32 elements); `codec` is then `Raw`.
+    pub host: Option<HostSpec>,
+}
+
+/// What a part needs decoded on the host (becomes a [`crate::HostDecode`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct HostSpec {
+    pub filters: Vec<H5Filter>,
+    pub block: Option<BlockGeom>,
+    pub elem: ElemConv,
+    pub stored_frame_bytes: usize,
+}
+
+impl HostSpec {
+    pub(crate) fn build(&self, frame_bytes: usize) -> crate::HostDecode {
+        crate::HostDecode::new(
+            self.filters.clone(),
+            self.block,
+            self.elem,
+            self.stored_frame_bytes,
+            frame_bytes,
+        )
+    }
 }
 
 /// Describe one frame dataset: type, shape, codec and its complete chunk index.
@@ -208,15 +235,25 @@ pub(crate) fn describe(ds: &hdf5::Dataset, file: &Path, what: &str) -> Result<Pa
         .dtype()
         .map_err(|e| h5err(OP, file, &format!("cannot read the type of {what}"), e))?;
     let desc = dtype_h5.to_descriptor().ok();
+    let big = dtype_h5.byte_order() == hdf5::datatype::ByteOrder::BigEndian;
+    let mut elem = ElemConv::Same;
     let dtype = match desc {
         Some(TypeDescriptor::Unsigned(IntSize::U1)) => DType::U8,
         Some(TypeDescriptor::Unsigned(IntSize::U2)) => DType::U16,
         Some(TypeDescriptor::Unsigned(IntSize::U4)) => DType::U32,
+        Some(TypeDescriptor::Float(hdf5::types::FloatSize::U4)) => {
+            // The scale is set by `open` (which refuses floats without the caller's consent).
+            elem = ElemConv::Float32 {
+                scale: 1.0,
+                big_endian: big,
+            };
+            DType::U32
+        }
         other => {
             return Err(
                 Error::source(OP, format!("{what} has an unsupported element type"))
                     .with_file(file)
-                    .with_expected("uint8, uint16 or uint32")
+                    .with_expected("uint8, uint16, uint32 or float32")
                     .with_found(
                         other
                             .map(|d| d.to_string())
@@ -225,11 +262,8 @@ pub(crate) fn describe(ds: &hdf5::Dataset, file: &Path, what: &str) -> Result<Pa
             )
         }
     };
-    if dtype.size() > 1 && dtype_h5.byte_order() == hdf5::datatype::ByteOrder::BigEndian {
-        return Err(Error::source(OP, format!("{what} is big-endian"))
-            .with_file(file)
-            .with_expected("little-endian integers")
-            .with_found("big-endian"));
+    if dtype.size() > 1 && big && elem == ElemConv::Same {
+        elem = ElemConv::Swap(dtype.size());
     }
     let frame_bytes = checked_product(
         ErrorKind::Source,
@@ -246,8 +280,19 @@ pub(crate) fn describe(ds: &hdf5::Dataset, file: &Path, what: &str) -> Result<Pa
     // Filters.
     let filters = h5::filter_pipeline(ds)
         .map_err(|e| Error::source(OP, format!("{what}: {e}")).with_file(file))?;
+    let mut host_filters = Vec::new();
     let codec = match filters.as_slice() {
         [] => ChunkCodec::Raw,
+        fs if fs
+            .iter()
+            .all(|f| H5Filter::from_id(f.id, &f.cd_values, dtype.size()).is_some()) =>
+        {
+            host_filters = fs
+                .iter()
+                .filter_map(|f| H5Filter::from_id(f.id, &f.cd_values, dtype.size()))
+                .collect();
+            ChunkCodec::Raw
+        }
         [f] if f.id == h5::BSHUF_ID => {
             if let Some(&es) = f.cd_values.get(2) {
                 if es as usize != dtype.size() {
@@ -300,13 +345,17 @@ pub(crate) fn describe(ds: &hdf5::Dataset, file: &Path, what: &str) -> Result<Pa
                 ),
             )
             .with_file(file)
-            .with_expected("no filter, or filter 32008 (bitshuffle/LZ4) alone")
+            .with_expected(
+                "no filter, filter 32008 (bitshuffle/LZ4) alone, or deflate (1), shuffle (2), \
+                 fletcher32 (3), lz4 (32004), zstd (32015)",
+            )
             .with_found(format!("filters {}", list.join(", "))));
         }
     };
 
     let file_size = std::fs::metadata(file).map(|m| m.len()).unwrap_or(u64::MAX);
     let mut chunks = Vec::new();
+    let mut block = None;
     match ds.layout() {
         hdf5::dataset::Layout::Contiguous => {
             if codec != ChunkCodec::Raw {
@@ -376,13 +425,28 @@ pub(crate) fn describe(ds: &hdf5::Dataset, file: &Path, what: &str) -> Result<Pa
                 )
             })?;
             chunks.reserve(raw.len());
+            if let PlanMode::Block = plan.mode {
+                block = Some(BlockGeom {
+                    rows: cdims[0] as u64,
+                    cols: cdims[1] as u64,
+                    scan_cols: shape[1] as u64,
+                });
+            }
             for rc in raw {
-                let rec = plan.record(&rc).map_err(|detail| {
+                let recs = plan.records(&rc).map_err(|detail| {
                     Error::source(OP, format!("{what}: chunk at {:?}: {detail}", rc.offset))
                         .with_file(file)
                 })?;
-                let stored_raw = codec == ChunkCodec::Raw || rec.filter_mask & 1 != 0;
-                let raw_size = (rec.frames_in_chunk as u64).saturating_mul(frame_bytes);
+                let Some(rec) = recs.first().copied() else {
+                    continue;
+                };
+                let stored_raw = host_filters.is_empty()
+                    && (codec == ChunkCodec::Raw || rec.filter_mask & 1 != 0);
+                let stored_frames = match plan.mode {
+                    PlanMode::Block => (cdims[0] * cdims[1]) as u64,
+                    _ => rec.frames_in_chunk as u64,
+                };
+                let raw_size = stored_frames.saturating_mul(frame_bytes);
                 if stored_raw && rec.size != raw_size {
                     return Err(Error::source(
                         OP,
@@ -403,7 +467,7 @@ pub(crate) fn describe(ds: &hdf5::Dataset, file: &Path, what: &str) -> Result<Pa
                     .with_expected(format!("at least {} bytes", rec.offset + rec.size))
                     .with_found(format!("{file_size} bytes")));
                 }
-                chunks.push(rec);
+                chunks.extend(recs);
             }
         }
         other => {
@@ -422,6 +486,13 @@ pub(crate) fn describe(ds: &hdf5::Dataset, file: &Path, what: &str) -> Result<Pa
         image_nr_attr(ds, "image_nr_high"),
     );
     let scan_attr = h5::attr_value(ds, "scan_shape").and_then(|v| v.ints());
+    let host =
+        (!host_filters.is_empty() || block.is_some() || elem != ElemConv::Same).then(|| HostSpec {
+            filters: host_filters,
+            block,
+            elem,
+            stored_frame_bytes: frame_bytes as usize,
+        });
     Ok(PartInfo {
         dtype,
         detector_shape: det,
@@ -431,6 +502,7 @@ pub(crate) fn describe(ds: &hdf5::Dataset, file: &Path, what: &str) -> Result<Pa
         chunks,
         image_nr,
         scan_attr,
+        host,
     })
 }
 
@@ -458,6 +530,9 @@ enum PlanMode {
     RowPart,
     /// (m, C, k_r, k_c) chunks: whole scan rows.
     Rows,
+    /// (a, b, k_r, k_c) chunks with a > 1 and b < C: one record per scan row, decoded on the
+    /// host (hyperspy's default chunking).
+    Block,
 }
 
 fn chunk_plan(shape: &[usize], cdims: &[usize]) -> std::result::Result<ChunkPlan, String> {
@@ -472,10 +547,10 @@ fn chunk_plan(shape: &[usize], cdims: &[usize]) -> std::result::Result<ChunkPlan
         PlanMode::Frames3
     } else if cdims[0] == 1 {
         PlanMode::RowPart
-    } else if cdims[1] == shape[1] {
+    } else if cdims[1] >= shape[1] {
         PlanMode::Rows
     } else {
-        return Err("chunks spanning several scan rows must cover whole rows".into());
+        PlanMode::Block
     };
     if cdims.iter().take(nd - 2).any(|&c| c > u32::MAX as usize)
         || (nd == 4 && cdims[0].saturating_mul(cdims[1]) > u32::MAX as usize)
@@ -490,6 +565,37 @@ fn chunk_plan(shape: &[usize], cdims: &[usize]) -> std::result::Result<ChunkPlan
 }
 
 impl ChunkPlan {
+    /// The records of one stored chunk: one, or in `Block` mode one per scan row it holds.
+    fn records(&self, rc: &RawChunk) -> std::result::Result<Vec<ChunkRecord>, String> {
+        if !matches!(self.mode, PlanMode::Block) {
+            return Ok(vec![self.record(rc)?]);
+        }
+        if rc.offset.len() != 4 || rc.offset[2] != 0 || rc.offset[3] != 0 {
+            return Err("chunk does not start at detector pixel (0, 0)".into());
+        }
+        if rc.addr == u64::MAX {
+            return Err("chunk has an undefined address".into());
+        }
+        let (r0, c0) = (rc.offset[0], rc.offset[1]);
+        let (a, b) = (self.cdims[0] as u64, self.cdims[1] as u64);
+        let (rows, cols) = (self.shape[0] as u64, self.shape[1] as u64);
+        if r0 % a != 0 || c0 % b != 0 || r0 >= rows || c0 >= cols {
+            return Err("chunk offset not on the chunk grid".into());
+        }
+        let valid = b.min(cols - c0) as u32;
+        Ok((r0..(r0 + a).min(rows))
+            .map(|r| ChunkRecord {
+                file: 0,
+                offset: rc.addr,
+                size: rc.size,
+                filter_mask: rc.filter_mask,
+                first_frame: r * cols + c0,
+                frames_in_chunk: valid,
+                valid_frames: valid,
+            })
+            .collect())
+    }
+
     fn record(&self, rc: &RawChunk) -> std::result::Result<ChunkRecord, String> {
         let nd = self.shape.len();
         if rc.offset.len() != nd {
@@ -521,6 +627,7 @@ impl ChunkPlan {
                 }
                 (r * cols + o, c, c.min(cols - o))
             }
+            PlanMode::Block => return Err("a block chunk has several records".into()),
             PlanMode::Rows => {
                 let (r, m) = (rc.offset[0], self.cdims[0] as u64);
                 let (cols, rows) = (self.shape[1] as u64, self.shape[0] as u64);
@@ -662,7 +769,7 @@ pub(crate) fn scan_parts(file: &hdf5::File, path: &Path, located: &Located) -> R
                         ))
                         .with_found(format!("{} frames of {}", part.dtype, part.detector_shape)));
                     }
-                    if part.codec != first.codec {
+                    if part.codec != first.codec || part.host != first.host {
                         return Err(Error::source(
                             OP,
                             format!("shard {} uses a different codec", link.name),
@@ -865,6 +972,20 @@ pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Source> {
             .with_expected("at least one shard")
     })?;
     let (dtype, det, codec) = (first.dtype, first.detector_shape, first.codec);
+    let frame_bytes = det.len().saturating_mul(dtype.size());
+    let host = match &first.host {
+        None => None,
+        Some(spec) => {
+            let mut spec = spec.clone();
+            if let ElemConv::Float32 { big_endian, .. } = spec.elem {
+                spec.elem = ElemConv::Float32 {
+                    scale: crate::formats::require_float_scale(path, opts)?,
+                    big_endian,
+                };
+            }
+            Some(std::sync::Arc::new(spec.build(frame_bytes)))
+        }
+    };
     if let Some(d) = info.detector_pixels {
         if d != det {
             return Err(
@@ -957,6 +1078,7 @@ pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Source> {
         missing_frames: scanned.missing_frames,
         index_from_cache: false,
         handles,
+        host,
     })
 }
 
@@ -1000,9 +1122,21 @@ mod tests {
             (r.first_frame, r.frames_in_chunk, r.valid_frames),
             (12, 6, 3)
         );
-        // unsupported: partial frames, or several partial rows
+        // unsupported: partial frames
         assert!(chunk_plan(&[8, 4, 4], &[1, 2, 4]).is_err());
-        assert!(chunk_plan(&[5, 3, 4, 4], &[2, 2, 4, 4]).is_err());
+        // several partial rows (hyperspy): one record per scan row, decoded on the host
+        let p = chunk_plan(&[5, 3, 4, 4], &[2, 2, 4, 4]).unwrap_or_else(|e| panic!("{e}"));
+        let r = p
+            .records(&raw(&[4, 2, 0, 0]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let got: Vec<(u64, u32)> = r.iter().map(|c| (c.first_frame, c.valid_frames)).collect();
+        assert_eq!(got, vec![(14, 1)]); // row 4 only (5 rows), column 2 only (3 columns)
+        let r = p
+            .records(&raw(&[2, 0, 0, 0]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let got: Vec<(u64, u32)> = r.iter().map(|c| (c.first_frame, c.valid_frames)).collect();
+        assert_eq!(got, vec![(6, 2), (9, 2)]);
+        assert!(p.records(&raw(&[1, 0, 0, 0])).is_err());
     }
 
     #[test]

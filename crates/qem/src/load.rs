@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-pub use qem_io::Inspection;
+pub use qem_io::{Format, Inspection, RawLayout};
 
 /// The git revision this library was built from.
 pub const GIT_REVISION: &str = env!("QEM_GIT_REVISION");
@@ -55,6 +55,13 @@ pub struct LoadParams {
     pub memory_budget: Option<u64>,
     /// HDF5 dataset path inside a plain HDF5 file.
     pub dataset_path: Option<String>,
+    /// The file format; `None` recognises it by content (docs/formats.md).
+    pub format: Option<qem_io::Format>,
+    /// Layout of a generic raw binary file (`format = raw`).
+    pub raw: Option<qem_io::RawLayout>,
+    /// Consent to read float32 frames as counts `round(value / float_scale)` (negatives read
+    /// 0); a float32 source without it is refused.
+    pub float_scale: Option<f64>,
     /// Progress receiver.
     pub progress: Option<Arc<dyn Progress>>,
 }
@@ -72,6 +79,9 @@ impl std::fmt::Debug for LoadParams {
             .field("apply_mask", &self.apply_mask)
             .field("memory_budget", &self.memory_budget)
             .field("dataset_path", &self.dataset_path)
+            .field("format", &self.format)
+            .field("raw", &self.raw)
+            .field("float_scale", &self.float_scale)
             .finish_non_exhaustive()
     }
 }
@@ -89,6 +99,9 @@ impl Default for LoadParams {
             apply_mask: true,
             memory_budget: None,
             dataset_path: None,
+            format: None,
+            raw: None,
+            float_scale: None,
             progress: None,
         }
     }
@@ -361,7 +374,11 @@ pub(crate) fn gpu_params<'a>(
 
 fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
     let t_total = Instant::now();
-    if crate::qemfile::is_qem_file(path)? {
+    let qem = match request.params.format {
+        Some(f) => f == qem_io::Format::Qem,
+        None => crate::qemfile::is_qem_file(path)?,
+    };
+    if qem {
         return crate::qemfile::load_qem(path, request);
     }
     let t = Instant::now();
@@ -370,6 +387,9 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
         &qem_io::OpenOptions {
             dataset_path: request.params.dataset_path.clone(),
             scan_shape: request.params.scan_shape,
+            format: request.params.format,
+            raw: request.params.raw.clone(),
+            float_scale: request.params.float_scale.map(qem_io::FloatScale),
         },
     )?;
     let t_open = t.elapsed().as_secs_f64();
@@ -405,6 +425,34 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
         seconds: t_open,
     }];
     let loaded = match (request.backend, planned.representation) {
+        (Backend::Cuda, representation) if src.needs_host_decode() => {
+            // The CUDA reader takes file bytes as they are; these need host decoding (a filter
+            // we decode on the CPU, byte order, float32, packed pixels): the CPU engine reads
+            // and plans the frames, and the result is uploaded.
+            admit(
+                (planned.scan_region.shape().len() * planned.plan.output_len()) as u64
+                    * planned.result_dtype.size() as u64,
+                request.params.memory_budget,
+            )?;
+            let l = qem_cpu::load_dense(
+                &src,
+                planned.scan_region,
+                &planned.plan,
+                LoadHooks {
+                    progress: request.progress,
+                },
+            )?;
+            let mut up = upload_host_frames(l.data, &planned, request, representation)?;
+            let mut t = l.timings;
+            t.push(StageTiming {
+                stage: "frames decoded on the host, then uploaded".into(),
+                seconds: 0.0,
+            });
+            t.extend(up.timings);
+            up.timings = t;
+            up.saturated = l.saturated;
+            up
+        }
         (Backend::Cpu, Representation::Dense) => {
             let l = qem_cpu::load_dense(
                 &src,
@@ -490,6 +538,19 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
         stage: "total (wall)".into(),
         seconds: t_total.elapsed().as_secs_f64(),
     });
+    let mut metadata = src.metadata.clone();
+    if let Some(h) = src.host_decode() {
+        metadata.extra.insert(
+            "host_decode".into(),
+            serde_json::Value::String(h.describe()),
+        );
+        if h.is_float() {
+            metadata.extra.insert(
+                "float_values_read_as_0".into(),
+                serde_json::Value::from(h.negatives_clamped()),
+            );
+        }
+    }
     let facts = SourceFacts {
         kind: src.kind.as_str(),
         chunk_index_digest: Some(src.chunk_index_digest()),
@@ -498,7 +559,7 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
         detector: src.detector_shape,
         dtype: src.dtype,
         bad_pixels: bad_count,
-        metadata: src.metadata.clone(),
+        metadata,
         files: src.files.clone(),
     };
     Ok(finish(
@@ -508,6 +569,63 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
         request.backend,
         Loaded { timings, ..loaded },
     ))
+}
+
+/// Upload frames decoded on the host (already cropped, binned and typed by `planned`) to the
+/// CUDA engine, and encode them there when `representation` is ENCODED.
+fn upload_host_frames(
+    data: DenseArray,
+    planned: &Planned,
+    request: Request<'_>,
+    representation: Representation,
+) -> Result<Loaded> {
+    let scan = planned.scan_region.shape();
+    let detector = planned.plan.output_shape();
+    let params = qem_cuda::GpuLoadParams {
+        scan_region: scan.full(),
+        detector: DetectorPlan::new(detector, None, 1)?,
+        result_dtype: planned.result_dtype,
+        saturate: false,
+        bad_mask: None,
+        memory_budget: request.params.memory_budget,
+        options: qem_cuda::PipelineOptions::default(),
+        progress: Some(request.progress),
+    };
+    let g = qem_cuda::load_array(&data, scan, detector, &params)?;
+    drop(data);
+    if representation == Representation::Dense {
+        return Ok(Loaded {
+            storage: Storage::CudaDense(g.array),
+            saturated: 0,
+            memory: Some(g.memory),
+            timings: g.timings,
+            codec: None,
+        });
+    }
+    let frame_bytes = planned.plan.output_len() * 2;
+    let opts = qem_cuda::EncodeOptions {
+        model: qem_cpu::model_params(),
+        sample_frames: crate::encode::sample_count(frame_bytes) as u64,
+        ..qem_cuda::EncodeOptions::default()
+    };
+    let en = qem_cuda::encode_device_array(&g.array, &opts)?;
+    let dense_bytes = g.array.nbytes();
+    drop(g.array);
+    let codec = crate::encode::codec_info_device(
+        &en.encoded,
+        opts.sample_frames.min(en.frames),
+        dense_bytes,
+        None,
+    );
+    let mut timings = g.timings;
+    timings.extend(en.timings);
+    Ok(Loaded {
+        storage: Storage::CudaEncoded(en.encoded),
+        saturated: 0,
+        memory: Some(en.memory),
+        timings,
+        codec: Some(codec),
+    })
 }
 
 pub(crate) fn device_of(backend: Backend) -> String {

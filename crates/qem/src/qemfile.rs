@@ -486,6 +486,21 @@ fn refuse(path: &Path, what: &str) -> Error {
 /// Load a `.qem` file: ENCODED on the CPU as stored, or decoded to a dense array.
 pub(crate) fn load_qem(path: &Path, request: Request<'_>) -> Result<Dataset> {
     let t_total = Instant::now();
+    // A saved .qem stays ENCODED on every backend unless the caller asks for DENSE (issue 21
+    // item 7): decoding it is the caller's choice, not the CPU engine's default.
+    let owned;
+    let request = if request.params.representation.is_none() {
+        let mut p = request.params.clone();
+        p.representation = Some(Representation::Encoded);
+        owned = p;
+        Request {
+            params: &owned,
+            representation: Representation::Encoded,
+            ..request
+        }
+    } else {
+        request
+    };
     if request.params.scan_region.is_some() {
         return Err(refuse(path, "scan_region"));
     }

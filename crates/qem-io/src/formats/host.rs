@@ -1,0 +1,423 @@
+//! Work done on the host between a frame's stored bytes and the little-endian integer counts
+//! the engines take: HDF5 filter pipelines we decode ourselves (deflate, shuffle, Fletcher-32,
+//! Zstd, LZ4 32004), 4-D chunks that cover several partial scan rows, byte order, float32 counts
+//! and big-endian Merlin pixels.
+//!
+//! A [`Source`](crate::Source) with a [`HostDecode`] presents itself to the engines as
+//! [`ChunkCodec::Raw`](crate::ChunkCodec::Raw): [`Source::read_chunk`](crate::Source::read_chunk)
+//! returns the decoded frames of a chunk record (`frames_in_chunk` frames, exactly). The CUDA
+//! engine reads chunk bytes straight from the files, so the façade decodes such sources with the
+//! CPU reader and uploads the frames (see `Source::needs_host_decode`).
+
+use crate::ChunkRecord;
+use qem_core::{Error, Result};
+use std::cell::RefCell;
+use std::io::Read;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const OP: &str = "decode";
+
+/// One HDF5 filter we undo on the host, in the order the writer applied them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum H5Filter {
+    /// Filter 1, zlib stream (`compression="gzip"`).
+    Deflate,
+    /// Filter 2, byte shuffle with this element size.
+    Shuffle(usize),
+    /// Filter 3, a 4-byte checksum appended to the chunk.
+    Fletcher32,
+    /// Filter 32015, one Zstandard frame.
+    Zstd,
+    /// Filter 32004, HDF5 LZ4 framing (decoded by `qem_codec::lz4_filter`).
+    Lz4,
+}
+
+impl H5Filter {
+    /// The filter for HDF5 filter `id` (and its element size for shuffle), if we decode it.
+    pub(crate) fn from_id(id: i32, cd_values: &[u32], elem: usize) -> Option<H5Filter> {
+        match id {
+            1 => Some(H5Filter::Deflate),
+            2 => Some(H5Filter::Shuffle(
+                cd_values.first().map_or(elem, |&e| e as usize).max(1),
+            )),
+            3 => Some(H5Filter::Fletcher32),
+            32015 => Some(H5Filter::Zstd),
+            32004 => Some(H5Filter::Lz4),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            H5Filter::Deflate => "deflate",
+            H5Filter::Shuffle(_) => "shuffle",
+            H5Filter::Fletcher32 => "fletcher32",
+            H5Filter::Zstd => "zstd",
+            H5Filter::Lz4 => "lz4",
+        }
+    }
+}
+
+/// How stored elements become the source's integer elements.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum ElemConv {
+    /// Stored as the engines want them.
+    Same,
+    /// Big-endian integers of this many bytes.
+    Swap(usize),
+    /// IEEE float32 (little- or big-endian): `round(value / scale)`, negatives to 0, as `u32`.
+    Float32 { scale: f64, big_endian: bool },
+}
+
+/// Several partial scan rows per chunk: a 4-D chunk `(a, b, k_r, k_c)` is presented to the
+/// engines as one record per scan row it touches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BlockGeom {
+    /// Scan rows per chunk.
+    pub rows: u64,
+    /// Scan columns per chunk.
+    pub cols: u64,
+    /// Scan columns of the dataset.
+    pub scan_cols: u64,
+}
+
+/// What to do to a chunk record's stored bytes.
+#[derive(Debug)]
+pub struct HostDecode {
+    pub(crate) filters: Vec<H5Filter>,
+    pub(crate) block: Option<BlockGeom>,
+    pub(crate) elem: ElemConv,
+    /// Bytes of one stored frame after the filters (before the element conversion).
+    pub(crate) stored_frame_bytes: usize,
+    /// Bytes of one decoded frame.
+    pub(crate) frame_bytes: usize,
+    /// Float values that rounded below zero and were read as 0.
+    negatives: AtomicU64,
+}
+
+impl HostDecode {
+    pub(crate) fn new(
+        filters: Vec<H5Filter>,
+        block: Option<BlockGeom>,
+        elem: ElemConv,
+        stored_frame_bytes: usize,
+        frame_bytes: usize,
+    ) -> HostDecode {
+        HostDecode {
+            filters,
+            block,
+            elem,
+            stored_frame_bytes,
+            frame_bytes,
+            negatives: AtomicU64::new(0),
+        }
+    }
+
+    /// The same decoding with its counters at zero (for a new open of the same files).
+    pub(crate) fn fresh(&self) -> HostDecode {
+        HostDecode::new(
+            self.filters.clone(),
+            self.block,
+            self.elem,
+            self.stored_frame_bytes,
+            self.frame_bytes,
+        )
+    }
+
+    /// True when the frames are float32 read as counts.
+    pub fn is_float(&self) -> bool {
+        matches!(self.elem, ElemConv::Float32 { .. })
+    }
+
+    /// A short description for provenance, e.g. `"hdf5 filters [shuffle, deflate]; float32 / 1"`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.filters.is_empty() {
+            let names: Vec<&str> = self.filters.iter().map(|f| f.name()).collect();
+            parts.push(format!("hdf5 filters [{}]", names.join(", ")));
+        }
+        if let Some(b) = self.block {
+            parts.push(format!(
+                "4-D chunks of {}x{} scan positions",
+                b.rows, b.cols
+            ));
+        }
+        match self.elem {
+            ElemConv::Same => {}
+            ElemConv::Swap(n) => parts.push(format!("big-endian {}-byte integers", n)),
+            ElemConv::Float32 { scale, .. } => parts.push(format!(
+                "float32 counts: round(value / {scale}), values below -0.5 read as 0"
+            )),
+        }
+        parts.join("; ")
+    }
+
+    /// Float values that rounded below zero and were read as 0, so far.
+    pub fn negatives_clamped(&self) -> u64 {
+        self.negatives.load(Ordering::Relaxed)
+    }
+
+    /// Decode the stored bytes of one record (`first_frame`, `frames` frames; `filter_mask` as
+    /// HDF5 reports it) into `out` (resized to `frames · frame_bytes`).
+    pub(crate) fn decode(
+        &self,
+        file: &Path,
+        rec: &ChunkRecord,
+        stored: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let (first_frame, frames, filter_mask) = (
+            rec.first_frame,
+            rec.frames_in_chunk as usize,
+            rec.filter_mask,
+        );
+        let err = |msg: String| {
+            Error::decode(OP, msg)
+                .with_file(file)
+                .with_frame(first_frame)
+        };
+        // Frames held by the stored unit (a whole 4-D block, or the record itself).
+        let (unit_frames, skip) = match self.block {
+            Some(b) => {
+                let row = first_frame / b.scan_cols.max(1);
+                (
+                    (b.rows * b.cols) as usize,
+                    ((row % b.rows) * b.cols) as usize,
+                )
+            }
+            None => (frames, 0),
+        };
+        let want = unit_frames
+            .checked_mul(self.stored_frame_bytes)
+            .ok_or_else(|| err("chunk size overflows".into()))?;
+        let emit = |unfiltered: &[u8], out: &mut Vec<u8>| -> Result<()> {
+            let a = skip * self.stored_frame_bytes;
+            let b = a + frames * self.stored_frame_bytes;
+            let part = unfiltered.get(a..b).ok_or_else(|| {
+                err(format!(
+                    "decoded chunk holds {} bytes, frames need {b}",
+                    unfiltered.len()
+                ))
+            })?;
+            self.convert(file, first_frame, part, out)
+        };
+        if self.filters.is_empty() {
+            if stored.len() != want {
+                return Err(err("stored chunk has the wrong size".into())
+                    .with_expected(format!("{want} bytes"))
+                    .with_found(format!("{} bytes", stored.len())));
+            }
+            return emit(stored, out);
+        }
+        if self.block.is_some() {
+            // The same block serves `rows` records in a row: keep the last one per thread.
+            let key = (self as *const HostDecode as usize, rec.file, rec.offset);
+            let hit = LAST_BLOCK.with(|c| {
+                let c = c.borrow();
+                match &*c {
+                    Some((k, bytes)) if *k == key => Some(emit(bytes, out)),
+                    _ => None,
+                }
+            });
+            if let Some(r) = hit {
+                return r;
+            }
+            let bytes = self.unfilter(file, first_frame, filter_mask, stored, want)?;
+            let r = emit(&bytes, out);
+            LAST_BLOCK.with(|c| *c.borrow_mut() = Some((key, bytes)));
+            return r;
+        }
+        let bytes = self.unfilter(file, first_frame, filter_mask, stored, want)?;
+        emit(&bytes, out)
+    }
+
+    /// Undo the filter pipeline (last applied first); a filter whose `filter_mask` bit is set was
+    /// skipped by the writer. The result must be exactly `want` bytes.
+    fn unfilter(
+        &self,
+        file: &Path,
+        frame: u64,
+        filter_mask: u32,
+        stored: &[u8],
+        want: usize,
+    ) -> Result<Vec<u8>> {
+        let err = |msg: String| Error::decode(OP, msg).with_file(file).with_frame(frame);
+        let mut cur: Vec<u8> = stored.to_vec();
+        for (i, f) in self.filters.iter().enumerate().rev() {
+            if i < 32 && filter_mask & (1 << i) != 0 {
+                continue;
+            }
+            cur = match *f {
+                H5Filter::Deflate => {
+                    let mut out = Vec::with_capacity(want);
+                    let mut d =
+                        flate2::read::ZlibDecoder::new(cur.as_slice()).take(want as u64 + 1);
+                    d.read_to_end(&mut out)
+                        .map_err(|e| err(format!("deflate stream is corrupt: {e}")))?;
+                    out
+                }
+                H5Filter::Zstd => {
+                    let mut out = Vec::with_capacity(want);
+                    let mut d = zstd_decoder(&cur).map_err(|e| err(format!("zstd: {e}")))?;
+                    (&mut d)
+                        .take(want as u64 + 1)
+                        .read_to_end(&mut out)
+                        .map_err(|e| err(format!("zstd frame is corrupt: {e}")))?;
+                    out
+                }
+                H5Filter::Lz4 => {
+                    let mut out = vec![0u8; want];
+                    qem_codec::lz4_filter::decode_chunk(&cur, &mut out)
+                        .map_err(|e| err(format!("HDF5 LZ4 (32004) chunk: {e}")))?;
+                    out
+                }
+                H5Filter::Fletcher32 => {
+                    if cur.len() < 4 {
+                        return Err(err("Fletcher-32 chunk shorter than its checksum".into()));
+                    }
+                    let n = cur.len() - 4;
+                    if fletcher32(&cur[..n])
+                        != u32::from_le_bytes([cur[n], cur[n + 1], cur[n + 2], cur[n + 3]])
+                    {
+                        return Err(err("Fletcher-32 checksum mismatch".into()));
+                    }
+                    cur.truncate(n);
+                    cur
+                }
+                H5Filter::Shuffle(es) => unshuffle(&cur, es),
+            };
+        }
+        if cur.len() != want {
+            return Err(err("decoded chunk has the wrong size".into())
+                .with_expected(format!("{want} bytes"))
+                .with_found(format!("{} bytes", cur.len())));
+        }
+        Ok(cur)
+    }
+
+    /// Stored element bytes of whole frames → the source's little-endian elements.
+    fn convert(&self, file: &Path, first_frame: u64, part: &[u8], out: &mut Vec<u8>) -> Result<()> {
+        out.clear();
+        match self.elem {
+            ElemConv::Same => out.extend_from_slice(part),
+            ElemConv::Swap(n) => {
+                out.extend_from_slice(part);
+                for e in out.chunks_exact_mut(n.max(1)) {
+                    e.reverse();
+                }
+            }
+            ElemConv::Float32 { scale, big_endian } => {
+                out.reserve(part.len());
+                let per_frame = self.stored_frame_bytes / 4;
+                let mut neg = 0u64;
+                for (i, b) in part.chunks_exact(4).enumerate() {
+                    let a = [b[0], b[1], b[2], b[3]];
+                    let v = if big_endian {
+                        f32::from_be_bytes(a)
+                    } else {
+                        f32::from_le_bytes(a)
+                    };
+                    let c = (f64::from(v) / scale).round();
+                    let n = if c.is_nan() || c > f64::from(u32::MAX) {
+                        let frame = first_frame + (i / per_frame.max(1)) as u64;
+                        return Err(Error::decode(
+                            OP,
+                            format!(
+                                "float32 value at pixel {} is not a count",
+                                i % per_frame.max(1)
+                            ),
+                        )
+                        .with_file(file)
+                        .with_frame(frame)
+                        .with_expected(format!("finite, round(value / {scale}) <= {}", u32::MAX))
+                        .with_found(format!("{v}")));
+                    } else if c < 0.0 {
+                        neg += 1;
+                        0
+                    } else {
+                        c as u32
+                    };
+                    out.extend_from_slice(&n.to_le_bytes());
+                }
+                if neg > 0 {
+                    self.negatives.fetch_add(neg, Ordering::Relaxed);
+                }
+            }
+        }
+        if out.len() != part.len() / self.stored_frame_bytes.max(1) * self.frame_bytes {
+            return Err(
+                Error::internal(OP, "element conversion produced the wrong size")
+                    .with_file(file)
+                    .with_frame(first_frame),
+            );
+        }
+        Ok(())
+    }
+}
+
+type BlockKey = (usize, u32, u64);
+
+thread_local! {
+    static LAST_BLOCK: RefCell<Option<(BlockKey, Vec<u8>)>> = const { RefCell::new(None) };
+}
+
+/// HDF5's shuffle filter undone: byte `j` of element `i` was stored at `j·n + i`; a tail of
+/// `len mod es` bytes is stored as it is.
+pub(crate) fn unshuffle(src: &[u8], es: usize) -> Vec<u8> {
+    if es <= 1 {
+        return src.to_vec();
+    }
+    let n = src.len() / es;
+    let mut out = vec![0u8; src.len()];
+    for j in 0..es {
+        let plane = &src[j * n..(j + 1) * n];
+        for (i, &b) in plane.iter().enumerate() {
+            out[i * es + j] = b;
+        }
+    }
+    out[n * es..].copy_from_slice(&src[n * es..]);
+    out
+}
+
+/// HDF5's Fletcher-32 (`H5_checksum_fletcher32`): 16-bit big-endian words, an odd last byte as
+/// the high byte of a word, sums folded with `(s & 0xffff) + (s >> 16)`.
+pub(crate) fn fletcher32(data: &[u8]) -> u32 {
+    let fold = |s: u32| (s & 0xffff) + (s >> 16);
+    let (mut s1, mut s2) = (0u32, 0u32);
+    let mut words = data.chunks_exact(2);
+    let mut k = 0;
+    for w in words.by_ref() {
+        s1 += (u32::from(w[0]) << 8) | u32::from(w[1]);
+        s2 += s1;
+        k += 1;
+        if k == 360 {
+            (s1, s2, k) = (fold(s1), fold(s2), 0);
+        }
+    }
+    (s1, s2) = (fold(s1), fold(s2));
+    if let [b] = words.remainder() {
+        s1 += u32::from(*b) << 8;
+        s2 += s1;
+        (s1, s2) = (fold(s1), fold(s2));
+    }
+    (s1, s2) = (fold(s1), fold(s2));
+    (s2 << 16) | s1
+}
+
+fn zstd_decoder(bytes: &[u8]) -> std::io::Result<impl Read + '_> {
+    ruzstd::decoding::StreamingDecoder::new(bytes)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unshuffle_inverts_the_layout() {
+        // u16 elements 0x0201, 0x0403, 0x0605 + one tail byte 7
+        let stored = [1u8, 3, 5, 2, 4, 6, 7];
+        assert_eq!(unshuffle(&stored, 2), vec![1, 2, 3, 4, 5, 6, 7]);
+    }
+}
