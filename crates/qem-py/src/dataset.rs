@@ -130,6 +130,32 @@ where
     run_watched(py, op, None, move |w| shared.read(|ds| work(ds, &w)))
 }
 
+/// [`run_on`] with the user's progress `callback` (`callback(stage, done, total)` on the calling
+/// thread): the engine passes inside `work` then run in blocks of frames and report as stage
+/// `label` ([`qem::progress::with_progress`]); without a callback this is [`run_on`].
+pub fn run_on_progress<T, F>(
+    py: Python<'_>,
+    dataset: &PyDataset,
+    op: &str,
+    callback: Option<Py<PyAny>>,
+    work: F,
+) -> PyResult<T>
+where
+    T: Send + 'static,
+    F: FnOnce(&qem::Dataset, &Watch) -> qem::Result<T> + Send + 'static,
+{
+    if callback.is_none() {
+        return run_on(py, dataset, op, work);
+    }
+    dataset.check_open(op)?;
+    let shared = Arc::clone(&dataset.shared);
+    let label = op.to_string();
+    run_watched(py, op, callback, move |w| {
+        let observer: Arc<dyn qem::Progress> = w.clone();
+        qem::progress::with_progress(observer, &label, || shared.read(|ds| work(ds, &w)))
+    })
+}
+
 fn numpy_dtype(py: Python<'_>, dtype: DType) -> Bound<'_, PyArrayDescr> {
     match dtype {
         DType::U8 => numpy::dtype::<u8>(py),

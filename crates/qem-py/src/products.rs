@@ -7,7 +7,7 @@
 //! so that the error names the expected and the found shape rather than a flat length.
 
 use crate::convert::{dense_to_numpy, grid, to_py};
-use crate::dataset::{run_on, PyDataset};
+use crate::dataset::{run_on, run_on_progress, PyDataset};
 use crate::errors::{to_pyerr, IntoPyResult};
 use numpy::{PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -145,27 +145,43 @@ fn detector_pattern<T: numpy::Element + Send + 'static>(
     dataset: PyRef<'_, PyDataset>,
     op: &str,
     reduce: fn(&qem::Dataset) -> qem::Result<Vec<T>>,
+    progress: Option<Py<PyAny>>,
 ) -> PyResult<Py<PyAny>> {
-    let v = run_on(py, &dataset, op, move |ds, _| reduce(ds))?;
+    let v = run_on_progress(py, &dataset, op, progress, move |ds, _| reduce(ds))?;
     grid(py, v, dataset.with(|ds| ds.detector_shape()))
 }
 
 /// Exact `u64` sum of every frame, `(k_r, k_c)`.
 #[pyfunction]
-fn detector_sum_dp(py: Python<'_>, dataset: PyRef<'_, PyDataset>) -> PyResult<Py<PyAny>> {
-    detector_pattern(py, dataset, "detector.sum_dp", detector::sum_dp)
+#[pyo3(signature = (dataset, progress = None))]
+fn detector_sum_dp(
+    py: Python<'_>,
+    dataset: PyRef<'_, PyDataset>,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<Py<PyAny>> {
+    detector_pattern(py, dataset, "detector.sum_dp", detector::sum_dp, progress)
 }
 
 /// Mean DP, `f32` `(k_r, k_c)`.
 #[pyfunction]
-fn detector_mean_dp(py: Python<'_>, dataset: PyRef<'_, PyDataset>) -> PyResult<Py<PyAny>> {
-    detector_pattern(py, dataset, "detector.mean_dp", detector::mean_dp)
+#[pyo3(signature = (dataset, progress = None))]
+fn detector_mean_dp(
+    py: Python<'_>,
+    dataset: PyRef<'_, PyDataset>,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<Py<PyAny>> {
+    detector_pattern(py, dataset, "detector.mean_dp", detector::mean_dp, progress)
 }
 
 /// Max DP, `u32` `(k_r, k_c)`.
 #[pyfunction]
-fn detector_max_dp(py: Python<'_>, dataset: PyRef<'_, PyDataset>) -> PyResult<Py<PyAny>> {
-    detector_pattern(py, dataset, "detector.max_dp", detector::max_dp)
+#[pyo3(signature = (dataset, progress = None))]
+fn detector_max_dp(
+    py: Python<'_>,
+    dataset: PyRef<'_, PyDataset>,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<Py<PyAny>> {
+    detector_pattern(py, dataset, "detector.max_dp", detector::max_dp, progress)
 }
 
 /// The BF disk fitted from the mean DP, as a dict.
@@ -329,16 +345,22 @@ fn mask_weights(mask: &Bound<'_, PyAny>, det: Shape2) -> PyResult<DetectorMask> 
 
 /// Virtual image of `mask` (`(k_r, k_c)`; `uint64`/`int64` exact, `float64` float), `(R_r, R_c)`.
 #[pyfunction]
+#[pyo3(signature = (dataset, mask, progress = None))]
 fn detector_virtual_image(
     py: Python<'_>,
     dataset: PyRef<'_, PyDataset>,
     mask: &Bound<'_, PyAny>,
+    progress: Option<Py<PyAny>>,
 ) -> PyResult<Py<PyAny>> {
     let (det, scan) = dataset.with(|ds| (ds.detector_shape(), ds.scan_shape()));
     let m = mask_weights(mask, det)?;
-    let img = run_on(py, &dataset, "detector.virtual_image", move |ds, _| {
-        detector::virtual_image(ds, &m)
-    })?;
+    let img = run_on_progress(
+        py,
+        &dataset,
+        "detector.virtual_image",
+        progress,
+        move |ds, _| detector::virtual_image(ds, &m),
+    )?;
     match img {
         VirtualImage::U64(v) => grid(py, v, scan),
         VirtualImage::F64(v) => grid(py, v, scan),
@@ -348,15 +370,18 @@ fn detector_virtual_image(
 /// One named detector image as a dict (`kind`, `image`, `inner_px`, `outer_px`, `disk`,
 /// `mask_pixels`, `provenance`); `geometry` as for [`Geometry`].
 #[pyfunction]
+#[pyo3(signature = (dataset, kind, geometry, progress = None))]
 fn detector_image<'py>(
     py: Python<'py>,
     dataset: PyRef<'py, PyDataset>,
     kind: &str,
     geometry: Geometry,
+    progress: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let kind = kind.parse::<DetectorKind>().py()?;
     let p = geometry.params()?;
-    let im = run_on(py, &dataset, "detector image", move |ds, _| {
+    let op = format!("detector.{}", kind.name());
+    let im = run_on_progress(py, &dataset, &op, progress, move |ds, _| {
         detector::detector_image(ds, kind, &p)
     })?;
     image_dict(py, im)
@@ -364,11 +389,13 @@ fn detector_image<'py>(
 
 /// Exact per-frame moments: dict `sum`, `m_row`, `m_col` (`u64` `(R_r, R_c)`).
 #[pyfunction]
+#[pyo3(signature = (dataset, progress = None))]
 fn detector_moments<'py>(
     py: Python<'py>,
     dataset: PyRef<'py, PyDataset>,
+    progress: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let m = run_on(py, &dataset, "detector.moments", |ds, _| {
+    let m = run_on_progress(py, &dataset, "detector.moments", progress, |ds, _| {
         detector::moments(ds)
     })?;
     moments_dict(py, m, dataset.with(|ds| ds.scan_shape()))
@@ -378,11 +405,13 @@ fn detector_moments<'py>(
 /// `max_dp`, `moments`, `com`, `disk` (each `None` unless asked), `provenance`; `geometry` as
 /// for [`Geometry`].
 #[pyfunction]
+#[pyo3(signature = (dataset, names, geometry, progress = None))]
 fn detector_products<'py>(
     py: Python<'py>,
     dataset: PyRef<'py, PyDataset>,
     names: Vec<String>,
     geometry: Geometry,
+    progress: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let which = names
         .iter()
@@ -390,7 +419,7 @@ fn detector_products<'py>(
         .collect::<qem::Result<Vec<_>>>()
         .py()?;
     let p = geometry.params()?;
-    let r = run_on(py, &dataset, "detector.products", move |ds, _| {
+    let r = run_on_progress(py, &dataset, "detector.products", progress, move |ds, _| {
         detector::products(ds, &which, &p)
     })?;
     let (scan, det) = dataset.with(|ds| (ds.scan_shape(), ds.detector_shape()));
@@ -419,15 +448,20 @@ fn detector_products<'py>(
 /// Centre of mass as a dict (`com_row`, `com_col` `f64` `(R_r, R_c)`, `zero_frames`,
 /// `centered`, `unit`, `provenance`).
 #[pyfunction]
-#[pyo3(signature = (dataset, centered = true))]
+#[pyo3(signature = (dataset, centered = true, progress = None))]
 fn dpc_center_of_mass<'py>(
     py: Python<'py>,
     dataset: PyRef<'py, PyDataset>,
     centered: bool,
+    progress: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let c = run_on(py, &dataset, "dpc.center_of_mass", move |ds, _| {
-        dpc::center_of_mass(ds, centered)
-    })?;
+    let c = run_on_progress(
+        py,
+        &dataset,
+        "dpc.center_of_mass",
+        progress,
+        move |ds, _| dpc::center_of_mass(ds, centered),
+    )?;
     com_dict(py, c)
 }
 
@@ -454,20 +488,25 @@ fn dpc_dict<'py>(py: Python<'py>, r: DpcResult) -> PyResult<Bound<'py, PyDict>> 
 
 /// DPC: CoM, rotation/transpose, sign, aligned field and phase, as a dict.
 #[pyfunction]
-#[pyo3(signature = (dataset, *, rotation_deg = None, transpose = None, edge = "periodic"))]
+#[pyo3(signature = (
+    dataset, *, rotation_deg = None, transpose = None, edge = "periodic", progress = None
+))]
 fn dpc_run<'py>(
     py: Python<'py>,
     dataset: PyRef<'py, PyDataset>,
     rotation_deg: Option<f64>,
     transpose: Option<bool>,
     edge: &str,
+    progress: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let p = DpcParams {
         rotation_deg,
         transpose,
         edge: edge.parse::<EdgeMode>().py()?,
     };
-    let r = run_on(py, &dataset, "dpc.run", move |ds, _| dpc::run(ds, &p))?;
+    let r = run_on_progress(py, &dataset, "dpc.run", progress, move |ds, _| {
+        dpc::run(ds, &p)
+    })?;
     dpc_dict(py, r)
 }
 

@@ -8,7 +8,7 @@
 //! so the messages here are the engine's own for anything that gets past it.
 
 use crate::convert::{grid, to_py};
-use crate::dataset::{run_on, PyDataset};
+use crate::dataset::{run_on_progress, PyDataset};
 use crate::errors::{to_pyerr, IntoPyResult};
 use crate::watch::run_watched;
 use numpy::ndarray::Array2;
@@ -214,7 +214,7 @@ impl PySsb {
     /// `result`, `provenance`). `None` budgets take the engine's defaults.
     #[pyo3(signature = (
         *, seed, fit, ranges = None, objective = "coherence", global_evals = None,
-        local_max_iter = None, local_starts = None, start = BTreeMap::new()
+        local_max_iter = None, local_starts = None, start = BTreeMap::new(), progress = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn fit<'py>(
@@ -228,6 +228,7 @@ impl PySsb {
         local_max_iter: Option<usize>,
         local_starts: Option<usize>,
         start: BTreeMap<String, f64>,
+        progress: Option<Py<PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let d = FitParams::default();
         let f = FitParams {
@@ -243,7 +244,19 @@ impl PySsb {
         self.check_fit_scan("ssb fit")?;
         let s = Arc::clone(&self.inner);
         let kind = f.objective;
-        let r = run_watched(py, "ssb fit", None, move |_| s.fit(&f))?;
+        let watched = progress.is_some();
+        let r = run_watched(py, "ssb fit", progress, move |w| {
+            if !watched {
+                return s.fit(&f);
+            }
+            // Objective evaluations, against an estimate the Nelder–Mead part may pass.
+            w.set("ssb fit", 0, f.evaluation_estimate() as u64);
+            let out = s.fit_with_progress(&f, &|done, total| {
+                w.set("ssb fit", done as u64, total as u64)
+            });
+            qem::Progress::end(w.as_ref());
+            out
+        })?;
         fit_dict(py, r, &fit, kind)
     }
 }
@@ -253,7 +266,7 @@ impl PySsb {
 #[pyo3(signature = (
     dataset, *, voltage_kv, semiangle_mrad, scan_step_a, det_sampling_mrad = None,
     rotation_deg = 0.0, compat_2alpha = false, bf_threshold = 0.0, memory_budget = None,
-    g_storage = None, engine = "auto"
+    g_storage = None, engine = "auto", progress = None
 ))]
 #[allow(clippy::too_many_arguments)]
 fn ssb_prepare(
@@ -269,6 +282,7 @@ fn ssb_prepare(
     memory_budget: Option<u64>,
     g_storage: Option<&str>,
     engine: &str,
+    progress: Option<Py<PyAny>>,
 ) -> PyResult<PySsb> {
     let engine = engine.parse::<qem::BackendRequest>().py()?;
     let g_storage = match g_storage {
@@ -294,7 +308,10 @@ fn ssb_prepare(
         g_storage,
         engine,
     };
-    let inner = run_on(py, &dataset, "ssb prepare", move |ds, _| Ssb::new(ds, &p))?;
+    // With a callback, the mean-DP pass of the BF-disk fit (when not cached) reports frames.
+    let inner = run_on_progress(py, &dataset, "ssb prepare", progress, move |ds, _| {
+        Ssb::new(ds, &p)
+    })?;
     Ok(PySsb {
         inner: Arc::new(inner),
         scan: dataset.with(|ds| ds.scan_shape()),

@@ -67,6 +67,27 @@ impl Watch {
     }
 }
 
+impl Watch {
+    /// Set the running stage's count and total (a total that grows as the work learns more,
+    /// e.g. the Nelder–Mead part of an SSB fit); starts the stage `what` if another runs.
+    pub fn set(&self, what: &str, done: u64, total: u64) {
+        let running = {
+            let mut st = self.stages();
+            match &mut st.current {
+                Some((name, t)) if name == what => {
+                    *t = total;
+                    true
+                }
+                _ => false,
+            }
+        };
+        if !running {
+            self.begin(what, total);
+        }
+        self.done.store(done, Ordering::Relaxed);
+    }
+}
+
 impl Progress for Watch {
     fn begin(&self, what: &str, total: u64) {
         let mut st = self.stages();

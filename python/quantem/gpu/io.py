@@ -7,13 +7,12 @@ regions are half-open ``(row_start, row_stop, col_start, col_stop)``.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from quantem.gpu import _args, _native
+from quantem.gpu import _args, _native, _progress
 from quantem.gpu._enums import DataRepresentation
 
 __all__ = [
@@ -31,20 +30,7 @@ Dataset = _native.Dataset
 #: The name users of quantem know for a GPU-resident dataset; the same class.
 Dataset4dstemGPU = Dataset
 
-ProgressCallback = Callable[[str, int, int], Any]
-
-
-class _TextProgress:
-    """``progress=True``: one updating line per stage on stderr."""
-
-    def __init__(self, stream=None):
-        self._stream = stream if stream is not None else sys.stderr
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        pct = f" {100.0 * done / total:5.1f}%" if total else ""
-        end = "\n" if total and done >= total else ""
-        self._stream.write(f"\r{stage}: {done}/{total}{pct}{end}")
-        self._stream.flush()
+ProgressCallback = _progress.ProgressCallback
 
 
 _OP_LOAD = "load"
@@ -98,21 +84,6 @@ def _dtype_name(dtype) -> str:
     return name
 
 
-def _progress_callback(progress) -> ProgressCallback | None:
-    if progress is None or progress is False:
-        return None
-    if progress is True:
-        return _TextProgress()
-    if callable(progress):
-        return progress
-    raise _args.wrong_type(
-        _OP_LOAD,
-        "progress must be None, a bool or a callable",
-        "None, True, False or progress(stage, done, total)",
-        progress,
-    )
-
-
 def load(
     source: str | os.PathLike[str] | np.ndarray,
     backend: str = "auto",
@@ -126,6 +97,7 @@ def load(
     memory_budget: int | None = None,
     progress: None | bool | ProgressCallback = None,
     dataset_path: str | None = None,
+    device: int | None = None,
     format: str | None = None,
     shape: Sequence[int] | None = None,
     raw_dtype: str | None = None,
@@ -174,11 +146,19 @@ def load(
     memory_budget : int, optional
         Upper bound in bytes for the loaded data (else :class:`~quantem.gpu.MemoryBudgetError`).
     progress : None, True or callable
-        ``True`` prints progress to stderr; a callable is called as
+        ``True`` draws a ``tqdm`` bar per stage with rate and ETA (``tqdm.auto``: the widget
+        in Jupyter, a text bar on standard error elsewhere); a callable is called as
         ``progress(stage, done, total)`` on the calling thread. An exception raised by it stops
         the load and propagates.
     dataset_path : str, optional
         Dataset inside a plain HDF5 file (when the file holds more than one candidate).
+    device : int, optional
+        CUDA device index (as this process sees it, after ``CUDA_VISIBLE_DEVICES``). A process
+        uses one GPU: the first load that touches CUDA fixes it, and a later load naming
+        another raises :class:`~quantem.gpu.InvalidArgumentError` (use one process, e.g. one
+        Dask worker, per GPU: ``docs/distributed.md``). With ``backend="auto"`` a device index
+        means CUDA; with ``"cpu"`` it is an ``InvalidArgumentError``; an index past the device
+        count is an ``InvalidArgumentError``, no usable GPU a ``BackendUnavailableError``.
     format : str, optional
         ``None`` recognises the file by its content; else one of ``"hdf5"`` (Dectris, plain
         HDF5, hyperspy ``.hspy``, py4DSTEM/emdfile), ``"qem"``, ``"npy"``, ``"raw"``, ``"mib"``,
@@ -223,21 +203,37 @@ def load(
         )
     if dataset_path is not None and not isinstance(dataset_path, str):
         raise _args.wrong_type(op, "dataset_path must be a str", "a str or None", dataset_path)
-    return _native.load(
-        src,
-        backend=_args.text(op, "backend", backend),
-        scan_shape=_args.shape2(op, "scan_shape", scan_shape),
-        scan_region=_args.region(op, "scan_region", scan_region),
-        detector_region=_args.region(op, "detector_region", detector_region),
-        det_bin=_args.integer(op, "det_bin", det_bin, minimum=1),
-        dtype=_dtype_name(dtype),
-        representation=_representation_name(representation),
-        apply_mask=_args.flag(op, "apply_mask", apply_mask),
-        memory_budget=_args.optional_integer(
-            op, "memory_budget", memory_budget, minimum=0, maximum=_args.U64_MAX
+    return _progress.run(
+        op,
+        progress,
+        lambda cb: _native.load(
+            src,
+            backend=_args.text(op, "backend", backend),
+            scan_shape=_args.shape2(op, "scan_shape", scan_shape),
+            scan_region=_args.region(op, "scan_region", scan_region),
+            detector_region=_args.region(op, "detector_region", detector_region),
+            det_bin=_args.integer(op, "det_bin", det_bin, minimum=1),
+            dtype=_dtype_name(dtype),
+            representation=_representation_name(representation),
+            apply_mask=_args.flag(op, "apply_mask", apply_mask),
+            memory_budget=_args.optional_integer(
+                op, "memory_budget", memory_budget, minimum=0, maximum=_args.U64_MAX
+            ),
+            progress=cb,
+            dataset_path=dataset_path,
+            device=_args.optional_integer(op, "device", device, minimum=0),
+            format=format,
+            shape=None if shape is None else [int(v) for v in shape],
+            raw_dtype=raw_dtype,
+            file_header_bytes=_args.integer(op, "file_header_bytes", file_header_bytes, minimum=0),
+            frame_header_bytes=_args.integer(
+                op, "frame_header_bytes", frame_header_bytes, minimum=0
+            ),
+            frame_footer_bytes=_args.integer(
+                op, "frame_footer_bytes", frame_footer_bytes, minimum=0
+            ),
+            float_scale=None if float_scale is None else float(float_scale),
         ),
-        progress=_progress_callback(progress),
-        dataset_path=dataset_path,
     )
 
 
@@ -295,3 +291,11 @@ def save(dataset: Dataset, path: str | os.PathLike[str]) -> dict[str, Any]:
     InvalidArgumentError, QuantemIOError
     """
     return _native.save(_args.dataset("save", dataset, "dataset"), _args.path("save", "path", path))
+
+
+# Datasets pickle as handles that reopen their source (``quantem.gpu.lazy``), and
+# ``io.load_lazy`` gives a dask.array decoded by the engine on compute; dask is imported only
+# when a lazy array is made.
+from quantem.gpu.lazy import load_lazy  # noqa: E402
+
+__all__ += ["load_lazy"]
