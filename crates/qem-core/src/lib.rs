@@ -5,6 +5,7 @@
 //! aperture) and the single [`Error`] type. It depends on nothing of ours; every crate
 //! may depend on it. Nothing here touches files, HDF5, CUDA or the terminal.
 
+pub mod calibration;
 pub mod dense;
 pub mod dtype;
 pub mod error;
@@ -17,6 +18,7 @@ pub mod provenance;
 pub mod reduce;
 pub mod stats;
 
+pub use calibration::{fit_disk_edge, DiskEdge};
 pub use dense::DenseArray;
 pub use dtype::{DType, DtypeRequest};
 pub use error::{parse_choice, Error, ErrorDetails, ErrorKind, Result};
