@@ -29,6 +29,7 @@ pub fn write_dpc(
     let (files, arrays, t_write) = write_scan_arrays(
         out,
         res.scan_shape,
+        ds.metadata().scan_step_a,
         &[
             ("com_row", &res.com_row),
             ("com_col", &res.com_col),

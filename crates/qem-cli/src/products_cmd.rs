@@ -7,7 +7,7 @@
 //! (raw min/max/mean/std and the display limits of the bar), the provenance and timings.
 
 use crate::args::{shape2, JobIo, ProductsArgs};
-use crate::output::{write_npy, write_png_with_bar, Display};
+use crate::output::{write_npy, write_png_annotated, Display, Sampling};
 use crate::print_out;
 use crate::progress::TermProgress;
 use anyhow::Context;
@@ -49,8 +49,9 @@ pub struct Written {
     pub entry: Value,
 }
 
-/// Write `name.npy` (values as `T`) and `name.png` (with a bar) for a 2-D array; returns its
-/// JSON entry (files, shape, dtype, raw statistics, display mapping).
+/// Write `name.npy` (values as `T`) and `name.png` (with a colour bar, and a scale bar of
+/// `sampling`) for a 2-D array; returns its JSON entry (files, shape, dtype, raw statistics,
+/// display mapping).
 pub fn write_array<T: crate::output::NpyElem>(
     out: &Path,
     name: &str,
@@ -58,11 +59,13 @@ pub fn write_array<T: crate::output::NpyElem>(
     as_f64: &[f64],
     shape: Shape2,
     log: bool,
+    sampling: Sampling<'_>,
 ) -> anyhow::Result<Written> {
     let npy = format!("{name}.npy");
     let png = format!("{name}.png");
     write_npy(&out.join(&npy), data, &[shape.rows, shape.cols])?;
-    let (stats, display): (_, Display) = write_png_with_bar(&out.join(&png), as_f64, shape, log)?;
+    let (stats, display): (_, Display) =
+        write_png_annotated(&out.join(&png), as_f64, shape, log, sampling)?;
     Ok(Written {
         files: vec![png.clone(), npy.clone()],
         entry: json!({
@@ -123,15 +126,17 @@ pub fn write_npy_only(
 pub fn write_scan_arrays(
     out: &Path,
     scan: Shape2,
+    step_a: Option<(f64, f64)>,
     pictured: &[(&str, &[f64])],
     npy_only: &[(&str, &[f64])],
 ) -> anyhow::Result<(Vec<String>, serde_json::Map<String, Value>, f64)> {
+    let sampling = scan_sampling(step_a);
     make_out_dir(out)?;
     let t = Instant::now();
     let mut files = Vec::new();
     let mut arrays = serde_json::Map::new();
     for &(name, v) in pictured {
-        let w = write_array(out, name, v, v, scan, false)?;
+        let w = write_array(out, name, v, v, scan, false, sampling)?;
         files.extend(w.files);
         arrays.insert(name.into(), w.entry);
     }
@@ -141,6 +146,28 @@ pub fn write_scan_arrays(
         arrays.insert(name.into(), w.entry);
     }
     Ok((files, arrays, t.elapsed().as_secs_f64()))
+}
+
+/// The scale bar of scan images: the column step in Å when known, else scan positions.
+pub fn scan_sampling(step_a: Option<(f64, f64)>) -> Sampling<'static> {
+    match step_a {
+        Some((_, col)) if col.is_finite() && col > 0.0 => Sampling {
+            size: col,
+            unit: "Å",
+        },
+        _ => Sampling::PIXELS,
+    }
+}
+
+/// The scale bar of detector images: mrad per pixel when known, else pixels.
+fn detector_sampling(mrad: Option<f64>) -> Sampling<'static> {
+    match mrad {
+        Some(m) if m.is_finite() && m > 0.0 => Sampling {
+            size: m,
+            unit: "mrad",
+        },
+        _ => Sampling::PIXELS,
+    }
 }
 
 fn dtype_name<T: crate::output::NpyElem>() -> &'static str {
@@ -217,11 +244,25 @@ pub fn write_products(
     let t = Instant::now();
     let scan = ds.scan_shape();
     let det = ds.detector_shape();
+    let scan_bar = scan_sampling(ds.metadata().scan_step_a);
+    let det_bar = detector_sampling(
+        params
+            .det_sampling_mrad
+            .or(ds.metadata().angular_sampling_mrad.map(|(_, c)| c)),
+    );
     let mut files = Vec::new();
     let mut entries = serde_json::Map::new();
     for im in &prods.images {
         let name = im.kind.to_string();
-        let w = write_array(out, &name, &im.image, &u64_f64(&im.image), scan, false)?;
+        let w = write_array(
+            out,
+            &name,
+            &im.image,
+            &u64_f64(&im.image),
+            scan,
+            false,
+            scan_bar,
+        )?;
         let mut e = w.entry;
         e["inner_px"] = json!(im.inner_px);
         // JSON has no infinity: DF's open outer bound is null.
@@ -237,17 +278,17 @@ pub fn write_products(
         entries.insert(name, e);
     }
     if let Some(v) = &prods.sum_dp {
-        let w = write_array(out, "sum_dp", v, &u64_f64(v), det, true)?;
+        let w = write_array(out, "sum_dp", v, &u64_f64(v), det, true, det_bar)?;
         files.extend(w.files);
         entries.insert("sum_dp".into(), w.entry);
     }
     if let Some(v) = &prods.mean_dp {
-        let w = write_array(out, "mean_dp", v, &to_f64(v), det, true)?;
+        let w = write_array(out, "mean_dp", v, &to_f64(v), det, true, det_bar)?;
         files.extend(w.files);
         entries.insert("mean_dp".into(), w.entry);
     }
     if let Some(v) = &prods.max_dp {
-        let w = write_array(out, "max_dp", v, &to_f64(v), det, true)?;
+        let w = write_array(out, "max_dp", v, &to_f64(v), det, true, det_bar)?;
         files.extend(w.files);
         entries.insert("max_dp".into(), w.entry);
     }
@@ -258,7 +299,7 @@ pub fn write_products(
             ("moments_m_row", &m.m_row),
             ("moments_m_col", &m.m_col),
         ] {
-            let w = write_array(out, name, v, &u64_f64(v), scan, false)?;
+            let w = write_array(out, name, v, &u64_f64(v), scan, false, scan_bar)?;
             files.extend(w.files);
             e.insert(name.into(), w.entry);
         }
@@ -267,7 +308,7 @@ pub fn write_products(
     if let Some(c) = &prods.com {
         let mut e = serde_json::Map::new();
         for (name, v) in [("com_row", &c.com_row), ("com_col", &c.com_col)] {
-            let w = write_array(out, name, v, v, scan, false)?;
+            let w = write_array(out, name, v, v, scan, false, scan_bar)?;
             files.extend(w.files);
             e.insert(name.into(), w.entry);
         }

@@ -80,6 +80,7 @@ pub fn write_ssb(
     let (files, arrays, t_write) = write_scan_arrays(
         out,
         res.scan_shape,
+        Some(params.scan_step_a),
         &[
             ("phase", &res.phase),
             ("weak_phase", &res.weak_phase),

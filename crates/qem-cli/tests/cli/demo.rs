@@ -20,8 +20,9 @@ fn demo_writes_images_and_a_sane_report_then_inspect_sees_it() {
     ] {
         let (w, h) = png_size(&out.join(format!("{name}.png")));
         assert!(w.min(h) >= 256, "{name}: {w} x {h}");
-        // The 48 x 40 scan, upscaled 7x, then the scale bar (8 + 16 pixels).
-        assert_eq!((w, h), (40 * 7 + 24, 48 * 7), "{name}");
+        // The 48 x 40 scan, upscaled 7x, then the colour bar with its labels (120 pixels) and
+        // the scale-bar strip below (32).
+        assert_eq!((w, h), (40 * 7 + 120, 48 * 7 + 32), "{name}");
         let shape = npy_shape(&out.join(format!("{name}.npy")));
         assert_eq!(shape, vec![48, 40], "{name}");
     }

@@ -116,7 +116,7 @@ fn dpc_recovers_a_known_rotation_and_writes_its_files() {
         for name in ["com_row", "com_col", "phase"] {
             let (w, h) = png_size(&out.join(format!("{name}.png")));
             let s = 256u32.div_ceil(15);
-            assert_eq!((w, h), (17 * s + 24, 15 * s), "{name}");
+            assert_eq!((w, h), (17 * s + 120, 15 * s + 32), "{name}");
             assert_eq!(rec["arrays"][name]["dtype"], "float64");
         }
         let (shape, phase) = npy_f64(&out.join("phase.npy"));

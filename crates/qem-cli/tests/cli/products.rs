@@ -68,7 +68,8 @@ fn products_writes_exact_arrays_pngs_and_json() {
         assert!(e["display"]["hi"].as_f64().unwrap() >= e["display"]["lo"].as_f64().unwrap());
         let (w, h) = png_size(&out.join(format!("{name}.png")));
         let scale = 256u32.div_ceil(5);
-        assert_eq!((w, h), (7 * scale + 24, 5 * scale), "{name}");
+        // The colour bar with its labels (120 pixels) and the scale-bar strip (32).
+        assert_eq!((w, h), (7 * scale + 120, 5 * scale + 32), "{name}");
     }
     assert_eq!(rec["products"]["df"]["outer_px"], Value::Null);
 
@@ -99,6 +100,15 @@ fn products_writes_exact_arrays_pngs_and_json() {
         .collect();
     assert_eq!(got, max);
     assert_eq!(rec["products"]["sum_dp"]["display"]["scale"], "log1p");
+    // No calibration in this source: the scale bars count samples, ticks label the colour bar.
+    assert_eq!(
+        rec["products"]["sum_dp"]["display"]["scale_bar"]["unit"],
+        "px"
+    );
+    assert!(!rec["products"]["sum_dp"]["display"]["ticks"]
+        .as_array()
+        .unwrap()
+        .is_empty());
 
     // Centre of mass (centred, zero frames counted).
     let (mut mr, mut mc) = (vec![0.0; n], vec![0.0; n]);
