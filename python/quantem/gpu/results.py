@@ -34,7 +34,7 @@ import numpy as np
 
 from quantem.gpu import _args
 
-__all__ = ["Axis", "nice_scale_bar", "save"]
+__all__ = ["Axis", "add_scale_bar", "nice_scale_bar", "save"]
 
 #: Units written for each axis unit in EMD files (py4DSTEM's spelling; rosettasciio reads
 #: ``"A"`` as Å).
@@ -221,6 +221,31 @@ def nice_scale_bar(
     base = 10.0 ** math.floor(math.log10(target))
     length = next(m * base for m in (5.0, 2.0, 1.0) if m * base <= target * (1 + 1e-9))
     return length, length / scale, _bar_label(length, units)
+
+
+def add_scale_bar(ax: Any, axis: Axis, *, fraction: float = 0.2, color: str = "white") -> Any:
+    """Draw a :func:`nice_scale_bar` for ``axis`` (the image's column axis) on the matplotlib
+    axes ``ax`` showing the image with ``imshow`` (one data unit per sample); returns the
+    artist (matplotlib's ``AnchoredSizeBar``, over the lower-left corner of the image).
+
+    The ``.show()`` helpers call it with the result's ``axes[1]``; pair it with
+    ``fig.colorbar`` for the values.
+    """
+    from mpl_toolkits.axes_grid1.anchored_artists import AnchoredSizeBar
+
+    _, length_px, label = nice_scale_bar(axis.scale, axis.units, axis.size, fraction)
+    bar = AnchoredSizeBar(
+        ax.transData,
+        length_px,
+        label,
+        "lower left",
+        pad=0.4,
+        color=color,
+        frameon=False,
+        size_vertical=max(axis.size / 100.0, 0.5),
+    )
+    ax.add_artist(bar)
+    return bar
 
 
 def _bar_label(length: float, units: str) -> str:
