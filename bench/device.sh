@@ -30,6 +30,9 @@
 #   serve     the browse service's latency on the reference (serve-latency: the server in-process,
 #             HTTP over loopback, ENCODED resident): virtual images, frames, binned frames, a
 #             scan-ROI DP and a 20-per-second drag → h200_serve_latency.json
+#   startup   first-use costs through the Python API, each in a fresh process (bench/startup.py):
+#             import, first io.load, first detector.products and dpc.run, with NVRTC and an
+#             empty kernel cache, the cache warm, then with the shipped kernels → h200_startup.json
 #   all       checks load products ssb sanitize soak (longer than one 10-minute call: the steps
 #             past STEP_BUDGET are skipped and say so)
 #
@@ -187,6 +190,13 @@ print({k: v.get("ok") for k, v in rec.items() if isinstance(v, dict)})
 PY
 }
 
+mode_startup() { # issue 23: no compile on first use (bench/startup.py; four fresh processes)
+  acquisition /tmp/ref
+  step "startup (fresh processes)" startup.log timeout 400 python3 bench/startup.py "$REF" --out "$R/startup.json"
+  cat "$R/startup.log"
+  record "$R/startup.json" h200_startup.json
+}
+
 mode_serve() { # issue 19: the browse service's round trips on the 512² reference
   acquisition /tmp/ref
   step "serve latency (ENCODED)" serve_latency.log timeout 300 "$D/serve-latency" --source "$REF" --backend cuda \
@@ -197,7 +207,7 @@ mode_serve() { # issue 19: the browse service's round trips on the 512² referen
 modes=("$@")
 [ "${modes[*]}" = all ] && modes=(checks load products ssb sanitize soak)
 for m in "${modes[@]}"; do
-  case $m in checks|load|products|ssb|sanitize|profile|soak|serve) ;; *) echo "unknown mode: $m" >&2; usage ;; esac
+  case $m in checks|load|products|ssb|sanitize|profile|soak|serve|startup) ;; *) echo "unknown mode: $m" >&2; usage ;; esac
 done
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; cat /proc/loadavg
   echo "revision $QEM_GIT_REVISION; modes ${modes[*]}"; } > "$R/machine.txt" 2>&1

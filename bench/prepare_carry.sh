@@ -34,7 +34,9 @@ for l in sys.stdin:
 cp "$(test_binary ssb)" "$D/ssb_tests"
 cp "$(test_binary every_engine)" "$D/every_engine_tests"
 strip "$D"/qem-cuda-* "$D"/serve-latency "$D"/cuda_products_bench "$D"/ssb_cuda_bench "$D"/ssb_tests "$D"/every_engine_tests
-rm -rf dist && python3 -m maturin build --release --quiet -o dist
+# The wheel ships compiled kernels (crates/qem-cuda/build.rs; NVRTC from PyPI, no GPU needed).
+QEM_NVRTC=${QEM_NVRTC:-$(scripts/fetch_nvrtc.sh)}
+rm -rf dist && QEM_NVRTC=$QEM_NVRTC QEM_SHIP_KERNELS=require python3 -m maturin build --release --quiet -o dist
 python3 -m pip install --quiet --no-deps --no-compile --target "$D/site" dist/quantem_gpu-*.whl
 # The console script's interpreter as the device has it (pip wrote this machine's).
 sed -i '1s|^#!.*python.*$|#!/usr/bin/env python3|' "$D/site/bin/quantem-gpu"

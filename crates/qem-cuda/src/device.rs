@@ -194,7 +194,9 @@ pub fn libraries_present() -> Result<()> {
     }
     // SAFETY: as above, for libnvrtc.
     let nvrtc = unsafe { cudarc::nvrtc::sys::is_culib_present() };
-    if !nvrtc {
+    // With shipped kernels NVRTC is needed only for modules outside the pack (their load
+    // reports a missing NVRTC then).
+    if !nvrtc && !crate::shipped::available() {
         return Err(Error::backend_unavailable(
             "cuda",
             "libnvrtc not found: install the CUDA runtime compiler (libnvrtc.so.13 / .12) or add \

@@ -6,7 +6,8 @@
 //! * [`device`]: finding the driver, NVRTC and a device without ever panicking
 //!   ([`device::probe`], [`device::Gpu`]), with provenance strings;
 //! * [`nvrtc`]: compiling the embedded `kernels/*.cu` sources to CUBIN for the present device,
-//!   cached in memory and on disk per (source, arch, defines, NVRTC version);
+//!   cached in memory and on disk per (source, arch, defines, NVRTC version), after the
+//!   [`shipped`] kernels compiled at build time (no NVRTC, no compile on first use);
 //! * [`bslz4`]: the batched bitshuffle/LZ4 (HDF5 filter 32008) decoder: host-side planning
 //!   from the CPU parser's block table ([`bslz4::Bslz4Batch`]), upload, launch and typed
 //!   error reporting ([`bslz4::DeviceBatch`]);
@@ -31,6 +32,7 @@ pub mod mem;
 pub mod nvrtc;
 pub mod products;
 pub mod rans;
+pub mod shipped;
 pub mod ssb;
 pub mod transform;
 

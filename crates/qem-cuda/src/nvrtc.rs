@@ -8,6 +8,11 @@
 //! `~/.cache/quantem-gpu/kernels`; files are written atomically (temp file + rename) and a file
 //! that fails to load is recompiled and replaced. Cache write failures are not errors (they are
 //! reported in [`ModuleInfo::cache_note`]).
+//!
+//! Before all of that, [`load_module`] looks in the kernels shipped inside the library
+//! ([`crate::shipped`], compiled at build time): a module found there is loaded without NVRTC
+//! and without the disk. `QEM_KERNEL_LOG=path` appends one JSON line per module load (name,
+//! defines, source, milliseconds) to `path`, so a run can show which modules were compiled.
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -26,6 +31,8 @@ use crate::device::{driver_error, guard, nvrtc_present, nvrtc_version, Gpu};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CacheSource {
+    /// Shipped inside the library (compiled at build time, [`crate::shipped`]).
+    Shipped,
     /// This process compiled it before.
     Memory,
     /// Read from the disk cache.
@@ -224,20 +231,112 @@ fn looks_like_cubin(b: &[u8]) -> bool {
     b.len() > 64 && b.starts_with(b"\x7fELF")
 }
 
-/// Load kernel source `name`/`src` for `gpu`'s device, from the memory cache, the disk cache,
-/// or a fresh NVRTC compile (in that order).
+/// Load the shipped module for `name`/`src`/`defines`, if the pack has one for `gpu`'s
+/// device and the driver loads it (else `None`, with the driver's refusal as a note).
+fn load_shipped(
+    gpu: &Gpu,
+    name: &str,
+    src: &str,
+    defines: &[(&str, &str)],
+    t0: Instant,
+) -> (Option<LoadedModule>, Option<String>) {
+    let arch = gpu.info().arch.clone();
+    let Some(s) = crate::shipped::find(name, src, defines, &arch) else {
+        return (None, None);
+    };
+    let bytes = s.image.len();
+    let image = if s.ptx {
+        Ptx::from_src(String::from_utf8_lossy(&s.image).into_owned())
+    } else {
+        Ptx::from_binary(s.image)
+    };
+    match gpu.ctx().load_module(image) {
+        Err(e) => (
+            None,
+            Some(format!(
+                "the shipped {} ({}) failed to load ({e}); compiled instead",
+                s.target, s.key
+            )),
+        ),
+        Ok(module) => (
+            Some(LoadedModule {
+                module,
+                info: ModuleInfo {
+                    name: name.to_string(),
+                    arch,
+                    defines: defines.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+                    key: s.key,
+                    source: CacheSource::Shipped,
+                    compile_ms: 0.0,
+                    total_ms: t0.elapsed().as_secs_f64() * 1e3,
+                    cubin_bytes: bytes,
+                    cache_path: None,
+                    compile_log: String::new(),
+                    cache_note: Some(format!("shipped {}", s.target)),
+                },
+            }),
+            None,
+        ),
+    }
+}
+
+/// Append `info` as one JSON line to `$QEM_KERNEL_LOG`, when set (errors are ignored: the log
+/// is a measuring aid).
+fn log_load(info: &ModuleInfo) {
+    let Some(path) = std::env::var_os("QEM_KERNEL_LOG").filter(|p| !p.is_empty()) else {
+        return;
+    };
+    let line = serde_json::json!({
+        "name": info.name,
+        "arch": info.arch,
+        "defines": info.defines,
+        "source": info.source,
+        "compile_ms": info.compile_ms,
+        "total_ms": info.total_ms,
+        "bytes": info.cubin_bytes,
+        "note": info.cache_note,
+    });
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        use std::io::Write;
+        let _ = writeln!(f, "{line}");
+    }
+}
+
+/// Load kernel source `name`/`src` for `gpu`'s device, from the shipped kernels, the memory
+/// cache, the disk cache, or a fresh NVRTC compile (in that order).
 pub fn load_module(
     gpu: &Gpu,
     name: &str,
     src: &str,
     defines: &[(&str, &str)],
 ) -> Result<LoadedModule> {
+    let r = load_module_inner(gpu, name, src, defines);
+    if let Ok(m) = &r {
+        log_load(&m.info);
+    }
+    r
+}
+
+fn load_module_inner(
+    gpu: &Gpu,
+    name: &str,
+    src: &str,
+    defines: &[(&str, &str)],
+) -> Result<LoadedModule> {
     let t0 = Instant::now();
+    let (shipped, shipped_note) = load_shipped(gpu, name, src, defines, t0);
+    if let Some(m) = shipped {
+        return Ok(m);
+    }
     let arch = gpu.info().arch.clone();
     let key = cache_key(name, src, &arch, defines, nvrtc_version()?);
     let stem = name.trim_end_matches(".cu");
     let cache_path = cache_dir().map(|d| d.join(format!("{stem}-{arch}-{key}.cubin")));
-    let mut note = None;
+    let mut note = shipped_note;
     let mut compile_ms = 0.0;
     let mut compile_log = String::new();
 

@@ -1,0 +1,23 @@
+// The key of a shipped kernel module, shared by `build.rs` (through `include!`) and the crate
+// (`shipped::find`), so the two cannot drift apart. Plain items only (no inner docs): this file
+// is pasted into both.
+
+/// The shipped-module key: 64-bit FNV-1a over the module name, the exact source text NVRTC
+/// compiles and the defines as sorted `NAME=VALUE` strings (sorted, so the order a wrapper lists
+/// them in does not matter). The target (`sm_90`, PTX) is not part of it: one key has one entry
+/// per target.
+pub fn shipped_key(name: &str, src: &str, defines: &[(&str, &str)]) -> u64 {
+    let mut d: Vec<String> = defines.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    d.sort();
+    let d = d.join(" ");
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in [name.as_bytes(), src.as_bytes(), d.as_bytes()] {
+        for &b in p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h ^= 0xff; // part separator
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
