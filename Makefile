@@ -34,4 +34,5 @@ test-python: wheel
 test: lint test-rust test-python
 
 bench-cpu: build
-	./target/release/quantem-gpu bench load --h5py --out bench/results
+	$(CARGO) build --release -p qem-bench --bin qem-bench
+	./target/release/qem-bench load --h5py --out bench/results

@@ -11,7 +11,7 @@
 #             CUDA arms); the GPU-facing pytest files (PYTEST_FILES, or "all")
 #   load      the 512² × 192² reference acquisition: qem-cuda-load-check (dense, every frame =
 #             CPU), qem-cuda-rans-check (ENCODED load, every frame hash = CPU, .qem round trip),
-#             `quantem-gpu bench load --backend cuda --cpu-check` (the façade); CUPY=1 adds a
+#             `qem-bench load --backend cuda --cpu-check` (the façade); CUPY=1 adds a
 #             run with --cupy (h5py + hdf5plugin + cupy.asarray, ~2 min)
 #   products  qem-cuda-products-check on the reference (ENCODED and dense, GPU = CPU), the
 #             façade bench (cuda_products_bench: products, dpc.run), CuPy on the same dense array
@@ -98,10 +98,10 @@ mode_load() {
   step "encoded load (rans check)" load_encoded.log timeout 150 "$D/qem-cuda-rans-check" --load "$REF" --repeats 5 --qem /tmp/ref.qem --out "$R/load_encoded"
   rm -f /tmp/ref.qem
   record "$R/load_encoded/rans_check.json" h200_load_encoded.json
-  step "facade bench load" load_facade.log timeout 150 quantem-gpu bench load --backend cuda --source "$REF" --repeats 7 --cpu-check --out "$R/load_facade"
+  step "facade bench load" load_facade.log timeout 150 "$D/qem-bench" load --backend cuda --source "$REF" --repeats 7 --cpu-check --out "$R/load_facade"
   record "$R/load_facade/cuda_load_*.json" h200_load_encoded_facade.json
   if [ "${CUPY:-0}" = 1 ]; then
-    step "facade bench load + h5py/CuPy" load_cupy.log timeout 300 quantem-gpu bench load --backend cuda --source "$REF" --repeats 5 --warmup 1 --cpu-check --cupy --out "$R/load_cupy"
+    step "facade bench load + h5py/CuPy" load_cupy.log timeout 300 "$D/qem-bench" load --backend cuda --source "$REF" --repeats 5 --warmup 1 --cpu-check --cupy --out "$R/load_cupy"
   fi
   grep -hE "p50|PASS|FAIL|mismatch" "$R"/load_*.log | head -20
 }

@@ -19,7 +19,7 @@ D=device_carry
 rm -rf "$D" && mkdir -p "$D/tests" "$D/site" "$D/h5p"
 cargo build --release -q -p qem-bench --bins
 cargo build --release -q -p qem-bench --example cuda_products_bench --example ssb_cuda_bench
-for b in qem-cuda-check qem-cuda-load-check qem-cuda-products-check qem-cuda-rans-check serve-latency; do
+for b in qem-bench qem-cuda-check qem-cuda-load-check qem-cuda-products-check qem-cuda-rans-check serve-latency; do
   cp "target/release/$b" "$D/"
 done
 cp target/release/examples/cuda_products_bench target/release/examples/ssb_cuda_bench "$D/"
@@ -33,7 +33,7 @@ for l in sys.stdin:
 }
 cp "$(test_binary ssb)" "$D/ssb_tests"
 cp "$(test_binary every_engine)" "$D/every_engine_tests"
-strip "$D"/qem-cuda-* "$D"/serve-latency "$D"/cuda_products_bench "$D"/ssb_cuda_bench "$D"/ssb_tests "$D"/every_engine_tests
+strip "$D"/qem-bench "$D"/qem-cuda-* "$D"/serve-latency "$D"/cuda_products_bench "$D"/ssb_cuda_bench "$D"/ssb_tests "$D"/every_engine_tests
 # The wheel ships compiled kernels (crates/qem-cuda/build.rs; NVRTC from PyPI, no GPU needed).
 QEM_NVRTC=${QEM_NVRTC:-$(scripts/fetch_nvrtc.sh)}
 rm -rf dist && QEM_NVRTC=$QEM_NVRTC QEM_SHIP_KERNELS=require python3 -m maturin build --release --quiet -o dist

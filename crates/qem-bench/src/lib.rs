@@ -2,10 +2,15 @@
 //!
 //! The engines (`qem-cpu`, `qem-cuda`) depend only on the vocabulary, codec and IO crates; what
 //! compares one engine with the other, generates test data or times a stage lives here, so no
-//! engine has to depend on the other or on the simulator. It may depend on every crate of the
-//! workspace except `qem-cli` and `qem-py`; nothing depends on it. (The CLI's `bench load` and
-//! `generate-reference` still live in `qem-cli`, which alone may use `anyhow`.)
+//! engine has to depend on the other or on the simulator, and the user's command line
+//! (`qem-cli`) holds no benchmark. It may depend on every crate of the workspace except
+//! `qem-py`; it uses `qem-cli` only for the conventions every command shares
+//! (`qem_cli::shared`: exit codes, the quoted command line, printing). Nothing depends on it.
 //!
+//! * `src/main.rs` and [`cli`]: the `qem-bench` command: `qem-bench load` (time loading an
+//!   acquisition on the CPU against h5py, or an existing one on any backend with `--cpu-check`
+//!   and `--cupy`) and `qem-bench generate-reference DIR` (the 512² × 192² reference
+//!   acquisition); [`machine`] stamps their records.
 //! * `src/bin/`: the GPU check binaries, each the CPU engine against the CUDA engine case by
 //!   case, with timings, written as JSON (`bench/device.sh` runs them):
 //!   `qem-cuda-check` (bitshuffle/LZ4 kernel), `qem-cuda-load-check` (dense load),
@@ -17,6 +22,9 @@
 //!   plan), `decode_speed`, `pair_study`, `rans_ratio` (codec studies).
 //!
 //! Benchmarks print a table and write JSON; none asserts a time.
+
+pub mod cli;
+pub mod machine;
 
 use std::path::Path;
 

@@ -77,6 +77,7 @@ pub fn git_revision() -> String {
 }
 
 /// When and where a benchmark or generator record was made.
+#[derive(Debug, Clone)]
 pub struct RecordStamp {
     /// UTC date, `YYYY-MM-DD`.
     pub date: String,

@@ -1,9 +1,31 @@
-//! `bench`: the tiny load benchmark record, `generate-reference` then a source benchmark against
-//! the CPU engine, and the CuPy snippet's checksums (with a NumPy stand-in).
+//! End-to-end tests of the `qem-bench` binary: the tiny load benchmark record,
+//! `generate-reference` then a source benchmark against the CPU engine, and the CuPy snippet's
+//! checksums (with a NumPy stand-in).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::{code, json_stdout, qg, stderr};
 use serde_json::Value;
-use std::process::Command;
+use std::process::{Command, Output};
+
+fn qb(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_qem-bench"))
+        .args(args)
+        .output()
+        .expect("run qem-bench")
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().expect("exit code")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// stdout parsed as JSON (the test fails with stdout and stderr shown when it is not).
+fn json_stdout(o: &Output) -> Value {
+    let parsed = serde_json::from_slice(&o.stdout);
+    parsed.unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {o:?}"))
+}
 
 #[test]
 fn tiny_bench_load_writes_a_record() {
@@ -13,7 +35,6 @@ fn tiny_bench_load_writes_a_record() {
         .output()
         .is_ok_and(|o| o.status.success());
     let mut args = vec![
-        "bench",
         "load",
         "--scan",
         "5",
@@ -30,7 +51,7 @@ fn tiny_bench_load_writes_a_record() {
     if with_h5py {
         args.push("--h5py");
     }
-    let o = qg(&args);
+    let o = qb(&args);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("quantem-gpu (cpu)"), "{text}");
@@ -62,7 +83,7 @@ fn generate_reference_then_bench_the_source_against_the_cpu_engine() {
     let acq = dir.path().join("ref");
     let acq_s = acq.to_str().unwrap();
     // Rectangular scan (recorded in the master), u32 frames, shards of 7 frames.
-    let o = qg(&[
+    let o = qb(&[
         "generate-reference",
         acq_s,
         "--scan",
@@ -86,14 +107,11 @@ fn generate_reference_then_bench_the_source_against_the_cpu_engine() {
     assert!(acq.join("reference_acquisition.json").exists());
     let master = acq.join("scan_master.h5");
 
-    let o = qg(&["inspect", master.to_str().unwrap(), "--json"]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let i = json_stdout(&o);
-    assert_eq!(i["bad_pixels"], 2, "{i}");
+    let i = qem::inspect(&master, None).unwrap();
+    assert_eq!(i.bad_pixels, Some(2), "{i:?}");
 
     let out = dir.path().join("results");
-    let o = qg(&[
-        "bench",
+    let o = qb(&[
         "load",
         "--source",
         master.to_str().unwrap(),
@@ -128,12 +146,12 @@ fn generate_reference_then_bench_the_source_against_the_cpu_engine() {
     assert_eq!(files.len(), 1);
 
     // A backend other than cpu without --source is a usage error naming --source.
-    let o = qg(&["bench", "load", "--backend", "cuda"]);
+    let o = qb(&["load", "--backend", "cuda"]);
     assert_ne!(code(&o), 0);
     assert!(stderr(&o).contains("--source"), "{}", stderr(&o));
 }
 
-/// A NumPy stand-in for CuPy: enough of its surface for `bench load --cupy`'s snippet.
+/// A NumPy stand-in for CuPy: enough of its surface for `load --cupy`'s snippet.
 const FAKE_CUPY: &str = r#"
 from numpy import *  # noqa
 import numpy as _np
@@ -168,7 +186,7 @@ fn bench_cupy_snippet_checksums_agree_with_ours_using_a_numpy_stand_in() {
     }
     let dir = tempfile::tempdir().unwrap();
     let acq = dir.path().join("ref");
-    let o = qg(&[
+    let o = qb(&[
         "generate-reference",
         acq.to_str().unwrap(),
         "--scan",
@@ -186,9 +204,8 @@ fn bench_cupy_snippet_checksums_agree_with_ours_using_a_numpy_stand_in() {
         _ => fake.parent().unwrap().display().to_string(),
     };
     let out = dir.path().join("results");
-    let o = Command::new(env!("CARGO_BIN_EXE_quantem-gpu"))
+    let o = Command::new(env!("CARGO_BIN_EXE_qem-bench"))
         .args([
-            "bench",
             "load",
             "--source",
             acq.join("scan_master.h5").to_str().unwrap(),

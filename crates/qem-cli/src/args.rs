@@ -1,9 +1,11 @@
 //! The command-line grammar (clap derive).
 
+use crate::shared::parse_value;
+pub use crate::shared::shape2;
 use clap::{Args, Parser, Subcommand};
 use qem::detector::{Product, Unit};
 use qem::dpc::EdgeMode;
-use qem::{BackendRequest, DtypeRequest, Representation, Shape2};
+use qem::{BackendRequest, Representation};
 use std::path::PathBuf;
 
 /// quantem.gpu: load 4D-STEM acquisitions onto the GPU (or CPU) and compute images from them.
@@ -42,57 +44,6 @@ pub enum Command {
     /// Serve a local web page and HTTP API onto an acquisition, a folder of acquisitions or the
     /// demo (docs/browse.md); prints the URL with its token and serves until Ctrl-C.
     Serve(ServeArgs),
-    /// Write the reference benchmark acquisition (Dectris master + bitshuffle/LZ4 shards):
-    /// by default 512x512 scan x 192x192 u16, 200,000 e-/frame (about 6x compression).
-    GenerateReference(GenerateReferenceArgs),
-    /// Benchmarks that print a table and write a JSON record.
-    #[command(subcommand)]
-    Bench(BenchCommand),
-}
-
-/// `quantem-gpu generate-reference`
-#[derive(Debug, Args)]
-pub struct GenerateReferenceArgs {
-    /// Output folder (created if needed); gets scan_master.h5, scan_data_NNNNNN.h5 and
-    /// reference_acquisition.json. Existing files of those names are overwritten.
-    pub outdir: PathBuf,
-    /// Scan shape (rows, columns).
-    #[arg(long, num_args = 2, value_names = ["R", "C"], default_values_t = [512u64, 512],
-          value_parser = clap::value_parser!(u64).range(1..))]
-    pub scan: Vec<u64>,
-    /// Detector side K (square), or K_R K_C.
-    #[arg(long, num_args = 1..=2, value_names = ["K"], default_values_t = [192u64],
-          value_parser = clap::value_parser!(u64).range(1..))]
-    pub detector: Vec<u64>,
-    /// Expected electrons per frame.
-    #[arg(long, default_value_t = 200_000.0)]
-    pub dose: f64,
-    /// Radius of the bright-field disk in pixels.
-    #[arg(long, default_value_t = 30.0)]
-    pub radius: f64,
-    /// Frames per data shard.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub frames_per_file: u64,
-    /// Element type of the frames: u16 or u32.
-    #[arg(long, default_value = "u16")]
-    pub dtype: String,
-    /// Worker threads (0 = one per logical CPU).
-    #[arg(long, default_value_t = 0)]
-    pub threads: usize,
-    /// Seed of the per-frame random streams.
-    #[arg(long, default_value_t = 1234)]
-    pub seed: u64,
-    /// Print the JSON summary instead of a summary line.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// `quantem-gpu bench ...`
-#[derive(Debug, Subcommand)]
-pub enum BenchCommand {
-    /// Time loading a Dectris acquisition: a generated one on the CPU (with --h5py, also
-    /// h5py), or an existing one (--source) on any backend, with --cpu-check and --cupy.
-    Load(BenchLoadArgs),
 }
 
 /// `quantem-gpu device`
@@ -124,7 +75,7 @@ pub struct ConvertArgs {
     /// The .qem file to write (replaced atomically if it exists).
     pub out: PathBuf,
     /// Engine that encodes: auto (the CPU until the CUDA encoder is wired), cpu or cuda.
-    #[arg(long, default_value = "auto", value_parser = parse_backend)]
+    #[arg(long, default_value = "auto", value_parser = parse_value::<BackendRequest>)]
     pub backend: BackendRequest,
     /// Scan shape (rows, columns) when the file does not say.
     #[arg(long, num_args = 2, value_names = ["R", "C"], value_parser = clap::value_parser!(u64).range(1..))]
@@ -147,13 +98,13 @@ pub struct JobIo {
     #[arg(long)]
     pub out: PathBuf,
     /// Engine: auto (CUDA when usable, else CPU), cpu or cuda.
-    #[arg(long, default_value = "auto", value_parser = parse_backend)]
+    #[arg(long, default_value = "auto", value_parser = parse_value::<BackendRequest>)]
     pub backend: BackendRequest,
     /// Scan shape (rows, columns) when the file does not say.
     #[arg(long, num_args = 2, value_names = ["R", "C"], value_parser = clap::value_parser!(u64).range(1..))]
     pub scan_shape: Option<Vec<u64>>,
     /// How the loaded counts are held: dense or encoded (default: the backend's).
-    #[arg(long, value_parser = parse_representation)]
+    #[arg(long, value_parser = parse_value::<Representation>)]
     pub representation: Option<Representation>,
 }
 
@@ -179,7 +130,7 @@ pub struct ProductsArgs {
     #[arg(long)]
     pub outer: Option<f64>,
     /// Unit of --inner and --outer: px or mrad.
-    #[arg(long, default_value = "px", value_parser = parse_unit)]
+    #[arg(long, default_value = "px", value_parser = parse_value::<Unit>)]
     pub unit: Unit,
     /// Convergence semi-angle, mrad (converts mrad with the disk radius when the detector
     /// sampling is not known).
@@ -207,7 +158,7 @@ pub struct DpcArgs {
     #[arg(long)]
     pub transpose: Option<bool>,
     /// Edge handling of the integration: periodic or mirror.
-    #[arg(long, default_value = "periodic", value_parser = parse_edge)]
+    #[arg(long, default_value = "periodic", value_parser = parse_value::<EdgeMode>)]
     pub edge: EdgeMode,
     /// Print dpc.json to stdout instead of a summary.
     #[arg(long)]
@@ -250,7 +201,7 @@ pub struct SsbArgs {
     pub memory_budget: Option<u64>,
     /// Engine for the SSB itself: auto (the one holding the data), cpu, or cuda (also for data
     /// loaded with --backend cpu: the card then holds the spectra, never the acquisition).
-    #[arg(long, default_value = "auto", value_parser = parse_backend)]
+    #[arg(long, default_value = "auto", value_parser = parse_value::<BackendRequest>)]
     pub engine: BackendRequest,
     /// Fit the aberrations (--fit-params) before reconstructing; the values given below are
     /// the start point and the fixed values of the others.
@@ -308,7 +259,7 @@ pub struct DemoArgs {
     #[arg(long, default_value = "quantem-demo")]
     pub out: PathBuf,
     /// Engine: auto (CUDA when usable, else CPU), cpu or cuda.
-    #[arg(long, default_value = "auto", value_parser = parse_backend)]
+    #[arg(long, default_value = "auto", value_parser = parse_value::<BackendRequest>)]
     pub backend: BackendRequest,
     /// Print the report JSON instead of a summary.
     #[arg(long)]
@@ -326,7 +277,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub demo: bool,
     /// Engine: auto (CUDA when usable, else CPU), cpu or cuda.
-    #[arg(long, default_value = "auto", value_parser = parse_backend)]
+    #[arg(long, default_value = "auto", value_parser = parse_value::<BackendRequest>)]
     pub backend: BackendRequest,
     /// Address to bind; anything but a loopback address needs a token.
     #[arg(long, default_value = "127.0.0.1")]
@@ -345,104 +296,13 @@ pub struct ServeArgs {
     #[arg(long)]
     pub memory_budget: Option<u64>,
     /// encoded or dense (default: the backend's).
-    #[arg(long, value_parser = parse_representation)]
+    #[arg(long, value_parser = parse_value::<Representation>)]
     pub representation: Option<Representation>,
     /// Open the page in the default browser.
     #[arg(long)]
     pub open: bool,
 }
 
-/// `quantem-gpu bench load`
-#[derive(Debug, Args)]
-pub struct BenchLoadArgs {
-    /// Scan shape (rows, columns).
-    #[arg(long, num_args = 2, value_names = ["R", "C"], default_values_t = [128u64, 128],
-          value_parser = clap::value_parser!(u64).range(1..))]
-    pub scan: Vec<u64>,
-    /// Detector shape (rows, columns).
-    #[arg(long, num_args = 2, value_names = ["K_R", "K_C"], default_values_t = [192u64, 192],
-          value_parser = clap::value_parser!(u64).range(1..))]
-    pub detector: Vec<u64>,
-    /// Electrons per frame (the default gives ≈6x bitshuffle-LZ4 compression, like real ARINA
-    /// data, on a 192 x 192 detector).
-    #[arg(long, default_value_t = 120_000.0)]
-    pub dose: f64,
-    /// Folder for the JSON record.
-    #[arg(long, default_value = "bench/results")]
-    pub out: PathBuf,
-    /// Timed loads (at least 5 are recommended for a p50).
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
-    pub repeats: u32,
-    /// Untimed loads before the timed ones, on both sides (the first load of a process pays the
-    /// first touch of its result memory).
-    #[arg(long, default_value_t = 1)]
-    pub warmup: u32,
-    /// Also time h5py + hdf5plugin reading the same file (runs `python3`; generated CPU
-    /// benchmark only).
-    #[arg(long)]
-    pub h5py: bool,
-    /// Print the JSON record instead of a table.
-    #[arg(long)]
-    pub json: bool,
-    /// Engine to time: cpu, cuda or auto. Anything but cpu needs --source.
-    #[arg(long, default_value = "cpu", value_parser = parse_backend)]
-    pub backend: BackendRequest,
-    /// Load this existing acquisition (master .h5 or plain HDF5) instead of generating one
-    /// (make one with `quantem-gpu generate-reference`).
-    #[arg(long, value_name = "MASTER")]
-    pub source: Option<PathBuf>,
-    /// Scan shape of --source when the file does not say it.
-    #[arg(long, num_args = 2, value_names = ["R", "C"],
-          value_parser = clap::value_parser!(u64).range(1..))]
-    pub scan_shape: Option<Vec<u64>>,
-    /// Load only this half-open scan region (--source).
-    #[arg(long, num_args = 4, value_names = ["R0", "R1", "C0", "C1"])]
-    pub scan_region: Option<Vec<u64>>,
-    /// Detector binning factor (--source).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
-    pub det_bin: u64,
-    /// Result dtype (--source): native, u16, u32 or u8 (saturating).
-    #[arg(long, default_value = "native", value_parser = parse_dtype)]
-    pub dtype: DtypeRequest,
-    /// Also load --source with the CPU engine and compare byte for byte (checksums of the whole
-    /// array and ~1,000 sampled frames); a mismatch exits non-zero.
-    #[arg(long)]
-    pub cpu_check: bool,
-    /// Also time what users do today (--source): h5py + hdf5plugin into NumPy, then
-    /// `cupy.asarray` (runs `python3`; needs numpy, h5py, hdf5plugin, cupy), and compare
-    /// its checksum with ours.
-    #[arg(long)]
-    pub cupy: bool,
-}
-
-fn parse_dtype(s: &str) -> Result<DtypeRequest, String> {
-    s.parse::<DtypeRequest>().map_err(|e| e.to_string())
-}
-
 fn parse_product(s: &str) -> Result<Product, String> {
-    s.trim().parse::<Product>().map_err(|e| e.to_string())
-}
-
-fn parse_unit(s: &str) -> Result<Unit, String> {
-    s.parse::<Unit>().map_err(|e| e.to_string())
-}
-
-fn parse_edge(s: &str) -> Result<EdgeMode, String> {
-    s.parse::<EdgeMode>().map_err(|e| e.to_string())
-}
-
-fn parse_representation(s: &str) -> Result<Representation, String> {
-    s.parse::<Representation>().map_err(|e| e.to_string())
-}
-
-fn parse_backend(s: &str) -> Result<BackendRequest, String> {
-    s.parse::<BackendRequest>().map_err(|e| e.to_string())
-}
-
-/// A validated `(rows, cols)` pair from a two-value option.
-pub fn shape2(v: &[u64]) -> Option<Shape2> {
-    match v {
-        [r, c] => Some(Shape2::new(*r as usize, *c as usize)),
-        _ => None,
-    }
+    parse_value(s.trim())
 }

@@ -65,7 +65,7 @@ pub fn run(a: &DemoArgs, command_line: &str) -> anyhow::Result<()> {
         .with_context(|| format!("loading {}", written.master.display()))?;
     let t_load = t.elapsed().as_secs_f64();
     // A host copy on any backend (the CUDA engine keeps its data on the GPU).
-    let host = crate::engine::to_host(&ds)?;
+    let host = ds.to_host()?;
     let data = &host;
     // Self-check: the loaded counts are the simulated ones, bad pixels zeroed by the mask.
     let loaded_equals_simulated = match data {

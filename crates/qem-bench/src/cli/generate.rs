@@ -1,4 +1,4 @@
-//! `quantem-gpu generate-reference OUTDIR`: write the reference benchmark acquisition.
+//! `qem-bench generate-reference OUTDIR`: write the reference benchmark acquisition.
 //!
 //! Frames come from [`qem_sim::ReferencePattern`] (the recipe of
 //! `tests/tools/make_reference_acquisition.py`), drawn in parallel (rayon) and written by
@@ -8,11 +8,11 @@
 //! square scan); a rectangular scan also records `stem/scan_shape` (line-triggered series) so
 //! that it loads without `--scan-shape`.
 
-use crate::args::GenerateReferenceArgs;
+use super::args::GenerateReferenceArgs;
 use crate::machine::RecordStamp;
-use crate::output::write_json;
 use anyhow::{anyhow, Context};
 use qem::{DType, Shape2};
+use qem_cli::shared::{print_out, shape2, write_json};
 use qem_io::writer::{self, Calibration, WriteParams};
 use qem_sim::{ReferenceParams, ReferencePattern};
 use serde_json::json;
@@ -26,7 +26,7 @@ thread_local! {
 }
 
 pub fn run(a: &GenerateReferenceArgs, command_line: &str) -> anyhow::Result<()> {
-    let scan = crate::args::shape2(&a.scan).ok_or_else(|| anyhow!("--scan takes two numbers"))?;
+    let scan = shape2(&a.scan).ok_or_else(|| anyhow!("--scan takes two numbers"))?;
     let det = match a.detector.as_slice() {
         [k] => Shape2::new(*k as usize, *k as usize),
         [r, c] => Shape2::new(*r as usize, *c as usize),
@@ -155,9 +155,9 @@ pub fn run(a: &GenerateReferenceArgs, command_line: &str) -> anyhow::Result<()> 
     let json_path = a.outdir.join("reference_acquisition.json");
     let text = write_json(&json_path, &summary, "write summary")?;
     if a.json {
-        return crate::print_out(&text);
+        return print_out(&text);
     }
-    crate::print_out(&format!(
+    print_out(&format!(
         "generate-reference: {frames} frames ({scan} x {det} {}) in {seconds:.1} s on {threads} threads = {:.0} frames/s\n\
          raw {:.3} GB, compressed chunks {} bytes ({:.3} GB), files {:.3} GB, ratio {ratio:.3}x\n\
          master: {}\nsummary: {}\n",

@@ -1,5 +1,5 @@
-//! `quantem-gpu bench load`: time `qem::load` on the CPU (and optionally h5py) on one file.
-//! With `--source` (or a backend other than cpu) the work is `crate::bench_source`'s.
+//! `qem-bench load`: time `qem::load` on the CPU (and optionally h5py) on one file.
+//! With `--source` (or a backend other than cpu) the work is [`super::load_source`]'s.
 //!
 //! The acquisition comes from `qem_sim::DiskPattern` (Poisson counts of a fixed BF disk of
 //! radius `min(k)/4` with 5 % of the dose in a dark-field halo; no specimen) because a full
@@ -8,11 +8,11 @@
 //! 10 000 frames per shard) into a temporary folder that is removed afterwards. The page cache
 //! is not dropped between runs (warm reads, stated in the record).
 
-use crate::args::{shape2, BenchLoadArgs};
+use super::args::BenchLoadArgs;
 use crate::machine::RecordStamp;
-use crate::output::write_json;
 use anyhow::{anyhow, Context};
 use qem::{BackendRequest, DType, DenseArray, LoadParams, SourceArg};
+use qem_cli::shared::{print_out, shape2, write_json};
 use qem_io::writer::{self, WriteParams};
 use serde_json::json;
 use std::process::Command;
@@ -23,7 +23,7 @@ const HALO_FRACTION: f64 = 0.05;
 
 /// Order-sensitive checksum shared with the h5py snippet: the u64 total, and
 /// `Σ_n (n+1)·Σ_k (k+1)·v[n,k]` modulo 2⁶⁴.
-pub(crate) fn checksum_of<T: Copy + Into<u64>>(v: &[T], frame_len: usize) -> (u64, u64) {
+pub(super) fn checksum_of<T: Copy + Into<u64>>(v: &[T], frame_len: usize) -> (u64, u64) {
     let (mut total, mut weighted) = (0u64, 0u64);
     for (n, frame) in v.chunks_exact(frame_len).enumerate() {
         let mut s = 0u64;
@@ -83,7 +83,7 @@ print(json.dumps({"seconds": times, "frames": frames, "total": total, "weighted"
                                "python": sys.version.split()[0]}}))
 "#;
 
-pub(crate) fn p50(v: &[f64]) -> f64 {
+pub(super) fn p50(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     match s.len() {
@@ -93,7 +93,7 @@ pub(crate) fn p50(v: &[f64]) -> f64 {
     }
 }
 
-pub(crate) fn min_max(v: &[f64]) -> (f64, f64) {
+pub(super) fn min_max(v: &[f64]) -> (f64, f64) {
     v.iter()
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
             (lo.min(x), hi.max(x))
@@ -101,7 +101,7 @@ pub(crate) fn min_max(v: &[f64]) -> (f64, f64) {
 }
 
 /// The header of the readers table, its first column `width` wide.
-pub(crate) fn reader_header(width: usize) -> String {
+pub(super) fn reader_header(width: usize) -> String {
     format!(
         "{:<width$} {:>8} {:>8} {:>8} {:>10}\n",
         "reader", "p50 s", "min s", "max s", "GB/s raw"
@@ -110,7 +110,7 @@ pub(crate) fn reader_header(width: usize) -> String {
 
 /// One row of the readers table: `reader`, its `(p50, min, max)` seconds and the raw GB/s at
 /// its p50.
-pub(crate) fn reader_row(
+pub(super) fn reader_row(
     width: usize,
     reader: &str,
     (p50_s, min_s, max_s): (f64, f64, f64),
@@ -148,7 +148,7 @@ fn run_h5py(
     serde_json::from_slice(&out.stdout).context("python3 h5py read printed no JSON")
 }
 
-pub fn run_load(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
+pub fn run(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
     let source_only = a.backend != BackendRequest::Cpu
         || a.cpu_check
         || a.cupy
@@ -157,7 +157,7 @@ pub fn run_load(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
         || a.det_bin != 1
         || a.dtype != qem::DtypeRequest::Native;
     if a.source.is_some() || source_only {
-        return crate::bench_source::run(a, command_line);
+        return super::load_source::run(a, command_line);
     }
     let scan = shape2(&a.scan).ok_or_else(|| anyhow!("--scan takes two numbers"))?;
     let det = shape2(&a.detector).ok_or_else(|| anyhow!("--detector takes two numbers"))?;
@@ -320,7 +320,7 @@ pub fn run_load(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
     let text = write_json(&path, &record, "write benchmark record")?;
 
     if a.json {
-        return crate::print_out(&text);
+        return print_out(&text);
     }
     let mut s = format!(
         "bench load: {scan} scan x {det} detector, u16, {frames} frames; {:.2} GB raw, {:.2} GB on disk ({:.1}x), written in {t_write:.1} s\n",
@@ -345,7 +345,7 @@ pub fn run_load(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
         ));
     }
     s.push_str(&format!("record: {}\n", path.display()));
-    crate::print_out(&s)
+    print_out(&s)
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! `quantem-gpu bench load --source MASTER [--backend cuda] [--cpu-check] [--cupy]`: the GPU
+//! `qem-bench load --source MASTER [--backend cuda] [--cpu-check] [--cupy]`: the GPU
 //! evidence bundle of docs/concepts.md §8 ("GPU evidence") for loading an existing acquisition.
 //!
 //! What it does, in this order (so that memory is freed before the next part needs it):
@@ -20,12 +20,12 @@
 //!
 //! Any failed comparison exits non-zero after the record and table are written.
 
-use crate::args::{shape2, BenchLoadArgs};
-use crate::bench::{min_max, p50, reader_header, reader_row};
+use super::args::BenchLoadArgs;
+use super::load::{min_max, p50, reader_header, reader_row};
 use crate::machine::RecordStamp;
-use crate::output::write_json;
 use anyhow::{anyhow, Context};
 use qem::{BackendRequest, DenseArray, LoadParams, Region, SourceArg, StageTiming};
+use qem_cli::shared::{print_out, shape2, write_json};
 use rayon::prelude::*;
 use serde_json::{json, Value};
 use std::path::Path;
@@ -249,7 +249,7 @@ pub fn run(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
         anyhow::Error::new(
             qem::Error::invalid(
                 "bench load",
-                "--backend other than cpu, --cpu-check, --cupy, --scan-shape, --scan-region, --det-bin and --dtype need --source MASTER (make one with `quantem-gpu generate-reference DIR`)",
+                "--backend other than cpu, --cpu-check, --cupy, --scan-shape, --scan-region, --det-bin and --dtype need --source MASTER (make one with `qem-bench generate-reference DIR`)",
             )
             .with_expected("--source MASTER")
             .with_found("no --source"),
@@ -342,7 +342,7 @@ pub fn run(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
             runs.push(Run {
                 seconds,
                 timings: ds.provenance().timings.clone(),
-                memory: crate::engine::memory_json(&ds),
+                memory: serde_json::to_value(ds.provenance().memory).unwrap_or(Value::Null),
             });
         }
         if i + 1 < total_runs {
@@ -383,7 +383,7 @@ pub fn run(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
     // 3. Our checksum.
     eprintln!("bench load: copying the result to the host for its checksum ...");
     let t = Instant::now();
-    let host = crate::engine::to_host(&ds).context("copying the dataset to the host")?;
+    let host = ds.to_host().context("copying the dataset to the host")?;
     let to_host_s = t.elapsed().as_secs_f64();
     let ours = checksum(&host, frame_len);
     drop(host);
@@ -582,9 +582,9 @@ pub fn run(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
     let text = write_json(&path, &record, "write benchmark record")?;
 
     if a.json {
-        crate::print_out(&text)?;
+        print_out(&text)?;
     } else {
-        crate::print_out(&table(&record, cupy_row, &path))?;
+        print_out(&table(&record, cupy_row, &path))?;
     }
     if failures.is_empty() {
         Ok(())
@@ -737,7 +737,10 @@ mod tests {
     #[test]
     fn parallel_checksum_equals_the_sequential_one() {
         let v: Vec<u16> = (0..10_000u32).map(|i| (i * 7919 % 65_536) as u16).collect();
-        assert_eq!(checksum_par(&v, 100), crate::bench::checksum_of(&v, 100));
+        assert_eq!(
+            checksum_par(&v, 100),
+            super::super::load::checksum_of(&v, 100)
+        );
         assert_eq!(checksum_par(&[1u16, 2, 3, 4], 2), (10, 27));
     }
 

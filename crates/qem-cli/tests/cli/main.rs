@@ -1,14 +1,13 @@
-//! End-to-end tests of the `quantem-gpu` binary: exit codes, JSON outputs, the demo and a tiny
-//! benchmark.
+//! End-to-end tests of the `quantem-gpu` binary: exit codes, JSON outputs and the demo (the
+//! benchmark commands are `qem-bench`'s, tested in `crates/qem-bench/tests/cli.rs`).
 //!
 //! One test binary (`cli`), cut by job: this file holds the shared helpers that run the binary;
-//! `basics` (device, usage, missing files), `demo`, `bench`, `fixtures` (generated
+//! `basics` (device, usage, missing files), `demo`, `fixtures` (generated
 //! acquisitions, `.npy` readers, naive references), `products`, `dpc`, `ssb`, `serve` and `hostile`
 //! (hostile-input regression tests).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod basics;
-mod bench;
 mod demo;
 mod dpc;
 mod fixtures;
