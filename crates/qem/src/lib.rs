@@ -7,6 +7,7 @@
 //! composite operations are written once here over their primitives.
 
 pub mod backend;
+pub mod calibration;
 pub mod dataset;
 pub mod detector;
 pub mod dpc;

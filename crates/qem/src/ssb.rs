@@ -16,8 +16,10 @@
 //! together). The fit's search is the same code on both (`qem_cpu::ssb::fit_with`).
 //!
 //! Units: aberrations in Å, angles in rad; `scan_step_a` in Å; `semiangle_mrad` and
-//! `det_sampling_mrad` in mrad. The detector sampling defaults to the physical `α / r_BF`
-//! (the fitted disk edge is the aperture edge); `compat_2alpha` gives the anchor's `2α / r_BF`.
+//! `det_sampling_mrad` in mrad. The detector sampling follows the one calibration rule
+//! ([`crate::calibration::detector_sampling`]): the argument, else the file's metadata, else
+//! the physical `α / r_edge` with the sub-pixel BF disk edge (the disk edge is the aperture
+//! edge); `compat_2alpha` gives the anchor's `2α / r_BF` with the anchor's threshold radius.
 
 use crate::backend::BackendRequest;
 use crate::dataset::Dataset;
@@ -145,9 +147,82 @@ pub struct Ssb {
     pub disk: detector::DiskFit,
     /// Detector angular sampling used, mrad/px.
     pub det_sampling_mrad: f64,
+    /// Where that sampling came from and its uncertainty (`None` with `compat_2alpha`).
+    pub sampling: Option<crate::calibration::DetectorSampling>,
+    /// Sampling and dose conditions of the data, with warnings ([`Diagnostics`]).
+    pub diagnostics: Diagnostics,
     /// Electron wavelength, Å.
     pub wavelength_a: f64,
     provenance: ResultProvenance,
+}
+
+/// The conditions that decide whether an SSB reconstruction and its fit can be trusted.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Diagnostics {
+    /// Scan step `(row, col)`, Å.
+    pub scan_step_a: (f64, f64),
+    /// The largest step that samples the SSB band `|ν| ≤ 2α/λ` (Nyquist): `λ / (4α)`, Å.
+    pub nyquist_step_a: f64,
+    /// `max(scan step) / nyquist_step_a` (> 1: the double-overlap band is aliased).
+    pub step_over_nyquist: f64,
+    /// BF pixels used.
+    pub n_bf_pixels: usize,
+    /// Mean counts per frame (sum DP over the number of frames).
+    pub dose_per_frame: f64,
+    /// Mean counts per BF pixel per frame.
+    pub counts_per_bf_pixel: f64,
+    /// What makes the result unreliable, in words (empty when nothing does).
+    pub warnings: Vec<String>,
+}
+
+impl Diagnostics {
+    /// As provenance JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// Thresholds of [`Diagnostics::warnings`]: fewer BF pixels than this and the probe is sampled
+/// too coarsely for aberrations beyond defocus (a 5-px-radius disk).
+const MIN_BF_PIXELS: usize = 80;
+/// Fewer counts per BF pixel per frame than this and per-pixel images are shot-noise limited.
+const MIN_COUNTS_PER_BF_PIXEL: f64 = 1.0;
+
+fn diagnostics(ds: &Dataset, p: &SsbParams, lambda: f64, dtheta: f64, n_bf: usize) -> Diagnostics {
+    let nyq = lambda / (4.0 * p.semiangle_mrad * 1e-3);
+    let step = p.scan_step_a.0.max(p.scan_step_a.1);
+    let frames = ds.scan_shape().len().max(1) as f64;
+    let total: f64 = detector::sum_dp(ds)
+        .map(|s| s.iter().map(|&v| v as f64).sum())
+        .unwrap_or(f64::NAN);
+    let dose = total / frames;
+    let per_px = dose / n_bf.max(1) as f64;
+    let mut warnings = Vec::new();
+    if step > nyq {
+        warnings.push(format!(
+            "scan step {step:.4} Å exceeds the Nyquist step λ/(4α) = {nyq:.4} Å of the SSB band:              the double-overlap regions alias (the object and a fitted C10 lose accuracy)"
+        ));
+    }
+    if n_bf < MIN_BF_PIXELS {
+        warnings.push(format!(
+            "only {n_bf} BF pixels (< {MIN_BF_PIXELS}): the probe's aberration phase is sampled              coarsely; fitted aberrations beyond C10 are unreliable"
+        ));
+    }
+    if per_px < MIN_COUNTS_PER_BF_PIXEL {
+        warnings.push(format!(
+            "{per_px:.3} counts per BF pixel per frame (< {MIN_COUNTS_PER_BF_PIXEL}): shot-noise              limited; use the coherence objective and expect larger aberration errors"
+        ));
+    }
+    let _ = dtheta;
+    Diagnostics {
+        scan_step_a: p.scan_step_a,
+        nyquist_step_a: nyq,
+        step_over_nyquist: step / nyq,
+        n_bf_pixels: n_bf,
+        dose_per_frame: dose,
+        counts_per_bf_pixel: per_px,
+        warnings,
+    }
 }
 
 /// An SSB reconstruction.
@@ -372,13 +447,21 @@ impl Ssb {
                 ))
             })?;
         }
-        let t_fit = t0.elapsed().as_secs_f64();
         let lambda = qem_cpu::dpc::electron_wavelength_a(p.voltage_kv);
-        let dtheta = match p.det_sampling_mrad {
-            Some(d) => d,
-            None if p.compat_2alpha => 2.0 * p.semiangle_mrad / disk.radius_px,
-            None => p.semiangle_mrad / disk.radius_px,
+        let (dtheta, sampling) = if p.det_sampling_mrad.is_none() && p.compat_2alpha {
+            (2.0 * p.semiangle_mrad / disk.radius_px, None)
+        } else {
+            // The one calibration rule: argument > metadata > α / r_edge (qem::calibration).
+            let s = crate::calibration::detector_sampling(
+                ds,
+                p.det_sampling_mrad,
+                Some(p.semiangle_mrad),
+            )
+            .map_err(|e| e.with_op(OP))?;
+            (s.mrad_per_px, Some(s))
         };
+        let diagnostics = diagnostics(ds, p, lambda, dtheta, flat.len());
+        let t_fit = t0.elapsed().as_secs_f64();
         let dk = dtheta * 1e-3 / lambda;
         let k = cpu::pixel_k_vectors(&flat, det, disk.center_px, (dk, dk), p.rotation_deg);
         let optics = Optics {
@@ -468,11 +551,16 @@ impl Ssb {
                 "semiangle_mrad": p.semiangle_mrad,
                 "scan_step_a": [p.scan_step_a.0, p.scan_step_a.1],
                 "det_sampling_mrad": dtheta,
-                "det_sampling_source": match p.det_sampling_mrad {
-                    Some(_) => "given",
-                    None if p.compat_2alpha => "2*alpha/r_bf (anchor compat)",
-                    None => "alpha/r_bf",
+                "det_sampling_source": match &sampling {
+                    Some(s) => s.source.clone(),
+                    None => "2*alpha/r_bf (anchor compat)".to_string(),
                 },
+                "det_sampling_sigma_mrad": sampling.as_ref().map(|s| s.sigma_mrad_per_px),
+                "bf_disk_edge": sampling
+                    .as_ref()
+                    .and_then(|s| s.edge.as_ref())
+                    .map(crate::calibration::edge_json),
+                "diagnostics": diagnostics.json(),
                 "rotation_deg": p.rotation_deg,
                 "bf_threshold": p.bf_threshold,
                 "bf_center_px": [disk.center_px.0, disk.center_px.1],
@@ -499,6 +587,8 @@ impl Ssb {
             bf_pixels,
             disk,
             det_sampling_mrad: dtheta,
+            sampling,
+            diagnostics,
             wavelength_a: lambda,
             provenance,
         })

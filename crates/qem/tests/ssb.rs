@@ -405,7 +405,13 @@ fn odd_scan_shape_encoded_and_default_sampling() {
         },
     )
     .unwrap();
-    assert!((s2.det_sampling_mrad - 2.0 * sd.det_sampling_mrad).abs() < 1e-12);
+    // The compat option is the anchor's 2α over the anchor's threshold radius.
+    let alpha = params().semiangle_mrad;
+    assert!((s2.det_sampling_mrad - 2.0 * alpha / s2.disk.radius_px).abs() < 1e-12);
+    // The default comes from the sub-pixel disk edge, with its source and uncertainty.
+    let smp = sd.sampling.as_ref().unwrap();
+    assert!(smp.source.contains("BF disk edge"), "{}", smp.source);
+    assert!(smp.sigma_mrad_per_px > 0.0 && smp.edge.is_some());
 }
 
 #[test]
