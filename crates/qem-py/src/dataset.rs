@@ -13,7 +13,7 @@ use crate::convert::{dense_to_numpy, to_py};
 use crate::errors::{to_pyerr, IntoPyResult};
 use crate::watch::{run_watched, Watch};
 use numpy::PyArrayDescr;
-use pyo3::exceptions::{PyAttributeError, PyIndexError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyAttributeError, PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use qem::{DType, Error, ErrorKind};
@@ -248,18 +248,28 @@ impl PyDataset {
         self.shared.closing() || self.with(|d| d.is_closed())
     }
 
-    /// One detector frame ``(k_r, k_c)`` at scan position ``[row, col]`` (negative counts from the end).
-    fn __getitem__(&self, py: Python<'_>, index: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        let (row, col): (isize, isize) = index.extract().map_err(|_| {
-            PyTypeError::new_err(
-                "index a Dataset with two integers, ds[row, col]; use ds.to_numpy() for slices",
-            )
-        })?;
-        let [rows, cols, k_r, k_c] = self.with(|d| d.shape());
+    /// ``ds[row, col]``: one detector frame ``(k_r, k_c)`` (negative counts from the end);
+    /// any other NumPy-style index of integers, slices and ``...`` (``ds[0:16, :, 10, 10]``,
+    /// ``ds[..., r, c]``) reads only the selected frames (``quantem.gpu._index``).
+    fn __getitem__(slf: &Bound<'_, Self>, index: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        let this = slf.get();
+        let pair = index
+            .extract::<(Bound<'_, pyo3::types::PyInt>, Bound<'_, pyo3::types::PyInt>)>()
+            .ok()
+            .and_then(|(r, c)| Some((r.extract::<isize>().ok()?, c.extract::<isize>().ok()?)));
+        let Some((row, col)) = pair else {
+            return Ok(py
+                .import("quantem.gpu._index")?
+                .getattr("getitem")?
+                .call1((slf, index))?
+                .unbind());
+        };
+        let [rows, cols, k_r, k_c] = this.with(|d| d.shape());
         let r = wrap_index("row", row, rows)?;
         let c = wrap_index("column", col, cols)?;
-        self.check_open("frame")?;
-        let frame = py.detach(|| self.with(|d| d.frame(r, c))).py()?;
+        this.check_open("frame")?;
+        let frame = py.detach(|| this.with(|d| d.frame(r, c))).py()?;
         dense_to_numpy(py, frame, &[k_r, k_c])
     }
 
@@ -375,6 +385,19 @@ impl PyDataset {
     fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
         self.shared.request_close();
         false
+    }
+
+    /// The notebook summary (``quantem.gpu._display``).
+    fn _repr_html_(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        let display = slf.py().import("quantem.gpu._display")?;
+        Ok(display.getattr("dataset_html")?.call1((slf,))?.unbind())
+    }
+
+    /// Plot the mean diffraction pattern with matplotlib; returns the ``Axes``.
+    #[pyo3(signature = (**kwargs))]
+    fn show(slf: &Bound<'_, Self>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Py<PyAny>> {
+        let display = slf.py().import("quantem.gpu._display")?;
+        Ok(display.getattr("show")?.call((slf,), kwargs)?.unbind())
     }
 
     fn __repr__(&self) -> String {

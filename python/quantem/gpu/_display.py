@@ -1,0 +1,201 @@
+"""Notebook display of datasets and results: ``_repr_html_`` and ``.show()``.
+
+``_repr_html_`` is a small table (shape, dtype, backend, device, resident bytes, a provenance
+summary) and, for images, an inline PNG thumbnail (written with matplotlib when it is
+installed; without it the table alone). ``show()`` plots with matplotlib and says how to
+install it when it is missing.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io as _io
+from typing import Any
+
+import numpy as np
+
+#: Longest side of an inline thumbnail, pixels.
+THUMB_PX = 160
+
+
+def _bytes_text(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024.0
+    return f"{n} B"  # pragma: no cover
+
+
+def _matplotlib(op: str):
+    try:
+        import matplotlib
+
+        return matplotlib
+    except ImportError:
+        raise ImportError(
+            f"{op} plots with matplotlib, which is not installed; "
+            "install it with `pip install matplotlib`"
+        ) from None
+
+
+def thumbnail_png(image: np.ndarray) -> bytes | None:
+    """A PNG of a 2-D image scaled to at most :data:`THUMB_PX` per side (1st–99th percentile
+    display range), or None without matplotlib or for non-finite images."""
+    try:
+        import matplotlib.image as mpimg
+    except ImportError:
+        return None
+    a = np.asarray(image)
+    if np.iscomplexobj(a):
+        a = np.angle(a)
+    a = np.asarray(a, dtype=np.float64)
+    if a.ndim != 2 or a.size == 0:
+        return None
+    step = max(1, int(np.ceil(max(a.shape) / THUMB_PX)))
+    a = a[::step, ::step]
+    finite = a[np.isfinite(a)]
+    if finite.size == 0:
+        return None
+    lo, hi = np.percentile(finite, [1.0, 99.0])
+    if hi <= lo:
+        hi = lo + 1.0
+    scaled = np.clip((np.nan_to_num(a, nan=lo) - lo) / (hi - lo), 0.0, 1.0)
+    buf = _io.BytesIO()
+    mpimg.imsave(buf, scaled, cmap="gray", vmin=0.0, vmax=1.0, format="png")
+    return buf.getvalue()
+
+
+def _provenance_rows(prov: dict[str, Any] | None) -> list[tuple[str, str]]:
+    if not prov:
+        return []
+    rows = []
+    for key in ("operation", "backend", "representation", "source", "files", "git_revision"):
+        v = prov.get(key)
+        if v in (None, "", [], {}):
+            continue
+        if isinstance(v, list):
+            v = f"{v[0]}" + (f" (+{len(v) - 1} more)" if len(v) > 1 else "")
+        rows.append((f"provenance.{key}", str(v)))
+    ds = prov.get("dataset")
+    if isinstance(ds, dict):
+        rows += [(f"dataset.{k}", v) for k, v in _provenance_rows(ds) if "." in k]
+    timings = prov.get("timings")
+    if isinstance(timings, list) and timings:
+        total = sum(float(t.get("seconds", 0.0)) for t in timings if isinstance(t, dict))
+        rows.append(("provenance.seconds", f"{total:.3g} over {len(timings)} stages"))
+    return rows
+
+
+def table_html(title: str, rows: list[tuple[str, Any]], image: np.ndarray | None = None) -> str:
+    """An HTML table of ``rows`` under ``title``, with a thumbnail of ``image`` beside it."""
+    body = "".join(
+        f"<tr><th style='text-align:left'>{html.escape(str(k))}</th>"
+        f"<td style='text-align:left'>{html.escape(str(v))}</td></tr>"
+        for k, v in rows
+    )
+    thumb = ""
+    if image is not None:
+        png = thumbnail_png(image)
+        if png is not None:
+            b64 = base64.b64encode(png).decode("ascii")
+            thumb = (
+                f"<td style='vertical-align:top'><img alt='thumbnail' "
+                f"src='data:image/png;base64,{b64}'/></td>"
+            )
+    return (
+        f"<div class='quantem-gpu'><b>{html.escape(title)}</b>"
+        f"<table><tr><td style='vertical-align:top'><table>{body}</table></td>{thumb}</tr>"
+        f"</table></div>"
+    )
+
+
+def dataset_html(ds) -> str:
+    """``Dataset._repr_html_``."""
+    rows: list[tuple[str, Any]] = [
+        ("shape", tuple(ds.shape)),
+        ("dtype", ds.dtype),
+        ("representation", ds.representation.value),
+        ("backend", ds.backend),
+        ("device", ds.device),
+        ("resident", _bytes_text(int(ds.nbytes_resident))),
+    ]
+    if ds.closed:
+        rows.append(("state", "closed"))
+        return table_html("Dataset", rows)
+    rows += _provenance_rows(ds.provenance)
+    return table_html("Dataset", rows)
+
+
+def _main_array(result) -> tuple[str, np.ndarray | None]:
+    for name in ("image", "phase"):
+        a = getattr(result, name, None)
+        if isinstance(a, np.ndarray):
+            return name, a
+    res = getattr(result, "result", None)
+    if res is not None and isinstance(getattr(res, "phase", None), np.ndarray):
+        return "result.phase", res.phase
+    a = getattr(result, "com_row", None)
+    if isinstance(a, np.ndarray):
+        return "com_row", a
+    return "", None
+
+
+def result_html(result) -> str:
+    """``_repr_html_`` of a result (DetectorImage, CoM, DPCResult, SSBResult, SSBFit)."""
+    name, a = _main_array(result)
+    rows: list[tuple[str, Any]] = []
+    if a is not None:
+        rows += [
+            (f"{name}.shape", a.shape),
+            (f"{name}.dtype", a.dtype),
+            ("device", "cpu (numpy)"),
+            ("resident", _bytes_text(int(a.nbytes))),
+        ]
+    summary = repr(result)
+    rows.append(("summary", summary))
+    rows += _provenance_rows(getattr(result, "provenance", None))
+    return table_html(type(result).__name__, rows, a)
+
+
+def products_html(products) -> str:
+    """``Products._repr_html_``: one row per product."""
+    rows: list[tuple[str, Any]] = []
+    first_image = None
+    for k, v in products.items():
+        name, a = _main_array(v) if not isinstance(v, np.ndarray) else (k, v)
+        if a is not None:
+            rows.append((k, f"{a.shape} {a.dtype}"))
+            if first_image is None and a.ndim == 2:
+                first_image = a
+        else:
+            rows.append((k, type(v).__name__))
+    rows += _provenance_rows(getattr(products, "provenance", None))
+    return table_html("Products", rows, first_image)
+
+
+def show(obj, ax=None, cmap: str = "gray", title: str | None = None, **imshow_kwargs):
+    """Plot a result's image (or a dataset's mean diffraction pattern) with matplotlib.
+
+    Returns the matplotlib ``Axes``. Raises ``ImportError`` naming the package when matplotlib
+    is missing.
+    """
+    _matplotlib("show()")
+    import matplotlib.pyplot as plt
+
+    if hasattr(obj, "nbytes_resident"):  # a Dataset: its mean diffraction pattern
+        from quantem.gpu import detector
+
+        name, a = "mean_dp", detector.mean_dp(obj)
+    else:
+        name, a = _main_array(obj)
+    if a is None:
+        raise TypeError(f"{type(obj).__name__} holds no image to show")
+    if np.iscomplexobj(a):
+        a = np.angle(a)
+    if ax is None:
+        _, ax = plt.subplots()
+    im = ax.imshow(np.asarray(a, dtype=np.float64), cmap=cmap, **imshow_kwargs)
+    ax.set_title(title if title is not None else f"{type(obj).__name__}: {name}")
+    ax.figure.colorbar(im, ax=ax)
+    return ax
