@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from quantem.gpu import _args, _native, results
+from quantem.gpu import _args, _display, _native, _progress, results
 
 __all__ = [
     "DetectorImage",
@@ -192,6 +192,9 @@ class DetectorImage:
         """Shape of :attr:`image`, ``(R_r, R_c)``."""
         return self.image.shape
 
+    _repr_html_ = _display.result_html
+    show = _display.show
+
     def __repr__(self) -> str:
         r, c = self.center
         return (
@@ -242,6 +245,8 @@ class Products(dict):
         """Write the products as EMD/HDF5 (``.h5``, ``.emd``: every array) or one of them as
         TIFF (``.tif``, ``which=`` names it); see :func:`quantem.gpu.results.save`."""
         return results.save(self, path, which)
+
+    _repr_html_ = _display.products_html
 
     def __repr__(self) -> str:
         return f"Products({list(self)}, disk={self.disk!r})"
@@ -420,11 +425,16 @@ def _geometry(
     )
 
 
-def _detector(kind: str, ds, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad):
+def _detector(
+    kind: str, ds, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad, progress
+):
     op = f"detector.{kind}"
     _args.dataset(op, ds)
     geometry = _geometry(op, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad)
-    img = DetectorImage._from_native(_native.detector_image(ds, kind, geometry))
+    native = _progress.run(
+        op, progress, lambda cb: _native.detector_image(ds, kind, geometry, progress=cb)
+    )
+    img = DetectorImage._from_native(native)
     scan, _ = results.dataset_axes(ds)
     return results.with_axes(img, scan, {"image": "counts"})
 
@@ -447,6 +457,9 @@ _DETECTOR_DOC = """{title} image: the exact ``uint64`` sum over {what} per frame
         ``InvalidArgumentError``.
     semiangle_mrad, det_sampling_mrad : float, optional
         Convergence semi-angle and detector sampling (mrad per pixel) for ``unit="mrad"``.
+    progress : None, True or callable
+        ``True`` draws a tqdm bar of frames (rate, ETA); a callable gets
+        ``(stage, done, total)``; the pass then runs in blocks of frames.
 
     Returns
     -------
@@ -465,9 +478,19 @@ def _make_detector(kind: str, title: str, what: str, default: str):
         unit: str = "px",
         semiangle_mrad: float | None = None,
         det_sampling_mrad: float | None = None,
+        progress=None,
     ) -> DetectorImage:
         return _detector(
-            kind, ds, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad
+            kind,
+            ds,
+            inner,
+            outer,
+            center,
+            radius,
+            unit,
+            semiangle_mrad,
+            det_sampling_mrad,
+            progress,
         )
 
     fn.__name__ = fn.__qualname__ = kind
@@ -508,6 +531,7 @@ def products(
     unit: str = "px",
     semiangle_mrad: float | None = None,
     det_sampling_mrad: float | None = None,
+    progress=None,
 ) -> Products:
     """Several products in one pass over the frames.
 
@@ -520,6 +544,9 @@ def products(
         As for :func:`adf`; they apply to every detector asked for. ``inner``/``outer`` are
         accepted only with exactly one detector (with several it is ambiguous which they mean:
         ``InvalidArgumentError``).
+    progress : None, True or callable
+        ``True`` draws a tqdm bar of frames per pass (rate, ETA); a callable gets
+        ``(stage, done, total)``.
 
     Returns
     -------
@@ -548,7 +575,9 @@ def products(
     if not names:
         raise _invalid("detector.products", "nothing requested", "at least one product name")
     geometry = _geometry(op, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad)
-    res = _native.detector_products(ds, names, geometry)
+    res = _progress.run(
+        op, progress, lambda cb: _native.detector_products(ds, names, geometry, progress=cb)
+    )
     items: dict[str, Any] = {}
     scan, det = results.dataset_axes(ds, det_sampling_mrad=geometry["det_sampling_mrad"])
     for d in res["images"]:
