@@ -1,3 +1,5 @@
+// A build script reports failure by panicking: cargo prints the message and stops the build.
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 //! Shipped kernels (feature `shipped-kernels`): compiles the modules listed in
 //! `src/kernels/shipped.txt` with NVRTC to CUBIN for each of [`SASS`] and to PTX for [`PTX`],
 //! LZ4-compresses them and writes `$OUT_DIR/shipped_pack.bin` plus its index

@@ -139,6 +139,7 @@ pub const BOTTOM_STRIP: usize = 32;
 
 /// Write `img` (`shape`, row-major) as an 8-bit grey PNG with a colour bar and pixel scale
 /// bar: [`write_png_annotated`] with [`Sampling::PIXELS`].
+#[cfg(test)]
 pub fn write_png_with_bar(
     path: &Path,
     img: &[f64],

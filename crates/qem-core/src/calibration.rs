@@ -127,6 +127,8 @@ struct Px {
 
 /// Solve `A x = b` (symmetric positive definite, small) by Gaussian elimination with partial
 /// pivoting; `None` when singular.
+// Index loops read as the textbook elimination; iterator forms would hide the pivoting.
+#[allow(clippy::needless_range_loop)]
 fn solve(mut a: [[f64; NP]; NP], mut b: [f64; NP], n: usize) -> Option<[f64; NP]> {
     for col in 0..n {
         let piv = (col..n).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
@@ -191,9 +193,10 @@ fn levenberg_marquardt(mut p: [f64; NP], px: &[Px]) -> ([f64; NP], [[f64; NP]; N
                 }
             }
         }
-        for a in 0..NP {
-            for b in 0..a {
-                jtj[a][b] = jtj[b][a];
+        for a in 1..NP {
+            let (upper, lower) = jtj.split_at_mut(a);
+            for (b, row) in upper.iter().enumerate() {
+                lower[0][b] = row[a];
             }
         }
         let mut improved = false;
@@ -258,7 +261,7 @@ fn start(values: &[f64], s: Shape2) -> Result<[f64; NP]> {
     sorted.sort_by(f64::total_cmp);
     let lo = crate::stats::percentile_sorted(&sorted, 2.0);
     let hi = sorted[sorted.len() - 1];
-    if !(hi > lo) {
+    if hi.partial_cmp(&lo) != Some(std::cmp::Ordering::Greater) {
         return Err(
             Error::invalid(OP, "the mean diffraction pattern is flat: no BF disk")
                 .with_expected("a bright disk on a darker background")

@@ -486,13 +486,14 @@ pub(crate) fn describe(ds: &hdf5::Dataset, file: &Path, what: &str) -> Result<Pa
         image_nr_attr(ds, "image_nr_high"),
     );
     let scan_attr = h5::attr_value(ds, "scan_shape").and_then(|v| v.ints());
-    let host =
-        (!host_filters.is_empty() || block.is_some() || elem != ElemConv::Same).then(|| HostSpec {
+    let host = (!host_filters.is_empty() || block.is_some() || elem != ElemConv::Same).then_some(
+        HostSpec {
             filters: host_filters,
             block,
             elem,
             stored_frame_bytes: frame_bytes as usize,
-        });
+        },
+    );
     Ok(PartInfo {
         dtype,
         detector_shape: det,

@@ -110,7 +110,10 @@ fn load(
         apply_mask,
         memory_budget,
         dataset_path,
-        format: format.map(str::parse::<qem::load::Format>).transpose().py()?,
+        format: format
+            .map(str::parse::<qem::load::Format>)
+            .transpose()
+            .py()?,
         raw: match (shape, raw_dtype) {
             (None, None) => None,
             (shape, dtype) => Some(qem::load::RawLayout {

@@ -2,6 +2,7 @@
 //! frames: every block is reported, a cancellation stops the pass, and the products equal
 //! those of the one-call pass value for value (dense and ENCODED, a scan that the blocks do
 //! not divide).
+#![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on setup failures
 
 mod common;
 

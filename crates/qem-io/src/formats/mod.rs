@@ -473,7 +473,7 @@ pub(crate) fn split_shape(
     let (n, scan, det) = match *shape {
         [n, r, c] => (n, None, Shape2::new(us(r), us(c))),
         [a, b, r, c] => (
-            a.checked_mul(b).unwrap_or(u64::MAX),
+            a.saturating_mul(b),
             Some(Shape2::new(us(a), us(b))),
             Shape2::new(us(r), us(c)),
         ),
