@@ -171,7 +171,8 @@ def test_ssb_fit_counts(ds):
 
 def test_ssb_fit_on_a_1x1_scan_is_refused():
     one = io.load(np.arange(64, dtype=np.uint16).reshape(1, 1, 8, 8))
-    s = ssb.SSB(one, voltage_kv=300, semiangle_mrad=25, scan_step_a=0.5)
+    # No BF disk in these frames: the sampling is given (else the calibration refuses first).
+    s = ssb.SSB(one, voltage_kv=300, semiangle_mrad=25, scan_step_a=0.5, det_sampling_mrad=1.0)
     with pytest.raises(qg.InvalidArgumentError) as e:
         s.fit(seed=0, global_evals=2, local_max_iter=2)
     check(e, "2 x 2", "(1, 1)")
@@ -179,7 +180,7 @@ def test_ssb_fit_on_a_1x1_scan_is_refused():
         s.objective({})
     # A 1 x N scan cannot constrain the row direction either.
     row = io.load(np.ones((1, 6, 8, 8), np.uint16))
-    s = ssb.SSB(row, voltage_kv=300, semiangle_mrad=25, scan_step_a=0.5)
+    s = ssb.SSB(row, voltage_kv=300, semiangle_mrad=25, scan_step_a=0.5, det_sampling_mrad=1.0)
     with pytest.raises(qg.InvalidArgumentError, match=r"\(1, 6\)"):
         s.fit(seed=0, global_evals=2, local_max_iter=2)
 

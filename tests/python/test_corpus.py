@@ -257,7 +257,7 @@ ARGUMENT_CASES = [
     # frame indices
     ("frame-row-outside", lambda c: c["ds"][4, 0], IndexError, "row"),
     ("frame-col-negative", lambda c: c["ds"][0, -6], IndexError, "column"),
-    ("frame-float-index", lambda c: c["ds"][0.5, 0], TypeError, "two integers"),
+    ("frame-float-index", lambda c: c["ds"][0.5, 0], TypeError, "only integers"),
     # device
     ("resolve-unknown", lambda c: device.resolve("tpu"), Inv, "tpu"),
     ("resolve-type", lambda c: device.resolve(None), ArgT, "name"),

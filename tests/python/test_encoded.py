@@ -143,7 +143,10 @@ def test_save_and_reload(acq16, tmp_path):
         assert back.provenance["source_kind"] == "qem"
         orig = back.provenance["converted_from"]
         assert orig["files"][0]["path"].endswith("_master.h5")
-    with io.load(str(out), backend="cpu") as dense:
+    # A .qem stays ENCODED by default on every backend (DENSE when asked).
+    with io.load(str(out), backend="cpu") as default:
+        assert default.representation is ENCODED
+    with io.load(str(out), backend="cpu", representation="dense") as dense:
         assert dense.representation is DENSE
         np.testing.assert_array_equal(dense.to_numpy(), acq16["masked"])
     # A dense dataset saves too.

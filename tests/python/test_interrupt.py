@@ -46,7 +46,7 @@ if what == "load":
     call = lambda: encoded()
 elif what == "load_qem":
     io.save(encoded(), path)
-    call = lambda: io.load(path, backend="cpu")
+    call = lambda: io.load(path, backend="cpu", representation="dense")  # the decode is the long part
 elif what == "save":
     ds = io.load(arr, backend="cpu")          # dense: save encodes every frame first
     call = lambda: io.save(ds, path)
@@ -55,7 +55,8 @@ elif what == "ssb_prepare":
     call = lambda: ssb.SSB(ds, voltage_kv=300, semiangle_mrad=25, scan_step_a=0.5)
 elif what == "ssb_fit":
     ds = encoded()
-    s = ssb.SSB(ds, voltage_kv=300, semiangle_mrad=25, scan_step_a=0.5)
+    # Noise frames have no BF disk to calibrate from: the sampling is given.
+    s = ssb.SSB(ds, voltage_kv=300, semiangle_mrad=25, scan_step_a=0.5, det_sampling_mrad=1.0)
     # About 2 s: the fit does not poll the cancel flag, so after the interrupt it finishes in
     # the background (and holds the CPU until then); keep that short.
     call = lambda: s.fit(seed=0, global_evals=8, local_max_iter=4, local_starts=1)

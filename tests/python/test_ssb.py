@@ -121,7 +121,14 @@ def data():
 
 
 #: The optics of the simulation, as every SSB here is built with unless a test says otherwise.
-OPTICS = dict(voltage_kv=VOLTAGE_KV, semiangle_mrad=SEMIANGLE_MRAD, scan_step_a=STEP_A)
+# The detector sampling is given (the simulation's), so the reconstruction tests compare the
+# engines with the reference at one calibration; test_default_sampling_* checks the default rule.
+OPTICS = dict(
+    voltage_kv=VOLTAGE_KV,
+    semiangle_mrad=SEMIANGLE_MRAD,
+    scan_step_a=STEP_A,
+    det_sampling_mrad=DTHETA_TRUE,
+)
 
 
 def make_ssb(ds, **kw):
@@ -157,7 +164,7 @@ def ref_prepare(a, *, det_sampling_mrad=None, rotation_deg=0.0, bf_threshold=0.0
     d2 = (i.astype(np.float32) - np.float32(cr)) ** 2 + (j.astype(np.float32) - np.float32(cc)) ** 2
     inside = cand & (d2 <= np.float32(radius) ** 2)
     bi, bj = np.nonzero(inside)  # row-major order
-    dtheta = SEMIANGLE_MRAD / radius if det_sampling_mrad is None else det_sampling_mrad
+    dtheta = DTHETA_TRUE if det_sampling_mrad is None else det_sampling_mrad
     dk = dtheta * 1e-3 / LAM
     k0r, k0c = (bi - cr) * dk, (bj - cc) * dk
     th = math.radians(rotation_deg)
@@ -284,11 +291,14 @@ def test_encoded_equals_dense(data, prepared):
     assert s.reconstruct(TRUE).provenance["representation"] == "encoded"
 
 
-def test_default_sampling_is_alpha_over_radius(data, prepared):
+def test_default_sampling_is_alpha_over_the_disk_edge(data):
+    """Without det_sampling_mrad: α / r_edge (sub-pixel disk edge), near the simulation's true
+    sampling; compat_2alpha keeps the anchor's 2α / r_BF with the threshold radius."""
     _, radius, _ = ref_disk(data["counts"])
-    assert prepared.info["det_sampling_mrad"] == pytest.approx(SEMIANGLE_MRAD / radius, rel=1e-9)
     ds = io.load(data["counts"], backend="cpu")
-    compat = make_ssb(ds, compat_2alpha=True)
+    default = make_ssb(ds, det_sampling_mrad=None)
+    assert default.info["det_sampling_mrad"] == pytest.approx(DTHETA_TRUE, rel=0.02)
+    compat = make_ssb(ds, det_sampling_mrad=None, compat_2alpha=True)
     assert compat.info["det_sampling_mrad"] == pytest.approx(2 * SEMIANGLE_MRAD / radius, rel=1e-9)
 
 

@@ -35,6 +35,8 @@ class QuantemIOError(QuantemError, OSError): ...
 class Dataset:
     """A loaded 4D-STEM acquisition ``I[R_r, R_c, k_r, k_c]`` (see ``quantem.gpu.io.load``)."""
 
+    def show(self, **kwargs: Any) -> Any: ...
+
     @property
     def shape(self) -> tuple[int, int, int, int]: ...
     @property
@@ -110,6 +112,13 @@ def load(
     memory_budget: int | None = None,
     progress: _Progress | None = None,
     dataset_path: str | None = None,
+    format: str | None = None,
+    shape: Sequence[int] | None = None,
+    raw_dtype: str | None = None,
+    file_header_bytes: int = 0,
+    frame_header_bytes: int = 0,
+    frame_footer_bytes: int = 0,
+    float_scale: float | None = None,
     device: int | None = None,
 ) -> Dataset: ...
 def save(dataset: Dataset, path: _Path) -> dict[str, Any]: ...
