@@ -593,10 +593,20 @@ fn upload_host_frames(
     };
     let g = qem_cuda::load_array(&data, scan, detector, &params)?;
     drop(data);
+    cuda_loaded(g, planned, representation)
+}
+
+/// A dense array loaded onto the card, kept DENSE or encoded there to ENCODED (the rANS
+/// model and sample count of the CPU engine's encoder).
+fn cuda_loaded(
+    g: qem_cuda::GpuLoad,
+    planned: &Planned,
+    representation: Representation,
+) -> Result<Loaded> {
     if representation == Representation::Dense {
         return Ok(Loaded {
             storage: Storage::CudaDense(g.array),
-            saturated: 0,
+            saturated: g.saturated,
             memory: Some(g.memory),
             timings: g.timings,
             codec: None,
@@ -621,7 +631,7 @@ fn upload_host_frames(
     timings.extend(en.timings);
     Ok(Loaded {
         storage: Storage::CudaEncoded(en.encoded),
-        saturated: 0,
+        saturated: g.saturated,
         memory: Some(en.memory),
         timings,
         codec: Some(codec),
@@ -766,40 +776,7 @@ fn load_in_memory(data: DenseArray, shape: &[usize], request: Request<'_>) -> Re
                 detector,
                 &gpu_params(&planned, request.params, None, request.progress),
             )?;
-            if planned.representation == Representation::Encoded {
-                let frame_bytes = planned.plan.output_len() * 2;
-                let opts = qem_cuda::EncodeOptions {
-                    model: qem_cpu::model_params(),
-                    sample_frames: crate::encode::sample_count(frame_bytes) as u64,
-                    ..qem_cuda::EncodeOptions::default()
-                };
-                let en = qem_cuda::encode_device_array(&g.array, &opts)?;
-                let dense_bytes = g.array.nbytes();
-                drop(g.array);
-                let codec = crate::encode::codec_info_device(
-                    &en.encoded,
-                    opts.sample_frames.min(en.frames),
-                    dense_bytes,
-                    None,
-                );
-                let mut timings = g.timings;
-                timings.extend(en.timings);
-                Loaded {
-                    storage: Storage::CudaEncoded(en.encoded),
-                    saturated: g.saturated,
-                    memory: Some(en.memory),
-                    timings,
-                    codec: Some(codec),
-                }
-            } else {
-                Loaded {
-                    storage: Storage::CudaDense(g.array),
-                    saturated: g.saturated,
-                    memory: Some(g.memory),
-                    timings: g.timings,
-                    codec: None,
-                }
-            }
+            cuda_loaded(g, &planned, planned.representation)?
         }
     };
     loaded.timings.push(StageTiming {
