@@ -25,6 +25,7 @@ test-rust: setup
 
 wheel: setup
 	rm -rf dist
+	./scripts/stage_cli.sh
 	$(PYTHON) -m maturin build --release --quiet -o dist
 	$(PYTHON) -m pip install --quiet --force-reinstall --no-deps dist/quantem_gpu-*.whl
 

@@ -165,3 +165,24 @@ def test_console_script_usage_error_exit_code():
     assert exe
     out = subprocess.run([exe, "no-such-command"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, (out.returncode, out.stderr)
+
+
+def test_console_script_runs_the_shipped_binary():
+    # The wheel carries the CLI as its own binary (the extension module does not link it).
+    from quantem.gpu import _cli
+
+    exe = _cli.binary_path()
+    assert exe.is_file() and os.access(exe, os.X_OK), exe
+    out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("quantem-gpu "), out
+
+
+def test_console_script_without_its_binary_says_how_to_get_it(monkeypatch, tmp_path, capsys):
+    from quantem.gpu import _cli
+
+    monkeypatch.setattr(_cli, "binary_path", lambda: tmp_path / "missing" / "quantem-gpu")
+    with pytest.raises(SystemExit) as exit_info:
+        _cli.main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "missing" / "quantem-gpu") in err and "make wheel" in err

@@ -22,7 +22,6 @@ use crate::errors::{to_pyerr, IntoPyResult};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 use qem::{BackendRequest, DtypeRequest, Error, LoadParams, Representation, SourceArg};
-use std::ffi::OsString;
 use std::path::PathBuf;
 
 fn parse_representation(name: Option<&str>) -> PyResult<Option<Representation>> {
@@ -210,12 +209,6 @@ fn _inject_cuda_fault(py: Python<'_>) -> PyResult<()> {
     py.detach(qem::backend::inject_cuda_fault).py()
 }
 
-/// Run the `quantem-gpu` command line with `argv` (program name first); returns the exit code.
-#[pyfunction]
-fn cli_main(py: Python<'_>, argv: Vec<OsString>) -> i32 {
-    py.detach(|| qem_cli::run(argv))
-}
-
 /// The module `quantem.gpu._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -232,7 +225,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(discover, m)?)?;
     m.add_function(wrap_pyfunction!(backends, m)?)?;
     m.add_function(wrap_pyfunction!(resolve_backend, m)?)?;
-    m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(_inject_cuda_fault, m)?)?;
     products::register(m)?;
     ssb::register(m)?;
