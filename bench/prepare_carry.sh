@@ -3,7 +3,7 @@
 # here: the four check binaries of crates/qem-bench (qem-cuda-check, -load-check,
 # -products-check, -rans-check) and its serve-latency bench, the façade and SSB benches (qem-bench's examples
 # cuda_products_bench, ssb_cuda_bench), the Rust ssb test binary, the wheel installed into
-# site/ (with the quantem-gpu CLI in site/bin), hdf5plugin for
+# site/ (the quantem-gpu console script in site/bin, the CLI binary in the package), hdf5plugin for
 # the device's Python 3.12 (bitshuffle filter only) in h5p/, the bslz4 test vectors, the Python
 # tests and the reference-acquisition generator. Needs cargo and maturin; run from the
 # repository root, then carry `device_carry` (it must stay under 64 MiB; du is printed).
@@ -36,6 +36,7 @@ cp "$(test_binary every_engine)" "$D/every_engine_tests"
 strip "$D"/qem-bench "$D"/qem-cuda-* "$D"/serve-latency "$D"/cuda_products_bench "$D"/ssb_cuda_bench "$D"/ssb_tests "$D"/every_engine_tests
 # The wheel ships compiled kernels (crates/qem-cuda/build.rs; NVRTC from PyPI, no GPU needed).
 QEM_NVRTC=${QEM_NVRTC:-$(scripts/fetch_nvrtc.sh)}
+./scripts/stage_cli.sh
 rm -rf dist && QEM_NVRTC=$QEM_NVRTC QEM_SHIP_KERNELS=require python3 -m maturin build --release --quiet -o dist
 python3 -m pip install --quiet --no-deps --no-compile --target "$D/site" dist/quantem_gpu-*.whl
 # The console script's interpreter as the device has it (pip wrote this machine's).
@@ -47,7 +48,7 @@ python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3
 python3 -m zipfile -e /tmp/h5p_whl/hdf5plugin-*.whl "$D/h5p"
 # Only the bitshuffle filter is used (the carry must stay under 64 MiB): 186 MB → 0.9 MB.
 find "$D/h5p/hdf5plugin/plugins" -type f ! -name 'libh5bshuf.so' -delete
-strip "$D/h5p/hdf5plugin/plugins/libh5bshuf.so" "$D"/site/quantem/gpu/_native*.so
+strip "$D/h5p/hdf5plugin/plugins/libh5bshuf.so"
 cp "$GEN" "$D/"
 cp -r crates/qem-codec/tests/vectors "$D/vectors"
 # tests/python (pytest), tests/tools (the independent Dectris writer the tests import), and any
