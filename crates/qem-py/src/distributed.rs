@@ -6,7 +6,6 @@
 //! * [`distributed_dpc`]: DPC/iDPC on merged exact moments and ADF image
 //!   (`qem::dpc::run_on_moments`, the second half of `dpc.run`).
 
-use crate::convert::{grid, to_py};
 use crate::dataset::{run_on, PyDataset};
 use crate::errors::{to_pyerr, IntoPyResult};
 use numpy::{PyReadonlyArray2, PyUntypedArrayMethods};
@@ -135,24 +134,7 @@ fn distributed_dpc<'py>(
         });
         dpc::run_on_moments(ds, &moments, adf, scan, &p)
     })?;
-    let out = PyDict::new(py);
-    let s = r.scan_shape;
-    out.set_item("rotation_deg", r.rotation_deg)?;
-    out.set_item("transpose", r.transpose)?;
-    out.set_item("sign_confidence", r.sign_confidence)?;
-    out.set_item("sign_criterion", &r.sign_criterion)?;
-    out.set_item("confident", r.confident)?;
-    out.set_item("curl_score", r.curl_score)?;
-    out.set_item("zero_frames", r.zero_frames)?;
-    out.set_item("unit", &r.unit)?;
-    out.set_item("phase_unit", &r.phase_unit)?;
-    out.set_item("provenance", to_py(py, &r.provenance)?)?;
-    out.set_item("com_row", grid(py, r.com_row, s)?)?;
-    out.set_item("com_col", grid(py, r.com_col, s)?)?;
-    out.set_item("dpc_row", grid(py, r.dpc_row, s)?)?;
-    out.set_item("dpc_col", grid(py, r.dpc_col, s)?)?;
-    out.set_item("phase", grid(py, r.phase, s)?)?;
-    Ok(out)
+    crate::products::dpc_dict(py, r)
 }
 
 /// Add the functions to the module.

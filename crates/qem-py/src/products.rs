@@ -465,7 +465,9 @@ fn dpc_center_of_mass<'py>(
     com_dict(py, c)
 }
 
-fn dpc_dict<'py>(py: Python<'py>, r: DpcResult) -> PyResult<Bound<'py, PyDict>> {
+/// A DPC result as the dict the Python layer wraps (also the merged result of the distributed
+/// path).
+pub(crate) fn dpc_dict<'py>(py: Python<'py>, r: DpcResult) -> PyResult<Bound<'py, PyDict>> {
     let out = PyDict::new(py);
     let s = r.scan_shape;
     out.set_item("rotation_deg", r.rotation_deg)?;
