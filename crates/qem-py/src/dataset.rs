@@ -5,7 +5,8 @@
 //! and nothing ever waits for a write. `close()` asks for the data to be released: at once
 //! when no call is running, else by the last running call when it ends (a call interrupted by
 //! Ctrl-C may still be finishing in the background). From the moment `close()` returns, the
-//! dataset reads as closed and new calls are refused. So closing from another thread, or in a
+//! dataset reads as closed and new calls are refused. A DLPack export ([`crate::dlpack`]) holds
+//! the data the same way until the consumer deletes its tensor. So closing from another thread, or in a
 //! `with` block's exit after Ctrl-C, never blocks and never fails. The class is `frozen` (no
 //! `&mut self`), so PyO3's borrow flag (`RuntimeError: Already borrowed`) never comes into it.
 
@@ -17,7 +18,7 @@ use pyo3::exceptions::{PyAttributeError, PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use qem::{DType, Error, ErrorKind};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, TryLockError};
 
 /// Above this many bytes `to_numpy()` / `np.asarray()` refuse unless `force=True`.
@@ -38,6 +39,8 @@ pub struct PyDataset {
 pub struct Shared {
     ds: RwLock<qem::Dataset>,
     close_requested: AtomicBool,
+    /// Live DLPack exports; the data stays while any is alive.
+    exports: AtomicUsize,
 }
 
 impl Shared {
@@ -62,10 +65,21 @@ impl Shared {
         self.settle();
     }
 
-    /// Release the data if a close was asked for and no call holds it. Never waits: a call
-    /// holding a read guard runs `settle` itself when it ends.
+    /// A DLPack export starts (called under a read guard).
+    pub fn begin_export(&self) {
+        self.exports.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A DLPack export ended (its tensor was deleted): a pending close may now be carried out.
+    pub fn end_export(&self) {
+        self.exports.fetch_sub(1, Ordering::SeqCst);
+        self.settle();
+    }
+
+    /// Release the data if a close was asked for and no call or export holds it. Never waits:
+    /// a call holding a read guard runs `settle` itself when it ends, an export when it ends.
     fn settle(&self) {
-        if !self.closing() {
+        if !self.closing() || self.exports.load(Ordering::SeqCst) > 0 {
             return;
         }
         let mut guard = match self.ds.try_write() {
@@ -94,6 +108,7 @@ impl PyDataset {
             shared: Arc::new(Shared {
                 ds: RwLock::new(inner),
                 close_requested: AtomicBool::new(false),
+                exports: AtomicUsize::new(0),
             }),
         }
     }
@@ -248,6 +263,13 @@ impl PyDataset {
         self.shared.closing() || self.with(|d| d.is_closed())
     }
 
+    /// True once the data is actually released (``close()`` may wait for running calls and
+    /// DLPack views; tests and diagnostics read this).
+    #[getter]
+    fn _released(&self) -> bool {
+        self.with(|d| d.is_closed())
+    }
+
     /// ``ds[row, col]``: one detector frame ``(k_r, k_c)`` (negative counts from the end);
     /// any other NumPy-style index of integers, slices and ``...`` (``ds[0:16, :, 10, 10]``,
     /// ``ds[..., r, c]``) reads only the selected frames (``quantem.gpu._index``).
@@ -347,6 +369,32 @@ impl PyDataset {
         dict.set_item("strides", py.None())?;
         dict.set_item("stream", py.None())?;
         Ok(dict)
+    }
+
+    /// DLPack: a zero-copy view of the dense array for ``torch.from_dlpack``,
+    /// ``cupy.from_dlpack``, ``jax.dlpack`` or (CPU datasets) ``np.from_dlpack``.
+    ///
+    /// The view keeps the data alive: ``close()`` while a tensor made from it exists releases
+    /// the memory only when that tensor is deleted. ENCODED datasets have no dense array and
+    /// raise ``BufferError``; so do ``copy=True`` and a ``dl_device`` other than the dataset's.
+    #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        // Any version the consumer accepts takes the legacy "dltensor" capsule (DLPack 0.8).
+        let _ = max_version;
+        crate::dlpack::export(py, self, stream.as_ref(), dl_device, copy)
+    }
+
+    /// ``(device_type, device_id)`` as DLPack numbers them: ``(1, 0)`` CPU, ``(2, k)`` CUDA
+    /// device ``k``.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        crate::dlpack::device(self)
     }
 
     /// ``np.asarray(ds)``: the dense copy (same size guard as ``to_numpy``).

@@ -10,6 +10,7 @@ mod browse;
 mod convert;
 mod dataset;
 mod distributed;
+mod dlpack;
 mod engine;
 mod errors;
 mod products;

@@ -225,6 +225,14 @@ impl Dataset {
             _ => None,
         }
     }
+    /// The CUDA device ordinal holding the data (`None` for CPU datasets and closed ones).
+    pub fn cuda_ordinal(&self) -> Option<usize> {
+        match &self.storage {
+            Storage::CudaDense(a) => Some(a.device_ordinal()),
+            Storage::CudaEncoded(e) => Some(e.device_ordinal()),
+            _ => None,
+        }
+    }
     /// One frame `(k_r, k_c)` at scan position `(row, col)`, as a copy.
     pub fn frame(&self, row: usize, col: usize) -> Result<DenseArray> {
         if row >= self.scan_shape.rows || col >= self.scan_shape.cols {
