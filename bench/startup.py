@@ -40,11 +40,13 @@ src = sys.argv[1]
 rec = {"import_s": t_import - t0}
 t = time.perf_counter(); ds = io.load(src, backend="cuda"); t1 = time.perf_counter()
 rec["first_load_s"] = t1 - t
+rec["first_load_stages"] = ds.provenance.get("timings")
 rec["import_to_first_load_end_s"] = t1 - t0
 rec["representation"] = str(getattr(ds, "representation", None))
 t = time.perf_counter()
 ds = io.load(src, backend="cuda")
 rec["second_load_s"] = time.perf_counter() - t
+rec["second_load_stages"] = ds.provenance.get("timings")
 which = ["bf", "abf", "adf", "sum_dp", "com"]
 t = time.perf_counter()
 detector.products(ds, which)
