@@ -173,3 +173,36 @@ fn unknown_files_and_shards_are_refused() {
     assert!(e.to_string().contains("open the *_master.h5"), "{e}");
     assert!(e.to_string().contains("scan_master.h5"), "{e}");
 }
+
+/// A header of deeply nested brackets is refused before the Python-literal parser sees it:
+/// that parser backtracks exponentially on them (found by the fuzzer as a hang).
+#[test]
+fn npy_header_with_deep_brackets_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("deep.npy");
+    let text = "{".repeat(40);
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(text.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(text.as_bytes());
+    std::fs::write(&p, &bytes).unwrap();
+    let e = Source::open(&p, &OpenOptions::default()).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Source);
+    let s = e.to_string();
+    assert!(
+        s.contains("nests brackets too deeply") && s.contains("40 deep"),
+        "{s}"
+    );
+
+    // A header longer than any NumPy writes is refused by its length, not read.
+    let mut bytes = b"\x93NUMPY\x02\x00".to_vec();
+    bytes.extend_from_slice(&(100_000_000u32).to_le_bytes());
+    bytes.extend_from_slice(b"{'descr': '<u2'");
+    std::fs::write(&p, &bytes).unwrap();
+    let s = Source::open(&p, &OpenOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        s.contains("implausibly long") && s.contains("100000000"),
+        "{s}"
+    );
+}

@@ -14,19 +14,54 @@ use std::path::Path;
 
 const OP: &str = "open";
 
-/// Open a `.npy` file of shape `(N, k_r, k_c)` or `(R, C, k_r, k_c)`.
-pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Source> {
-    let mut f = guard::open_regular(OP, path, "npy file")?;
-    let mut pre = [0u8; 12];
+/// Longest header text accepted. NumPy refuses to read headers over 10,000 bytes unless told
+/// to trust the file; ours only carry `descr`, `fortran_order` and `shape`.
+const MAX_HEADER_BYTES: u64 = 65_536;
+
+/// Deepest bracket nesting accepted (outside string literals). A plain array's header nests 2
+/// (the dict and the shape tuple); structured dtypes nest more but are refused later anyway.
+const MAX_HEADER_DEPTH: usize = 6;
+
+/// Deepest nesting of `(`, `[` and `{` in `text`, skipping quoted strings.
+fn bracket_depth(text: &[u8]) -> usize {
+    let (mut depth, mut deepest, mut quote) = (0usize, 0usize, None::<u8>);
+    for &b in text {
+        match (quote, b) {
+            (Some(q), _) if b == q => quote = None,
+            (Some(_), _) => {}
+            (None, b'\'' | b'"') => quote = Some(b),
+            (None, b'(' | b'[' | b'{') => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            (None, b')' | b']' | b'}') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// Read `buf.len()` bytes from the start of `f` (fewer only at end of file).
+fn read_at(mut f: &std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    use std::io::{Seek, SeekFrom};
+    f.seek(SeekFrom::Start(0))?;
     let mut n = 0;
-    while n < pre.len() {
-        match f.read(&mut pre[n..]) {
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
             Ok(0) => break,
             Ok(k) => n += k,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Error::io(OP, path, &e)),
+            Err(e) => return Err(e),
         }
     }
+    Ok(n)
+}
+
+/// Open a `.npy` file of shape `(N, k_r, k_c)` or `(R, C, k_r, k_c)`.
+pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Source> {
+    let f = guard::open_regular(OP, path, "npy file")?;
+    let mut pre = [0u8; 12];
+    let n = read_at(&f, &mut pre).map_err(|e| Error::io(OP, path, &e))?;
     let bad = |msg: &str, found: String| {
         Error::source(OP, format!("not a valid .npy file: {msg}"))
             .with_file(path)
@@ -41,8 +76,34 @@ pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Source> {
         2 | 3 if n >= 12 => 12 + u64::from(u32::from_le_bytes([pre[8], pre[9], pre[10], pre[11]])),
         v => return Err(bad("unknown version", format!("version {v}.{}", pre[7]))),
     };
-    let f = guard::open_regular(OP, path, "npy file")?;
-    let header = npyz::NpyHeader::from_reader(std::io::BufReader::new(f))
+    // The header text is read and screened here before `npyz` parses it: its Python-literal
+    // parser backtracks exponentially on nested brackets (a 14-deep `{` takes 15 s, found by
+    // the fuzzer), so a hostile header could hang `open`.
+    let header_len = data_offset - if pre[6] == 1 { 10 } else { 12 };
+    if header_len > MAX_HEADER_BYTES {
+        return Err(bad(
+            "the header is implausibly long",
+            format!("{header_len} header bytes (at most {MAX_HEADER_BYTES} accepted; numpy writes under 10,000)"),
+        ));
+    }
+    let mut head = vec![0u8; data_offset as usize];
+    let got = read_at(&f, &mut head).map_err(|e| Error::io(OP, path, &e))?;
+    if got < head.len() {
+        return Err(bad(
+            "truncated header",
+            format!("{got} bytes, the header ends at byte {data_offset}"),
+        ));
+    }
+    let depth = bracket_depth(&head[data_offset as usize - header_len as usize..]);
+    if depth > MAX_HEADER_DEPTH {
+        return Err(bad(
+            "the header nests brackets too deeply",
+            format!(
+                "brackets nested {depth} deep (at most {MAX_HEADER_DEPTH}; a NumPy header nests 2)"
+            ),
+        ));
+    }
+    let header = npyz::NpyHeader::from_reader(std::io::Cursor::new(head))
         .map_err(|e| bad("cannot parse the header", e.to_string()))?;
     if header.order() == npyz::Order::Fortran {
         return Err(
@@ -97,4 +158,18 @@ pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Source> {
             metadata,
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bracket_depth;
+
+    #[test]
+    fn depth_counts_brackets_outside_strings() {
+        let plain = b"{'descr': '<u2', 'fortran_order': False, 'shape': (4, 8, 8), }";
+        assert_eq!(bracket_depth(plain), 2);
+        assert_eq!(bracket_depth(b"{'descr': '[[[[((', 'shape': ()}"), 2);
+        assert_eq!(bracket_depth(b"[[[[[[[[]]]]]]]]"), 8);
+        assert_eq!(bracket_depth(b"))))(("), 2);
+    }
 }
