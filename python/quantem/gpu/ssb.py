@@ -409,6 +409,8 @@ class SSB:
         local_max_iter: int | None = None,
         start: Mapping[str, float] | None = None,
         local_starts: int | None = None,
+        thickness_a: float | None = None,
+        fitted_plane: str = "exit",
     ) -> SSBFit:
         """Fit aberrations: a seeded global search, then Nelder–Mead refinement.
 
@@ -436,6 +438,14 @@ class SSB:
             Nelder–Mead runs, from the best distinct global candidates (default 3). Each
             runs until its simplex spans 1 % of the box; only the best of them goes on to
             1e-4 (the others stop there).
+        thickness_a : float, optional
+            Specimen thickness, Å. When given, ``provenance["focal_reference"]`` holds C10
+            referred to the entrance surface (``C10_entrance_a``, the plane a simulator such as
+            abTEM defines its defocus at) besides the fitted value; ``aberrations`` is unchanged.
+        fitted_plane : {"exit", "mid"}
+            Which plane the fitted C10 is taken to refer to (docs/calibration.md): ``"exit"``
+            (``C10_entrance = C10 − t``; measured on strongly scattering SrTiO3, 3–5 cells at
+            200 and 300 kV) or ``"mid"`` (``C10 − t/2``; weakly scattering, kinematic specimens).
 
         Notes
         -----
@@ -497,6 +507,9 @@ class SSB:
                         found=repr(lohi),
                     )
                 rng[k] = (lo, hi)
+        plane = _args.text(_OP, "fitted_plane", fitted_plane, ("exit", "mid"))
+        if thickness_a is not None:
+            t = _number("thickness_a", thickness_a, positive=False, minimum=0.0)
         d = self._native.fit(
             seed=_args.integer(_OP, "seed", seed, minimum=0, maximum=_args.U64_MAX),
             fit=names,
@@ -508,7 +521,20 @@ class SSB:
             start=_aberrations(start, "start"),
         )
         f = SSBFit._from_native(d)
-        return dataclasses.replace(f, result=self._with_axes(f.result))
+        f = dataclasses.replace(f, result=self._with_axes(f.result))
+        if thickness_a is None:
+            return f
+        depth = t if plane == "exit" else t / 2
+        c10 = f.aberrations["C10"]
+        focal = {
+            "thickness_a": t,
+            "fitted_plane": plane,
+            "C10_fitted_a": c10,
+            "C10_entrance_a": c10 - depth,
+            "rule": f"C10_entrance = C10_fitted - {'t' if plane == 'exit' else 't/2'} "
+            "(C10 grows by z at depth z; docs/calibration.md)",
+        }
+        return dataclasses.replace(f, provenance={**f.provenance, "focal_reference": focal})
 
     def __repr__(self) -> str:
         i = self.info

@@ -1,0 +1,194 @@
+"""Signs and units of the SSB aberration fit against a simulation written here (issue 20 item 3).
+
+The acquisition is simulated in this file with NumPy (independent of the engine and of
+``qem-sim``): a weak-phase object ``t = exp(iσV)`` (Gaussian bumps on a periodic grid), the
+probe ``P(k) = A(k)·exp(−iχ(k))`` with the Krivanek ``χ`` of docs/science.md
+(``χ ⊃ π C10 α²/λ``, ``C10 > 0`` = overfocus, ``φ`` measured from the scan row axis toward the
+column axis), frames ``|FFT(ψ·t_R)|²`` with detector row ∥ scan row, then optionally rotated or
+transposed on the detector. Expected values are the simulation's inputs (C12 direction
+modulo π); the fit is the engine's, with the true detector sampling.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from quantem.gpu import dpc, io, ssb
+
+_H, _M0, _E, _C = 6.62607015e-34, 9.1093837015e-31, 1.602176634e-19, 299792458.0
+VOLTAGE_KV = 200.0
+SEMIANGLE_MRAD = 25.0
+STEP_PX = 3  # scan step in simulation pixels
+WINDOW = 40  # simulation window (pixels); the detector is its central DET
+DET = 24
+BF_RADIUS_PX = 7.0  # the aperture edge on the detector, pixels
+
+
+def _wavelength_a(kv: float) -> float:
+    v = kv * 1e3
+    return _H / math.sqrt(2 * _M0 * _E * v * (1 + _E * v / (2 * _M0 * _C**2))) * 1e10
+
+
+LAM = _wavelength_a(VOLTAGE_KV)
+DTHETA = SEMIANGLE_MRAD / BF_RADIUS_PX  # mrad per detector pixel
+DX = LAM / (WINDOW * DTHETA * 1e-3)  # Å per simulation pixel
+STEP_A = STEP_PX * DX
+
+
+def _chi(kr, kc, ab):
+    """χ (rad) at spatial frequency (kr, kc) [Å⁻¹]; C10, C12 in Å, phi12 in rad."""
+    a = LAM * np.hypot(kr, kc)
+    phi = np.arctan2(kc, kr)
+    c10, c12, p12 = ab.get("C10", 0.0), ab.get("C12", 0.0), ab.get("phi12", 0.0)
+    return (2 * np.pi / LAM) * (a**2 / 2) * (c10 + c12 * np.cos(2 * (phi - p12)))
+
+
+def simulate(ab: dict, scan: tuple[int, int] = (16, 20), detector: str = "identity"):
+    """uint32 counts ``(R_r, R_c, DET, DET)``; ``detector`` is ``"identity"``, ``"rot90"``
+    (``np.rot90`` of every frame) or ``"transpose"`` (frame axes exchanged)."""
+    m = WINDOW
+    f = np.fft.fftfreq(m, d=DX)
+    kr, kc = np.meshgrid(f, f, indexing="ij")
+    aperture = (LAM * np.hypot(kr, kc) <= SEMIANGLE_MRAD * 1e-3).astype(np.float64)
+    probe = np.fft.fftshift(np.fft.ifft2(aperture * np.exp(-1j * _chi(kr, kc, ab))))
+    gr, gc = scan[0] * STEP_PX, scan[1] * STEP_PX
+    r, c = np.mgrid[:gr, :gc].astype(np.float64)
+    v = np.zeros((gr, gc))
+    rng = np.random.default_rng(7)
+    for r0, c0, w in zip(rng.uniform(0, gr, 9), rng.uniform(0, gc, 9), rng.uniform(1.5, 2.5, 9)):
+        dr = (r - r0 + gr / 2) % gr - gr / 2  # periodic distance
+        dc = (c - c0 + gc / 2) % gc - gc / 2
+        v += np.exp(-(dr**2 + dc**2) / (2 * w * w))
+    t = np.exp(1j * 0.3 * v)
+    lo = (m - DET) // 2
+    out = np.empty(scan + (DET, DET))
+    idx = np.arange(m) - m // 2
+    for i in range(scan[0]):
+        rows = (i * STEP_PX + idx) % gr
+        for j in range(scan[1]):
+            cols = (j * STEP_PX + idx) % gc
+            dp = np.abs(np.fft.fftshift(np.fft.fft2(probe * t[np.ix_(rows, cols)]))) ** 2
+            out[i, j] = dp[lo : lo + DET, lo : lo + DET]
+    if detector == "rot90":
+        out = np.rot90(out, k=1, axes=(2, 3))
+    elif detector == "transpose":
+        out = np.swapaxes(out, 2, 3)
+    return np.ascontiguousarray(np.rint(out / out.max() * 4000.0).astype(np.uint32))
+
+
+def _fit(counts, rotation_deg: float = 0.0, fit=("C10", "C12", "phi12")) -> dict:
+    ds = io.load(counts, backend="cpu")
+    s = ssb.SSB(
+        ds,
+        voltage_kv=VOLTAGE_KV,
+        semiangle_mrad=SEMIANGLE_MRAD,
+        scan_step_a=STEP_A,
+        det_sampling_mrad=DTHETA,
+        rotation_deg=rotation_deg,
+    )
+    return s.fit(seed=0, fit=fit, global_evals=40, local_max_iter=80).aberrations
+
+
+def _angle_mod_pi(a: float, b: float) -> float:
+    """|a − b| modulo π, in [0, π/2]."""
+    d = (a - b) % math.pi
+    return min(d, math.pi - d)
+
+
+@pytest.mark.parametrize("c10", [-80.0, 80.0], ids=["underfocus", "overfocus"])
+def test_defocus_sign(c10):
+    """C10 < 0 is underfocus (abTEM defocus > 0), C10 > 0 overfocus; the fit keeps the sign
+    and the value in Å."""
+    got = _fit(simulate({"C10": c10}), fit=("C10",))
+    assert got["C10"] == pytest.approx(c10, abs=3.0)
+
+
+@pytest.mark.parametrize("phi12", [-1.2, -0.4, 0.4, 1.2])
+def test_astigmatism_angle(phi12):
+    """C12 = 30 Å at four directions: the fitted φ12 equals the truth modulo π, C12 in Å."""
+    truth = {"C10": 40.0, "C12": 30.0, "phi12": phi12}
+    got = _fit(simulate(truth))
+    assert got["C10"] == pytest.approx(40.0, abs=3.0)
+    assert got["C12"] == pytest.approx(30.0, abs=3.0)
+    assert _angle_mod_pi(got["phi12"], phi12) < 0.1
+
+
+def test_non_square_scan_both_orientations():
+    """A 20 × 14 scan (rows > columns; the other tests use 16 × 20): same truth recovered."""
+    truth = {"C10": -50.0, "C12": 25.0, "phi12": 0.9}
+    got = _fit(simulate(truth, scan=(20, 14)))
+    assert got["C10"] == pytest.approx(-50.0, abs=3.0)
+    assert got["C12"] == pytest.approx(25.0, abs=3.0)
+    assert _angle_mod_pi(got["phi12"], 0.9) < 0.1
+
+
+def _dpc_geometry(detector: str):
+    """``dpc.run`` on an in-focus acquisition with the same detector geometry (how the
+    rotation is calibrated: DPC's rotation is least biased without aberrations)."""
+    d = dpc.run(io.load(simulate({}, detector=detector), backend="cpu"))
+    return d.rotation_deg, d.transpose
+
+
+def test_rotated_detector_with_dpc_rotation():
+    """Every frame rotated by 90° (``np.rot90``) on the detector: ``dpc.run`` finds 270°
+    (mod 360°, its 180° ambiguity resolved), and SSB given that rotation recovers C10, C12 and
+    φ12 in the scan frame. The rotation's 180° matters for SSB: ``k → −k`` flips the sign of
+    the even aberrations the fit finds (C10 → −C10, φ12 → φ12 ± π/2)."""
+    truth = {"C10": 40.0, "C12": 30.0, "phi12": 0.4}
+    rot, transpose = _dpc_geometry("rot90")
+    assert not transpose
+    assert abs((rot % 360.0) - 270.0) < 3.0, rot
+    counts = simulate(truth, detector="rot90")
+    got = _fit(counts, rotation_deg=rot)
+    assert got["C10"] == pytest.approx(40.0, abs=3.0)
+    assert got["C12"] == pytest.approx(30.0, abs=3.0)
+    assert _angle_mod_pi(got["phi12"], 0.4) < 0.1
+    flipped = _fit(counts, rotation_deg=rot + 180.0)
+    assert flipped["C10"] == pytest.approx(-40.0, abs=3.0)
+    assert _angle_mod_pi(flipped["phi12"], 0.4 + math.pi / 2) < 0.1
+
+
+def test_transposed_detector_is_found_by_dpc():
+    """Frame axes exchanged: ``dpc.run`` reports ``transpose``. SSB has no transpose option
+    (a reflection is not a rotation), so the detector axes of such an acquisition must be
+    exchanged before SSB; then the truth comes back."""
+    truth = {"C10": 40.0, "C12": 30.0, "phi12": 0.4}
+    rot, transpose = _dpc_geometry("transpose")
+    assert transpose
+    assert abs(((rot + 180.0) % 360.0) - 180.0) < 3.0, rot
+    counts = simulate(truth, detector="transpose")
+    fixed = _fit(np.ascontiguousarray(np.swapaxes(counts, 2, 3)))
+    assert fixed["C10"] == pytest.approx(40.0, abs=3.0)
+    assert fixed["C12"] == pytest.approx(30.0, abs=3.0)
+    assert _angle_mod_pi(fixed["phi12"], 0.4) < 0.1
+
+
+def test_c10_at_the_entrance_surface():
+    """``fit(thickness_a=t)``: C10 referred to the entrance surface is the fitted C10 minus t
+    (the fit refers to the exit surface of a strongly scattering crystal) or minus t/2
+    (``fitted_plane="mid"``, kinematic); the fitted aberrations themselves are unchanged."""
+    counts = simulate({"C10": 60.0}, scan=(12, 12))
+    s = ssb.SSB(
+        io.load(counts, backend="cpu"),
+        voltage_kv=VOLTAGE_KV,
+        semiangle_mrad=SEMIANGLE_MRAD,
+        scan_step_a=STEP_A,
+        det_sampling_mrad=DTHETA,
+    )
+    kw = dict(seed=0, fit=("C10",), global_evals=6, local_max_iter=10)
+    plain = s.fit(**kw)
+    assert "focal_reference" not in plain.provenance
+    exit_ = s.fit(**kw, thickness_a=12.5)
+    mid = s.fit(**kw, thickness_a=12.5, fitted_plane="mid")
+    c10 = plain.aberrations["C10"]
+    assert exit_.aberrations == plain.aberrations == mid.aberrations
+    assert exit_.provenance["focal_reference"]["C10_entrance_a"] == pytest.approx(c10 - 12.5)
+    assert mid.provenance["focal_reference"]["C10_entrance_a"] == pytest.approx(c10 - 6.25)
+    assert exit_.provenance["focal_reference"]["fitted_plane"] == "exit"
+    with pytest.raises(ValueError, match="thickness_a"):
+        s.fit(**kw, thickness_a=-1.0)
+    with pytest.raises(ValueError, match="fitted_plane"):
+        s.fit(**kw, thickness_a=1.0, fitted_plane="entrance")
