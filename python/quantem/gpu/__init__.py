@@ -30,6 +30,13 @@ from quantem.gpu._native import (
 )
 from quantem.gpu.io import DataRepresentation, Dataset, Dataset4dstemGPU
 
+# Notebook display of the classes whose modules do not import ``_display`` themselves.
+from quantem.gpu import _display  # noqa: E402
+
+_display.attach(ssb.SSBResult, ssb.SSBFit)
+_display.attach(detector.Products)
+_display.attach(detector.DiskFit, ssb.SSB, html=_display.info_html, plot=None)
+
 __all__ = [
     "ArgumentTypeError",
     "BackendUnavailableError",

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from quantem.gpu import _args, _native, results
+from quantem.gpu import _args, _native, _progress, results
 from quantem.gpu.detector import _invalid
 
 __all__ = [
@@ -306,6 +306,9 @@ class SSB:
         dataset loaded with ``backend="cpu"`` (its BF pixels are gathered on the host and
         uploaded in batches, so the card holds ``G`` but never the acquisition: SSB on a card
         too small for both); ``"cpu"`` needs ``ds`` on the host.
+    progress : None, True or callable
+        Progress of preparing (gathering the BF pixels' images): ``True`` draws a tqdm bar
+        (``tqdm.auto``); a callable gets ``(stage, done, total)`` on the calling thread.
     """
 
     def __init__(
@@ -322,6 +325,7 @@ class SSB:
         memory_budget: int | None = None,
         g_storage: str | None = None,
         engine: str = "auto",
+        progress=None,
     ):
         voltage = _required("voltage_kv", voltage_kv, "kV")
         alpha = _required("semiangle_mrad", semiangle_mrad, "mrad")
@@ -345,18 +349,23 @@ class SSB:
         compat = _args.flag(_OP, "compat_2alpha", compat_2alpha)
         _args.dataset(_OP, ds)
         self._axes = results.scan_axes(tuple(ds.shape)[:2], step)
-        self._native = _native.ssb_prepare(
-            ds,
-            voltage_kv=voltage,
-            semiangle_mrad=alpha,
-            scan_step_a=step,
-            det_sampling_mrad=det,
-            rotation_deg=rot,
-            compat_2alpha=compat,
-            bf_threshold=thr,
-            memory_budget=budget,
-            g_storage=g_storage,
-            engine=engine,
+        self._native = _progress.run(
+            _OP,
+            progress,
+            lambda cb: _native.ssb_prepare(
+                ds,
+                voltage_kv=voltage,
+                semiangle_mrad=alpha,
+                scan_step_a=step,
+                det_sampling_mrad=det,
+                rotation_deg=rot,
+                compat_2alpha=compat,
+                bf_threshold=thr,
+                memory_budget=budget,
+                g_storage=g_storage,
+                engine=engine,
+                progress=cb,
+            ),
         )
 
     @property
@@ -409,6 +418,7 @@ class SSB:
         local_max_iter: int | None = None,
         start: Mapping[str, float] | None = None,
         local_starts: int | None = None,
+        progress=None,
     ) -> SSBFit:
         """Fit aberrations: a seeded global search, then Nelder–Mead refinement.
 
@@ -436,6 +446,10 @@ class SSB:
             Nelder–Mead runs, from the best distinct global candidates (default 3). Each
             runs until its simplex spans 1 % of the box; only the best of them goes on to
             1e-4 (the others stop there).
+        progress : None, True or callable
+            ``True`` draws a tqdm bar of objective evaluations (``tqdm.auto``); a callable gets
+            ``(stage, done, total)`` on the calling thread (``total`` is an estimate while the
+            fit runs; a last call ``("ssb fit", evaluations, evaluations)`` ends it).
 
         Notes
         -----
@@ -497,7 +511,7 @@ class SSB:
                         found=repr(lohi),
                     )
                 rng[k] = (lo, hi)
-        d = self._native.fit(
+        kwargs = dict(
             seed=_args.integer(_OP, "seed", seed, minimum=0, maximum=_args.U64_MAX),
             fit=names,
             ranges=rng,
@@ -506,6 +520,12 @@ class SSB:
             local_max_iter=_args.optional_integer(_OP, "local_max_iter", local_max_iter, minimum=0),
             local_starts=_args.optional_integer(_OP, "local_starts", local_starts, minimum=1),
             start=_aberrations(start, "start"),
+        )
+        d = _progress.run(
+            _OP,
+            progress,
+            lambda cb: self._native.fit(**kwargs, progress=cb),
+            final=lambda d: ("ssb fit", d["evaluations"]),
         )
         f = SSBFit._from_native(d)
         return dataclasses.replace(f, result=self._with_axes(f.result))
