@@ -14,7 +14,7 @@ Every error raised by the engine is a :class:`QuantemError`; its subclasses name
 ``expected`` and ``found`` attributes.
 """
 
-from quantem.gpu import browse, detector, device, dpc, io, results, ssb
+from quantem.gpu import browse, calibration, detector, device, dpc, io, results, ssb
 from quantem.gpu._native import (
     ArgumentTypeError,
     BackendUnavailableError,
@@ -53,6 +53,7 @@ __all__ = [
     "SourceError",
     "__version__",
     "browse",
+    "calibration",
     "detector",
     "device",
     "dpc",

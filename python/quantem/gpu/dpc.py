@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from quantem.gpu import _args, _display, _native, _progress, results
+from quantem.gpu import _args, _display, _native, _progress, calibration, results
 from quantem.gpu.detector import _invalid
 
 __all__ = ["CoM", "DPCResult", "center_of_mass", "integrate", "run"]
@@ -164,7 +164,8 @@ def _edge(edge: str, op: str = "dpc") -> str:
 
 
 def center_of_mass(ds, centered: bool = True, progress=None) -> CoM:
-    """Centre of mass of every frame, in detector pixels.
+    """Centre of mass of every frame, in detector pixels (mrad with a detector sampling in
+    ``ds.calibration``: the file's, or the one the user set).
 
     Parameters
     ----------
@@ -181,11 +182,8 @@ def center_of_mass(ds, centered: bool = True, progress=None) -> CoM:
     op = "dpc.center_of_mass"
     _args.dataset(op, ds)
     flag = _args.flag(op, "centered", centered)
-    com = CoM._from_native(
-        _progress.run(
-            op, progress, lambda cb: _native.dpc_center_of_mass(ds, flag, progress=cb)
-        )
-    )
+    d = _progress.run(op, progress, lambda cb: _native.dpc_center_of_mass(ds, flag, progress=cb))
+    com = CoM._from_native(calibration.dpc_rescale(d, ds.calibration, op))
     scan, _ = results.dataset_axes(ds)
     return results.with_axes(com, scan, {"com_row": com.unit, "com_col": com.unit})
 
@@ -202,7 +200,8 @@ def run(
     Parameters
     ----------
     rotation_deg : float, optional
-        The scan–detector rotation; found by minimising the mean squared curl when omitted.
+        The scan–detector rotation; when omitted, ``ds.calibration.rotation_deg`` where the
+        user set it, else found by minimising the mean squared curl.
     transpose : bool, optional
         Whether to exchange the CoM components; found with the rotation when omitted (False
         when ``rotation_deg`` is given and this is not).
@@ -215,10 +214,20 @@ def run(
     Returns
     -------
     DPCResult
+
+    Notes
+    -----
+    The units follow ``ds.calibration``: CoM and field in mrad with a detector sampling,
+    the phase in rad with the voltage and scan step too (the file's values are read by the
+    engine; values the user set are applied to its result, see
+    :func:`quantem.gpu.calibration.dpc_rescale`).
     """
     op = "dpc.run"
     _args.dataset(op, ds)
     rot = _args.optional_number(op, "rotation_deg", rotation_deg)
+    cal = ds.calibration
+    if rot is None:
+        rot = cal.given("rotation_deg")
     tr = _args.optional_flag(op, "transpose", transpose)
     ed = _edge(edge, op)
     d = _progress.run(
@@ -226,6 +235,7 @@ def run(
         progress,
         lambda cb: _native.dpc_run(ds, rotation_deg=rot, transpose=tr, edge=ed, progress=cb),
     )
+    d = calibration.dpc_rescale(d, cal, op)
     scan, _ = results.dataset_axes(ds)
     unit = str(d.get("unit", "px"))
     units = {n: unit for n in ("com_row", "com_col", "dpc_row", "dpc_col")}

@@ -298,4 +298,7 @@ def save(dataset: Dataset, path: str | os.PathLike[str]) -> dict[str, Any]:
 # when a lazy array is made.
 from quantem.gpu.lazy import load_lazy  # noqa: E402
 
+# ``ds.calibration`` (quantem.gpu.calibration installs it on the Dataset class).
+from quantem.gpu import calibration as _calibration  # noqa: E402, F401
+
 __all__ += ["load_lazy"]

@@ -56,8 +56,9 @@ def _region(v) -> tuple[int, int, int, int] | None:
 
 
 def handle(ds) -> dict[str, Any]:
-    """What a pickled dataset carries: ``source``, ``load`` (``io.load`` keyword arguments)
-    and ``identity`` (files with size and mtime, the chunk-index digest).
+    """What a pickled dataset carries: ``source``, ``load`` (``io.load`` keyword arguments),
+    ``identity`` (files with size and mtime, the chunk-index digest) and ``calibration`` (the
+    fields of ``ds.calibration`` the user set).
 
     Raises
     ------
@@ -102,10 +103,14 @@ def handle(ds) -> dict[str, Any]:
         {"path": str(f["path"]), "size": int(f["size"]), "mtime_ns": int(f["mtime_ns"])}
         for f in p["files"]
     ]
+    from quantem.gpu import calibration
+
     return {
         "source": files[0]["path"],
         "load": load,
         "identity": {"files": files, "chunk_index_digest": p.get("chunk_index_digest")},
+        # The fields of ds.calibration the user set (the file's are read again on reopen).
+        "calibration": calibration.user_values(ds),
     }
 
 
@@ -136,6 +141,8 @@ def reopen(h: dict[str, Any], backend: str = "auto", **load_options):
     if digest is not None and found != digest:
         ds.close()
         raise _source_changed(h["source"], f"chunk index digest {digest}", f"{found}")
+    if h.get("calibration"):
+        ds.calibration = ds.calibration.replace(**h["calibration"])
     return ds
 
 
