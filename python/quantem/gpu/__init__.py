@@ -37,9 +37,16 @@ _display.attach(ssb.SSBResult, ssb.SSBFit)
 _display.attach(detector.Products)
 _display.attach(detector.DiskFit, ssb.SSB, html=_display.info_html, plot=None)
 
+# DLPack of results (their host arrays, no copy) and datasets (refused, saying why).
+from quantem.gpu import _dlpack  # noqa: E402
+from quantem.gpu._dlpack import DLPackUnavailableError  # noqa: E402
+
+_dlpack._install()
+
 __all__ = [
     "ArgumentTypeError",
     "BackendUnavailableError",
+    "DLPackUnavailableError",
     "DataRepresentation",
     "Dataset",
     "Dataset4dstemGPU",

@@ -73,6 +73,15 @@ class Dataset:
     @calibration.deleter
     def calibration(self) -> None: ...
     def to_dask(self, rows_per_block: int | None = None) -> Any: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
 
 class SsbPrepared:
     """An acquisition prepared for SSB (``quantem.gpu.ssb.SSB`` wraps it)."""
