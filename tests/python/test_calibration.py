@@ -58,6 +58,14 @@ def test_metadata_values_and_sources(master):
     assert "(metadata)" in cal._repr_html_()
 
 
+def test_dataset_table_shows_the_calibration(master):
+    ds = io.load(master, backend="cpu")
+    ds.calibration = ds.calibration.replace(rotation_deg=-3.0)
+    h = ds._repr_html_()
+    assert "calibration.scan_step_a</th><td style='text-align:left'>(0.4, 0.4) Å (metadata)" in h
+    assert "calibration.rotation_deg</th><td style='text-align:left'>-3.0 ° (argument)" in h
+
+
 def test_array_has_no_calibration(data):
     cal = io.load(data, backend="cpu").calibration
     assert all(cal.source(n) == "default" for n in qg.calibration.FIELDS)

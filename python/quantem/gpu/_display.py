@@ -123,6 +123,11 @@ def dataset_html(ds) -> str:
     if ds.closed:
         rows.append(("state", "closed"))
         return table_html("Dataset", rows)
+    cal = getattr(ds, "calibration", None)
+    if cal is not None:
+        for name, d in cal.as_dict().items():
+            if d["value"] is not None:
+                rows.append((f"calibration.{name}", f"{d['value']} {d['unit']} ({d['source']})"))
     rows += _provenance_rows(ds.provenance)
     return table_html("Dataset", rows)
 
