@@ -142,6 +142,20 @@ def test_wrong_kinds_of_assignment(master):
         ds.calibration.source("step")
 
 
+def test_the_users_values_stay_through_the_calls(master):
+    ds = io.load(master, backend="cpu")
+    ds.calibration = ds.calibration.replace(scan_step_a=0.45)
+    detector.products(ds, ["bf", "sum_dp", "com"])
+    dpc.run(ds)
+    ssb.SSB(ds, **ds.calibration.ssb_arguments())
+    ds.to_numpy()
+    ds[0:2, 1]
+    assert ds.calibration.scan_step_a == (0.45, 0.45)
+    assert ds.calibration.source("scan_step_a") == "argument"
+    ds.close()
+    assert ds.calibration.scan_step_a == (0.45, 0.45)
+
+
 def test_a_later_dataset_never_inherits(data):
     ds = io.load(data, backend="cpu")
     ds.calibration = ds.calibration.replace(scan_step_a=9.0)

@@ -145,6 +145,9 @@ def test_show_refuses_an_unknown_image(results):
     with pytest.raises(qg.InvalidArgumentError, match="which= names no 2-D image") as e:
         results["dpc"].show(which="loss")
     assert "phase" in e.value.expected
+    with pytest.raises(qg.InvalidArgumentError, match="which=") as e:
+        results["products"].show(which="adf")
+    assert e.value.expected == "bf, sum_dp"
 
 
 # ----------------------------------------------------------------------------- progress

@@ -159,7 +159,13 @@ def _named_array(obj, which: str) -> np.ndarray:
     else:
         v = getattr(target, name, None)
     if not isinstance(v, np.ndarray) or v.ndim != 2:
-        names = ", ".join(n for n, _ in _arrays(obj) if _ is not None and _.ndim == 2)
+        if isinstance(obj, dict):  # Products
+            cands = [
+                (k, v if isinstance(v, np.ndarray) else _main_array(v)[1]) for k, v in obj.items()
+            ]
+        else:
+            cands = _arrays(obj)
+        names = ", ".join(n for n, v in cands if v is not None and v.ndim == 2)
         from quantem.gpu import _args
 
         raise _args.invalid(
