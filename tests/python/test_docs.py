@@ -27,6 +27,8 @@ PAGES = [
     "examples/ssb.md",
     "examples/save.md",
     "examples/browse.md",
+    "examples/calibration.md",
+    "examples/notebooks.md",
 ]
 FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 

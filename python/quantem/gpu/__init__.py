@@ -14,7 +14,19 @@ Every error raised by the engine is a :class:`QuantemError`; its subclasses name
 ``expected`` and ``found`` attributes.
 """
 
-from quantem.gpu import browse, detector, device, dpc, io, results, ssb
+from quantem.gpu import (
+    _display,
+    _dlpack,
+    browse,
+    calibration,
+    detector,
+    device,
+    dpc,
+    io,
+    results,
+    ssb,
+)
+from quantem.gpu._dlpack import DLPackUnavailableError
 from quantem.gpu._native import (
     ArgumentTypeError,
     BackendUnavailableError,
@@ -30,9 +42,18 @@ from quantem.gpu._native import (
 )
 from quantem.gpu.io import DataRepresentation, Dataset, Dataset4dstemGPU
 
+# Notebook display of the classes whose modules do not import ``_display`` themselves.
+_display.attach(ssb.SSBResult, ssb.SSBFit)
+_display.attach(detector.Products)
+_display.attach(detector.DiskFit, ssb.SSB, html=_display.info_html, plot=None)
+
+# DLPack of results (their host arrays, no copy) and datasets (refused, saying why).
+_dlpack._install()
+
 __all__ = [
     "ArgumentTypeError",
     "BackendUnavailableError",
+    "DLPackUnavailableError",
     "DataRepresentation",
     "Dataset",
     "Dataset4dstemGPU",
@@ -46,6 +67,7 @@ __all__ = [
     "SourceError",
     "__version__",
     "browse",
+    "calibration",
     "detector",
     "device",
     "dpc",

@@ -123,6 +123,11 @@ def dataset_html(ds) -> str:
     if ds.closed:
         rows.append(("state", "closed"))
         return table_html("Dataset", rows)
+    cal = getattr(ds, "calibration", None)
+    if cal is not None:
+        for name, d in cal.as_dict().items():
+            if d["value"] is not None:
+                rows.append((f"calibration.{name}", f"{d['value']} {d['unit']} ({d['source']})"))
     rows += _provenance_rows(ds.provenance)
     return table_html("Dataset", rows)
 
@@ -141,21 +146,102 @@ def _main_array(result) -> tuple[str, np.ndarray | None]:
     return "", None
 
 
+def _named_array(obj, which: str) -> np.ndarray:
+    """The array ``which`` names on ``obj`` (an attribute, ``result.<attr>`` of a fit, or a
+    product of :class:`~quantem.gpu.detector.Products`)."""
+    target = obj
+    name = which
+    if which.startswith("result.") and hasattr(obj, "result"):
+        target, name = obj.result, which[len("result.") :]
+    if isinstance(target, dict) and name in target:
+        v = target[name]
+        v = v if isinstance(v, np.ndarray) else _main_array(v)[1]
+    else:
+        v = getattr(target, name, None)
+    if not isinstance(v, np.ndarray) or v.ndim != 2:
+        if isinstance(obj, dict):  # Products
+            cands = [
+                (k, v if isinstance(v, np.ndarray) else _main_array(v)[1]) for k, v in obj.items()
+            ]
+        else:
+            cands = _arrays(obj)
+        names = ", ".join(n for n, v in cands if v is not None and v.ndim == 2)
+        from quantem.gpu import _args
+
+        raise _args.invalid(
+            "show", "which= names no 2-D image of the result", names or "none", repr(which)
+        )
+    return v
+
+
+def _arrays(result) -> list[tuple[str, np.ndarray]]:
+    """Every array attribute of a result (a fit's reconstruction included), in field order."""
+    out: list[tuple[str, np.ndarray]] = []
+    names = getattr(result, "__dataclass_fields__", None) or {}
+    for n in names:
+        v = getattr(result, n, None)
+        if isinstance(v, np.ndarray):
+            out.append((n, v))
+    inner = getattr(result, "result", None)
+    if inner is not None and inner is not result:
+        out += [(f"result.{n}", v) for n, v in _arrays(inner)]
+    return out
+
+
+def _where(prov: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """``backend`` and ``device`` rows from a result's provenance (where it ran)."""
+    if not isinstance(prov, dict):
+        return []
+    rows = []
+    for key in ("backend", "device"):
+        v = prov.get(key)
+        if v not in (None, ""):
+            rows.append((key, str(v)))
+    return rows
+
+
 def result_html(result) -> str:
-    """``_repr_html_`` of a result (DetectorImage, CoM, DPCResult, SSBResult, SSBFit)."""
+    """``_repr_html_`` of a result (DetectorImage, CoM, DPCResult, SSBResult, SSBFit): every
+    array's shape and dtype, where it ran (backend, device), where the arrays live (host
+    NumPy) and their bytes, the repr, the provenance summary and a thumbnail of the main
+    image."""
     name, a = _main_array(result)
-    rows: list[tuple[str, Any]] = []
-    if a is not None:
+    arrays = _arrays(result)
+    rows: list[tuple[str, Any]] = [(f"{n}", f"{v.shape} {v.dtype}") for n, v in arrays]
+    prov = getattr(result, "provenance", None)
+    rows += _where(prov)
+    if arrays:
         rows += [
-            (f"{name}.shape", a.shape),
-            (f"{name}.dtype", a.dtype),
-            ("device", "cpu (numpy)"),
-            ("resident", _bytes_text(int(a.nbytes))),
+            ("arrays on", "host (numpy)"),
+            ("resident", _bytes_text(int(sum(v.nbytes for _, v in arrays)))),
         ]
-    summary = repr(result)
-    rows.append(("summary", summary))
-    rows += _provenance_rows(getattr(result, "provenance", None))
-    return table_html(type(result).__name__, rows, a)
+    units = getattr(result, "units", None)
+    if isinstance(units, dict) and units:
+        rows.append(("units", ", ".join(f"{k}: {v}" for k, v in units.items())))
+    axes = getattr(result, "axes", None)
+    if isinstance(axes, tuple) and axes:
+        rows.append(("axes", ", ".join(f"{x.name} {x.scale:.4g} {x.units}" for x in axes)))
+    rows.append(("summary", repr(result)))
+    rows += [(k, v) for k, v in _provenance_rows(prov) if k != "provenance.backend"]
+    return table_html(type(result).__name__, rows, a if a is not None and a.ndim == 2 else None)
+
+
+def info_html(obj) -> str:
+    """``_repr_html_`` of an object without arrays of its own (the prepared SSB, a disk fit):
+    its repr, its dataclass fields and the scalar entries of its ``info``."""
+    rows: list[tuple[str, Any]] = [("summary", repr(obj))]
+    for f in getattr(obj, "__dataclass_fields__", {}):
+        rows.append((f, getattr(obj, f)))
+    info = getattr(obj, "info", None)
+    if isinstance(info, dict):
+        for k, v in info.items():
+            if isinstance(v, (str, int, float, bool)) or (
+                isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v)
+            ):
+                rows.append((k, v))
+            elif isinstance(v, np.ndarray):
+                rows.append((k, f"{v.shape} {v.dtype}"))
+    return table_html(type(obj).__name__, rows)
 
 
 def products_html(products) -> str:
@@ -174,8 +260,21 @@ def products_html(products) -> str:
     return table_html("Products", rows, first_image)
 
 
-def show(obj, ax=None, cmap: str = "gray", title: str | None = None, **imshow_kwargs):
+def show(
+    obj,
+    ax=None,
+    cmap: str = "gray",
+    title: str | None = None,
+    *,
+    which: str | None = None,
+    **imshow_kwargs,
+):
     """Plot a result's image (or a dataset's mean diffraction pattern) with matplotlib.
+
+    ``which`` names the image (``"weak_phase"``, ``"com_col"``, ``"result.amplitude"`` of a
+    fit, a product's name); default the main one: the detector image, the phase of DPC and
+    SSB (a fit's reconstruction), ``com_row`` of a CoM, the first image of products. Complex
+    arrays are shown as their phase; a calibrated column axis gets a scale bar.
 
     Returns the matplotlib ``Axes``. Raises ``ImportError`` naming the package when matplotlib
     is missing.
@@ -187,6 +286,18 @@ def show(obj, ax=None, cmap: str = "gray", title: str | None = None, **imshow_kw
         from quantem.gpu import detector
 
         name, a = "mean_dp", detector.mean_dp(obj)
+    elif which is not None:
+        name, a = which, _named_array(obj, which)
+    elif isinstance(obj, dict):  # Products: the first 2-D image
+        name, a = next(
+            (
+                (k, arr)
+                for k, v in obj.items()
+                for arr in [v if isinstance(v, np.ndarray) else _main_array(v)[1]]
+                if arr is not None and arr.ndim == 2
+            ),
+            ("", None),
+        )
     else:
         name, a = _main_array(obj)
     if a is None:
@@ -198,4 +309,31 @@ def show(obj, ax=None, cmap: str = "gray", title: str | None = None, **imshow_kw
     im = ax.imshow(np.asarray(a, dtype=np.float64), cmap=cmap, **imshow_kwargs)
     ax.set_title(title if title is not None else f"{type(obj).__name__}: {name}")
     ax.figure.colorbar(im, ax=ax)
+    _scale_bar(obj, name, a, ax)
     return ax
+
+
+def _scale_bar(obj, name: str, a: np.ndarray, ax) -> None:
+    """A scale bar along the column axis when the image's axes are calibrated."""
+    axes = getattr(obj, "axes", None)
+    if isinstance(axes, dict):  # Products: axes per product
+        axes = axes.get(name)
+    elif name.startswith("result."):
+        axes = getattr(getattr(obj, "result", None), "axes", None)
+    if not isinstance(axes, tuple) or len(axes) != 2 or axes[1].size != a.shape[1]:
+        return
+    if axes[1].calibrated:
+        from quantem.gpu import results
+
+        results.add_scale_bar(ax, axes[1])
+
+
+def attach(*classes: type, html=result_html, plot=show) -> None:
+    """Give each class ``_repr_html_`` (``html``) and, when ``plot`` is not None, ``show``,
+    where it has none of its own (``quantem.gpu`` calls it for the result classes of modules
+    that do not import this one)."""
+    for cls in classes:
+        if "_repr_html_" not in cls.__dict__:
+            cls._repr_html_ = html
+        if plot is not None and "show" not in cls.__dict__:
+            cls.show = plot

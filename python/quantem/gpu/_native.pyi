@@ -8,6 +8,8 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from quantem.gpu.calibration import Calibration
+
 __version__: str
 
 _Path = str | bytes | PathLike[str]
@@ -74,6 +76,14 @@ class Dataset:
     def close(self) -> None: ...
     def __enter__(self) -> Dataset: ...
     def __exit__(self, *_args: object) -> bool: ...
+    # Installed on the class by the Python package (quantem.gpu.calibration, .lazy).
+    @property
+    def calibration(self) -> Calibration: ...
+    @calibration.setter
+    def calibration(self, value: Calibration) -> None: ...
+    @calibration.deleter
+    def calibration(self) -> None: ...
+    def to_dask(self, rows_per_block: int | None = None) -> Any: ...
 
 class SsbPrepared:
     """An acquisition prepared for SSB (``quantem.gpu.ssb.SSB`` wraps it)."""

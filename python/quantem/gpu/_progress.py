@@ -98,11 +98,25 @@ def callback(op: str, progress) -> ProgressCallback | None:
     )
 
 
-def run(op: str, progress, call: Callable[[ProgressCallback | None], Any]) -> Any:
-    """``call(native_callback)``, closing a bar that a failed or interrupted call left open."""
+def run(
+    op: str,
+    progress,
+    call: Callable[[ProgressCallback | None], Any],
+    final: Callable[[Any], tuple[str, int]] | None = None,
+) -> Any:
+    """``call(native_callback)``, closing a bar that a failed or interrupted call left open.
+
+    ``final(result) -> (stage, done)``: for a stage whose total the engine can only estimate
+    (an SSB fit's evaluations), one last ``progress(stage, done, done)`` once the call
+    succeeded, so that the bar ends at the count that was done.
+    """
     cb = callback(op, progress)
     try:
-        return call(cb)
+        out = call(cb)
+        if cb is not None and final is not None:
+            stage, done = final(out)
+            cb(stage, int(done), int(done))
+        return out
     finally:
         if isinstance(cb, TqdmProgress):
             cb.close()

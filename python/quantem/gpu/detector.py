@@ -403,21 +403,41 @@ def virtual_image(ds, mask) -> np.ndarray:
 
 
 def _geometry(
-    op: str, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad
+    op: str, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad, ds=None
 ) -> dict[str, Any]:
-    """The checked detector geometry, as the one dict the native detector calls take."""
+    """The checked detector geometry, as the one dict the native detector calls take.
+
+    With ``unit="mrad"``, a semi-angle or detector sampling the user set in
+    ``ds.calibration`` is passed as the argument where the call gave none (the engine reads
+    the file's values itself)."""
     lo = _args.optional_number(op, "inner", inner, minimum=0.0)
     hi = _args.optional_number(op, "outer", outer, minimum=0.0)
     if lo is not None and hi is not None and lo > hi:
         raise _invalid(
             op, "inner is larger than outer", "inner <= outer", f"inner={lo!r}, outer={hi!r}"
         )
+    unit = _args.text(op, "unit", unit, ("px", "mrad"))
+    if unit == "mrad" and ds is not None:
+        cal = ds.calibration
+        if semiangle_mrad is None:
+            semiangle_mrad = cal.given("semiangle_mrad")
+        if det_sampling_mrad is None and cal.given("det_sampling_mrad") is not None:
+            r, c = cal.det_sampling_mrad
+            if r != c:
+                raise _invalid(
+                    op,
+                    "the detectors take one detector sampling: ds.calibration's "
+                    "det_sampling_mrad differs along rows and columns",
+                    "equal (row, col), or det_sampling_mrad=",
+                    repr((r, c)),
+                )
+            det_sampling_mrad = r
     return dict(
         inner=lo,
         outer=hi,
         center=_args.pair(op, "center", center),
         radius=_args.optional_number(op, "radius", radius, positive=True),
-        unit=_args.text(op, "unit", unit, ("px", "mrad")),
+        unit=unit,
         semiangle_mrad=_args.optional_number(op, "semiangle_mrad", semiangle_mrad, positive=True),
         det_sampling_mrad=_args.optional_number(
             op, "det_sampling_mrad", det_sampling_mrad, positive=True
@@ -430,7 +450,9 @@ def _detector(
 ):
     op = f"detector.{kind}"
     _args.dataset(op, ds)
-    geometry = _geometry(op, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad)
+    geometry = _geometry(
+        op, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad, ds
+    )
     native = _progress.run(
         op, progress, lambda cb: _native.detector_image(ds, kind, geometry, progress=cb)
     )
@@ -452,9 +474,9 @@ _DETECTOR_DOC = """{title} image: the exact ``uint64`` sum over {what} per frame
         BF-disk radius ``r`` in detector pixels; default the fitted radius.
     unit : {{"px", "mrad"}}
         Unit of ``inner`` and ``outer``. ``"mrad"`` converts with the detector's angular
-        sampling (``det_sampling_mrad``, else the metadata's), else with ``semiangle_mrad``
-        (argument or metadata) over the disk radius; with neither it raises
-        ``InvalidArgumentError``.
+        sampling (``det_sampling_mrad``, else ``ds.calibration``'s: the one the user set, else
+        the file's), else with ``semiangle_mrad`` (argument, ``ds.calibration``) over the disk
+        radius; with neither it raises ``InvalidArgumentError``.
     semiangle_mrad, det_sampling_mrad : float, optional
         Convergence semi-angle and detector sampling (mrad per pixel) for ``unit="mrad"``.
     progress : None, True or callable
@@ -574,7 +596,9 @@ def products(
         )
     if not names:
         raise _invalid("detector.products", "nothing requested", "at least one product name")
-    geometry = _geometry(op, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad)
+    geometry = _geometry(
+        op, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad, ds
+    )
     res = _progress.run(
         op, progress, lambda cb: _native.detector_products(ds, names, geometry, progress=cb)
     )

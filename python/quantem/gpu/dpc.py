@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from quantem.gpu import _args, _native, results
+from quantem.gpu import _args, _display, _native, _progress, calibration, results
 from quantem.gpu.detector import _invalid
 
 __all__ = ["CoM", "DPCResult", "center_of_mass", "integrate", "run"]
@@ -83,6 +83,9 @@ class CoM:
         """Write the arrays as EMD/HDF5 (``.h5``, ``.emd``) or one image as TIFF (``.tif``;
         ``which=`` names it); see :func:`quantem.gpu.results.save`. Returns the path."""
         return results.save(self, path, which)
+
+    _repr_html_ = _display.result_html
+    show = _display.show
 
     def __repr__(self) -> str:
         return (
@@ -145,6 +148,9 @@ class DPCResult:
         ``which=`` names it); see :func:`quantem.gpu.results.save`. Returns the path."""
         return results.save(self, path, which)
 
+    _repr_html_ = _display.result_html
+    show = _display.show
+
     def __repr__(self) -> str:
         return (
             f"DPCResult(phase={_shape(self.phase)}, rotation_deg={self.rotation_deg:.3f}, "
@@ -157,13 +163,17 @@ def _edge(edge: str, op: str = "dpc") -> str:
     return _args.text(op, "edge", edge, _EDGES)
 
 
-def center_of_mass(ds, centered: bool = True) -> CoM:
-    """Centre of mass of every frame, in detector pixels.
+def center_of_mass(ds, centered: bool = True, progress=None) -> CoM:
+    """Centre of mass of every frame, in detector pixels (mrad with a detector sampling in
+    ``ds.calibration``: the file's, or the one the user set).
 
     Parameters
     ----------
     centered : bool
         Remove the scan mean of each component (zero frames included in the mean).
+    progress : None, True or callable
+        ``True`` draws a tqdm bar of frames (rate, ETA; ``tqdm.auto``); a callable gets
+        ``(stage, done, total)`` on the calling thread.
 
     Returns
     -------
@@ -171,7 +181,9 @@ def center_of_mass(ds, centered: bool = True) -> CoM:
     """
     op = "dpc.center_of_mass"
     _args.dataset(op, ds)
-    com = CoM._from_native(_native.dpc_center_of_mass(ds, _args.flag(op, "centered", centered)))
+    flag = _args.flag(op, "centered", centered)
+    d = _progress.run(op, progress, lambda cb: _native.dpc_center_of_mass(ds, flag, progress=cb))
+    com = CoM._from_native(calibration.dpc_rescale(d, ds.calibration, op))
     scan, _ = results.dataset_axes(ds)
     return results.with_axes(com, scan, {"com_row": com.unit, "com_col": com.unit})
 
@@ -181,31 +193,49 @@ def run(
     rotation_deg: float | None = None,
     transpose: bool | None = None,
     edge: str = "periodic",
+    progress=None,
 ) -> DPCResult:
     """DPC: the CoM field rotated onto the scan axes and integrated into a phase.
 
     Parameters
     ----------
     rotation_deg : float, optional
-        The scan–detector rotation; found by minimising the mean squared curl when omitted.
+        The scan–detector rotation; when omitted, ``ds.calibration.rotation_deg`` where the
+        user set it, else found by minimising the mean squared curl.
     transpose : bool, optional
         Whether to exchange the CoM components; found with the rotation when omitted (False
         when ``rotation_deg`` is given and this is not).
     edge : {"periodic", "mirror"}
         Edge handling of the integration: periodic, or mirrored padding.
+    progress : None, True or callable
+        ``True`` draws a tqdm bar of the pass over the frames (rate, ETA; ``tqdm.auto``); a
+        callable gets ``(stage, done, total)`` on the calling thread.
 
     Returns
     -------
     DPCResult
+
+    Notes
+    -----
+    The units follow ``ds.calibration``: CoM and field in mrad with a detector sampling,
+    the phase in rad with the voltage and scan step too (the file's values are read by the
+    engine; values the user set are applied to its result, see
+    :func:`quantem.gpu.calibration.dpc_rescale`).
     """
     op = "dpc.run"
     _args.dataset(op, ds)
-    d = _native.dpc_run(
-        ds,
-        rotation_deg=_args.optional_number(op, "rotation_deg", rotation_deg),
-        transpose=_args.optional_flag(op, "transpose", transpose),
-        edge=_edge(edge, op),
+    rot = _args.optional_number(op, "rotation_deg", rotation_deg)
+    cal = ds.calibration
+    if rot is None:
+        rot = cal.given("rotation_deg")
+    tr = _args.optional_flag(op, "transpose", transpose)
+    ed = _edge(edge, op)
+    d = _progress.run(
+        op,
+        progress,
+        lambda cb: _native.dpc_run(ds, rotation_deg=rot, transpose=tr, edge=ed, progress=cb),
     )
+    d = calibration.dpc_rescale(d, cal, op)
     scan, _ = results.dataset_axes(ds)
     unit = str(d.get("unit", "px"))
     units = {n: unit for n in ("com_row", "com_col", "dpc_row", "dpc_col")}

@@ -293,9 +293,11 @@ def save(dataset: Dataset, path: str | os.PathLike[str]) -> dict[str, Any]:
     return _native.save(_args.dataset("save", dataset, "dataset"), _args.path("save", "path", path))
 
 
-# Datasets pickle as handles that reopen their source (``quantem.gpu.lazy``), and
-# ``io.load_lazy`` gives a dask.array decoded by the engine on compute; dask is imported only
-# when a lazy array is made.
+# ``ds.calibration`` (quantem.gpu.calibration installs it on the Dataset class). Datasets
+# pickle as handles that reopen their source (``quantem.gpu.lazy``), and ``io.load_lazy`` gives
+# a dask.array decoded by the engine on compute; dask is imported only when a lazy array is
+# made.
+from quantem.gpu import calibration as _calibration  # noqa: E402, F401
 from quantem.gpu.lazy import load_lazy  # noqa: E402
 
 __all__ += ["load_lazy"]

@@ -56,8 +56,9 @@ def _region(v) -> tuple[int, int, int, int] | None:
 
 
 def handle(ds) -> dict[str, Any]:
-    """What a pickled dataset carries: ``source``, ``load`` (``io.load`` keyword arguments)
-    and ``identity`` (files with size and mtime, the chunk-index digest).
+    """What a pickled dataset carries: ``source``, ``load`` (``io.load`` keyword arguments),
+    ``identity`` (files with size and mtime, the chunk-index digest) and ``calibration`` (the
+    fields of ``ds.calibration`` the user set).
 
     Raises
     ------
@@ -102,10 +103,14 @@ def handle(ds) -> dict[str, Any]:
         {"path": str(f["path"]), "size": int(f["size"]), "mtime_ns": int(f["mtime_ns"])}
         for f in p["files"]
     ]
+    from quantem.gpu import calibration
+
     return {
         "source": files[0]["path"],
         "load": load,
         "identity": {"files": files, "chunk_index_digest": p.get("chunk_index_digest")},
+        # The fields of ds.calibration the user set (the file's are read again on reopen).
+        "calibration": calibration.user_values(ds),
     }
 
 
@@ -136,6 +141,8 @@ def reopen(h: dict[str, Any], backend: str = "auto", **load_options):
     if digest is not None and found != digest:
         ds.close()
         raise _source_changed(h["source"], f"chunk index digest {digest}", f"{found}")
+    if h.get("calibration"):
+        ds.calibration = ds.calibration.replace(**h["calibration"])
     return ds
 
 
@@ -278,9 +285,26 @@ def load_lazy(
 
 
 def to_dask(ds, rows_per_block: int | None = None):
-    """``ds`` as a lazy ``dask.array`` that reopens its source per block (see
-    :func:`load_lazy`); the dataset's resident data is not used or copied. A dataset made from
-    an in-memory array has no source: use ``dask.array.from_array(ds.to_numpy())``."""
+    """``ds`` as a lazy ``dask.array`` ``(R_r, R_c, k_r, k_c)`` that reopens its source per
+    block of scan rows (see :func:`load_lazy`): the same load options (regions, binning,
+    dtype, mask), on ``ds``'s backend; the dataset's resident data is not used or copied.
+    Also ``ds.to_dask(rows_per_block=None)``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a dataset made from an in-memory array (no source to reopen): use
+        ``dask.array.from_array(ds.to_numpy())``.
+    """
+    from quantem.gpu import _args
+
+    _args.dataset("to_dask", ds)
+    if rows_per_block is not None:
+        rows_per_block = _args.integer("to_dask", "rows_per_block", rows_per_block, minimum=1)
     h = handle(ds)
     load = dict(h["load"])
     return load_lazy(h["source"], backend=ds.backend, rows_per_block=rows_per_block, **load)
+
+
+# ``ds.to_dask()``: the method form of :func:`to_dask`.
+_native.Dataset.to_dask = to_dask

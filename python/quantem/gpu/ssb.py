@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from quantem.gpu import _args, _native, results
+from quantem.gpu import _args, _native, _progress, results
 from quantem.gpu.detector import _invalid
 
 __all__ = [
@@ -306,6 +306,9 @@ class SSB:
         dataset loaded with ``backend="cpu"`` (its BF pixels are gathered on the host and
         uploaded in batches, so the card holds ``G`` but never the acquisition: SSB on a card
         too small for both); ``"cpu"`` needs ``ds`` on the host.
+    progress : None, True or callable
+        Progress of preparing (gathering the BF pixels' images): ``True`` draws a tqdm bar
+        (``tqdm.auto``); a callable gets ``(stage, done, total)`` on the calling thread.
     """
 
     def __init__(
@@ -322,6 +325,7 @@ class SSB:
         memory_budget: int | None = None,
         g_storage: str | None = None,
         engine: str = "auto",
+        progress=None,
     ):
         voltage = _required("voltage_kv", voltage_kv, "kV")
         alpha = _required("semiangle_mrad", semiangle_mrad, "mrad")
@@ -345,18 +349,23 @@ class SSB:
         compat = _args.flag(_OP, "compat_2alpha", compat_2alpha)
         _args.dataset(_OP, ds)
         self._axes = results.scan_axes(tuple(ds.shape)[:2], step)
-        self._native = _native.ssb_prepare(
-            ds,
-            voltage_kv=voltage,
-            semiangle_mrad=alpha,
-            scan_step_a=step,
-            det_sampling_mrad=det,
-            rotation_deg=rot,
-            compat_2alpha=compat,
-            bf_threshold=thr,
-            memory_budget=budget,
-            g_storage=g_storage,
-            engine=engine,
+        self._native = _progress.run(
+            _OP,
+            progress,
+            lambda cb: _native.ssb_prepare(
+                ds,
+                voltage_kv=voltage,
+                semiangle_mrad=alpha,
+                scan_step_a=step,
+                det_sampling_mrad=det,
+                rotation_deg=rot,
+                compat_2alpha=compat,
+                bf_threshold=thr,
+                memory_budget=budget,
+                g_storage=g_storage,
+                engine=engine,
+                progress=cb,
+            ),
         )
 
     @property
@@ -411,6 +420,7 @@ class SSB:
         local_starts: int | None = None,
         thickness_a: float | None = None,
         fitted_plane: str = "exit",
+        progress=None,
     ) -> SSBFit:
         """Fit aberrations: a seeded global search, then Nelder–Mead refinement.
 
@@ -446,6 +456,10 @@ class SSB:
             Which plane the fitted C10 is taken to refer to (docs/calibration.md): ``"exit"``
             (``C10_entrance = C10 − t``; measured on strongly scattering SrTiO3, 3–5 cells at
             200 and 300 kV) or ``"mid"`` (``C10 − t/2``; weakly scattering, kinematic specimens).
+        progress : None, True or callable
+            ``True`` draws a tqdm bar of objective evaluations (``tqdm.auto``); a callable gets
+            ``(stage, done, total)`` on the calling thread (``total`` is an estimate while the
+            fit runs; a last call ``("ssb fit", evaluations, evaluations)`` ends it).
 
         Notes
         -----
@@ -510,7 +524,7 @@ class SSB:
         plane = _args.text(_OP, "fitted_plane", fitted_plane, ("exit", "mid"))
         if thickness_a is not None:
             t = _number("thickness_a", thickness_a, positive=False, minimum=0.0)
-        d = self._native.fit(
+        kwargs = dict(
             seed=_args.integer(_OP, "seed", seed, minimum=0, maximum=_args.U64_MAX),
             fit=names,
             ranges=rng,
@@ -519,6 +533,12 @@ class SSB:
             local_max_iter=_args.optional_integer(_OP, "local_max_iter", local_max_iter, minimum=0),
             local_starts=_args.optional_integer(_OP, "local_starts", local_starts, minimum=1),
             start=_aberrations(start, "start"),
+        )
+        d = _progress.run(
+            _OP,
+            progress,
+            lambda cb: self._native.fit(**kwargs, progress=cb),
+            final=lambda d: ("ssb fit", d["evaluations"]),
         )
         f = SSBFit._from_native(d)
         f = dataclasses.replace(f, result=self._with_axes(f.result))
