@@ -200,6 +200,23 @@ def test_ssb_receives_the_users_values(master):
     assert r.axes[0].scale == 0.55 and r.axes[0].units == "Å"
 
 
+def test_ssb_takes_what_the_call_leaves_out_from_the_calibration(master, data):
+    ds = io.load(master, backend="cpu")
+    p = ssb.SSB(ds).info["params"]  # all from the file
+    assert p["voltage_kv"] == 200.0 and p["semiangle_mrad"] == 21.0
+    assert p["scan_step_a"] == (0.4, 0.4) and p["rotation_deg"] == 0.0
+    ds.calibration = ds.calibration.replace(scan_step_a=0.55, rotation_deg=3.0)
+    p = ssb.SSB(ds, voltage_kv=300.0).info["params"]  # the call wins, then the user's values
+    assert p["voltage_kv"] == 300.0 and p["semiangle_mrad"] == 21.0
+    assert p["scan_step_a"] == (0.55, 0.55) and p["rotation_deg"] == 3.0
+    assert ssb.SSB(ds, rotation_deg=0.0).info["params"]["rotation_deg"] == 0.0
+    # Without metadata nothing is guessed: the error says where the value may come from.
+    bare = io.load(data, backend="cpu")
+    with pytest.raises(qg.InvalidArgumentError, match="voltage_kv is required") as e:
+        ssb.SSB(bare, semiangle_mrad=20.0, scan_step_a=0.5)
+    assert "ds.calibration.voltage_kv" in e.value.expected
+
+
 def test_ssb_arguments_refuse_an_unequal_detector_sampling(data):
     ds = io.load(data, backend="cpu")
     ds.calibration = Calibration(det_sampling_mrad=(1.0, 1.1))

@@ -6,7 +6,7 @@ Calibration(scan_step_a=(0.4, 0.4) Å [metadata], det_sampling_mrad=None [defaul
 >>> ds.calibration = ds.calibration.replace(scan_step_a=0.41, rotation_deg=-12.0)
 >>> ds.calibration.source("scan_step_a")
 'argument'
->>> s = ssb.SSB(ds, **ds.calibration.ssb_arguments())
+>>> s = ssb.SSB(ds)                 # voltage, α, steps, rotation: ds.calibration
 >>> del ds.calibration              # back to what the file says
 
 Fields (each ``None`` where nobody says):
@@ -30,8 +30,8 @@ Python calls pass the user's values (source ``"argument"``) to the engine as exp
 arguments, so they win over the file: :mod:`~quantem.gpu.detector` with ``unit="mrad"``
 (``semiangle_mrad``, ``det_sampling_mrad``), :func:`quantem.gpu.dpc.run` (``rotation_deg``; CoM,
 field and phase units rescaled from what the engine read, see :func:`dpc_rescale`) and
-:func:`quantem.gpu.dpc.center_of_mass`, and the result axes. ``SSB`` takes
-``**ds.calibration.ssb_arguments()``. An argument given to a call still wins over
+:func:`quantem.gpu.dpc.center_of_mass`, and the result axes. ``SSB`` takes what
+its call leaves out from ``ds.calibration.ssb_arguments()``. An argument given to a call still wins over
 ``ds.calibration``.
 
 The native ``Dataset`` holds no Python attributes, so the user's calibration is kept in a

@@ -93,7 +93,7 @@ def _required(name: str, value, unit: str) -> float:
         raise _invalid(
             _OP,
             f"{name} is required (the engine never guesses a calibration)",
-            expected=f"{name}=<value in {unit}>",
+            expected=f"{name}=<value in {unit}>, or ds.calibration.{name}",
             found="None",
         )
     return _number(name, value)
@@ -277,17 +277,19 @@ class SSB:
     ds : Dataset
         Any representation, any backend (a CUDA dataset's BF pixels are copied to the host).
     voltage_kv : float
-        Accelerating voltage, kV (required).
+        Accelerating voltage, kV. Each calibration left out (``None``) comes from
+        ``ds.calibration`` (:mod:`quantem.gpu.calibration`: the user's value, else the file's);
+        voltage, semi-angle and scan step must be known one way or the other.
     semiangle_mrad : float
-        Probe-forming aperture semi-angle α, mrad (required).
+        Probe-forming aperture semi-angle α, mrad.
     scan_step_a : float or (float, float)
-        Scan step along rows and columns, Å (required).
+        Scan step along rows and columns, Å.
     det_sampling_mrad : float, optional
         Detector angular sampling, mrad per pixel; default ``α / r_BF`` with the fitted BF-disk
         radius (the disk edge is the aperture edge).
-    rotation_deg : float
+    rotation_deg : float, optional
         Scan–detector rotation, degrees, with the convention of :func:`quantem.gpu.dpc.run`
-        (pass its ``rotation_deg``).
+        (pass its ``rotation_deg``); ``ds.calibration.rotation_deg`` when left out, else 0.
     compat_2alpha : bool
         Use the anchor's ``Δθ = 2α / r_BF`` when ``det_sampling_mrad`` is not given
         (reproduces the anchor's numbers; not physical).
@@ -318,7 +320,7 @@ class SSB:
         semiangle_mrad: float | None = None,
         scan_step_a: float | Sequence[float] | None = None,
         det_sampling_mrad: float | None = None,
-        rotation_deg: float = 0.0,
+        rotation_deg: float | None = None,
         *,
         compat_2alpha: bool = False,
         bf_threshold: float = 0.0,
@@ -327,13 +329,23 @@ class SSB:
         engine: str = "auto",
         progress=None,
     ):
+        _args.dataset(_OP, ds)
+        # What the call leaves out comes from ds.calibration (the user's values, else the
+        # file's); an argument given here still wins.
+        known = ds.calibration.ssb_arguments()
+        voltage_kv = known.get("voltage_kv") if voltage_kv is None else voltage_kv
+        semiangle_mrad = known.get("semiangle_mrad") if semiangle_mrad is None else semiangle_mrad
+        scan_step_a = known.get("scan_step_a") if scan_step_a is None else scan_step_a
+        if det_sampling_mrad is None:
+            det_sampling_mrad = known.get("det_sampling_mrad")
+        rotation_deg = known.get("rotation_deg", 0.0) if rotation_deg is None else rotation_deg
         voltage = _required("voltage_kv", voltage_kv, "kV")
         alpha = _required("semiangle_mrad", semiangle_mrad, "mrad")
         if scan_step_a is None:
             raise _invalid(
                 _OP,
                 "scan_step_a is required (the engine never guesses a calibration)",
-                expected="scan_step_a=<Å> or (row Å, col Å)",
+                expected="scan_step_a=<Å> or (row Å, col Å), or ds.calibration.scan_step_a",
                 found="None",
             )
         step = _pair("scan_step_a", scan_step_a)
@@ -347,7 +359,6 @@ class SSB:
             g_storage = _args.text(_OP, "g_storage", g_storage, ("f32", "f16"))
         engine = _args.text(_OP, "engine", engine, ("auto", "cpu", "cuda"))
         compat = _args.flag(_OP, "compat_2alpha", compat_2alpha)
-        _args.dataset(_OP, ds)
         self._axes = results.scan_axes(tuple(ds.shape)[:2], step)
         self._native = _progress.run(
             _OP,
