@@ -26,18 +26,22 @@
 #   soak      the reliability campaign (tests/gpu/soak.py; the CPU engine is the reference): the
 #             issue-17 repro, an injected device loss, a 500-operation seeded soak over ENCODED,
 #             DENSE and CPU datasets, 200 load/close cycles, 4 threads, and the soak under
-#             compute-sanitizer memcheck, racecheck and synccheck → h200_reliability.json
+#             compute-sanitizer memcheck, racecheck and synccheck → CARD_reliability.json
 #   serve     the browse service's latency on the reference (serve-latency: the server in-process,
 #             HTTP over loopback, ENCODED resident): virtual images, frames, binned frames, a
-#             scan-ROI DP and a 20-per-second drag → h200_serve_latency.json
+#             scan-ROI DP and a 20-per-second drag → CARD_serve_latency.json
 #   startup   first-use costs through the Python API, each in a fresh process (bench/startup.py):
 #             import, first io.load, first detector.products and dpc.run, with NVRTC and an
-#             empty kernel cache, the cache warm, then with the shipped kernels → h200_startup.json
+#             empty kernel cache, the cache warm, then with the shipped kernels → CARD_startup.json
+#   distributed  Dask workers sharing the card (tests/gpu/distributed_check.py, 128² × 192²):
+#             device indices, distributed products and DPC = the single-process CUDA engine,
+#             1 vs 2 workers timed (Dask installed from the carried wheels) → distributed_check.json
 #   all       checks load products ssb sanitize soak (longer than one 10-minute call: the steps
 #             past STEP_BUDGET are skipped and say so)
 #
 # Environment: OUT (default /tmp/out): everything goes under it — raw outputs and logs in
-# $OUT/res, the records under the names bench/results/ uses in $OUT/records — and all of it is
+# $OUT/res, the records under the names bench/results/ uses in $OUT/records (prefixed with
+# the card: h100_, h200_) — and all of it is
 # packed into $OUT/results.tgz (rewritten after every step, so a run cut short still returns
 # what it did). STEP_BUDGET (seconds, default 560): later steps are skipped. QEM_GIT_REVISION
 # (default: device_carry/REVISION, written by prepare_carry.sh) names the code in the records.
@@ -51,6 +55,9 @@ OUT=${OUT:-/tmp/out}; R=$OUT/res; REC=$OUT/records; mkdir -p "$R" "$REC"
 export PYTHONPATH=$D/site:$D/h5p PATH=$D/site/bin:$PATH
 export QEM_GIT_REVISION=${QEM_GIT_REVISION:-$(cat "$D/REVISION" 2>/dev/null || echo unknown)}
 STEP_BUDGET=${STEP_BUDGET:-560}
+# Records are named after the card that made them (h100_…, h200_…): the tool lends either.
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'H100|H200|A100|L40S?' | head -1 | tr 'A-Z' 'a-z')
+CARD=${CARD:-gpu}
 GIB6=6442450944
 REF=/tmp/ref/scan_master.h5
 rc=0
@@ -61,10 +68,10 @@ step() { # NAME LOG CMD...: CMD's output into $R/LOG, its status ORed into rc
   if [ "$SECONDS" -ge "$STEP_BUDGET" ]; then echo "$name: skipped (STEP_BUDGET ${STEP_BUDGET}s)"; return; fi
   "$@" > "$R/$log" 2>&1; local r=$?; rc=$((rc | r)); echo "$name: rc=$r (${SECONDS}s)"; pack
 }
-record() { # SRC NAME: a record under the stable name bench/results/ gives it
+record() { # SRC NAME: a record under the stable name bench/results/ gives it, CARD_NAME
   local src
-  for src in $1; do [ -f "$src" ] && cp "$src" "$REC/$2" && return; done
-  echo "record $2: no $1"
+  for src in $1; do [ -f "$src" ] && cp "$src" "$REC/${CARD}_$2" && return; done
+  echo "record ${CARD}_$2: no $1"
 }
 tool() { # the first of NAME and /usr/local/cuda*/bin/NAME
   command -v "$1" || ls /usr/local/cuda*/bin/"$1" 2>/dev/null | head -1
@@ -79,13 +86,14 @@ acquisition() { # DIR [VAR=VALUE ...]: the anchor's reference generator, once pe
 
 mode_checks() {
   step "bslz4 kernel check" bslz4_check.log timeout 120 "$D/qem-cuda-check" --vectors "$D/vectors" --out "$R/bslz4"
-  record "$R/bslz4/cuda_bslz4_check.json" h200_bslz4_check.json
+  record "$R/bslz4/cuda_bslz4_check.json" bslz4_check.json
   step "products check (synthetic)" products_synth.log timeout 120 "$D/qem-cuda-products-check" --out "$R/products_synth"
   step "rans check (synthetic)" rans_synth.log timeout 120 "$D/qem-cuda-rans-check" --out "$R/rans_synth"
   step "rust ssb tests" ssb_tests.log timeout 150 "$D/ssb_tests" --nocapture --test-threads 1
   step "every engine (CPU and CUDA arms)" every_engine.log timeout 120 "$D/every_engine_tests" --nocapture
   tail -3 "$R/every_engine.log"
-  record "$R/ssb_tests.log" h200_ssb_tests.txt
+  record "$R/ssb_tests.log" ssb_tests.txt
+  with_dask # the lazy and distributed tests skip without it
   local files=${PYTEST_FILES:-test_cuda.py test_products.py test_dpc.py test_ssb.py test_encoded.py}
   [ "$files" = all ] && files=.
   step "pytest ($files)" pytest_gpu.log bash -c "cd '$D/tests/python' && timeout 300 python3 -m pytest -q -p no:cacheprovider -rs $files"
@@ -97,9 +105,9 @@ mode_load() {
   step "dense load check" load_dense.log timeout 150 "$D/qem-cuda-load-check" --load "$REF" --repeats 5 --out "$R/load_dense"
   step "encoded load (rans check)" load_encoded.log timeout 150 "$D/qem-cuda-rans-check" --load "$REF" --repeats 5 --qem /tmp/ref.qem --out "$R/load_encoded"
   rm -f /tmp/ref.qem
-  record "$R/load_encoded/rans_check.json" h200_load_encoded.json
+  record "$R/load_encoded/rans_check.json" load_encoded.json
   step "facade bench load" load_facade.log timeout 150 "$D/qem-bench" load --backend cuda --source "$REF" --repeats 7 --cpu-check --out "$R/load_facade"
-  record "$R/load_facade/cuda_load_*.json" h200_load_encoded_facade.json
+  record "$R/load_facade/cuda_load_*.json" load_encoded_facade.json
   if [ "${CUPY:-0}" = 1 ]; then
     step "facade bench load + h5py/CuPy" load_cupy.log timeout 300 "$D/qem-bench" load --backend cuda --source "$REF" --repeats 5 --warmup 1 --cpu-check --cupy --out "$R/load_cupy"
   fi
@@ -109,23 +117,23 @@ mode_load() {
 mode_products() {
   acquisition /tmp/ref
   step "products check" products_check.log timeout 150 "$D/qem-cuda-products-check" --load "$REF" --repeats 10 --out "$R/products"
-  record "$R/products/products_check.json" h200_products.json
+  record "$R/products/products_check.json" products.json
   grep -E "^(encoded|dense) |ALL|FAIL" "$R/products_check.log" | head -16
   step "facade products bench" facade_products.log timeout 150 "$D/cuda_products_bench" "$REF" "$R/facade_products.json" 10
-  record "$R/facade_products.json" h200_products_facade.json
+  record "$R/facade_products.json" products_facade.json
   step "cupy products" cupy_products.log timeout 120 python3 bench/cupy_products.py "$REF" "$R/cupy_products.json" 10
-  record "$R/cupy_products.json" h200_products_cupy.json
+  record "$R/cupy_products.json" products_cupy.json
 }
 
 mode_ssb() {
   acquisition /tmp/ref
   acquisition /tmp/ref53 RADIUS=53 # 8,653 BF pixels
   step "ssb r30" ssb_r30.log timeout 200 "$D/ssb_cuda_bench" "$REF" "$R/ssb_r30.json" r30 --card-budget $GIB6 --cpu-check 64 --fit-pv
-  record "$R/ssb_r30.json" h200_ssb_r30.json
+  record "$R/ssb_r30.json" ssb_r30.json
   step "ssb r53" ssb_r53.log timeout 200 "$D/ssb_cuda_bench" /tmp/ref53/scan_master.h5 "$R/ssb_r53.json" r53 --card-budget $GIB6 --fit-pv
-  record "$R/ssb_r53.json" h200_ssb_r53.json
+  record "$R/ssb_r53.json" ssb_r53.json
   step "ssb r53 host data" ssb_r53_host.log timeout 240 "$D/ssb_cuda_bench" /tmp/ref53/scan_master.h5 "$R/ssb_r53_host.json" r53_host --host-data --card-budget $GIB6
-  record "$R/ssb_r53_host.json" h200_ssb_r53_host.json
+  record "$R/ssb_r53_host.json" ssb_r53_host.json
   step "cli ssb --fit" cli_ssb.log timeout 120 quantem-gpu ssb "$REF" --voltage-kv 300 --semiangle-mrad 25 --scan-step-a 0.4 --fit --objective coherence --out "$R/cli_ssb"
   rm -f "$R"/cli_ssb/*.npy
 }
@@ -148,7 +156,7 @@ mode_profile() {
   acquisition /tmp/ref
   local s="--section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats --section WarpStateStats --section InstructionStats"
   step "ncu dense products" ncu_products_dense.txt timeout 120 "$ncu" -k regex:qem_products_dense_u16 -c 12 $s "$D/cuda_products_bench" "$REF" /tmp/ncu_products.json 1
-  record "$R/ncu_products_dense.txt" h200_ncu_products_dense.txt
+  record "$R/ncu_products_dense.txt" ncu_products_dense.txt
   step "ncu encoded products" ncu_products_encoded.txt timeout 120 "$ncu" -k regex:qem_products_encoded -c 4 $s "$D/cuda_products_bench" "$REF" /tmp/ncu_products.json 1
   step "ncu ssb accumulate" ncu_ssb.txt timeout 150 "$ncu" -k regex:qem_ssb_accumulate_quad_g32 -c 1 $s "$D/ssb_cuda_bench" "$REF" /tmp/ncu_ssb.json prof --repeats 1
   step "ncu rans frame sums" ncu_rans.txt timeout 150 "$ncu" -k regex:qem_rans_frame_sums -c 2 $s "$D/qem-cuda-rans-check" --frames 256 --load "$REF" --repeats 1 --qem /tmp/ncu.qem --out "$R/ncu_rans"
@@ -176,7 +184,7 @@ soak.write_u32_source(Path('/tmp/u32.h5'), scan=(48, 40), det=(96, 80)); soak.wr
     [ -n "$san" ] && step "soak under $t" soak_$t.log timeout 200 "$san" --tool $t --error-exitcode 9 python3 $S soak --ops $n --seed 5 \
       --sources u32=/tmp/u32s.h5:24x20:u32 small=/tmp/small/scan_master.h5:32x32:u16 --out "$R/soak_$t.json"
   done
-  python3 - "$R" "$REC/h200_reliability.json" <<'PY'
+  python3 - "$R" "$REC/${CARD}_reliability.json" <<'PY'
 import json, pathlib, re, sys
 r = pathlib.Path(sys.argv[1]); rec = {}
 for f in sorted(r.glob("soak_*.json")):
@@ -194,20 +202,37 @@ mode_startup() { # issue 23: no compile on first use (bench/startup.py; four fre
   acquisition /tmp/ref
   step "startup (fresh processes)" startup.log timeout 400 python3 bench/startup.py "$REF" --out "$R/startup.json"
   cat "$R/startup.log"
-  record "$R/startup.json" h200_startup.json
+  record "$R/startup.json" startup.json
+}
+
+with_dask() { # the device's Python has no Dask: unpack the wheels prepare_carry.sh carried (3.12)
+  local site=/tmp/dask_site
+  if [ ! -d "$site/distributed" ] && [ -d "$D/wheels" ]; then
+    step "unpack dask[distributed] from the carry" dask_install.log bash -c \
+      'for w in "$1"/*.whl; do python3 -m zipfile -e "$w" "$2" || exit 1; done' _ "$D/wheels" "$site"
+  fi
+  case ":$PYTHONPATH:" in *":$site:"*) ;; *) export PYTHONPATH=$PYTHONPATH:$site ;; esac
+}
+
+mode_distributed() { # issue 22: Dask workers sharing the card (tests/gpu/distributed_check.py)
+  with_dask
+  step "distributed check (128² × 192²)" distributed.log \
+    timeout 400 python3 tests/gpu/distributed_check.py "$R/distributed.json" --scan 128 128 --det 192 192
+  tail -20 "$R/distributed.log"
+  record "$R/distributed.json" distributed_check.json
 }
 
 mode_serve() { # issue 19: the browse service's round trips on the 512² reference
   acquisition /tmp/ref
   step "serve latency (ENCODED)" serve_latency.log timeout 300 "$D/serve-latency" --source "$REF" --backend cuda \
     --requests 50 --out "$R/serve_latency.json"
-  record "$R/serve_latency.json" h200_serve_latency.json
+  record "$R/serve_latency.json" serve_latency.json
 }
 
 modes=("$@")
 [ "${modes[*]}" = all ] && modes=(checks load products ssb sanitize soak)
 for m in "${modes[@]}"; do
-  case $m in checks|load|products|ssb|sanitize|profile|soak|serve|startup) ;; *) echo "unknown mode: $m" >&2; usage ;; esac
+  case $m in checks|load|products|ssb|sanitize|profile|soak|serve|startup|distributed) ;; *) echo "unknown mode: $m" >&2; usage ;; esac
 done
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; cat /proc/loadavg
   echo "revision $QEM_GIT_REVISION; modes ${modes[*]}"; } > "$R/machine.txt" 2>&1

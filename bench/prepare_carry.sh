@@ -49,6 +49,10 @@ python3 -m zipfile -e /tmp/h5p_whl/hdf5plugin-*.whl "$D/h5p"
 # Only the bitshuffle filter is used (the carry must stay under 64 MiB): 186 MB → 0.9 MB.
 find "$D/h5p/hdf5plugin/plugins" -type f ! -name 'libh5bshuf.so' -delete
 strip "$D/h5p/hdf5plugin/plugins/libh5bshuf.so"
+# Dask for the distributed mode (the device's Python has none; it has no internet).
+python3 -m pip download --quiet --only-binary=:all: --python-version 3.12 \
+  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 -d "$D/wheels" "dask[distributed]"
 cp "$GEN" "$D/"
 cp -r crates/qem-codec/tests/vectors "$D/vectors"
 # tests/python (pytest), tests/tools (the independent Dectris writer the tests import), and any
