@@ -47,8 +47,25 @@ def _from_fields(cls, d: dict[str, Any]):
     )
 
 
+class _Arrays:
+    """What :class:`CoM` and :class:`DPCResult` share: construction from the engine's dict,
+    ``save``, and notebook display."""
+
+    @classmethod
+    def _from_native(cls, d: dict[str, Any]):
+        return _from_fields(cls, d)
+
+    def save(self, path, which: str | None = None) -> str:
+        """Write the arrays as EMD/HDF5 (``.h5``, ``.emd``) or one image as TIFF (``.tif``;
+        ``which=`` names it); see :func:`quantem.gpu.results.save`. Returns the path."""
+        return results.save(self, path, which)
+
+    _repr_html_ = _display.result_html
+    show = _display.show
+
+
 @dataclass(frozen=True, repr=False)
-class CoM:
+class CoM(_Arrays):
     """Centre of mass per scan position.
 
     Attributes
@@ -75,18 +92,6 @@ class CoM:
     #: Unit of each array: ``{"com_row": unit, "com_col": unit}``.
     units: dict[str, str] = field(default_factory=dict)
 
-    @classmethod
-    def _from_native(cls, d: dict[str, Any]) -> CoM:
-        return _from_fields(cls, d)
-
-    def save(self, path, which: str | None = None) -> str:
-        """Write the arrays as EMD/HDF5 (``.h5``, ``.emd``) or one image as TIFF (``.tif``;
-        ``which=`` names it); see :func:`quantem.gpu.results.save`. Returns the path."""
-        return results.save(self, path, which)
-
-    _repr_html_ = _display.result_html
-    show = _display.show
-
     def __repr__(self) -> str:
         return (
             f"CoM(com_row={_shape(self.com_row)}, com_col={_shape(self.com_col)}, "
@@ -95,7 +100,7 @@ class CoM:
 
 
 @dataclass(frozen=True, repr=False)
-class DPCResult:
+class DPCResult(_Arrays):
     """What :func:`run` returns.
 
     Attributes
@@ -138,18 +143,6 @@ class DPCResult:
     #: Unit of each array: CoM and DPC fields in ``"px"`` or ``"mrad"``, ``phase`` in ``"rad"``
     #: when the field is calibrated, else in "CoM unit × scan step" (e.g. ``"px·scan step"``).
     units: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def _from_native(cls, d: dict[str, Any]) -> DPCResult:
-        return _from_fields(cls, d)
-
-    def save(self, path, which: str | None = None) -> str:
-        """Write the arrays as EMD/HDF5 (``.h5``, ``.emd``) or one image as TIFF (``.tif``;
-        ``which=`` names it); see :func:`quantem.gpu.results.save`. Returns the path."""
-        return results.save(self, path, which)
-
-    _repr_html_ = _display.result_html
-    show = _display.show
 
     def __repr__(self) -> str:
         return (
