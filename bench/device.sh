@@ -50,6 +50,9 @@ set -uo pipefail
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 [ $# -ge 1 ] || usage
 D=$PWD/device_carry
+# A carry packed by prepare_carry.sh (PACK=1: device_carry_xz/carry.tar.xz, for carries over the
+# tool's 64 MiB) is unpacked first.
+if [ ! -d "$D" ] && [ -f device_carry_xz/carry.tar.xz ]; then tar xJf device_carry_xz/carry.tar.xz; fi
 [ -x "$D/qem-cuda-products-check" ] || { echo "no device_carry/ here: run bench/prepare_carry.sh and carry it" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}; R=$OUT/res; REC=$OUT/records; mkdir -p "$R" "$REC"
 export PYTHONPATH=$D/site:$D/h5p PATH=$D/site/bin:$PATH

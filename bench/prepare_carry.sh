@@ -63,3 +63,8 @@ for f in tests/*.py; do if [ -f "$f" ]; then cp "$f" "$D/tests/"; fi; done
 find "$D/tests" -name __pycache__ -prune -exec rm -rf {} +
 echo "$(git rev-parse --short=12 HEAD)$(git diff --quiet HEAD -- crates python || echo -dirty)" > "$D/REVISION"
 du -sh "$D"
+# PACK=1: also pack it as device_carry_xz/carry.tar.xz (xz, about a third of the size; device.sh
+# unpacks it when device_carry/ is absent), carried instead of device_carry when that is too big.
+if [ -n "${PACK:-}" ]; then
+  mkdir -p device_carry_xz && tar cf - "$D" | xz -6 -T2 > device_carry_xz/carry.tar.xz && du -sh device_carry_xz
+fi
