@@ -99,7 +99,7 @@ mode_checks() {
   with_dask # the lazy and distributed tests skip without it
   local files=${PYTEST_FILES:-test_cuda.py test_products.py test_dpc.py test_ssb.py test_encoded.py}
   [ "$files" = all ] && files=.
-  step "pytest ($files)" pytest_gpu.log bash -c "cd '$D/tests/python' && timeout 300 python3 -m pytest -q -p no:cacheprovider -rs $files"
+  step "pytest ($files)" pytest_gpu.log bash -c "cd tests/python && timeout 300 python3 -m pytest -q -p no:cacheprovider -rs $files"
   tail -2 "$R/pytest_gpu.log"
 }
 

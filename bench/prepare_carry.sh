@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Fill device_carry/ (git-ignored) with what bench/device.sh runs on the GPU machine, built
 # here: the four check binaries of crates/qem-bench (qem-cuda-check, -load-check,
-# -products-check, -rans-check) and its serve-latency bench, the façade and SSB benches (qem-bench's examples
-# cuda_products_bench, ssb_cuda_bench), the Rust ssb test binary, the wheel installed into
-# site/ (the quantem-gpu console script in site/bin, the CLI binary in the package), hdf5plugin for
-# the device's Python 3.12 (bitshuffle filter only) in h5p/, the bslz4 test vectors, the Python
-# tests and the reference-acquisition generator. Needs cargo and maturin; run from the
-# repository root, then carry `device_carry` (it must stay under 64 MiB; du is printed).
+# -products-check, -rans-check) and its serve-latency bench, the façade and SSB benches
+# (qem-bench's examples cuda_products_bench, ssb_cuda_bench), the Rust ssb and every_engine test
+# binaries, the wheel installed into site/ (the quantem-gpu console script in site/bin, the CLI
+# binary in the package), hdf5plugin for the device's Python 3.12 (bitshuffle, zstd and blosc
+# filters) in h5p/, Dask's wheels, the bslz4 test vectors and the reference-acquisition
+# generator; the tests run from the working tree the tool copies. Needs cargo and maturin; run
+# from the repository root, then carry `device_carry` (64 MiB at most: PACK=1 packs it).
 #
 # The generator (make_reference_acquisition.py) is the anchor's recipe for the reference
 # acquisition; our copy lives in tests/tools (the default of $ANCHOR_TOOLS; point it elsewhere to
@@ -16,7 +17,7 @@ ANCHOR_TOOLS=${ANCHOR_TOOLS:-tests/tools}
 GEN="$ANCHOR_TOOLS/make_reference_acquisition.py"
 [ -f "$GEN" ] || { echo "no $GEN: set ANCHOR_TOOLS to the folder holding it" >&2; exit 2; }
 D=device_carry
-rm -rf "$D" && mkdir -p "$D/tests" "$D/site" "$D/h5p"
+rm -rf "$D" && mkdir -p "$D/site" "$D/h5p"
 cargo build --release -q -p qem-bench --bins
 cargo build --release -q -p qem-bench --example cuda_products_bench --example ssb_cuda_bench
 for b in qem-bench qem-cuda-check qem-cuda-load-check qem-cuda-products-check qem-cuda-rans-check serve-latency; do
@@ -46,21 +47,16 @@ python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d /tmp/h5p_whl hdf5plugin
 python3 -m zipfile -e /tmp/h5p_whl/hdf5plugin-*.whl "$D/h5p"
-# Only the bitshuffle filter is used (the carry must stay under 64 MiB): 186 MB → 0.9 MB.
-find "$D/h5p/hdf5plugin/plugins" -type f ! -name 'libh5bshuf.so' -delete
-strip "$D/h5p/hdf5plugin/plugins/libh5bshuf.so"
+# Only the bitshuffle filter (the reference acquisition) and the zstd and blosc filters (the
+# format tests write with them) are kept, stripped: 186 MB → 2.8 MB.
+find "$D/h5p/hdf5plugin/plugins" -type f ! -name 'libh5bshuf.so' ! -name 'libh5zstd.so' ! -name 'libh5blosc.so' -delete
+strip "$D"/h5p/hdf5plugin/plugins/*.so
 # Dask for the distributed mode (the device's Python has none; it has no internet).
 python3 -m pip download --quiet --only-binary=:all: --python-version 3.12 \
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d "$D/wheels" "dask[distributed]"
 cp "$GEN" "$D/"
 cp -r crates/qem-codec/tests/vectors "$D/vectors"
-# tests/python (pytest), tests/tools (the independent Dectris writer the tests import), and any
-# top-level tests/*.py (the soak driver, tests/gpu_soak.py, when it exists).
-cp -r tests/python "$D/tests/python"
-if [ -d tests/tools ]; then cp -r tests/tools "$D/tests/tools"; fi
-for f in tests/*.py; do if [ -f "$f" ]; then cp "$f" "$D/tests/"; fi; done
-find "$D/tests" -name __pycache__ -prune -exec rm -rf {} +
 echo "$(git rev-parse --short=12 HEAD)$(git diff --quiet HEAD -- crates python || echo -dirty)" > "$D/REVISION"
 du -sh "$D"
 # PACK=1: also pack it as device_carry_xz/carry.tar.xz (xz, about a third of the size; device.sh

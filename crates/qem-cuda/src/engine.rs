@@ -147,22 +147,10 @@ pub fn select_device(ordinal: usize) -> Result<()> {
         Some(Ok(e)) => Some(e.gpu.info().ordinal),
         _ => *chosen,
     };
-    if let Some(cur) = current {
-        if cur == ordinal {
-            return Ok(());
-        }
-        if matches!(ENGINE.get(), Some(Ok(_))) {
-            return Err(qem_core::Error::invalid(
-                OP,
-                format!(
-                    "this process's CUDA engine is already on device {cur}; a process uses one \
-                     device (run one process, e.g. one Dask worker, per GPU)"
-                ),
-            )
-            .with_expected(format!("device={cur}"))
-            .with_found(format!("device={ordinal}")));
-        }
+    if current == Some(ordinal) {
+        return Ok(());
     }
+    // The range first: an index no device has is the more useful thing to say.
     let count = device_count()?;
     if ordinal >= count {
         let visible = std::env::var("CUDA_VISIBLE_DEVICES")
@@ -174,6 +162,17 @@ pub fn select_device(ordinal: usize) -> Result<()> {
         )
         .with_expected(format!("0 <= device < {count}"))
         .with_found(ordinal.to_string()));
+    }
+    if let (Some(cur), Some(Ok(_))) = (current, ENGINE.get()) {
+        return Err(qem_core::Error::invalid(
+            OP,
+            format!(
+                "this process's CUDA engine is already on device {cur}; a process uses one \
+                 device (run one process, e.g. one Dask worker, per GPU)"
+            ),
+        )
+        .with_expected(format!("device={cur}"))
+        .with_found(format!("device={ordinal}")));
     }
     *chosen = Some(ordinal);
     Ok(())
