@@ -79,7 +79,7 @@ def simulate(ab: dict, scan: tuple[int, int] = (16, 20), detector: str = "identi
     return np.ascontiguousarray(np.rint(out / out.max() * 4000.0).astype(np.uint32))
 
 
-def _fit(counts, rotation_deg: float = 0.0, fit=("C10", "C12", "phi12")) -> dict:
+def _fit(counts, rotation_deg: float = 0.0, fit=("C10", "C12", "phi12"), transpose=False) -> dict:
     ds = io.load(counts, backend="cpu")
     s = ssb.SSB(
         ds,
@@ -88,6 +88,7 @@ def _fit(counts, rotation_deg: float = 0.0, fit=("C10", "C12", "phi12")) -> dict
         scan_step_a=STEP_A,
         det_sampling_mrad=DTHETA,
         rotation_deg=rotation_deg,
+        transpose=transpose,
     )
     return s.fit(seed=0, fit=fit, global_evals=40, local_max_iter=80).aberrations
 
@@ -151,19 +152,33 @@ def test_rotated_detector_with_dpc_rotation():
     assert _angle_mod_pi(flipped["phi12"], 0.4 + math.pi / 2) < 0.1
 
 
-def test_transposed_detector_is_found_by_dpc():
-    """Frame axes exchanged: ``dpc.run`` reports ``transpose``. SSB has no transpose option
-    (a reflection is not a rotation), so the detector axes of such an acquisition must be
-    exchanged before SSB; then the truth comes back."""
+def test_transposed_detector_with_dpc_geometry():
+    """Frame axes exchanged: ``dpc.run`` reports ``transpose``, and SSB given its rotation and
+    transpose recovers the truth; the reconstruction equals that of the frames with their axes
+    exchanged back (the same BF pixels, the same probe vectors), and without ``transpose`` the
+    fit is wrong (a reflection is not a rotation)."""
     truth = {"C10": 40.0, "C12": 30.0, "phi12": 0.4}
     rot, transpose = _dpc_geometry("transpose")
     assert transpose
     assert abs(((rot + 180.0) % 360.0) - 180.0) < 3.0, rot
     counts = simulate(truth, detector="transpose")
-    fixed = _fit(np.ascontiguousarray(np.swapaxes(counts, 2, 3)))
-    assert fixed["C10"] == pytest.approx(40.0, abs=3.0)
-    assert fixed["C12"] == pytest.approx(30.0, abs=3.0)
-    assert _angle_mod_pi(fixed["phi12"], 0.4) < 0.1
+    got = _fit(counts, rotation_deg=rot, transpose=True)
+    assert got["C10"] == pytest.approx(40.0, abs=3.0)
+    assert got["C12"] == pytest.approx(30.0, abs=3.0)
+    assert _angle_mod_pi(got["phi12"], 0.4) < 0.1
+    wrong = _fit(counts, rotation_deg=rot)
+    assert _angle_mod_pi(wrong["phi12"], 0.4) > 0.3 or abs(wrong["C12"] - 30.0) > 6.0, wrong
+
+    swapped = np.ascontiguousarray(np.swapaxes(counts, 2, 3))
+    kw = dict(voltage_kv=VOLTAGE_KV, semiangle_mrad=SEMIANGLE_MRAD, scan_step_a=STEP_A)
+    kw["det_sampling_mrad"] = DTHETA
+    a = ssb.SSB(io.load(counts, backend="cpu"), **kw, transpose=True)
+    b = ssb.SSB(io.load(swapped, backend="cpu"), **kw)
+    assert a.info["params"]["transpose"] is True and b.info["params"]["transpose"] is False
+    oa, ob = a.reconstruct(truth).object, b.reconstruct(truth).object
+    assert np.linalg.norm(oa - ob) <= 1e-9 * np.linalg.norm(ob)
+    oc = ssb.SSB(io.load(counts, backend="cpu"), **kw).reconstruct(truth).object
+    assert np.linalg.norm(oc - ob) > 1e-3 * np.linalg.norm(ob)
 
 
 def test_c10_at_the_entrance_surface():

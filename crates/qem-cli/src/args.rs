@@ -192,6 +192,10 @@ pub struct SsbArgs {
     /// Scan–detector rotation, degrees (the value `quantem-gpu dpc` reports).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub rotation_deg: f64,
+    /// Exchange the detector's row and column axes before the rotation (when `quantem-gpu dpc`
+    /// reports transpose: true).
+    #[arg(long)]
+    pub transpose: bool,
     /// BF pixels need a mean intensity above this fraction of the maximum.
     #[arg(long, default_value_t = 0.0)]
     pub bf_threshold: f64,

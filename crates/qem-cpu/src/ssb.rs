@@ -99,15 +99,17 @@ pub fn select_bf(
         .collect()
 }
 
-/// Reciprocal vectors (Å⁻¹) of detector pixels: `k⁰ = ((i − c_r)Δk_r, (j − c_c)Δk_c)`, then the
-/// passive rotation `k = R(θ)k⁰`, `R = [[cos, −sin], [sin, cos]]` on (row, col), the same sense
-/// as `dpc` (so the angle `dpc.run` reports can be passed on).
+/// Reciprocal vectors (Å⁻¹) of detector pixels: `k⁰ = ((i − c_r)Δk_r, (j − c_c)Δk_c)`, its
+/// components exchanged when `transpose`, then the passive rotation `k = R(θ)k⁰`,
+/// `R = [[cos, −sin], [sin, cos]]` on (row, col): the order and sense of `dpc` (so the rotation
+/// and transpose `dpc.run` reports can be passed on).
 pub fn pixel_k_vectors(
     pixels: &[usize],
     det: Shape2,
     center: (f64, f64),
     dk: (f64, f64),
     rotation_deg: f64,
+    transpose: bool,
 ) -> Vec<(f64, f64)> {
     let (s, c) = rotation_deg.to_radians().sin_cos();
     pixels
@@ -115,6 +117,7 @@ pub fn pixel_k_vectors(
         .map(|&p| {
             let kr = ((p / det.cols) as f64 - center.0) * dk.0;
             let kc = ((p % det.cols) as f64 - center.1) * dk.1;
+            let (kr, kc) = if transpose { (kc, kr) } else { (kr, kc) };
             (c * kr - s * kc, s * kr + c * kc)
         })
         .collect()
@@ -990,8 +993,11 @@ mod tests {
     fn rotation_is_the_dpc_sense() {
         let det = Shape2::new(3, 3);
         // Pixel (2, 1): k⁰ = (1, 0); R(90°) (1, 0) = (0, 1).
-        let k = pixel_k_vectors(&[7], det, (1.0, 1.0), (1.0, 1.0), 90.0);
+        let k = pixel_k_vectors(&[7], det, (1.0, 1.0), (1.0, 1.0), 90.0, false);
         assert!((k[0].0).abs() < 1e-12 && (k[0].1 - 1.0).abs() < 1e-12);
+        // Transposed first: k⁰ = (0, 1), then R(90°) (0, 1) = (−1, 0).
+        let k = pixel_k_vectors(&[7], det, (1.0, 1.0), (1.0, 1.0), 90.0, true);
+        assert!((k[0].0 + 1.0).abs() < 1e-12 && (k[0].1).abs() < 1e-12);
     }
 
     #[test]

@@ -146,6 +146,7 @@ impl PySsb {
         params.set_item("scan_step_a", (p.scan_step_a.0, p.scan_step_a.1))?;
         params.set_item("det_sampling_mrad", p.det_sampling_mrad)?;
         params.set_item("rotation_deg", p.rotation_deg)?;
+        params.set_item("transpose", p.transpose)?;
         params.set_item("compat_2alpha", p.compat_2alpha)?;
         params.set_item("bf_threshold", p.bf_threshold)?;
         params.set_item("memory_budget", p.memory_budget)?;
@@ -265,7 +266,7 @@ impl PySsb {
 #[pyfunction]
 #[pyo3(signature = (
     dataset, *, voltage_kv, semiangle_mrad, scan_step_a, det_sampling_mrad = None,
-    rotation_deg = 0.0, compat_2alpha = false, bf_threshold = 0.0, memory_budget = None,
+    rotation_deg = 0.0, transpose = false, compat_2alpha = false, bf_threshold = 0.0, memory_budget = None,
     g_storage = None, engine = "auto", progress = None
 ))]
 #[allow(clippy::too_many_arguments)]
@@ -277,6 +278,7 @@ fn ssb_prepare(
     scan_step_a: (f64, f64),
     det_sampling_mrad: Option<f64>,
     rotation_deg: f64,
+    transpose: bool,
     compat_2alpha: bool,
     bf_threshold: f64,
     memory_budget: Option<u64>,
@@ -302,6 +304,7 @@ fn ssb_prepare(
         scan_step_a,
         det_sampling_mrad,
         rotation_deg,
+        transpose,
         compat_2alpha,
         bf_threshold,
         memory_budget,

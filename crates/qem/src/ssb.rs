@@ -61,6 +61,9 @@ pub struct SsbParams {
     pub det_sampling_mrad: Option<f64>,
     /// Rotation of the detector frame into the scan frame, degrees (the `dpc.run` value).
     pub rotation_deg: f64,
+    /// Exchange the detector's row and column axes before the rotation (the `dpc.run` value:
+    /// a detector read out transposed relative to the scan).
+    pub transpose: bool,
     /// With `det_sampling_mrad = None`: use the anchor's `2α / r_BF` instead (compat only).
     pub compat_2alpha: bool,
     /// BF candidates need `mean DP > bf_threshold·max(mean DP)` (0 = any positive pixel).
@@ -87,6 +90,7 @@ impl Default for SsbParams {
             scan_step_a: (1.0, 1.0),
             det_sampling_mrad: None,
             rotation_deg: 0.0,
+            transpose: false,
             compat_2alpha: false,
             bf_threshold: 0.0,
             memory_budget: None,
@@ -463,7 +467,14 @@ impl Ssb {
         let diagnostics = diagnostics(ds, p, lambda, dtheta, flat.len());
         let t_fit = t0.elapsed().as_secs_f64();
         let dk = dtheta * 1e-3 / lambda;
-        let k = cpu::pixel_k_vectors(&flat, det, disk.center_px, (dk, dk), p.rotation_deg);
+        let k = cpu::pixel_k_vectors(
+            &flat,
+            det,
+            disk.center_px,
+            (dk, dk),
+            p.rotation_deg,
+            p.transpose,
+        );
         let optics = Optics {
             lambda_a: lambda,
             alpha_rad: p.semiangle_mrad * 1e-3,
@@ -562,6 +573,7 @@ impl Ssb {
                     .map(crate::calibration::edge_json),
                 "diagnostics": diagnostics.json(),
                 "rotation_deg": p.rotation_deg,
+                "transpose": p.transpose,
                 "bf_threshold": p.bf_threshold,
                 "bf_center_px": [disk.center_px.0, disk.center_px.1],
                 "bf_radius_px": disk.radius_px,

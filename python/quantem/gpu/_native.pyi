@@ -202,6 +202,7 @@ def ssb_prepare(
     scan_step_a: tuple[float, float],
     det_sampling_mrad: float | None = None,
     rotation_deg: float = 0.0,
+    transpose: bool = False,
     compat_2alpha: bool = False,
     bf_threshold: float = 0.0,
     memory_budget: int | None = None,

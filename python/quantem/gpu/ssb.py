@@ -290,6 +290,10 @@ class SSB:
     rotation_deg : float, optional
         Scan–detector rotation, degrees, with the convention of :func:`quantem.gpu.dpc.run`
         (pass its ``rotation_deg``); ``ds.calibration.rotation_deg`` when left out, else 0.
+    transpose : bool
+        Exchange the detector's row and column axes before the rotation, as
+        :func:`quantem.gpu.dpc.run` does when it reports ``transpose=True`` (pass it on with the
+        rotation: ``SSB(ds, rotation_deg=d.rotation_deg, transpose=d.transpose)``).
     compat_2alpha : bool
         Use the anchor's ``Δθ = 2α / r_BF`` when ``det_sampling_mrad`` is not given
         (reproduces the anchor's numbers; not physical).
@@ -322,6 +326,7 @@ class SSB:
         det_sampling_mrad: float | None = None,
         rotation_deg: float | None = None,
         *,
+        transpose: bool = False,
         compat_2alpha: bool = False,
         bf_threshold: float = 0.0,
         memory_budget: int | None = None,
@@ -359,6 +364,7 @@ class SSB:
             g_storage = _args.text(_OP, "g_storage", g_storage, ("f32", "f16"))
         engine = _args.text(_OP, "engine", engine, ("auto", "cpu", "cuda"))
         compat = _args.flag(_OP, "compat_2alpha", compat_2alpha)
+        transpose = _args.flag(_OP, "transpose", transpose)
         self._axes = results.scan_axes(tuple(ds.shape)[:2], step)
         self._native = _progress.run(
             _OP,
@@ -370,6 +376,7 @@ class SSB:
                 scan_step_a=step,
                 det_sampling_mrad=det,
                 rotation_deg=rot,
+                transpose=transpose,
                 compat_2alpha=compat,
                 bf_threshold=thr,
                 memory_budget=budget,
