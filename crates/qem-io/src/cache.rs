@@ -25,7 +25,7 @@ struct Entry {
 
 static CACHE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 
-fn disabled() -> bool {
+pub(crate) fn disabled() -> bool {
     std::env::var_os("QUANTEM_GPU_NO_INDEX_CACHE").is_some_and(|v| v != "0" && !v.is_empty())
 }
 

@@ -16,6 +16,12 @@
 //! register so that small compressed datasets (a `pixel_mask`) read through HDF5.
 
 mod cache;
+
+/// Whether [`Source::open`] keeps opened sources' indexes in its in-process cache (on unless
+/// `QUANTEM_GPU_NO_INDEX_CACHE=1`).
+pub fn index_cache_enabled() -> bool {
+    !cache::disabled()
+}
 pub mod formats;
 mod guard;
 mod h5;

@@ -112,7 +112,12 @@ impl Default for LoadParams {
 /// Nothing is cropped, binned, masked or narrowed unless asked; the result's provenance records
 /// every choice. Over budget is a typed `MemoryBudget` error, never a silent reduction.
 pub fn load(source: SourceArg, params: &LoadParams) -> Result<Dataset> {
-    let backend = resolve_backend(params.backend)?;
+    let backend = match &source {
+        SourceArg::Path(path) if params.backend != BackendRequest::Cpu => {
+            resolve_backend_opening(path, params)?
+        }
+        _ => resolve_backend(params.backend)?,
+    };
     let representation = params
         .representation
         .unwrap_or_else(|| default_representation(backend));
@@ -129,6 +134,35 @@ pub fn load(source: SourceArg, params: &LoadParams) -> Result<Dataset> {
     match source {
         SourceArg::Path(path) => load_path(&path, request),
         SourceArg::Array { data, shape } => load_in_memory(data, &shape, request),
+    }
+}
+
+/// [`resolve_backend`] (which creates the CUDA engine on first use: context, pinned pool,
+/// kernel modules, a few hundred ms in a fresh process) while another thread opens the source
+/// (HDF5 index and metadata, ~80 ms for the 512² reference): the open fills `Source::open`'s
+/// in-process index cache, so the loader's own open is then answered from it. Its result is
+/// dropped: the loader opens again and reports any error itself.
+fn resolve_backend_opening(path: &Path, params: &LoadParams) -> Result<Backend> {
+    std::thread::scope(|s| {
+        let is_qem = match params.format {
+            Some(f) => f == qem_io::Format::Qem,
+            None => crate::qemfile::is_qem_file(path).unwrap_or(true),
+        };
+        if !is_qem && qem_io::index_cache_enabled() {
+            s.spawn(|| drop(qem_io::Source::open(path, &open_options(params))));
+        }
+        resolve_backend(params.backend)
+    })
+}
+
+/// The source-opening options of `params`.
+fn open_options(params: &LoadParams) -> qem_io::OpenOptions {
+    qem_io::OpenOptions {
+        dataset_path: params.dataset_path.clone(),
+        scan_shape: params.scan_shape,
+        format: params.format,
+        raw: params.raw.clone(),
+        float_scale: params.float_scale.map(qem_io::FloatScale),
     }
 }
 
@@ -382,16 +416,7 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
         return crate::qemfile::load_qem(path, request);
     }
     let t = Instant::now();
-    let src = qem_io::Source::open(
-        path,
-        &qem_io::OpenOptions {
-            dataset_path: request.params.dataset_path.clone(),
-            scan_shape: request.params.scan_shape,
-            format: request.params.format,
-            raw: request.params.raw.clone(),
-            float_scale: request.params.float_scale.map(qem_io::FloatScale),
-        },
-    )?;
+    let src = qem_io::Source::open(path, &open_options(request.params))?;
     let t_open = t.elapsed().as_secs_f64();
     // Frames never written fail here, naming the first one in the requested region, before
     // any plan or buffer is sized (a file may declare billions of frames and hold one).
