@@ -57,6 +57,10 @@ def write_data(folder: Path, scan, det, seed=0) -> tuple[str, int]:
 
 
 def git_revision() -> str:
+    """``QEM_GIT_REVISION`` when set (bench/device.sh sets it from the carry: the device's copy
+    of the tree may carry another HEAD), else ``git rev-parse HEAD``."""
+    if os.environ.get("QEM_GIT_REVISION"):
+        return os.environ["QEM_GIT_REVISION"]
     try:
         return subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT, check=True
