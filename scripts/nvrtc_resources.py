@@ -1,6 +1,6 @@
 """Compile kernel sources with NVRTC for sm_90 and print ptxas's resource report (registers,
 shared memory, spills) per kernel, without a GPU. Usage:
-  python3 bench/nvrtc_resources.py crates/qem-cuda/src/kernels/rans.cu [more.cu ...]
+  python3 scripts/nvrtc_resources.py crates/qem-cuda/src/kernels/rans.cu [more.cu ...]
 (the files are concatenated, as products.rs does; NVRTC_DEFINES="A=1 B=2" adds defines). Needs libnvrtc (pip nvidia-cuda-nvrtc)."""
 import ctypes, glob, os, sys
 
