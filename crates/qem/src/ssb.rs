@@ -567,6 +567,7 @@ impl Ssb {
                     None => "2*alpha/r_bf (anchor compat)".to_string(),
                 },
                 "det_sampling_sigma_mrad": sampling.as_ref().map(|s| s.sigma_mrad_per_px),
+                "det_sampling_sigma_stat_mrad": sampling.as_ref().map(|s| s.sigma_stat_mrad_per_px),
                 "bf_disk_edge": sampling
                     .as_ref()
                     .and_then(|s| s.edge.as_ref())

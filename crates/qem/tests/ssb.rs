@@ -411,7 +411,14 @@ fn odd_scan_shape_encoded_and_default_sampling() {
     // The default comes from the sub-pixel disk edge, with its source and uncertainty.
     let smp = sd.sampling.as_ref().unwrap();
     assert!(smp.source.contains("BF disk edge"), "{}", smp.source);
-    assert!(smp.sigma_mrad_per_px > 0.0 && smp.edge.is_some());
+    assert!(smp.sigma_stat_mrad_per_px > 0.0 && smp.edge.is_some());
+    // The reported σ is the statistical one and the 0.3 % systematic floor in quadrature.
+    let want = smp.sigma_stat_mrad_per_px.hypot(0.003 * smp.mrad_per_px);
+    assert!(
+        (smp.sigma_mrad_per_px - want).abs() <= 1e-12 * want,
+        "{smp:?}"
+    );
+    assert!(smp.sigma_mrad_per_px >= 0.003 * smp.mrad_per_px);
 }
 
 #[test]
