@@ -113,12 +113,38 @@ fn action_for(e: &Error) -> String {
 ///
 /// Problems with the source are reported in the returned [`Inspection`] (`ready = false`,
 /// `reason`, `action`). The inspection itself fails, with a typed error, when `path` cannot be
-/// read as an HDF5 file at all: it does not exist, is a symlink loop, is not a regular file (a
-/// directory, FIFO, device or socket: refused before any open could block), cannot be opened
-/// (permissions), or is not HDF5.
+/// read at all: it does not exist, is a symlink loop, is not a regular file (a directory, FIFO,
+/// device or socket: refused before any open could block), cannot be opened (permissions), is a
+/// `.qem` container, or is neither a recognised format nor HDF5. A recognised non-HDF5 file
+/// (`.npy`, Merlin, EMPAD, ...) is reported from what opening it says.
 pub fn inspect(path: &Path, scan_shape: Option<Shape2>) -> Result<Inspection> {
     // Opened (non-blocking, regular files only) to prove it readable, then closed.
     drop(guard::open_regular("inspect", path, "file")?);
+    let opts = OpenOptions {
+        dataset_path: None,
+        scan_shape,
+        ..OpenOptions::default()
+    };
+    // Other formats recognised by content (NumPy, Merlin, EMPAD, ...) have no shards to count:
+    // the report is what opening them says. Unrecognised content goes on to the HDF5 path,
+    // whose error says what HDF5 found.
+    match crate::formats::detect(path) {
+        Ok(crate::Format::Qem) => {
+            return Err(Error::source(
+                "inspect",
+                "a .qem file is not an acquisition to inspect: io.load opens it and verifies its header and checksums",
+            )
+            .with_file(path)
+            .with_expected("an acquisition (Dectris master, HDF5, .npy, .mib, EMPAD, raw)")
+            .with_found("a .qem container"))
+        }
+        Ok(f) if f != crate::Format::Hdf5 => {
+            let mut ins = Inspection::empty(path);
+            report_open(&mut ins, path, &opts);
+            return Ok(ins);
+        }
+        _ => {}
+    }
     h5::init();
     if let Err(e) = h5::open_read(path) {
         return Err(Error::source(
@@ -132,11 +158,6 @@ pub fn inspect(path: &Path, scan_shape: Option<Shape2>) -> Result<Inspection> {
         .with_found("a file HDF5 cannot open"));
     }
     let mut ins = Inspection::empty(path);
-    let opts = OpenOptions {
-        dataset_path: None,
-        scan_shape,
-        ..OpenOptions::default()
-    };
 
     // Shard census first, so missing shards are listed even though open fails on them.
     if let Ok(file) = h5::open_read(path) {
@@ -202,7 +223,14 @@ pub fn inspect(path: &Path, scan_shape: Option<Shape2>) -> Result<Inspection> {
         }
     }
 
-    match Source::open(path, &opts) {
+    report_open(&mut ins, path, &opts);
+    Ok(ins)
+}
+
+/// What [`Source::open`] says of `path`, into `ins`: the source's description and readiness,
+/// or why it cannot be opened and what to do.
+fn report_open(ins: &mut Inspection, path: &Path, opts: &OpenOptions) {
+    match Source::open(path, opts) {
         Ok(src) => {
             ins.source_kind = Some(src.kind);
             ins.dtype = Some(src.dtype);
@@ -238,7 +266,6 @@ pub fn inspect(path: &Path, scan_shape: Option<Shape2>) -> Result<Inspection> {
             ins.reason = Some(e.to_string());
         }
     }
-    Ok(ins)
 }
 
 /// All `*_master.h5` files under `folder` (recursively), as sorted absolute paths.

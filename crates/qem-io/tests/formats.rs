@@ -206,3 +206,32 @@ fn npy_header_with_deep_brackets_is_refused() {
         "{s}"
     );
 }
+
+/// `inspect` reports a NumPy file (and says why a truncated one is not ready) instead of
+/// calling it "not HDF5"; a `.qem` container is refused saying what to do.
+#[test]
+fn inspect_reports_non_hdf5_formats() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("scan.npy");
+    write_npy(&p, &[3, 5, 6, 4], &counts(3 * 5 * 6 * 4), None);
+    let ins = qem_io::inspect(&p, None).unwrap();
+    assert!(ins.ready, "{ins:?}");
+    assert_eq!(ins.source_kind, Some(SourceKind::Npy));
+    assert_eq!(ins.scan_shape, Some(Shape2::new(3, 5)));
+    assert_eq!(ins.detector_shape, Some(Shape2::new(6, 4)));
+    assert_eq!(ins.actual_frames, Some(15));
+
+    let cut = dir.path().join("cut.npy");
+    let bytes = std::fs::read(&p).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() - 10]).unwrap();
+    let ins = qem_io::inspect(&cut, None).unwrap();
+    assert!(!ins.ready);
+    let why = ins.reason.unwrap();
+    assert!(why.contains("frame") && !why.contains("HDF5"), "{why}");
+
+    let q = dir.path().join("x.qem");
+    std::fs::write(&q, b"QEM4DSTM and then nothing").unwrap();
+    let e = qem_io::inspect(&q, None).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Source);
+    assert!(e.to_string().contains(".qem"), "{e}");
+}
