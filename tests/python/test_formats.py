@@ -91,15 +91,41 @@ def test_hdf5plugin_zstd_loads_byte_exact(tmp_path, backend):
     _check(p, data, backend, "dense")
 
 
-def test_blosc_is_refused_with_the_filter_named(tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cname", ["blosclz", "lz4", "lz4hc", "zlib", "zstd"])
+@pytest.mark.parametrize("shuffle", ["none", "byte", "bit"])
+def test_hdf5plugin_blosc_loads_byte_exact(tmp_path, backend, cname, shuffle):
     h5py = pytest.importorskip("h5py")
     hdf5plugin = pytest.importorskip("hdf5plugin")
-    data = _frames((2, 2, 8, 8))
+    data = _frames((4, 5, 16, 12))
     p = tmp_path / "blosc.h5"
+    mode = {
+        "none": hdf5plugin.Blosc.NOSHUFFLE,
+        "byte": hdf5plugin.Blosc.SHUFFLE,
+        "bit": hdf5plugin.Blosc.BITSHUFFLE,
+    }[shuffle]
     with h5py.File(p, "w") as f:
-        f.create_dataset("data", data=data, chunks=(1, 2, 8, 8), **hdf5plugin.Blosc())
-    with pytest.raises(qg.SourceError, match="32001"):
+        f.create_dataset(
+            "data", data=data, chunks=(1, 5, 16, 12), **hdf5plugin.Blosc(cname=cname, shuffle=mode)
+        )
+    _check(p, data, backend, "dense")
+
+
+def test_corrupt_blosc_chunk_is_a_decode_error_naming_the_frame(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    hdf5plugin = pytest.importorskip("hdf5plugin")
+    data = _frames((3, 4, 16, 12))
+    p = tmp_path / "blosc_bad.h5"
+    with h5py.File(p, "w") as f:
+        f.create_dataset("data", data=data, chunks=(1, 4, 16, 12), **hdf5plugin.Blosc())
+    with h5py.File(p, "r") as f:
+        off = f["data"].id.get_chunk_info(1).byte_offset
+    raw = bytearray(p.read_bytes())
+    raw[off + 12 : off + 16] = (10**9).to_bytes(4, "little")  # compressed size past the chunk
+    p.write_bytes(bytes(raw))
+    with pytest.raises(qg.QuantemError, match="Blosc") as e:
         io.load(p, backend="cpu")
+    assert "frame 4" in str(e.value), str(e.value)
 
 
 def _hspy_write(path, data, **kw):

@@ -347,7 +347,7 @@ pub(crate) fn describe(ds: &hdf5::Dataset, file: &Path, what: &str) -> Result<Pa
             .with_file(file)
             .with_expected(
                 "no filter, filter 32008 (bitshuffle/LZ4) alone, or deflate (1), shuffle (2), \
-                 fletcher32 (3), lz4 (32004), zstd (32015)",
+                 fletcher32 (3), lz4 (32004), zstd (32015), blosc (32001)",
             )
             .with_found(format!("filters {}", list.join(", "))));
         }
