@@ -198,6 +198,19 @@ def test_npy_paths_load_byte_exact(tmp_path, backend, representation, descr):
     _check(p, data.astype(data.dtype.newbyteorder("=")), backend, representation)
 
 
+def test_inspect_reports_a_npy_file(tmp_path):
+    data = _frames((3, 4, 10, 8))
+    p = tmp_path / "scan.npy"
+    np.save(p, data)
+    ins = io.inspect(p)
+    assert ins["ready"] is True and ins["source_kind"].lower().startswith("npy"), ins
+    assert ins["scan_shape"] == {"rows": 3, "cols": 4}, ins["scan_shape"]
+    assert ins["detector_shape"] == {"rows": 10, "cols": 8}, ins["detector_shape"]
+    p.write_bytes(p.read_bytes()[:-7])
+    ins = io.inspect(p)
+    assert ins["ready"] is False and "HDF5" not in ins["reason"], ins
+
+
 def test_npy_3d_needs_a_scan_shape_or_a_square(tmp_path):
     data = _frames((12, 6, 6))
     p = tmp_path / "frames.npy"

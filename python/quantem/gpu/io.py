@@ -245,7 +245,9 @@ def inspect(
     Parameters
     ----------
     source : str, bytes or os.PathLike
-        A Dectris master file or a plain HDF5 file.
+        An acquisition :func:`load` reads: a Dectris master (its shards are counted one by
+        one), a plain HDF5 file, ``.npy``, Merlin ``.mib``, EMPAD, ... (a ``.qem`` file is
+        refused: :func:`load` opens it).
     scan_shape : (int, int), optional
         The scan shape to check the frame count against.
 
