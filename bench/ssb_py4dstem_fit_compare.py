@@ -9,14 +9,10 @@ One command (reference venv with py4DSTEM, numpy < 2; our engine in the system p
     /tmp/refs-venv/bin/python bench/ssb_py4dstem_fit_compare.py --ours-python python3 \
         --out bench/results/cpu_ssb_py4dstem_fit_compare.json
 
-Simulations (noise-free 'intensity' npz from tests/tools/simulate_abtem.py, abTEM venv; 32x32
-scans over 2x2 cells, 64x64 detector, 6x6 tiles, 256 gpts, seed 0, --dose 0):
-  --sim-dir (default /tmp/p4fit):
-    ast_200kv_1c  --energy 200e3 --semiangle 25 --thickness 1 --defocus -100 --C12 40 --phi12 0.5
-    ast_300kv_3c  --energy 300e3 --semiangle 20 --thickness 3 --defocus 80 --C12 25 --phi12 -0.7
-    ast_200kv_3c  --energy 200e3 --semiangle 25 --thickness 3 --defocus 60 --C12 50 --phi12 1.2
-  --foc-dir (default /tmp/calval, made by bench/calibration_validation.sh, C12 = 0):
-    foc_200kv_1c (C10 = +100 A), foc_300kv_3c (C10 = -80 A)
+Simulations: noise-free 'intensity' npz from tests/tools/simulate_abtem.py (SIMS below: 32x32
+scans over 2x2 cells, 64x64 detector, 6x6 tiles, 256 gpts, --dose 0). A case is read from
+--foc-dir (the foc_* cases of bench/calibration_validation.sh, same arguments) or --sim-dir;
+one found in neither is simulated into --sim-dir with --abtem-python (~25 s each on 2 cores).
 The counts both codes get are Poisson(intensity * dose) with numpy default_rng(--seed), clipped
 to uint16; py4DSTEM gets the same counts as float32. A case that cannot be loaded or fitted by
 either code makes the script exit nonzero before anything is written.
@@ -70,10 +66,23 @@ from typing import Any
 
 import numpy as np
 
-# name : directory option : dose (electrons per frame) [: py4DSTEM num_trotters]
-DEFAULT_CASES = ("ast_200kv_1c:sim:1e5,ast_300kv_3c:sim:1e5,ast_200kv_3c:sim:1e5,"
-                 "foc_200kv_1c:foc:1e5,foc_300kv_3c:foc:1e5,ast_200kv_1c:sim:1e3:12")
+# name : dose (electrons per frame) [: py4DSTEM num_trotters]
+DEFAULT_CASES = ("ast_200kv_1c:1e5,ast_300kv_3c:1e5,ast_200kv_3c:1e5,foc_200kv_1c:1e5,"
+                 "foc_300kv_3c:1e5,ast_200kv_1c:1e3:12")
 NAMES = ("C10", "C12", "phi12")
+# simulate_abtem.py arguments besides the common ones (COMMON); defocus is abTEM's (= -C10)
+COMMON = ["--structure", "sto", "--reps", "6", "--gpts", "256", "--det", "64", "--scan", "32",
+          "--scan-cells", "2", "--dose", "0", "--seed", "0", "--workers", "2"]
+SIMS = {
+    "ast_200kv_1c": "--energy 200e3 --semiangle 25 --thickness 1 --defocus -100 "
+                    "--C12 40 --phi12 0.5",
+    "ast_300kv_3c": "--energy 300e3 --semiangle 20 --thickness 3 --defocus 80 "
+                    "--C12 25 --phi12 -0.7",
+    "ast_200kv_3c": "--energy 200e3 --semiangle 25 --thickness 3 --defocus 60 "
+                    "--C12 50 --phi12 1.2",
+    "foc_200kv_1c": "--energy 200e3 --semiangle 25 --thickness 1 --defocus -100",
+    "foc_300kv_3c": "--energy 300e3 --semiangle 20 --thickness 3 --defocus 80",
+}
 
 
 def pearson(a: np.ndarray, b: np.ndarray) -> float:
@@ -181,7 +190,7 @@ def p4_fit(py4dstem: Any, counts: np.ndarray, z: Any, num_trotters: int | None,
     if need_gb > mem_limit_gb:
         raise RuntimeError(f"py4DSTEM aberration_fit would use {n} trotters (its default selects "
                            f"{n_default}): ~{need_gb:.0f} GB of design arrays > {mem_limit_gb} GB; "
-                           "give this case a num_trotters (name:dir:dose:num_trotters)")
+                           "give this case a num_trotters (name:dose:num_trotters)")
     t1 = time.perf_counter()
     s.aberration_fit(max_radial_order=2, plot_fitted_fourier_probe=False, num_trotters=num_trotters)
     single = p4_fitted(s)
@@ -232,11 +241,29 @@ def p4_convention_check(py4dstem: Any, counts: np.ndarray, z: Any, truth: dict[s
 
 
 # --------------------------------------------------------------------------- driver
+def find_or_simulate(name: str, a: argparse.Namespace) -> str:
+    """The npz of case ``name``: --foc-dir or --sim-dir, else simulated into --sim-dir."""
+    for d in (a.foc_dir, a.sim_dir):
+        path = os.path.join(d, f"{name}.npz")
+        if os.path.exists(path):
+            return path
+    if name not in SIMS:
+        raise RuntimeError(f"{name}.npz not found and no simulation arguments for it")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.makedirs(a.sim_dir, exist_ok=True)
+    out = os.path.join(a.sim_dir, name)
+    cmd = [a.abtem_python, os.path.join(root, "tests", "tools", "simulate_abtem.py"), *COMMON,
+           *SIMS[name].split(), "--out", out]
+    print("simulating:", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    return out + ".npz"
+
+
 def run_case(py4dstem: Any, spec: str, a: argparse.Namespace, tmp: str) -> dict[str, Any]:
     """One case: counts, both fits, errors, correlations; raises if anything fails."""
-    name, where, dose, *rest = spec.split(":")
+    name, dose, *rest = spec.split(":")
     num_trotters = int(rest[0]) if rest else None
-    npz = os.path.join(a.sim_dir if where == "sim" else a.foc_dir, f"{name}.npz")
+    npz = find_or_simulate(name, a)
     z = np.load(npz)
     truth = {"C10": float(z["C10_A"]), "C12": float(z["C12_A"]), "phi12": float(z["phi12_rad"])}
     if float(z["C30_A"]) != 0.0:
@@ -289,7 +316,9 @@ def main() -> None:
     ap.add_argument("--sim-dir", default="/tmp/p4fit")
     ap.add_argument("--foc-dir", default="/tmp/calval")
     ap.add_argument("--cases", default=DEFAULT_CASES,
-                    help="name:sim|foc:dose[:py4DSTEM num_trotters],...")
+                    help="name:dose[:py4DSTEM num_trotters],...")
+    ap.add_argument("--abtem-python", default="/tmp/abtem-venv-E/bin/python",
+                    help="abTEM venv interpreter, for cases not simulated yet")
     ap.add_argument("--p4-mem-limit-gb", type=float, default=4.0,
                     help="refuse a py4DSTEM fit whose design arrays would exceed this")
     ap.add_argument("--seed", type=int, default=0, help="Poisson seed")
