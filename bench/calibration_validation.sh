@@ -10,7 +10,7 @@
 #    sampling; writes bench/results/cpu_calibration_validation.json.
 # Env: PY (abTEM venv python, default /tmp/abtem-venv-E/bin/python), OURS (python with
 # quantem.gpu, default python3), WORK (scratch, default /tmp/calval), SKIP_SIM=1 (reuse .npz).
-# Variants (bench/calibration_sim_variant.py): hard_* = hard aperture, foc_*_weak = potential x0.1.
+# Variants (tests/tools/simulate_abtem_variant.py): hard_* = hard aperture, foc_*_weak = potential x0.1.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${PY:-/tmp/abtem-venv-E/bin/python}"
@@ -48,12 +48,12 @@ for c in $CASES; do
   # the calibration cases again with a hard aperture (abTEM's default tapers the amplitude)
   case "$name" in cal_*)
     sim "hard_${name#cal_}" "$kv" "$mrad" "$cells" "$reps" "$gpts" "$det" "$scan" "$scells" "$df" \
-      "$ROOT/bench/calibration_sim_variant.py" --hard-aperture;;
+      "$ROOT/tests/tools/simulate_abtem_variant.py" --hard-aperture;;
   esac
   # the focal cases at 200 kV again with the potential x0.1 (kinematic control)
   case "$name" in foc_200kv_*)
     sim "${name}_weak" "$kv" "$mrad" "$cells" "$reps" "$gpts" "$det" "$scan" "$scells" "$df" \
-      "$ROOT/bench/calibration_sim_variant.py" --potential-scale 0.1;;
+      "$ROOT/tests/tools/simulate_abtem_variant.py" --potential-scale 0.1;;
   esac
 done
 "$OURS" "$ROOT/bench/calibration_validation.py" --work "$WORK" --out "$OUT"

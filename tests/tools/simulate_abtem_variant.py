@@ -9,7 +9,7 @@
   specimen of the same geometry: with ``S = 0.1`` the kinematic, single-scattering regime),
   to separate geometric from dynamical effects on the focal reference.
 
-Usage: python calibration_sim_variant.py [--hard-aperture] [--potential-scale S]
+Usage: python simulate_abtem_variant.py [--hard-aperture] [--potential-scale S]
        PATH/TO/simulate_abtem.py [its arguments...]
 """
 
