@@ -18,23 +18,22 @@ const OP: &str = "open";
 /// to trust the file; ours only carry `descr`, `fortran_order` and `shape`.
 const MAX_HEADER_BYTES: u64 = 65_536;
 
-/// Deepest bracket nesting accepted (outside string literals). A plain array's header nests 2
-/// (the dict and the shape tuple); structured dtypes nest more but are refused later anyway.
+/// Deepest bracket nesting accepted. A plain array's header nests 2 (the dict and the shape
+/// tuple); structured dtypes nest more but are refused later anyway.
 const MAX_HEADER_DEPTH: usize = 6;
 
-/// Deepest nesting of `(`, `[` and `{` in `text`, skipping quoted strings.
+/// Deepest nesting of `(`, `[` and `{` in `text`, counting those inside quoted strings too: a
+/// plain array's strings (`'<u2'`) hold none, and a scanner that skipped strings could be
+/// misled by escaped quotes into missing brackets the parser does see.
 fn bracket_depth(text: &[u8]) -> usize {
-    let (mut depth, mut deepest, mut quote) = (0usize, 0usize, None::<u8>);
+    let (mut depth, mut deepest) = (0usize, 0usize);
     for &b in text {
-        match (quote, b) {
-            (Some(q), _) if b == q => quote = None,
-            (Some(_), _) => {}
-            (None, b'\'' | b'"') => quote = Some(b),
-            (None, b'(' | b'[' | b'{') => {
+        match b {
+            b'(' | b'[' | b'{' => {
                 depth += 1;
                 deepest = deepest.max(depth);
             }
-            (None, b')' | b']' | b'}') => depth = depth.saturating_sub(1),
+            b')' | b']' | b'}' => depth = depth.saturating_sub(1),
             _ => {}
         }
     }
@@ -165,10 +164,11 @@ mod tests {
     use super::bracket_depth;
 
     #[test]
-    fn depth_counts_brackets_outside_strings() {
+    fn depth_counts_every_bracket() {
         let plain = b"{'descr': '<u2', 'fortran_order': False, 'shape': (4, 8, 8), }";
         assert_eq!(bracket_depth(plain), 2);
-        assert_eq!(bracket_depth(b"{'descr': '[[[[((', 'shape': ()}"), 2);
+        // Inside strings too: an escaped quote must not hide brackets from the count.
+        assert_eq!(bracket_depth(br"{'a\'': '[[[[((', 'shape': ()}"), 8);
         assert_eq!(bracket_depth(b"[[[[[[[[]]]]]]]]"), 8);
         assert_eq!(bracket_depth(b"))))(("), 2);
     }
