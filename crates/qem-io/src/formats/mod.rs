@@ -54,8 +54,8 @@ pub enum Format {
 /// The names `format=` accepts, as listed in errors.
 pub const SUPPORTED: &str = "hdf5 (Dectris *_master.h5, plain HDF5, hyperspy .hspy, \
      py4DSTEM/emdfile .h5/.emd), qem (.qem), npy (.npy), raw (raw binary: needs shape and raw_dtype), \
-     mib (Merlin .mib/.hdr, U08/U16/U32 frames), empad (EMPAD .raw + .xml); \
-     recognised but not read yet: dm4 (Gatan .dm4/.dm3)";
+     mib (Merlin .mib/.hdr, U08/U16/U32 frames), empad (EMPAD .raw + .xml), \
+     dm4 (Gatan .dm4/.dm3 3-D/4-D stacks: uint8/16/32, float32)";
 
 impl Format {
     /// The name `format=` takes.

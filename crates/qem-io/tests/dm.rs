@@ -1,0 +1,410 @@
+//! Gatan `.dm4`/`.dm3` stacks: files written here from the documented layout (docs/formats.md
+//! §7.10; tests/python/test_dm.py checks the same layout against rosettasciio's reader), read
+//! back byte for byte, with their calibrations; malformed ones give typed errors.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use qem_core::{ErrorKind, Shape2};
+use qem_io::{FloatScale, OpenOptions, Source, SourceKind};
+use std::path::Path;
+
+/// A tag's content.
+enum T {
+    Group(Vec<(&'static str, T)>),
+    U32(u32),
+    F32(f32),
+    /// Text as a u16 array (how GMS stores units).
+    Text(&'static str),
+    /// An array of simple type `elem` (2-byte u16 = 4, u32 = 5, f32 = 6, u8 = 10) whose values
+    /// are already encoded.
+    Array {
+        elem: u64,
+        count: u64,
+        bytes: Vec<u8>,
+    },
+}
+
+/// Writes the layout: big-endian structure, values in the chosen byte order.
+struct Writer {
+    v4: bool,
+    little: bool,
+    out: Vec<u8>,
+}
+
+impl Writer {
+    fn len(&mut self, v: u64) {
+        if self.v4 {
+            self.out.extend_from_slice(&v.to_be_bytes());
+        } else {
+            self.out.extend_from_slice(&(v as u32).to_be_bytes());
+        }
+    }
+    fn value32(&mut self, b: [u8; 4]) {
+        let mut b = b;
+        if !self.little {
+            b.reverse();
+        }
+        self.out.extend_from_slice(&b);
+    }
+    fn group(&mut self, entries: &[(&str, T)]) {
+        self.out.extend_from_slice(&[0, 1]);
+        self.len(entries.len() as u64);
+        for (name, t) in entries {
+            self.tag(name, t);
+        }
+    }
+    fn tag(&mut self, name: &str, t: &T) {
+        self.out
+            .push(if matches!(t, T::Group(_)) { 20 } else { 21 });
+        self.out
+            .extend_from_slice(&(name.len() as u16).to_be_bytes());
+        self.out.extend_from_slice(name.as_bytes());
+        let size_at = self.out.len();
+        if self.v4 {
+            self.out.extend_from_slice(&[0; 8]);
+        }
+        let start = self.out.len();
+        match t {
+            T::Group(entries) => self.group(entries),
+            T::U32(v) => {
+                self.data_head(&[5]);
+                self.value32(v.to_le_bytes());
+            }
+            T::F32(v) => {
+                self.data_head(&[6]);
+                self.value32(v.to_le_bytes());
+            }
+            T::Text(s) => {
+                self.data_head(&[20, 4, s.len() as u64]);
+                for c in s.encode_utf16() {
+                    let b = if self.little {
+                        c.to_le_bytes()
+                    } else {
+                        c.to_be_bytes()
+                    };
+                    self.out.extend_from_slice(&b);
+                }
+            }
+            T::Array { elem, count, bytes } => {
+                self.data_head(&[20, *elem, *count]);
+                self.out.extend_from_slice(bytes);
+            }
+        }
+        if self.v4 {
+            let size = (self.out.len() - start) as u64;
+            self.out[size_at..size_at + 8].copy_from_slice(&size.to_be_bytes());
+        }
+    }
+    fn data_head(&mut self, info: &[u64]) {
+        self.out.extend_from_slice(b"%%%%");
+        self.len(info.len() as u64);
+        for &i in info {
+            self.len(i);
+        }
+    }
+}
+
+fn write_dm(path: &Path, v4: bool, little: bool, root: &[(&'static str, T)]) {
+    let mut w = Writer {
+        v4,
+        little,
+        out: Vec::new(),
+    };
+    w.group(root);
+    let body = w.out;
+    let mut file = Vec::new();
+    file.extend_from_slice(&(if v4 { 4u32 } else { 3 }).to_be_bytes());
+    if v4 {
+        file.extend_from_slice(&(body.len() as u64).to_be_bytes());
+    } else {
+        file.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    }
+    file.extend_from_slice(&u32::from(little).to_be_bytes());
+    file.extend_from_slice(&body);
+    std::fs::write(path, file).unwrap();
+}
+
+/// One `ImageList` entry: dimensions fastest first, DataType, data, calibrations.
+fn image(
+    dims: &[u32],
+    data_type: u32,
+    elem: u64,
+    bytes: Vec<u8>,
+    cal: Vec<(f32, &'static str)>,
+) -> T {
+    // The array holds what `bytes` holds, whatever the dimensions claim.
+    let width = match elem {
+        2 | 4 => 2,
+        10 => 1,
+        _ => 4,
+    };
+    let count = bytes.len() as u64 / width;
+    T::Group(vec![(
+        "ImageData",
+        T::Group(vec![
+            (
+                "Calibrations",
+                T::Group(vec![(
+                    "Dimension",
+                    T::Group(
+                        cal.into_iter()
+                            .map(|(s, u)| {
+                                (
+                                    "",
+                                    T::Group(vec![
+                                        ("Origin", T::F32(0.0)),
+                                        ("Scale", T::F32(s)),
+                                        ("Units", T::Text(u)),
+                                    ]),
+                                )
+                            })
+                            .collect(),
+                    ),
+                )]),
+            ),
+            ("Data", T::Array { elem, count, bytes }),
+            ("DataType", T::U32(data_type)),
+            (
+                "Dimensions",
+                T::Group(dims.iter().map(|&d| ("", T::U32(d))).collect()),
+            ),
+        ]),
+    )])
+}
+
+fn frames_of(src: &Source) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    for rec in &src.chunks {
+        src.read_chunk(rec, &mut buf).unwrap();
+        out.extend_from_slice(&buf);
+    }
+    out
+}
+
+fn counts(n: usize) -> Vec<u16> {
+    (0..n).map(|i| ((i * 7919) % 4099) as u16).collect()
+}
+
+/// A GMS-like DM4: a 2-D thumbnail first (listed under `Thumbnails`), then the 4-D stack with
+/// calibrations and the microscope voltage.
+fn gms_like(path: &Path, data: &[u16], dims: [u32; 4]) {
+    let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let thumb = image(&[4, 4], 6, 10, vec![7; 16], vec![]);
+    let stack = image(
+        &dims,
+        10,
+        4,
+        bytes,
+        vec![(0.5, "mrad"), (0.5, "mrad"), (0.04, "nm"), (0.04, "nm")],
+    );
+    let T::Group(mut stack) = stack else {
+        unreachable!()
+    };
+    stack.push((
+        "ImageTags",
+        T::Group(vec![(
+            "Microscope Info",
+            T::Group(vec![("Voltage", T::F32(300_000.0))]),
+        )]),
+    ));
+    write_dm(
+        path,
+        true,
+        true,
+        &[
+            (
+                "ImageList",
+                T::Group(vec![("", thumb), ("", T::Group(stack))]),
+            ),
+            (
+                "Thumbnails",
+                T::Group(vec![("", T::Group(vec![("ImageIndex", T::U32(0))]))]),
+            ),
+        ],
+    );
+}
+
+#[test]
+fn dm4_4d_u16_reads_byte_exact_with_calibration() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("scan.dm4");
+    // Dimensions fastest first: k_c = 6, k_r = 5, C = 4, R = 3.
+    let data = counts(3 * 4 * 5 * 6);
+    gms_like(&p, &data, [6, 5, 4, 3]);
+    let src = Source::open(&p, &OpenOptions::default()).unwrap();
+    assert_eq!(src.kind, SourceKind::GatanDm);
+    assert_eq!(src.scan_shape, Shape2::new(3, 4));
+    assert_eq!(src.detector_shape, Shape2::new(5, 6));
+    assert_eq!(src.n_frames, 12);
+    assert!(!src.needs_host_decode());
+    let want: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(frames_of(&src), want);
+    let m = &src.metadata;
+    assert_eq!(m.angular_sampling_mrad, Some((0.5, 0.5)));
+    let (r, c) = m.scan_step_a.unwrap();
+    assert!((r - 0.4).abs() < 1e-6 && (c - 0.4).abs() < 1e-6, "{r} {c}");
+    assert_eq!(m.energy_ev, Some(300_000.0));
+    assert_eq!(m.extra["gatan_dm"]["image_index"], 1);
+}
+
+#[test]
+fn dm3_frames_big_endian_and_float() {
+    let dir = tempfile::tempdir().unwrap();
+    // DM3, big-endian u32 values, 3-D (frames): the loader swaps them.
+    let p = dir.path().join("frames.dm3");
+    let vals: Vec<u32> = (0..2 * 3 * 7).map(|i| i * 70_001).collect();
+    let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_be_bytes()).collect();
+    write_dm(
+        &p,
+        false,
+        false,
+        &[(
+            "ImageList",
+            T::Group(vec![("", image(&[2, 3, 7], 11, 5, bytes, vec![]))]),
+        )],
+    );
+    let opts = OpenOptions {
+        scan_shape: Some(Shape2::new(7, 1)),
+        ..OpenOptions::default()
+    };
+    let src = Source::open(&p, &opts).unwrap();
+    assert_eq!(src.detector_shape, Shape2::new(3, 2));
+    assert_eq!(src.n_frames, 7);
+    assert!(src.needs_host_decode());
+    let swapped: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(frames_of(&src), swapped, "frames come out little-endian");
+
+    // float32 frames need float_scale, like every float source.
+    let p = dir.path().join("gain.dm4");
+    let f: Vec<u8> = (0..2 * 2 * 4)
+        .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
+        .collect();
+    write_dm(
+        &p,
+        true,
+        true,
+        &[(
+            "ImageList",
+            T::Group(vec![("", image(&[2, 2, 2, 2], 2, 6, f, vec![]))]),
+        )],
+    );
+    let e = Source::open(&p, &OpenOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("float_scale"), "{e}");
+    let opts = OpenOptions {
+        float_scale: Some(FloatScale(0.5)),
+        ..OpenOptions::default()
+    };
+    let src = Source::open(&p, &opts).unwrap();
+    assert_eq!(src.scan_shape, Shape2::new(2, 2));
+    assert!(src.needs_host_decode());
+}
+
+#[test]
+fn malformed_dm_files_give_typed_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("scan.dm4");
+    let data = counts(3 * 4 * 5 * 6);
+    gms_like(&p, &data, [6, 5, 4, 3]);
+    let whole = std::fs::read(&p).unwrap();
+    let open = |bytes: &[u8]| {
+        let q = dir.path().join("bad.dm4");
+        std::fs::write(&q, bytes).unwrap();
+        Source::open(&q, &OpenOptions::default()).unwrap_err()
+    };
+
+    // Cut inside the data array: the value runs past the end.
+    let e = open(&whole[..whole.len() - 300]);
+    assert_eq!(e.kind, ErrorKind::Source);
+    assert!(e.to_string().contains("truncated"), "{e}");
+    assert!(e.to_string().contains("bad.dm4"), "{e}");
+
+    // Cut inside the tag tree.
+    let e = open(&whole[..40]);
+    assert!(e.to_string().contains("malformed"), "{e}");
+
+    // Dimensions that do not match the data: claim a 7-wide detector.
+    let e = {
+        let q = dir.path().join("dims.dm4");
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        write_dm(
+            &q,
+            true,
+            true,
+            &[(
+                "ImageList",
+                T::Group(vec![("", image(&[7, 5, 4, 3], 10, 4, bytes, vec![]))]),
+            )],
+        );
+        Source::open(&q, &OpenOptions::default()).unwrap_err()
+    };
+    assert!(
+        e.to_string().contains("does not match its dimensions"),
+        "{e}"
+    );
+
+    // A signed type is refused by name.
+    let e = {
+        let q = dir.path().join("signed.dm4");
+        write_dm(
+            &q,
+            true,
+            true,
+            &[(
+                "ImageList",
+                T::Group(vec![("", image(&[2, 2, 2], 1, 2, vec![0; 16], vec![]))]),
+            )],
+        );
+        Source::open(&q, &OpenOptions::default()).unwrap_err()
+    };
+    assert!(e.to_string().contains("int16"), "{e}");
+
+    // Only a 2-D image: says what it found.
+    let e = {
+        let q = dir.path().join("flat.dm4");
+        write_dm(
+            &q,
+            true,
+            true,
+            &[(
+                "ImageList",
+                T::Group(vec![("", image(&[4, 4], 6, 10, vec![1; 16], vec![]))]),
+            )],
+        );
+        Source::open(&q, &OpenOptions::default()).unwrap_err()
+    };
+    assert!(
+        e.to_string().contains("no 3-D or 4-D image") && e.to_string().contains("[4, 4]"),
+        "{e}"
+    );
+
+    // Groups nested 100 deep: refused, not recursed into.
+    let mut deep = vec![0u8, 0, 0, 4];
+    deep.extend_from_slice(&0u64.to_be_bytes());
+    deep.extend_from_slice(&1u32.to_be_bytes());
+    for _ in 0..100 {
+        deep.extend_from_slice(&[0, 1]);
+        deep.extend_from_slice(&1u64.to_be_bytes());
+        deep.extend_from_slice(&[20, 0, 1, b'g']);
+        deep.extend_from_slice(&0u64.to_be_bytes());
+    }
+    let e = open(&deep);
+    assert!(e.to_string().contains("nest deeper"), "{e}");
+
+    // A wrong version is not read as DM.
+    let mut v5 = whole.clone();
+    v5[3] = 5;
+    let e = Source::open(
+        &{
+            let q = dir.path().join("v5.dm4");
+            std::fs::write(&q, &v5).unwrap();
+            q
+        },
+        &OpenOptions {
+            format: Some(qem_io::Format::Dm),
+            ..OpenOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("version 5"), "{e}");
+}
