@@ -114,6 +114,8 @@ pub(crate) enum ElemConv {
     Swap(usize),
     /// IEEE float32 (little- or big-endian): `round(value / scale)`, negatives to 0, as `u32`.
     Float32 { scale: f64, big_endian: bool },
+    /// Merlin raw (`R64`) counters unpacked and assembled ([`super::mib_raw`]).
+    MerlinRaw(super::mib_raw::RawMib),
 }
 
 /// Several partial scan rows per chunk: a 4-D chunk `(a, b, k_r, k_c)` is presented to the
@@ -194,6 +196,11 @@ impl HostDecode {
             ElemConv::Swap(n) => parts.push(format!("big-endian {}-byte integers", n)),
             ElemConv::Float32 { scale, .. } => parts.push(format!(
                 "float32 counts: round(value / {scale}), values below -0.5 read as 0"
+            )),
+            ElemConv::MerlinRaw(r) => parts.push(format!(
+                "Merlin raw R64 {}-bit counters{}",
+                r.bits,
+                if r.quad { ", 2x2 quad assembled" } else { "" }
             )),
         }
         parts.join("; ")
@@ -395,6 +402,7 @@ impl HostDecode {
                     self.negatives.fetch_add(neg, Ordering::Relaxed);
                 }
             }
+            ElemConv::MerlinRaw(r) => r.convert(part, out),
         }
         if out.len() != part.len() / self.stored_frame_bytes.max(1) * self.frame_bytes {
             return Err(

@@ -16,6 +16,7 @@ pub mod dm;
 pub mod empad;
 pub(crate) mod host;
 pub mod mib;
+pub(crate) mod mib_raw;
 pub mod npy;
 pub mod raw;
 
@@ -54,7 +55,7 @@ pub enum Format {
 /// The names `format=` accepts, as listed in errors.
 pub const SUPPORTED: &str = "hdf5 (Dectris *_master.h5, plain HDF5, hyperspy .hspy, \
      py4DSTEM/emdfile .h5/.emd), qem (.qem), npy (.npy), raw (raw binary: needs shape and raw_dtype), \
-     mib (Merlin .mib/.hdr, U08/U16/U32 frames), empad (EMPAD .raw + .xml), \
+     mib (Merlin .mib/.hdr: U08/U16/U32 frames, R64 raw 1/6/12/24-bit), empad (EMPAD .raw + .xml), \
      dm4 (Gatan .dm4/.dm3 3-D/4-D stacks: uint8/16/32, float32)";
 
 impl Format {

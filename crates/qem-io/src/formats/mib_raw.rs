@@ -1,0 +1,221 @@
+//! Merlin raw (`R64`) frames: the Medipix3 counters as the chips send them, unpacked on the host.
+//!
+//! A raw frame is rows of 64-bit words. Read big-endian, word `w` of a row holds lanes of the
+//! counter depth's width — 64 lanes of 1 bit, 8 lanes of 8 bits (6-bit counters), 4 lanes of
+//! 16 bits (12-bit counters) — and lane `j` (counted from the least significant end) is pixel
+//! `w · lanes + j` of that row. A 24-bit frame is two 12-bit frames one after the other, the
+//! first holding the high 12 bits: count = (first << 12) + second. A quad (2×2 chips) stores
+//! each raw row as four chip rows side by side, `[4 | 3 | 2 | 1]`: chips 1 and 2 are the top
+//! half of the assembled frame as stored, chips 3 and 4 the bottom half turned by 180°
+//! (raw row `y` is assembled row `2H − 1 − y`, columns reversed). docs/formats.md §7.8 has the
+//! layout and how it was checked against LiberTEM's reader.
+//!
+//! Written by hand: no maintained Rust crate reads Medipix raw words, and the unpacking is a
+//! few shifts per word.
+
+use qem_core::{DType, Error, Result};
+use std::path::Path;
+
+/// A raw frame's layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RawMib {
+    /// Counter depth: 1, 6, 12 or 24.
+    pub bits: u32,
+    /// Four chips in a 2×2 layout (else one chip).
+    pub quad: bool,
+    /// Assembled frame rows.
+    pub rows: usize,
+    /// Assembled frame columns.
+    pub cols: usize,
+}
+
+impl RawMib {
+    /// The layout from the header's counter depth, chip count, layout field and the header's
+    /// frame size (for a quad: the raw rows and the four chips' columns side by side; for
+    /// 24-bit counters the header's width counts both 12-bit halves).
+    pub(crate) fn new(
+        bits: u32,
+        chips: u32,
+        layout: &str,
+        header_rows: usize,
+        header_cols: usize,
+        path: &Path,
+    ) -> Result<RawMib> {
+        let refuse = |what: String| {
+            Error::source("open", format!("Merlin raw (R64) frames: {what}")).with_file(path)
+        };
+        if !matches!(bits, 1 | 6 | 12 | 24) {
+            return Err(refuse("unknown counter depth".into())
+                .with_expected("1, 6, 12 or 24 (the header's last field)")
+                .with_found(bits.to_string()));
+        }
+        let cols = if bits == 24 {
+            header_cols / 2
+        } else {
+            header_cols
+        };
+        let layout = layout.trim().trim_end_matches('G');
+        let raw = match (chips, layout) {
+            (1, _) => RawMib {
+                bits,
+                quad: false,
+                rows: header_rows,
+                cols,
+            },
+            (4, "2x2") if bits != 24 && cols % 4 == 0 => RawMib {
+                bits,
+                quad: true,
+                rows: header_rows * 2,
+                cols: cols / 2,
+            },
+            _ => {
+                return Err(refuse("this chip arrangement is not read".into())
+                    .with_expected("one chip (1-, 6-, 12-, 24-bit) or a 2x2 quad (1-, 6-, 12-bit)")
+                    .with_found(format!(
+                        "{chips} chips, layout {layout}, {bits}-bit, {header_cols} columns"
+                    )))
+            }
+        };
+        // A chip row must be whole 64-bit words.
+        let chip_cols = if raw.quad { raw.cols / 2 } else { raw.cols };
+        if raw.rows == 0 || chip_cols == 0 || chip_cols % raw.lanes() != 0 {
+            return Err(refuse("rows are not whole 64-bit words".into())
+                .with_expected(format!("chip rows of a multiple of {} pixels", raw.lanes()))
+                .with_found(format!("{chip_cols} pixels")));
+        }
+        Ok(raw)
+    }
+
+    /// Pixels per 64-bit word.
+    fn lanes(self) -> usize {
+        match self.bits {
+            1 => 64,
+            6 => 8,
+            _ => 4,
+        }
+    }
+
+    /// The element type the frames load as.
+    pub(crate) fn dtype(self) -> DType {
+        match self.bits {
+            1 | 6 => DType::U8,
+            12 => DType::U16,
+            _ => DType::U32,
+        }
+    }
+
+    /// Stored bytes of one frame.
+    pub(crate) fn stored_frame_bytes(self) -> usize {
+        let px = self.rows * self.cols;
+        match self.bits {
+            1 => px / 8,
+            6 => px,
+            12 => px * 2,
+            _ => px * 4,
+        }
+    }
+
+    /// Unpack one 12-bit-or-narrower raw frame (`src`, stored order) into `counts` (assembled
+    /// order, row-major).
+    fn unpack(self, src: &[u8], counts: &mut [u32]) {
+        let lanes = self.lanes();
+        let width = 64 / lanes;
+        let mask = if width == 64 {
+            u64::MAX
+        } else {
+            (1u64 << width) - 1
+        };
+        let (chips_per_row, chip_cols, raw_rows) = if self.quad {
+            (4, self.cols / 2, self.rows / 2)
+        } else {
+            (1, self.cols, self.rows)
+        };
+        let chip_row_bytes = chip_cols / lanes * 8;
+        for y in 0..raw_rows {
+            for chip in 0..chips_per_row {
+                let start = (y * chips_per_row + chip) * chip_row_bytes;
+                let row = &src[start..start + chip_row_bytes];
+                // Where this chip row goes: (assembled row, first column, reversed?).
+                let (out_row, col0, reversed) = if !self.quad {
+                    (y, 0, false)
+                } else {
+                    match chip {
+                        3 => (y, 0, false),
+                        2 => (y, chip_cols, false),
+                        1 => (self.rows - 1 - y, 0, true),
+                        _ => (self.rows - 1 - y, chip_cols, true),
+                    }
+                };
+                let dst = &mut counts[out_row * self.cols + col0..][..chip_cols];
+                for (w, word) in row.chunks_exact(8).enumerate() {
+                    let word = u64::from_be_bytes(word.try_into().unwrap_or([0; 8]));
+                    for j in 0..lanes {
+                        let px = w * lanes + j;
+                        let at = if reversed { chip_cols - 1 - px } else { px };
+                        dst[at] = ((word >> (j * width)) & mask) as u32;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stored bytes of whole frames → little-endian counts of [`RawMib::dtype`].
+    pub(crate) fn convert(self, part: &[u8], out: &mut Vec<u8>) {
+        let stored = self.stored_frame_bytes();
+        let px = self.rows * self.cols;
+        let mut counts = vec![0u32; px];
+        let mut low = vec![0u32; px];
+        for frame in part.chunks_exact(stored.max(1)) {
+            if self.bits == 24 {
+                let half = RawMib { bits: 12, ..self };
+                half.unpack(&frame[..stored / 2], &mut counts);
+                half.unpack(&frame[stored / 2..], &mut low);
+                for (c, l) in counts.iter_mut().zip(&low) {
+                    *c = (*c << 12) + l;
+                }
+            } else {
+                self.unpack(frame, &mut counts);
+            }
+            match self.dtype() {
+                DType::U8 => out.extend(counts.iter().map(|&c| c as u8)),
+                DType::U16 => out.extend(counts.iter().flat_map(|&c| (c as u16).to_le_bytes())),
+                _ => out.extend(counts.iter().flat_map(|&c| c.to_le_bytes())),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One 1-bit word by hand: bytes `80 00 00 00 00 00 00 03` read big-endian have bits 0, 1
+    /// and 63 set, so pixels 0, 1 and 63 of the row count 1.
+    #[test]
+    fn one_bit_word_by_hand() {
+        let raw = RawMib {
+            bits: 1,
+            quad: false,
+            rows: 1,
+            cols: 64,
+        };
+        let mut out = Vec::new();
+        raw.convert(&[0x80, 0, 0, 0, 0, 0, 0, 0x03], &mut out);
+        let ones: Vec<usize> = (0..64).filter(|&i| out[i] == 1).collect();
+        assert_eq!(ones, vec![0, 1, 63]);
+    }
+
+    /// One 12-bit word by hand: lanes from the least significant end are pixels 0..4.
+    #[test]
+    fn twelve_bit_word_by_hand() {
+        let raw = RawMib {
+            bits: 12,
+            quad: false,
+            rows: 1,
+            cols: 4,
+        };
+        let mut out = Vec::new();
+        raw.convert(&[0x0F, 0xFF, 0x00, 0x03, 0x00, 0x02, 0x00, 0x01], &mut out);
+        assert_eq!(out, [1, 0, 2, 0, 3, 0, 0xFF, 0x0F]);
+    }
+}
