@@ -41,6 +41,11 @@ from importlib import metadata
 
 import numpy as np
 
+# The NumPy Fourier iDPC is the tests' reference (tests/python/numpy_reference.py, NumPy only).
+_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python")
+sys.path.insert(0, _TESTS)
+from numpy_reference import idpc as numpy_idpc  # noqa: E402
+
 CASES = {
     "as_simulated": dict(transform=lambda c: c, rotation_deg=0.0, transpose=False),
     "rot180": dict(transform=lambda c: np.rot90(c, 2, axes=(2, 3)), rotation_deg=180.0,
@@ -76,18 +81,6 @@ def numpy_com(counts):
         r = np.where(s > 0, mr / s, 0.0)
         q = np.where(s > 0, mc / s, 0.0)
     return r - r.mean(), q - q.mean()
-
-
-def numpy_idpc(g_row, g_col):
-    """Least-squares inverse gradient, phi^ = -i (nu.g^) / (2 pi |nu|^2), nu in cycles/step."""
-    nr, nc = g_row.shape
-    vr = np.fft.fftfreq(nr)[:, None]
-    vc = np.fft.fftfreq(nc)[None, :]
-    v2 = vr ** 2 + vc ** 2
-    v2[0, 0] = 1.0
-    f = -1j * (vr * np.fft.fft2(g_row) + vc * np.fft.fft2(g_col)) / (2 * np.pi * v2)
-    f[0, 0] = 0.0
-    return np.fft.ifft2(f).real
 
 
 def sha256(path: str) -> str:

@@ -74,6 +74,25 @@ def correlation(phase, truth):
     return {"pearson": zero, "best_shifted_pearson": best[0], "best_shift_px": [best[1], best[2]]}
 
 
+def run_provenance(py4dstem):
+    """How and where a record was made: command, date, host, interpreter and library versions
+    (also used by ssb_py4dstem_fit_compare.py)."""
+    return {
+        "command": " ".join([sys.executable] + sys.argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(), "host_cpus": os.cpu_count(), "python": platform.python_version(),
+        "py4dstem_version": py4dstem.__version__, "numpy_version": np.__version__,
+    }
+
+
+def write_record(path, rec):
+    """``rec`` as indented JSON at ``path`` (``--out``; nothing when it is not given)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(rec, f, indent=1)
+        print("wrote", path)
+
+
 # --------------------------------------------------------------------------- our engine (worker)
 def ours_worker(npz_path, det_sampling):
     """Runs in an interpreter with the quantem.gpu wheel; prints one JSON line."""
@@ -199,10 +218,7 @@ def main():
         "what": "issue 6: py4DSTEM SSB vs ours (qem::ssb CPU), both at the TRUE aberrations, on the abTEM "
                 "multislice SrTiO3 [001] validation data; phase vs truth 'phase_scan_2alpha' "
                 "(band-limited to 2 alpha/lambda), Pearson r as in crates/qem-bench/examples/ssb_validation.rs",
-        "command": " ".join([sys.executable] + sys.argv),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(), "host_cpus": os.cpu_count(), "python": platform.python_version(),
-        "py4dstem_version": py4DSTEM.__version__, "numpy_version": np.__version__,
+        **run_provenance(py4DSTEM),
         "correlation_measure": "pearson = Pearson r(phase, truth) at zero shift; best_shifted_pearson = max "
                                "over circular shifts |dr|,|dc|<=3 of phase[(r+dr)%n,(c+dc)%n] (as ssb_validation.rs)",
         "cases": [],
@@ -370,10 +386,7 @@ def main():
                                         for c in rec["cases"]},
                 "requirement_met_all_cases": bool(min(wdiffs) >= 0),
                 "min_diff": min(wdiffs), "max_diff": max(wdiffs)}
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(rec, f, indent=1)
-        print("wrote", a.out)
+    write_record(a.out, rec)
 
 
 if __name__ == "__main__":

@@ -54,17 +54,17 @@ shift, and the best over circular shifts |dr|, |dc| <= 3).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
 
 import numpy as np
+
+# The correlation measure and the record's provenance are the first comparison's (same folder).
+from ssb_py4dstem_compare import correlation, run_provenance, write_record
 
 # name : dose (electrons per frame) [: py4DSTEM num_trotters]
 DEFAULT_CASES = ("ast_200kv_1c:1e5,ast_300kv_3c:1e5,ast_200kv_3c:1e5,foc_200kv_1c:1e5,"
@@ -83,29 +83,6 @@ SIMS = {
     "foc_200kv_1c": "--energy 200e3 --semiangle 25 --thickness 1 --defocus -100",
     "foc_300kv_3c": "--energy 300e3 --semiangle 20 --thickness 3 --defocus 80",
 }
-
-
-def pearson(a: np.ndarray, b: np.ndarray) -> float:
-    """Pearson correlation coefficient of two arrays (flattened)."""
-    a = np.asarray(a, dtype=np.float64).ravel()
-    b = np.asarray(b, dtype=np.float64).ravel()
-    a = a - a.mean()
-    b = b - b.mean()
-    return float((a * b).sum() / np.sqrt((a * a).sum() * (b * b).sum()))
-
-
-def correlation(phase: np.ndarray, truth: np.ndarray) -> dict[str, Any]:
-    """Zero-shift Pearson r and the best r over circular shifts |dr|, |dc| <= 3 of the phase."""
-    phase = np.asarray(phase, dtype=np.float64)
-    truth = np.asarray(truth, dtype=np.float64)
-    best = (-np.inf, 0, 0)
-    for dr in range(-3, 4):
-        for dc in range(-3, 4):
-            c = pearson(np.roll(phase, shift=(-dr, -dc), axis=(0, 1)), truth)
-            if c > best[0]:
-                best = (c, dr, dc)
-    return {"pearson": pearson(phase, truth), "best_shifted_pearson": best[0],
-            "best_shift_px": [best[1], best[2]]}
 
 
 def errors(fit: dict[str, float], truth: dict[str, float], thickness_a: float) -> dict[str, float]:
@@ -344,20 +321,14 @@ def main() -> None:
     rec = {
         "what": "issue 20 item 4: C10/C12/phi12 fit, ours (ssb.SSB.fit) vs py4DSTEM 0.14.18 "
                 "DirectPtychography SSB aberration_fit, same Poisson counts of abTEM SrTiO3 [001]",
-        "command": " ".join([sys.executable] + sys.argv),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(), "host_cpus": os.cpu_count(), "python": platform.python_version(),
-        "py4dstem_version": py4DSTEM.__version__, "numpy_version": np.__version__,
+        **run_provenance(py4DSTEM),
         "quantem_gpu_version": ours_v,
         "method_doc": __doc__,
         "errors_note": "C10 = fit - truth (abTEM entrance plane); C10_vs_exit = fit - (truth + t); "
                        "phi12_mod_pi wrapped to (-pi/2, pi/2]",
         "cases": cases,
     }
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(rec, f, indent=1)
-        print("wrote", a.out)
+    write_record(a.out, rec)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ import os
 import random
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -38,6 +37,10 @@ from pathlib import Path
 import numpy as np
 
 from quantem.gpu import DeviceLostError, QuantemError, detector, dpc, io, ssb
+
+# The threads mode runs its work as tests/python/test_cycles.py does (tests/python/concurrency.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+from concurrency import on_threads  # noqa: E402
 
 # ---- card memory (through CuPy, which shares the primary context) ---------------------------
 
@@ -485,27 +488,20 @@ def mode_cycles(args) -> dict:
 
 
 def mode_threads(args) -> dict:
-    results, errors = [None] * 4, []
+    results = [None] * 4
 
     def work(i):
-        try:
-            with io.load(
-                args.source,
-                scan_region=(0, 64, 0, 64),
-                representation="encoded" if i % 2 else "dense",
-            ) as ds:
-                p = detector.products(
-                    ds, ["bf", "adf", "sum_dp", "moments"], center=[96, 96], radius=30.0
-                )
-                results[i] = (p["bf"].image, p["adf"].image, p["sum_dp"], p["moments"]["m_row"])
-        except Exception as e:
-            errors.append(f"thread {i}: {type(e).__name__}: {e}")
+        with io.load(
+            args.source,
+            scan_region=(0, 64, 0, 64),
+            representation="encoded" if i % 2 else "dense",
+        ) as ds:
+            p = detector.products(
+                ds, ["bf", "adf", "sum_dp", "moments"], center=[96, 96], radius=30.0
+            )
+            results[i] = (p["bf"].image, p["adf"].image, p["sum_dp"], p["moments"]["m_row"])
 
-    ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    errors = on_threads(work, 4)
     if errors:
         raise AssertionError("; ".join(errors))
     with io.load(args.source, backend="cpu", scan_region=(0, 64, 0, 64)) as c:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import gc
 import os
-import threading
 
 import h5py
 import numpy as np
+from concurrency import on_threads
 
 from quantem.gpu import detector, io
 
@@ -59,23 +59,13 @@ def test_four_threads_loading_and_reducing_at_once_agree(tmp_path):
     mask = (np.arange(24 * 20).reshape(24, 20) % 3 == 0).astype(np.int32)
     want_img = (data.astype(np.uint64) * mask).sum(axis=(2, 3))
     results: list = [None] * 4
-    errors: list[str] = []
 
     def work(i: int) -> None:
-        try:
-            for _ in range(5):
-                with io.load(
-                    path, backend="cpu", representation="encoded" if i % 2 else "dense"
-                ) as ds:
-                    results[i] = (detector.sum_dp(ds), detector.virtual_image(ds, mask))
-        except Exception as e:  # every error fails the test below, naming the thread
-            errors.append(f"thread {i}: {type(e).__name__}: {e}")
+        for _ in range(5):
+            with io.load(path, backend="cpu", representation="encoded" if i % 2 else "dense") as ds:
+                results[i] = (detector.sum_dp(ds), detector.virtual_image(ds, mask))
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = on_threads(work, 4)
     assert not errors, errors
     for i, (s, img) in enumerate(results):
         assert np.array_equal(s, want), f"thread {i}"

@@ -38,6 +38,22 @@ def _check(path, expected, backend, representation, **kw):
     np.testing.assert_array_equal(got.reshape(exp4.shape), exp4)
 
 
+def _h5_write(path, data, name="data", **create):
+    """``data`` as dataset ``name`` of a new HDF5 file written by h5py; ``create`` are
+    ``create_dataset``'s keywords (chunks, filters)."""
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(path, "w") as f:
+        f.create_dataset(name, data=data, **create)
+
+
+def _chunk_info(path, index, name="data"):
+    """Where chunk ``index`` of dataset ``name`` lies in the file (h5py's ``StoreInfo``:
+    ``byte_offset``, ``size``)."""
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(path, "r") as f:
+        return f[name].id.get_chunk_info(index)
+
+
 # --- HDF5: gzip/deflate (+ shuffle), Zstd, hyperspy, emdfile --------------------------------
 
 
@@ -45,34 +61,25 @@ def _check(path, expected, backend, representation, **kw):
 @pytest.mark.parametrize("representation", REPS)
 @pytest.mark.parametrize("shuffle", [False, True], ids=["gzip", "gzip+shuffle"])
 def test_h5py_gzip_loads_byte_exact(tmp_path, backend, representation, shuffle):
-    h5py = pytest.importorskip("h5py")
     data = _frames((5, 6, 12, 10))
     p = tmp_path / "gzip.h5"
-    with h5py.File(p, "w") as f:
-        f.create_dataset(
-            "data", data=data, chunks=(1, 3, 12, 10), compression="gzip", shuffle=shuffle
-        )
+    _h5_write(p, data, chunks=(1, 3, 12, 10), compression="gzip", shuffle=shuffle)
     _check(p, data, backend, representation)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_h5py_gzip_3d_several_frames_per_chunk(tmp_path, backend):
-    h5py = pytest.importorskip("h5py")
     data = _frames((30, 9, 7), np.uint32)
     p = tmp_path / "gzip3.h5"
-    with h5py.File(p, "w") as f:
-        f.create_dataset("frames", data=data, chunks=(4, 9, 7), compression="gzip", fletcher32=True)
+    _h5_write(p, data, "frames", chunks=(4, 9, 7), compression="gzip", fletcher32=True)
     _check(p, data.reshape(5, 6, 9, 7), backend, "dense", scan_shape=(5, 6))
 
 
 def test_gzip_corrupt_chunk_is_a_decode_error(tmp_path):
-    h5py = pytest.importorskip("h5py")
     data = _frames((4, 4, 16, 16))
     p = tmp_path / "bad.h5"
-    with h5py.File(p, "w") as f:
-        f.create_dataset("data", data=data, chunks=(1, 4, 16, 16), compression="gzip")
-    with h5py.File(p, "r") as f:
-        info = f["data"].id.get_chunk_info(1)
+    _h5_write(p, data, chunks=(1, 4, 16, 16), compression="gzip")
+    info = _chunk_info(p, 1)
     raw = bytearray(p.read_bytes())
     raw[info.byte_offset + 2 : info.byte_offset + info.size] = b"\xff" * (info.size - 2)
     p.write_bytes(bytes(raw))
@@ -82,12 +89,10 @@ def test_gzip_corrupt_chunk_is_a_decode_error(tmp_path):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_hdf5plugin_zstd_loads_byte_exact(tmp_path, backend):
-    h5py = pytest.importorskip("h5py")
     hdf5plugin = pytest.importorskip("hdf5plugin")
     data = _frames((3, 4, 16, 12))
     p = tmp_path / "zstd.h5"
-    with h5py.File(p, "w") as f:
-        f.create_dataset("data", data=data, chunks=(1, 4, 16, 12), **hdf5plugin.Zstd())
+    _h5_write(p, data, chunks=(1, 4, 16, 12), **hdf5plugin.Zstd())
     _check(p, data, backend, "dense")
 
 
@@ -95,7 +100,6 @@ def test_hdf5plugin_zstd_loads_byte_exact(tmp_path, backend):
 @pytest.mark.parametrize("cname", ["blosclz", "lz4", "lz4hc", "zlib", "zstd"])
 @pytest.mark.parametrize("shuffle", ["none", "byte", "bit"])
 def test_hdf5plugin_blosc_loads_byte_exact(tmp_path, backend, cname, shuffle):
-    h5py = pytest.importorskip("h5py")
     hdf5plugin = pytest.importorskip("hdf5plugin")
     data = _frames((4, 5, 16, 12))
     p = tmp_path / "blosc.h5"
@@ -104,22 +108,16 @@ def test_hdf5plugin_blosc_loads_byte_exact(tmp_path, backend, cname, shuffle):
         "byte": hdf5plugin.Blosc.SHUFFLE,
         "bit": hdf5plugin.Blosc.BITSHUFFLE,
     }[shuffle]
-    with h5py.File(p, "w") as f:
-        f.create_dataset(
-            "data", data=data, chunks=(1, 5, 16, 12), **hdf5plugin.Blosc(cname=cname, shuffle=mode)
-        )
+    _h5_write(p, data, chunks=(1, 5, 16, 12), **hdf5plugin.Blosc(cname=cname, shuffle=mode))
     _check(p, data, backend, "dense")
 
 
 def test_corrupt_blosc_chunk_is_a_decode_error_naming_the_frame(tmp_path):
-    h5py = pytest.importorskip("h5py")
     hdf5plugin = pytest.importorskip("hdf5plugin")
     data = _frames((3, 4, 16, 12))
     p = tmp_path / "blosc_bad.h5"
-    with h5py.File(p, "w") as f:
-        f.create_dataset("data", data=data, chunks=(1, 4, 16, 12), **hdf5plugin.Blosc())
-    with h5py.File(p, "r") as f:
-        off = f["data"].id.get_chunk_info(1).byte_offset
+    _h5_write(p, data, chunks=(1, 4, 16, 12), **hdf5plugin.Blosc())
+    off = _chunk_info(p, 1).byte_offset
     raw = bytearray(p.read_bytes())
     raw[off + 12 : off + 16] = (10**9).to_bytes(4, "little")  # compressed size past the chunk
     p.write_bytes(bytes(raw))
@@ -261,11 +259,9 @@ def test_float32_nan_is_a_decode_error(tmp_path):
 
 
 def test_float32_hdf5_dataset(tmp_path):
-    h5py = pytest.importorskip("h5py")
     data = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5) * 2.0
     p = tmp_path / "f32.h5"
-    with h5py.File(p, "w") as f:
-        f.create_dataset("data", data=data, chunks=(1, 3, 4, 5), compression="gzip")
+    _h5_write(p, data, chunks=(1, 3, 4, 5), compression="gzip")
     with io.load(p, backend="cpu", float_scale=2.0) as ds:
         np.testing.assert_array_equal(ds.to_numpy(), (data / 2).astype(np.uint32))
 

@@ -23,12 +23,10 @@ import math
 
 import numpy as np
 import pytest
+from numpy_reference import centred_probe, periodic_bumps, scanned_frames, wavelength_a
 
 import quantem.gpu as qg
 from quantem.gpu import io, ssb
-
-# CODATA 2018, as anchor §7.
-_H, _M0, _E, _C = 6.62607015e-34, 9.1093837015e-31, 1.602176634e-19, 299792458.0
 
 VOLTAGE_KV = 300.0
 SEMIANGLE_MRAD = 20.0
@@ -45,11 +43,6 @@ TRUE = {"C10": 60.0, "C12": 15.0, "phi12": 0.4}
 # give > 1e-3).
 OBJECT_RTOL = 1e-9
 LOSS_RTOL = 1e-9
-
-
-def wavelength_a(kv: float) -> float:
-    v = kv * 1e3
-    return _H / math.sqrt(2 * _M0 * _E * v * (1 + _E * v / (2 * _M0 * _C**2))) * 1e10
 
 
 LAM = wavelength_a(VOLTAGE_KV)
@@ -78,37 +71,16 @@ def chi(kr, kc, ab, lam=LAM):
 
 def simulate(ab=TRUE, scale=4000.0):
     """uint32 counts ``(R_r, R_c, k_r, k_c)`` and the projected phase σV on the scan."""
-    m = WINDOW
-    f = np.fft.fftfreq(m, d=DX)
-    kr, kc = np.meshgrid(f, f, indexing="ij")
-    aperture = (LAM * np.hypot(kr, kc) <= SEMIANGLE_MRAD * 1e-3).astype(np.float64)
-    # Centred in the window, so that the window's object patch surrounds the scan position.
-    probe = np.fft.fftshift(np.fft.ifft2(aperture * np.exp(-1j * chi(kr, kc, ab))))
-    gr, gc = SCAN[0] * STEP_PX, SCAN[1] * STEP_PX
-    r, c = np.mgrid[:gr, :gc].astype(np.float64)
-    v = np.zeros((gr, gc))
-    for r0, c0, w in (
+    probe = centred_probe(WINDOW, DX, LAM, SEMIANGLE_MRAD, lambda kr, kc: chi(kr, kc, ab))
+    bumps = (
         (10.0, 12.0, 2.0),
         (32.0, 40.0, 2.5),
         (40.0, 14.0, 1.8),
         (14.0, 52.0, 2.2),
         (25.0, 25.0, 2.0),
-    ):
-        dr = (r - r0 + gr / 2) % gr - gr / 2  # periodic distance
-        dc = (c - c0 + gc / 2) % gc - gc / 2
-        v += np.exp(-(dr**2 + dc**2) / (2 * w * w))
-    phase = 0.3 * v
-    t = np.exp(1j * phase)
-    lo_r, lo_c = (m - DET[0]) // 2, (m - DET[1]) // 2
-    out = np.empty(SCAN + DET)
-    idx = np.arange(m) - m // 2
-    for i in range(SCAN[0]):
-        rows = (i * STEP_PX + idx) % gr
-        for j in range(SCAN[1]):
-            cols = (j * STEP_PX + idx) % gc
-            exit_wave = probe * t[np.ix_(rows, cols)]
-            dp = np.abs(np.fft.fftshift(np.fft.fft2(exit_wave))) ** 2
-            out[i, j] = dp[lo_r : lo_r + DET[0], lo_c : lo_c + DET[1]]
+    )
+    phase = 0.3 * periodic_bumps((SCAN[0] * STEP_PX, SCAN[1] * STEP_PX), bumps)
+    out = scanned_frames(probe, np.exp(1j * phase), SCAN, STEP_PX, DET)
     counts = np.rint(out / out.max() * scale).astype(np.uint32)
     truth = phase[::STEP_PX, ::STEP_PX][: SCAN[0], : SCAN[1]]
     return counts, truth

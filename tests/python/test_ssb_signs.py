@@ -15,10 +15,10 @@ import math
 
 import numpy as np
 import pytest
+from numpy_reference import centred_probe, periodic_bumps, scanned_frames, wavelength_a
 
 from quantem.gpu import dpc, io, ssb
 
-_H, _M0, _E, _C = 6.62607015e-34, 9.1093837015e-31, 1.602176634e-19, 299792458.0
 VOLTAGE_KV = 200.0
 SEMIANGLE_MRAD = 25.0
 STEP_PX = 3  # scan step in simulation pixels
@@ -27,12 +27,7 @@ DET = 24
 BF_RADIUS_PX = 7.0  # the aperture edge on the detector, pixels
 
 
-def _wavelength_a(kv: float) -> float:
-    v = kv * 1e3
-    return _H / math.sqrt(2 * _M0 * _E * v * (1 + _E * v / (2 * _M0 * _C**2))) * 1e10
-
-
-LAM = _wavelength_a(VOLTAGE_KV)
+LAM = wavelength_a(VOLTAGE_KV)
 DTHETA = SEMIANGLE_MRAD / BF_RADIUS_PX  # mrad per detector pixel
 DX = LAM / (WINDOW * DTHETA * 1e-3)  # Å per simulation pixel
 STEP_A = STEP_PX * DX
@@ -49,29 +44,12 @@ def _chi(kr, kc, ab):
 def simulate(ab: dict, scan: tuple[int, int] = (16, 20), detector: str = "identity"):
     """uint32 counts ``(R_r, R_c, DET, DET)``; ``detector`` is ``"identity"``, ``"rot90"``
     (``np.rot90`` of every frame) or ``"transpose"`` (frame axes exchanged)."""
-    m = WINDOW
-    f = np.fft.fftfreq(m, d=DX)
-    kr, kc = np.meshgrid(f, f, indexing="ij")
-    aperture = (LAM * np.hypot(kr, kc) <= SEMIANGLE_MRAD * 1e-3).astype(np.float64)
-    probe = np.fft.fftshift(np.fft.ifft2(aperture * np.exp(-1j * _chi(kr, kc, ab))))
+    probe = centred_probe(WINDOW, DX, LAM, SEMIANGLE_MRAD, lambda kr, kc: _chi(kr, kc, ab))
     gr, gc = scan[0] * STEP_PX, scan[1] * STEP_PX
-    r, c = np.mgrid[:gr, :gc].astype(np.float64)
-    v = np.zeros((gr, gc))
     rng = np.random.default_rng(7)
-    for r0, c0, w in zip(rng.uniform(0, gr, 9), rng.uniform(0, gc, 9), rng.uniform(1.5, 2.5, 9)):
-        dr = (r - r0 + gr / 2) % gr - gr / 2  # periodic distance
-        dc = (c - c0 + gc / 2) % gc - gc / 2
-        v += np.exp(-(dr**2 + dc**2) / (2 * w * w))
-    t = np.exp(1j * 0.3 * v)
-    lo = (m - DET) // 2
-    out = np.empty(scan + (DET, DET))
-    idx = np.arange(m) - m // 2
-    for i in range(scan[0]):
-        rows = (i * STEP_PX + idx) % gr
-        for j in range(scan[1]):
-            cols = (j * STEP_PX + idx) % gc
-            dp = np.abs(np.fft.fftshift(np.fft.fft2(probe * t[np.ix_(rows, cols)]))) ** 2
-            out[i, j] = dp[lo : lo + DET, lo : lo + DET]
+    bumps = zip(rng.uniform(0, gr, 9), rng.uniform(0, gc, 9), rng.uniform(1.5, 2.5, 9))
+    t = np.exp(1j * 0.3 * periodic_bumps((gr, gc), bumps))
+    out = scanned_frames(probe, t, scan, STEP_PX, (DET, DET))
     if detector == "rot90":
         out = np.rot90(out, k=1, axes=(2, 3))
     elif detector == "transpose":

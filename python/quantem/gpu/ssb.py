@@ -108,6 +108,18 @@ def _pair(name: str, value) -> tuple[float, float]:
     return (_number(f"{name}[0]", items[0]), _number(f"{name}[1]", items[1]))
 
 
+def _scan_step(value) -> tuple[float, float]:
+    """``scan_step_a`` as a ``(row, col)`` pair; required, like the other calibrations."""
+    if value is None:
+        raise _invalid(
+            _OP,
+            "scan_step_a is required (the engine never guesses a calibration)",
+            expected="scan_step_a=<Å> or (row Å, col Å), or ds.calibration.scan_step_a",
+            found="None",
+        )
+    return _pair("scan_step_a", value)
+
+
 def _aberrations(values: Mapping[str, float] | None, what: str = "aberrations") -> dict[str, float]:
     """A checked ``{name: value}`` dict (every name known, values finite)."""
     if values is None:
@@ -344,46 +356,38 @@ class SSB:
         if det_sampling_mrad is None:
             det_sampling_mrad = known.get("det_sampling_mrad")
         rotation_deg = known.get("rotation_deg", 0.0) if rotation_deg is None else rotation_deg
-        voltage = _required("voltage_kv", voltage_kv, "kV")
-        alpha = _required("semiangle_mrad", semiangle_mrad, "mrad")
-        if scan_step_a is None:
-            raise _invalid(
-                _OP,
-                "scan_step_a is required (the engine never guesses a calibration)",
-                expected="scan_step_a=<Å> or (row Å, col Å), or ds.calibration.scan_step_a",
-                found="None",
-            )
-        step = _pair("scan_step_a", scan_step_a)
-        det = None if det_sampling_mrad is None else _number("det_sampling_mrad", det_sampling_mrad)
-        rot = _number("rotation_deg", rotation_deg, positive=False)
-        thr = _number("bf_threshold", bf_threshold, positive=False, minimum=0.0, below=1.0)
-        budget = _args.optional_integer(
-            _OP, "memory_budget", memory_budget, minimum=0, maximum=_args.U64_MAX
+        # Each argument is checked as it goes into the native call's keywords (a dict keeps
+        # the order, so the first bad argument is the one reported).
+        native_args = dict(
+            voltage_kv=_required("voltage_kv", voltage_kv, "kV"),
+            semiangle_mrad=_required("semiangle_mrad", semiangle_mrad, "mrad"),
+            scan_step_a=_scan_step(scan_step_a),
+            det_sampling_mrad=(
+                None
+                if det_sampling_mrad is None
+                else _number("det_sampling_mrad", det_sampling_mrad)
+            ),
+            rotation_deg=_number("rotation_deg", rotation_deg, positive=False),
+            bf_threshold=_number(
+                "bf_threshold", bf_threshold, positive=False, minimum=0.0, below=1.0
+            ),
+            memory_budget=_args.optional_integer(
+                _OP, "memory_budget", memory_budget, minimum=0, maximum=_args.U64_MAX
+            ),
+            g_storage=(
+                None
+                if g_storage is None
+                else _args.text(_OP, "g_storage", g_storage, ("f32", "f16"))
+            ),
+            engine=_args.text(_OP, "engine", engine, ("auto", "cpu", "cuda")),
+            compat_2alpha=_args.flag(_OP, "compat_2alpha", compat_2alpha),
+            transpose=_args.flag(_OP, "transpose", transpose),
         )
-        if g_storage is not None:
-            g_storage = _args.text(_OP, "g_storage", g_storage, ("f32", "f16"))
-        engine = _args.text(_OP, "engine", engine, ("auto", "cpu", "cuda"))
-        compat = _args.flag(_OP, "compat_2alpha", compat_2alpha)
-        transpose = _args.flag(_OP, "transpose", transpose)
-        self._axes = results.scan_axes(tuple(ds.shape)[:2], step)
+        self._axes = results.scan_axes(tuple(ds.shape)[:2], native_args["scan_step_a"])
         self._native = _progress.run(
             _OP,
             progress,
-            lambda cb: _native.ssb_prepare(
-                ds,
-                voltage_kv=voltage,
-                semiangle_mrad=alpha,
-                scan_step_a=step,
-                det_sampling_mrad=det,
-                rotation_deg=rot,
-                transpose=transpose,
-                compat_2alpha=compat,
-                bf_threshold=thr,
-                memory_budget=budget,
-                g_storage=g_storage,
-                engine=engine,
-                progress=cb,
-            ),
+            lambda cb: _native.ssb_prepare(ds, **native_args, progress=cb),
         )
 
     @property
