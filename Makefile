@@ -19,6 +19,8 @@ demo: build
 lint: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
+	$(PYTHON) -m ruff check python tests bench
+	$(PYTHON) -m ruff format --check python tests bench
 
 test-rust: setup
 	$(CARGO) test --release

@@ -5,11 +5,16 @@ the same resident dense array as qem-cuda-products-check, for the comparison in 
 
 The dense array comes from quantem.gpu (io.load(..., backend="cuda", representation="dense"))
 and is handed to CuPy without a copy (cupy.asarray through __cuda_array_interface__). Masks
-follow docs/science.md §3–4 (BF disk from the mean DP: threshold mean+std, unweighted centroid, equal-area
-radius; annulus lo^2 <= d^2 <= hi^2). Times are CUDA-event p50 after one warm-up."""
-import json, sys, time
-import numpy as np
+follow docs/science.md §3–4 (BF disk from the mean DP: threshold mean+std, unweighted centroid,
+equal-area radius; annulus lo^2 <= d^2 <= hi^2). Times are CUDA-event p50 after one warm-up."""
+
+import json
+import sys
+import time
+
 import cupy as cp
+import numpy as np
+
 from quantem.gpu import io
 
 master, out = sys.argv[1], sys.argv[2]
@@ -65,10 +70,21 @@ for name, f in cases.items():
     print(f"cupy {name:<12} p50 {mid * 1e3:8.2f} ms")
 bf_img = cases["bf"]()
 rec = {
-    "tool": "bench/cupy_products.py", "cupy": cp.__version__, "source": master,
-    "shape": [R, C, KR, KC], "dtype": str(a.dtype), "repeats": repeats, "load_s": load_s,
-    "disk": {"center_px": [float(c0), float(c1)], "radius_px": float(r), "bf_pixels": int((d2 <= r * r).sum())},
-    "bf_total": int(bf_img.sum()), "sum_dp_total": int(sum_dp.sum()), "cases": res,
+    "tool": "bench/cupy_products.py",
+    "cupy": cp.__version__,
+    "source": master,
+    "shape": [R, C, KR, KC],
+    "dtype": str(a.dtype),
+    "repeats": repeats,
+    "load_s": load_s,
+    "disk": {
+        "center_px": [float(c0), float(c1)],
+        "radius_px": float(r),
+        "bf_pixels": int((d2 <= r * r).sum()),
+    },
+    "bf_total": int(bf_img.sum()),
+    "sum_dp_total": int(sum_dp.sum()),
+    "cases": res,
     "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
 }
 json.dump(rec, open(out, "w"), indent=1)

@@ -26,6 +26,7 @@ Usage (in the abTEM environment with the quantem wheel installed)::
         --sim-command "python simulate_abtem.py --structure sto ..." [--sim-command ...] \
         --out bench/results/cpu_dpc_abtem_validation.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,9 @@ from numpy_reference import idpc as numpy_idpc  # noqa: E402
 
 CASES = {
     "as_simulated": dict(transform=lambda c: c, rotation_deg=0.0, transpose=False),
-    "rot180": dict(transform=lambda c: np.rot90(c, 2, axes=(2, 3)), rotation_deg=180.0,
-                   transpose=False),
+    "rot180": dict(
+        transform=lambda c: np.rot90(c, 2, axes=(2, 3)), rotation_deg=180.0, transpose=False
+    ),
     "transposed": dict(transform=lambda c: c.swapaxes(2, 3), rotation_deg=0.0, transpose=True),
 }
 
@@ -101,10 +103,12 @@ def version(dist: str):
 def git_state(repo: str):
     def run(*args):
         try:
-            return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True,
-                                  check=True).stdout.strip()
+            return subprocess.run(
+                ["git", "-C", repo, *args], capture_output=True, text=True, check=True
+            ).stdout.strip()
         except Exception:  # noqa: BLE001 - recorded as unknown
             return None
+
     return {"head": run("rev-parse", "HEAD"), "status_short": run("status", "--short")}
 
 
@@ -156,11 +160,16 @@ def run_case(name, counts, truth, phase_scan, phase_scan_2a):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("inputs", nargs="+", help="simulate_abtem.py .npz outputs")
-    p.add_argument("--sim-command", action="append", default=[],
-                   help="the simulate_abtem.py command that made each input (same order)")
+    p.add_argument(
+        "--sim-command",
+        action="append",
+        default=[],
+        help="the simulate_abtem.py command that made each input (same order)",
+    )
     p.add_argument("--out", required=True, help="JSON record to write")
     a = p.parse_args(argv)
 
@@ -169,18 +178,25 @@ def main(argv=None):
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     record = {
         "what": "physical validation of dpc.run on abTEM multislice simulations "
-                "(rotation, transpose, 180-degree sign) against the simulator's ground truth",
+        "(rotation, transpose, 180-degree sign) against the simulator's ground truth",
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "script": "bench/dpc_abtem_validation.py",
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "python": platform.python_version()},
-        "versions": {"quantem.gpu": getattr(qg, "__version__", None) or version("quantem-gpu"),
-                     "abTEM": version("abTEM"), "numpy": version("numpy"),
-                     "ase": version("ase"), "scipy": version("scipy")},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "versions": {
+            "quantem.gpu": getattr(qg, "__version__", None) or version("quantem-gpu"),
+            "abTEM": version("abTEM"),
+            "numpy": version("numpy"),
+            "ase": version("ase"),
+            "scipy": version("scipy"),
+        },
         "repo": git_state(repo),
         "truth_conventions": "simulate_abtem.py: det axis 0 parallel to scan axis 0 (rotation 0, "
-                             "no transpose, no flip); phase_scan = sigma*V_proj > 0 on columns",
+        "no transpose, no flip); phase_scan = sigma*V_proj > 0 on columns",
         "requirement": "every corr_phase_vs_phase_scan > 0",
         "simulations": [],
     }
@@ -192,8 +208,11 @@ def main(argv=None):
         phase_scan = z["phase_scan"].astype(np.float64)
         phase_2a = z["phase_scan_2alpha"].astype(np.float64)
         side = os.path.splitext(path)[0] + ".json"
-        params = json.load(open(side)) if os.path.exists(side) else {
-            k: z[k].tolist() for k in z.files if z[k].ndim <= 1}
+        params = (
+            json.load(open(side))
+            if os.path.exists(side)
+            else {k: z[k].tolist() for k in z.files if z[k].ndim <= 1}
+        )
         sim = {
             "input": os.path.abspath(path),
             "input_sha256": sha256(path),
@@ -226,27 +245,34 @@ def main(argv=None):
     record["passed"] = not failures
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
-        json.dump(record, f, indent=1, default=lambda o: o.tolist() if hasattr(o, "tolist")
-                  else str(o))
+        json.dump(
+            record, f, indent=1, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)
+        )
         f.write("\n")
 
-    hdr = (f"{'input':<14}{'dose':>8} {'case':<13}{'truth':>10}{'rot_deg':>10}{'T':>3}"
-           f"{'corr':>8}{'corr2a':>8}{'np_corr':>8} {'criterion':<18}{'conf':>7}{'ok':>4}")
+    hdr = (
+        f"{'input':<14}{'dose':>8} {'case':<13}{'truth':>10}{'rot_deg':>10}{'T':>3}"
+        f"{'corr':>8}{'corr2a':>8}{'np_corr':>8} {'criterion':<18}{'conf':>7}{'ok':>4}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for fn, dose, name, r, ok in rows:
         t = r["truth"]
         truth = f"{t['rotation_deg']:.0f}{'T' if t['transpose'] else ''}"
-        print(f"{fn:<14}{dose if dose is not None else '':>8g} {name:<13}{truth:>10}"
-              f"{r['rotation_deg']:>10.2f}{'T' if r['transpose'] else '-':>3}"
-              f"{r['corr_phase_vs_phase_scan']:>8.3f}{r['corr_phase_vs_phase_scan_2alpha']:>8.3f}"
-              f"{r['numpy_check']['corr_numpy_idpc_true_geometry_vs_phase_scan']:>8.3f} "
-              f"{r['sign_criterion']:<18}{r['sign_confidence']:>7.3f}{'yes' if ok else 'NO':>4}")
+        print(
+            f"{fn:<14}{dose if dose is not None else '':>8g} {name:<13}{truth:>10}"
+            f"{r['rotation_deg']:>10.2f}{'T' if r['transpose'] else '-':>3}"
+            f"{r['corr_phase_vs_phase_scan']:>8.3f}{r['corr_phase_vs_phase_scan_2alpha']:>8.3f}"
+            f"{r['numpy_check']['corr_numpy_idpc_true_geometry_vs_phase_scan']:>8.3f} "
+            f"{r['sign_criterion']:<18}{r['sign_confidence']:>7.3f}{'yes' if ok else 'NO':>4}"
+        )
     for sim in record["simulations"]:
         nf = sim.get("noise_free_numpy_idpc")
         if nf:
-            print(f"{os.path.basename(sim['input'])}: noise-free NumPy iDPC (true geometry) corr "
-                  f"{nf['corr_vs_phase_scan']:.3f} / {nf['corr_vs_phase_scan_2alpha']:.3f} (2alpha)")
+            print(
+                f"{os.path.basename(sim['input'])}: noise-free NumPy iDPC (true geometry) corr "
+                f"{nf['corr_vs_phase_scan']:.3f} / {nf['corr_vs_phase_scan_2alpha']:.3f} (2alpha)"
+            )
     print(f"wrote {a.out}; {'PASS' if not failures else 'FAIL: ' + ', '.join(failures)}")
     return 0 if not failures else 1
 

@@ -141,8 +141,15 @@ def run_libertem(data: Path, repeats: int, out: Path) -> dict:
     img_adf = np.asarray(r_adf[0]["intensity"].data)[..., 0]
     sdp = np.asarray(r_sum[0]["intensity"].data)
     both = np.asarray(r_all[0]["intensity"].data)
-    np.savez(out, bf=img_bf, adf=img_adf, sum_dp=sdp, all_bf=both[..., 0], all_adf=both[..., 1],
-             all_sum=np.asarray(r_all[1]["intensity"].data))
+    np.savez(
+        out,
+        bf=img_bf,
+        adf=img_adf,
+        sum_dp=sdp,
+        all_bf=both[..., 0],
+        all_adf=both[..., 1],
+        all_sum=np.asarray(r_all[1]["intensity"].data),
+    )
     return {"load_memory_dataset_s": load_s, "p50_s": times, "version": libertem.__version__}
 
 
@@ -169,8 +176,18 @@ def main() -> int:
     parts = {}
     for part, py in (("ours", sys.executable), ("libertem", lt_py)):
         po = f"/tmp/libertem_compare_{part}"
-        cmd = [py, __file__, "--part", part, "--data", str(data), "--repeats", str(a.repeats),
-               "--part-out", po]
+        cmd = [
+            py,
+            __file__,
+            "--part",
+            part,
+            "--data",
+            str(data),
+            "--repeats",
+            str(a.repeats),
+            "--part-out",
+            po,
+        ]
         print("+", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
         parts[part] = (json.loads(Path(po + ".json").read_text()), np.load(po + ".npz"))
@@ -180,7 +197,8 @@ def main() -> int:
     for k in ("bf", "adf", "sum_dp"):
         agree[k] = bool(np.array_equal(o[k].astype(np.float64), np.rint(lr[k]).astype(np.float64)))
     agree["libertem_one_pass_equal"] = bool(
-        np.array_equal(lr["all_bf"], lr["bf"]) and np.array_equal(lr["all_adf"], lr["adf"])
+        np.array_equal(lr["all_bf"], lr["bf"])
+        and np.array_equal(lr["all_adf"], lr["adf"])
         and np.array_equal(lr["all_sum"], lr["sum_dp"])
     )
     agree["ours_products_equal_masks"] = ours["products_equal_masks"]
@@ -191,22 +209,42 @@ def main() -> int:
         "warm-up; speedup = LiberTEM / ours",
         "command": "python bench/libertem_compare.py --libertem-python /tmp/lt-venv/bin/python "
         f"--repeats {a.repeats} --out {a.out}",
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version()},
-        "data": {"scan": [SCAN, SCAN], "detector": [DET, DET], "dtype": "uint16",
-                 "bytes": SCAN * SCAN * DET * DET * 2, "bf_radius_px": RADIUS,
-                 "center": list(CENTER), "bf_pixels": int(masks()[0].sum()),
-                 "adf_pixels": int(masks()[1].sum())},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "data": {
+            "scan": [SCAN, SCAN],
+            "detector": [DET, DET],
+            "dtype": "uint16",
+            "bytes": SCAN * SCAN * DET * DET * 2,
+            "bf_radius_px": RADIUS,
+            "center": list(CENTER),
+            "bf_pixels": int(masks()[0].sum()),
+            "adf_pixels": int(masks()[1].sum()),
+        },
         "ours": ours,
         "libertem": lt,
         "results_agree": agree,
         "speedup": speedup,
-        "revision": subprocess.run(["git", "rev-parse", "--short=12", "HEAD"],
-                                   capture_output=True, text=True).stdout.strip() or None,
+        "revision": subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        or None,
     }
     Path(a.out).write_text(json.dumps(rec, indent=1))
-    print(json.dumps({"p50_ours_s": ours["p50_s"], "p50_libertem_s": lt["p50_s"],
-                      "speedup": speedup, "agree": agree}, indent=1))
+    print(
+        json.dumps(
+            {
+                "p50_ours_s": ours["p50_s"],
+                "p50_libertem_s": lt["p50_s"],
+                "speedup": speedup,
+                "agree": agree,
+            },
+            indent=1,
+        )
+    )
     return 0 if all(agree.values()) else 1
 
 

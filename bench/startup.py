@@ -69,8 +69,9 @@ def child(source: str, env: dict, log: Path) -> dict:
     env = {**os.environ, **env, "QEM_KERNEL_LOG": str(log)}
     log.unlink(missing_ok=True)
     t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", CHILD, source], env=env, capture_output=True,
-                       text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", CHILD, source], env=env, capture_output=True, text=True, timeout=300
+    )
     wall = time.perf_counter() - t
     rec: dict = {"process_wall_s": wall, "rc": p.returncode}
     for line in p.stdout.splitlines():
@@ -109,10 +110,23 @@ def main() -> int:
             os.environ.pop("QEM_KERNELS", None)
         r = child(a.source, env, work / f"{name}.jsonl")
         runs[name] = r
-        keys = ("import_s", "first_load_s", "import_to_first_load_end_s", "second_load_s",
-                "first_products_s", "second_products_s", "first_dpc_run_s")
-        print(name, {k: round(r[k], 4) for k in keys if k in r},
-              {k: v["modules"] for k, v in r["kernel_modules"].items()}, "rc", r["rc"], flush=True)
+        keys = (
+            "import_s",
+            "first_load_s",
+            "import_to_first_load_end_s",
+            "second_load_s",
+            "first_products_s",
+            "second_products_s",
+            "first_dpc_run_s",
+        )
+        print(
+            name,
+            {k: round(r[k], 4) for k in keys if k in r},
+            {k: v["modules"] for k, v in r["kernel_modules"].items()},
+            "rc",
+            r["rc"],
+            flush=True,
+        )
     rec = {
         "what": "first-use costs in fresh processes through the Python API (issue 23 item 1)",
         "command": f"python3 bench/startup.py {a.source} --out {a.out}",

@@ -22,8 +22,9 @@ done
 "$PY" -c "import pandas" >/dev/null 2>&1 || need+=("pandas")
 # Result files and the documentation site (tests/python/test_outputs.py, test_docs.py): TIFF
 # writing, the EMD readers of py4DSTEM (emdfile) and hyperspy (rosettasciio), mypy for the
-# type stubs, mkdocs + mkdocstrings for `mkdocs build --strict`.
-for pair in tifffile:tifffile emdfile:emdfile rsciio:rosettasciio mypy:mypy mkdocs:mkdocs \
+# type stubs, mkdocs + mkdocstrings for `mkdocs build --strict`, ruff for `make lint`'s Python
+# half (the rules in pyproject.toml).
+for pair in tifffile:tifffile emdfile:emdfile rsciio:rosettasciio mypy:mypy ruff:ruff==0.17.6 mkdocs:mkdocs \
   mkdocstrings_handlers.python:"mkdocstrings[python]"; do
   "$PY" -c "import ${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done

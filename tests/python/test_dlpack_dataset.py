@@ -61,7 +61,9 @@ def test_an_unconsumed_capsule_releases_its_lease():
 def test_encoded_dataset_refuses_with_the_reason():
     ds = io.load(_counts(), backend="cpu", representation="encoded")
     assert ds.__dlpack_device__() == (1, 0)
-    with pytest.raises(BufferError, match="ENCODED.*expected representation dense, found representation encoded"):
+    with pytest.raises(
+        BufferError, match="ENCODED.*expected representation dense, found representation encoded"
+    ):
         np.from_dlpack(ds)
 
 

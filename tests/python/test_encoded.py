@@ -113,9 +113,7 @@ def test_u32_is_refused_with_advice(acquisition):
 
 def test_u32_source_narrowed_to_u16_encodes(acquisition):
     assert acquisition["masked"].max() <= 65535
-    with io.load(
-        acquisition["master"], backend="cpu", representation="encoded", dtype="u16"
-    ) as ds:
+    with io.load(acquisition["master"], backend="cpu", representation="encoded", dtype="u16") as ds:
         np.testing.assert_array_equal(ds.to_numpy(), acquisition["masked"].astype(np.uint16))
 
 

@@ -50,7 +50,8 @@ def setup():
         call = lambda: encoded()
     elif what == "load_qem":
         io.save(encoded(), path)
-        call = lambda: io.load(path, backend="cpu", representation="dense")  # the decode is the long part
+        # the decode is the long part
+        call = lambda: io.load(path, backend="cpu", representation="dense")
     elif what == "save":
         ds = io.load(arr, backend="cpu")          # dense: save encodes every frame first
         call = lambda: io.save(ds, path)

@@ -241,7 +241,5 @@ def test_memory_budget(acquisition):
     assert str(nbytes // 2) in str(e.value) or e.value.expected
     # On the CPU engine the result is the only buffer, so a budget of exactly its size suffices.
     # (The CUDA engine also admits its batch buffers, tables and allocator reserve.)
-    with io.load(
-        acquisition["master"], scan_shape=SCAN, memory_budget=nbytes, backend="cpu"
-    ) as ds:
+    with io.load(acquisition["master"], scan_shape=SCAN, memory_budget=nbytes, backend="cpu") as ds:
         assert ds.nbytes_resident <= nbytes

@@ -38,7 +38,6 @@ class Dataset:
     """A loaded 4D-STEM acquisition ``I[R_r, R_c, k_r, k_c]`` (see ``quantem.gpu.io.load``)."""
 
     def show(self, **kwargs: Any) -> Any: ...
-
     @property
     def shape(self) -> tuple[int, int, int, int]: ...
     @property

@@ -31,8 +31,8 @@ arguments, so they win over the file: :mod:`~quantem.gpu.detector` with ``unit="
 (``semiangle_mrad``, ``det_sampling_mrad``), :func:`quantem.gpu.dpc.run` (``rotation_deg``; CoM,
 field and phase units rescaled from what the engine read, see :func:`dpc_rescale`) and
 :func:`quantem.gpu.dpc.center_of_mass`, and the result axes. ``SSB`` takes what
-its call leaves out from ``ds.calibration.ssb_arguments()``. An argument given to a call still wins over
-``ds.calibration``.
+its call leaves out from ``ds.calibration.ssb_arguments()``. An argument given to a call still
+wins over ``ds.calibration``.
 
 The native ``Dataset`` holds no Python attributes, so the user's calibration is kept in a
 per-process table beside it (checked against the dataset's load record, so a later dataset
