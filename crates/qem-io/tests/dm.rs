@@ -225,13 +225,19 @@ fn gms_like(path: &Path, data: &[u16], dims: [u32; 4]) {
     );
 }
 
+/// `scan.dm4` in `dir`: a GMS-like 4-D stack of R = 3, C = 4, k_r = 5, k_c = 6 (dimensions
+/// fastest first: 6, 5, 4, 3), and its counts.
+fn scan_dm4(dir: &Path) -> (std::path::PathBuf, Vec<u16>) {
+    let p = dir.join("scan.dm4");
+    let data = counts(3 * 4 * 5 * 6);
+    gms_like(&p, &data, [6, 5, 4, 3]);
+    (p, data)
+}
+
 #[test]
 fn dm4_4d_u16_reads_byte_exact_with_calibration() {
     let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("scan.dm4");
-    // Dimensions fastest first: k_c = 6, k_r = 5, C = 4, R = 3.
-    let data = counts(3 * 4 * 5 * 6);
-    gms_like(&p, &data, [6, 5, 4, 3]);
+    let (p, data) = scan_dm4(dir.path());
     let src = Source::open(&p, &OpenOptions::default()).unwrap();
     assert_eq!(src.kind, SourceKind::GatanDm);
     assert_eq!(src.scan_shape, Shape2::new(3, 4));
@@ -300,12 +306,22 @@ fn dm3_frames_big_endian_and_float() {
     assert!(src.needs_host_decode());
 }
 
+/// The error of opening a DM4 holding only `image`.
+fn one_image(dir: &Path, name: &str, image: T) -> qem_core::Error {
+    let q = dir.join(name);
+    write_dm(
+        &q,
+        true,
+        true,
+        &[("ImageList", T::Group(vec![("", image)]))],
+    );
+    Source::open(&q, &OpenOptions::default()).unwrap_err()
+}
+
 #[test]
 fn malformed_dm_files_give_typed_errors() {
     let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("scan.dm4");
-    let data = counts(3 * 4 * 5 * 6);
-    gms_like(&p, &data, [6, 5, 4, 3]);
+    let (p, data) = scan_dm4(dir.path());
     let whole = std::fs::read(&p).unwrap();
     let open = |bytes: &[u8]| {
         let q = dir.path().join("bad.dm4");
@@ -324,55 +340,31 @@ fn malformed_dm_files_give_typed_errors() {
     assert!(e.to_string().contains("malformed"), "{e}");
 
     // Dimensions that do not match the data: claim a 7-wide detector.
-    let e = {
-        let q = dir.path().join("dims.dm4");
-        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        write_dm(
-            &q,
-            true,
-            true,
-            &[(
-                "ImageList",
-                T::Group(vec![("", image(&[7, 5, 4, 3], 10, 4, bytes, vec![]))]),
-            )],
-        );
-        Source::open(&q, &OpenOptions::default()).unwrap_err()
-    };
+    let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let e = one_image(
+        dir.path(),
+        "dims.dm4",
+        image(&[7, 5, 4, 3], 10, 4, bytes, vec![]),
+    );
     assert!(
         e.to_string().contains("does not match its dimensions"),
         "{e}"
     );
 
     // A signed type is refused by name.
-    let e = {
-        let q = dir.path().join("signed.dm4");
-        write_dm(
-            &q,
-            true,
-            true,
-            &[(
-                "ImageList",
-                T::Group(vec![("", image(&[2, 2, 2], 1, 2, vec![0; 16], vec![]))]),
-            )],
-        );
-        Source::open(&q, &OpenOptions::default()).unwrap_err()
-    };
+    let e = one_image(
+        dir.path(),
+        "signed.dm4",
+        image(&[2, 2, 2], 1, 2, vec![0; 16], vec![]),
+    );
     assert!(e.to_string().contains("int16"), "{e}");
 
     // Only a 2-D image: says what it found.
-    let e = {
-        let q = dir.path().join("flat.dm4");
-        write_dm(
-            &q,
-            true,
-            true,
-            &[(
-                "ImageList",
-                T::Group(vec![("", image(&[4, 4], 6, 10, vec![1; 16], vec![]))]),
-            )],
-        );
-        Source::open(&q, &OpenOptions::default()).unwrap_err()
-    };
+    let e = one_image(
+        dir.path(),
+        "flat.dm4",
+        image(&[4, 4], 6, 10, vec![1; 16], vec![]),
+    );
     assert!(
         e.to_string().contains("no 3-D or 4-D image") && e.to_string().contains("[4, 4]"),
         "{e}"

@@ -189,18 +189,24 @@ impl RawMib {
 mod tests {
     use super::*;
 
+    /// One single-chip row of `cols` pixels from `word`, as loaded bytes.
+    fn one_row(bits: u32, cols: usize, word: [u8; 8]) -> Vec<u8> {
+        let raw = RawMib {
+            bits,
+            quad: false,
+            rows: 1,
+            cols,
+        };
+        let mut out = Vec::new();
+        raw.convert(&word, &mut out);
+        out
+    }
+
     /// One 1-bit word by hand: bytes `80 00 00 00 00 00 00 03` read big-endian have bits 0, 1
     /// and 63 set, so pixels 0, 1 and 63 of the row count 1.
     #[test]
     fn one_bit_word_by_hand() {
-        let raw = RawMib {
-            bits: 1,
-            quad: false,
-            rows: 1,
-            cols: 64,
-        };
-        let mut out = Vec::new();
-        raw.convert(&[0x80, 0, 0, 0, 0, 0, 0, 0x03], &mut out);
+        let out = one_row(1, 64, [0x80, 0, 0, 0, 0, 0, 0, 0x03]);
         let ones: Vec<usize> = (0..64).filter(|&i| out[i] == 1).collect();
         assert_eq!(ones, vec![0, 1, 63]);
     }
@@ -208,14 +214,7 @@ mod tests {
     /// One 12-bit word by hand: lanes from the least significant end are pixels 0..4.
     #[test]
     fn twelve_bit_word_by_hand() {
-        let raw = RawMib {
-            bits: 12,
-            quad: false,
-            rows: 1,
-            cols: 4,
-        };
-        let mut out = Vec::new();
-        raw.convert(&[0x0F, 0xFF, 0x00, 0x03, 0x00, 0x02, 0x00, 0x01], &mut out);
+        let out = one_row(12, 4, [0x0F, 0xFF, 0x00, 0x03, 0x00, 0x02, 0x00, 0x01]);
         assert_eq!(out, [1, 0, 2, 0, 3, 0, 0xFF, 0x0F]);
     }
 }
