@@ -79,21 +79,15 @@ pub fn encode_device_array(array: &DeviceArray, enc: &EncodeOptions) -> Result<G
         )?;
         let err = EncoderRecords::new(ctx, Some(&counter))?;
         let scratch = EncoderScratch::new(ctx, k, frame_len, Some(&counter))?;
-        let (sw, warps) = scratch.parts();
-        let a = rans::EncodeArgs {
-            frames: array.device_ptr(),
-            n_frames: n,
-            dst: 0,
-            dst_base: 0,
-            bad: 0,
-            arena: arena.ptr(),
+        let a = dense_args(
+            array.device_ptr(),
+            n,
+            &arena,
             capacity,
-            cursor: err.cursor_ptr(),
-            index: index.ptr(),
-            scratch_words: sw,
-            scratch_warps: warps,
-            err: err.err_ptr(),
-        };
+            &index,
+            &err,
+            &scratch,
+        );
         let t = Instant::now();
         // SAFETY: the array holds n u16 frames of the model's length; the arena `capacity`
         // bytes (the kernel checks every write against it); index n entries; all alive until
@@ -170,21 +164,7 @@ fn measure_encoded_bytes(
     let index = DevBuf::alloc(ctx, (n * 16) as usize, None, "sample index")?;
     let err = EncoderRecords::new(ctx, None)?;
     let scratch = EncoderScratch::new(ctx, k, frame_len, None)?;
-    let (sw, warps) = scratch.parts();
-    let a = rans::EncodeArgs {
-        frames: frames.ptr(),
-        n_frames: n,
-        dst: 0,
-        dst_base: 0,
-        bad: 0,
-        arena: arena.ptr(),
-        capacity: worst * n,
-        cursor: err.cursor_ptr(),
-        index: index.ptr(),
-        scratch_words: sw,
-        scratch_warps: warps,
-        err: err.err_ptr(),
-    };
+    let a = dense_args(frames.ptr(), n, &arena, worst * n, &index, &err, &scratch);
     let stream = e.gpu.stream();
     // SAFETY: frames holds n dense frames of the model's length (the sample pass' result);
     // the arena has the worst-case size of n streams; index n entries; all alive until the
@@ -198,6 +178,35 @@ fn measure_encoded_bytes(
         return Err(rans::fault_error(&f, f.frame).with_op("encode sample (cuda)"));
     }
     Ok(r.used)
+}
+
+/// The encoder's arguments for `n_frames` dense frames at `frames` into index entries
+/// `0..n_frames` (no frame map, no bad-pixel lookup), writing `arena` (`capacity` bytes),
+/// `index`, the records `err` and the warps of `scratch`.
+fn dense_args(
+    frames: u64,
+    n_frames: u64,
+    arena: &DevBuf,
+    capacity: u64,
+    index: &DevBuf,
+    err: &EncoderRecords,
+    scratch: &EncoderScratch,
+) -> rans::EncodeArgs {
+    let (scratch_words, scratch_warps) = scratch.parts();
+    rans::EncodeArgs {
+        frames,
+        n_frames,
+        dst: 0,
+        dst_base: 0,
+        bad: 0,
+        arena: arena.ptr(),
+        capacity,
+        cursor: err.cursor_ptr(),
+        index: index.ptr(),
+        scratch_words,
+        scratch_warps,
+        err: err.err_ptr(),
+    }
 }
 
 /// A model fitted on a dense sample already on the device, uploaded, and the arena it
