@@ -55,17 +55,7 @@ pub fn encode_device_array(array: &DeviceArray, enc: &EncodeOptions) -> Result<G
         .map_err(|err| driver_error("gather fit sample", err))?;
     }
     let counter = Arc::new(MemCounter::default());
-    let fitted = fit_and_size(
-        e,
-        k,
-        &sample,
-        pick.len() as u64,
-        frame_len,
-        n,
-        enc,
-        &counter,
-    )?;
-    drop(sample);
+    let fitted = fit_and_size(e, k, sample, pick.len() as u64, frame_len, n, enc, &counter)?;
     let (dmodel, per_frame, mut capacity) = (fitted.model, fitted.per_frame, fitted.capacity);
     let (free0, total) = e.gpu.mem_info()?;
     let mut retries = 0u32;
@@ -221,12 +211,13 @@ pub(super) struct Fitted {
 
 /// Fit a model on the `n_sample` dense frames in `sample`, upload it (counted in `counter`)
 /// and size the arena of `n` frames from the sample's encoded size. Shared by the encoded
-/// load and [`encode_device_array`], so both fit and size alike.
+/// load and [`encode_device_array`], so both fit and size alike. The sample is freed on
+/// return, before the caller allocates the arena.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn fit_and_size(
     e: &Engine,
     k: &RansKernels,
-    sample: &DevBuf,
+    sample: DevBuf,
     n_sample: u64,
     frame_len: usize,
     n: u64,
@@ -235,7 +226,8 @@ pub(super) fn fit_and_size(
 ) -> Result<Fitted> {
     let model = rans::fit_on_device(&e.gpu, k, sample.ptr(), n_sample, frame_len, &enc.model)?;
     let model = DeviceModel::upload(e.gpu.ctx(), model, Some(counter))?;
-    let sample_bytes = measure_encoded_bytes(e, k, &model, sample, n_sample)?;
+    let sample_bytes = measure_encoded_bytes(e, k, &model, &sample, n_sample)?;
+    drop(sample);
     let per_frame = sample_bytes as f64 / n_sample.max(1) as f64;
     let capacity = ((per_frame * n as f64 * enc.headroom.max(1.0)) as u64 + (4 << 20))
         .next_multiple_of(rans::STREAM_ALIGN);
