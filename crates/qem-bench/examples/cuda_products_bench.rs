@@ -10,49 +10,14 @@
 
 use qem::detector::{self, DetectorParams, Product};
 use qem::dpc::{self, DpcParams, EdgeMode};
-use qem::{Backend, BackendRequest, Dataset, LoadParams, Region, Representation, SourceArg};
+use qem::{Backend, BackendRequest, Region, Representation};
+use qem_bench::timing::time_p50;
 use serde_json::{json, Value};
 use std::time::Instant;
 
-fn p50(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    s[s.len() / 2]
-}
-
-fn time<T>(r: usize, mut f: impl FnMut() -> qem::Result<T>) -> qem::Result<(f64, Vec<f64>, T)> {
-    let mut last = f()?;
-    let mut v = Vec::new();
-    for _ in 0..r {
-        let t = Instant::now();
-        last = f()?;
-        v.push(t.elapsed().as_secs_f64());
-    }
-    Ok((p50(&v), v, last))
-}
-
-fn load(
-    master: &str,
-    backend: BackendRequest,
-    rep: Representation,
-    region: Option<Region>,
-) -> qem::Result<Dataset> {
-    qem::load(
-        SourceArg::Path(master.into()),
-        &LoadParams {
-            backend,
-            representation: Some(rep),
-            scan_region: region,
-            ..LoadParams::default()
-        },
-    )
-}
-
-fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
-    let den: f64 = b.iter().map(|y| y * y).sum();
-    (num / den.max(f64::MIN_POSITIVE)).sqrt()
-}
+#[path = "shared/facade.rs"]
+mod facade;
+use facade::{load, rel_l2};
 
 fn main() -> qem::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -74,17 +39,17 @@ fn main() -> qem::Result<()> {
     let mut rows = Vec::new();
     for rep in [Representation::Encoded, Representation::Dense] {
         let t = Instant::now();
-        let ds = load(&master, BackendRequest::Cuda, rep, None)?;
+        let ds = load(&master, BackendRequest::Cuda, None, 1, rep)?;
         let load_s = t.elapsed().as_secs_f64();
         // The disk fit is cached per dataset (one sum-DP pass on first use): time it apart.
         let t = Instant::now();
         let disk = detector::fit_disk(&ds)?;
         let disk_s = t.elapsed().as_secs_f64();
-        let (prod_s, prod_all, prod) = time(r, || detector::products(&ds, &which, &dp))?;
-        let (com_s, _, _) = time(r, || dpc::center_of_mass(&ds, true))?;
-        let (run_s, run_all, res) = time(r, || dpc::run(&ds, &DpcParams::default()))?;
+        let (prod_s, prod_all, prod) = time_p50(r, || detector::products(&ds, &which, &dp))?;
+        let (com_s, _, _) = time_p50(r, || dpc::center_of_mass(&ds, true))?;
+        let (run_s, run_all, res) = time_p50(r, || dpc::run(&ds, &DpcParams::default()))?;
         let shape = res.scan_shape;
-        let (int_s, _, _) = time(r, || {
+        let (int_s, _, _) = time_p50(r, || {
             dpc::integrate_on(
                 Backend::Cuda,
                 &res.dpc_row,
@@ -123,14 +88,16 @@ fn main() -> qem::Result<()> {
     let cpu = load(
         &master,
         BackendRequest::Cpu,
-        Representation::Dense,
         Some(region),
+        1,
+        Representation::Dense,
     )?;
     let gpu = load(
         &master,
         BackendRequest::Cuda,
-        Representation::Encoded,
         Some(region),
+        1,
+        Representation::Encoded,
     )?;
     let pc = detector::products(&cpu, &which, &dp)?;
     let pg = detector::products(&gpu, &which, &dp)?;

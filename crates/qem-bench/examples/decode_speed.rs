@@ -7,36 +7,25 @@
 
 use std::time::{Duration, Instant};
 
+use qem_bench::timing::XorShift64Star;
 use qem_codec::{bitshuffle, bslz4, lz4};
 
-/// xorshift64* uniform in [0, 1).
-struct Rng(u64);
-
-impl Rng {
-    fn uniform(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+/// Poisson sample by Knuth's product method (fine for small means).
+fn poisson(rng: &mut XorShift64Star, mean: f64) -> u16 {
+    let limit = (-mean).exp();
+    let mut k = 0u16;
+    let mut p = rng.uniform();
+    while p > limit {
+        k += 1;
+        p *= rng.uniform();
     }
-
-    /// Poisson sample by Knuth's product method (fine for small means).
-    fn poisson(&mut self, mean: f64) -> u16 {
-        let limit = (-mean).exp();
-        let mut k = 0u16;
-        let mut p = self.uniform();
-        while p > limit {
-            k += 1;
-            p *= self.uniform();
-        }
-        k
-    }
+    k
 }
 
 fn poisson_frame(n: usize, mean: f64, seed: u64) -> Vec<u8> {
-    let mut rng = Rng(seed);
+    let mut rng = XorShift64Star(seed);
     (0..n)
-        .flat_map(|_| rng.poisson(mean).to_le_bytes())
+        .flat_map(|_| poisson(&mut rng, mean).to_le_bytes())
         .collect()
 }
 

@@ -101,6 +101,15 @@ fn run(
     })
 }
 
+/// The letter a configuration's name gives its context rule.
+fn rule_letter(rule: ContextRule) -> &'static str {
+    if rule == ContextRule::Quantiles {
+        "Q"
+    } else {
+        "L"
+    }
+}
+
 fn configs(mode: &str) -> Vec<(String, ModelParams)> {
     let d = ModelParams::default();
     if mode == "default" {
@@ -111,11 +120,7 @@ fn configs(mode: &str) -> Vec<(String, ModelParams)> {
         for rule in [ContextRule::Quantiles, ContextRule::LogBins] {
             for k in [32u8, 48, 64, 96, 128] {
                 for (t, every) in [(4u8, 1usize), (8, 1), (4, 8)] {
-                    let r = if rule == ContextRule::Quantiles {
-                        "Q"
-                    } else {
-                        "L"
-                    };
+                    let r = rule_letter(rule);
                     v.push((
                         format!("C16 K{k} T{t} {r} AllSym every {every}"),
                         ModelParams {
@@ -145,11 +150,7 @@ fn configs(mode: &str) -> Vec<(String, ModelParams)> {
         for c in [8u8, 16] {
             for k in [32u8, 64, 128] {
                 for t in [1u8, 2, 4, 8] {
-                    let r = if rule == ContextRule::Quantiles {
-                        "Q"
-                    } else {
-                        "L"
-                    };
+                    let r = rule_letter(rule);
                     v.push((
                         format!("C{c} K{k} T{t} {r}"),
                         ModelParams {

@@ -14,58 +14,18 @@
 //! depend on the scan, the BF pixel count and the scan step only through the support of Γ).
 
 use qem::ssb::{Aberrations, FitParams, Objective, Ssb, SsbParams};
-use qem::{BackendRequest, Dataset, LoadParams, Region, Representation, SourceArg};
+use qem::{BackendRequest, Dataset, Region, Representation};
+use qem_bench::timing::time_p50;
 use serde_json::{json, Value};
 use std::time::Instant;
 
-fn p50(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    s[s.len() / 2]
-}
+#[path = "shared/facade.rs"]
+mod facade;
+use facade::{load, rel_l2};
 
 /// One warm-up, then `r` timed calls: (p50, all).
-fn time<T>(r: usize, mut f: impl FnMut() -> qem::Result<T>) -> qem::Result<(f64, Vec<f64>)> {
-    f()?;
-    let mut v = Vec::new();
-    for _ in 0..r {
-        let t = Instant::now();
-        f()?;
-        v.push(t.elapsed().as_secs_f64());
-    }
-    Ok((p50(&v), v))
-}
-
-fn load(
-    master: &str,
-    backend: BackendRequest,
-    region: Option<Region>,
-    det_bin: usize,
-    representation: Representation,
-) -> qem::Result<Dataset> {
-    qem::load(
-        SourceArg::Path(master.into()),
-        &LoadParams {
-            backend,
-            representation: Some(representation),
-            scan_region: region,
-            det_bin,
-            // Binned u16 sums widen to u32, which ENCODED does not hold; u16 is exact when
-            // every binned value fits (else the load fails with an Overflow error).
-            dtype: if det_bin > 1 {
-                qem::DtypeRequest::U16
-            } else {
-                qem::DtypeRequest::Native
-            },
-            ..LoadParams::default()
-        },
-    )
-}
-
-fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
-    let den: f64 = b.iter().map(|y| y * y).sum();
-    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+fn time<T>(r: usize, f: impl FnMut() -> qem::Result<T>) -> qem::Result<(f64, Vec<f64>)> {
+    time_p50(r, f).map(|(p, all, _)| (p, all))
 }
 
 /// Bytes in use on the card (all processes' view: total − free).

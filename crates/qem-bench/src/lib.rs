@@ -20,11 +20,14 @@
 //! * `examples/`: benchmark and study programs: `cuda_products_bench`, `ssb_cuda_bench`,
 //!   `ssb_validation`, `load_time` (through the `qem` façade), `plan_time` (the CUDA load
 //!   plan), `decode_speed`, `pair_study`, `rans_ratio` (codec studies).
+//! * [`timing`]: the warm-up-then-median timing, and the xorshift64* numbers, the binaries and
+//!   programs share.
 //!
 //! Benchmarks print a table and write JSON; none asserts a time.
 
 pub mod cli;
 pub mod machine;
+pub mod timing;
 
 use std::path::Path;
 

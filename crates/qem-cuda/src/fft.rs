@@ -13,7 +13,7 @@ use qem_core::{Error, ErrorKind, Result};
 
 use crate::device::driver_error;
 use crate::engine::engine;
-use crate::mem::{par_copy, with_staging, DevBuf};
+use crate::mem::{par_copy, queue_then_wait, with_staging, DevBuf};
 use crate::nvrtc::load_module;
 
 const KERNEL_SOURCE: &str = include_str!("kernels/dpc.cu");
@@ -198,7 +198,7 @@ pub fn integrate_periodic(
     // One pinned buffer for the two fields and the phase: the copies are queued with the
     // transforms and the host waits once (each synchronous copy is a driver round trip).
     let staged = with_staging(gpu.ctx(), 3 * bytes, |pin| {
-        let mut queue_all = || -> Result<()> {
+        queue_then_wait(stream, "synchronize iDPC", || {
             par_copy(
                 &mut pin.as_mut_slice()[..bytes],
                 bytemuck::cast_slice(g_row),
@@ -211,14 +211,7 @@ pub fn integrate_periodic(
             pin.copy_range_to_device_async(bytes, d_gc, 0, bytes, stream)?;
             queue_solve()?;
             pin.copy_range_from_device_async(2 * bytes, d_gr, 0, bytes, stream)
-        };
-        let queued = queue_all();
-        // Also after a failure: no queued copy may still use the buffer once it is released.
-        let waited = stream
-            .synchronize()
-            .map_err(|er| driver_error("synchronize iDPC", er));
-        queued?;
-        waited?;
+        })?;
         par_copy(
             bytemuck::cast_slice_mut(&mut phi),
             &pin.as_slice()[2 * bytes..3 * bytes],

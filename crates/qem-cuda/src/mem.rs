@@ -109,21 +109,14 @@ pub(crate) fn fetch_all(
         .sum();
     if total > 0 && total <= STAGING_MAX_BYTES {
         let staged = with_staging(ctx, total, |pin| {
-            let mut queue = || -> Result<()> {
+            queue_then_wait(stream, "synchronize downloads", || {
                 let mut at = 0usize;
                 for f in fetches.iter() {
                     pin.copy_range_from_device_async(at, f.src, f.offset, f.dst.len(), stream)?;
                     at += f.dst.len().next_multiple_of(ALIGN);
                 }
                 Ok(())
-            };
-            let queued = queue();
-            // Also after a failure: no queued copy may still write the buffer once released.
-            let waited = stream
-                .synchronize()
-                .map_err(|e| driver_error("synchronize downloads", e));
-            queued?;
-            waited?;
+            })?;
             let mut at = 0usize;
             for f in fetches.iter_mut() {
                 let n = f.dst.len();
@@ -143,6 +136,20 @@ pub(crate) fn fetch_all(
         f.src.read(f.offset, f.dst)?;
     }
     Ok(())
+}
+
+/// Run `queue` (which queues work on `stream`), then synchronize `stream` whatever `queue`
+/// returned: also after a failure no queued copy may still use a staging buffer once it is
+/// released. The queueing error comes first, then the synchronize error (named `what`).
+pub(crate) fn queue_then_wait(
+    stream: &CudaStream,
+    what: &str,
+    queue: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    let queued = queue();
+    let waited = stream.synchronize().map_err(|e| driver_error(what, e));
+    queued?;
+    waited
 }
 
 /// Whether `offset .. offset + bytes` lies inside a buffer of `len` bytes.
@@ -195,25 +202,26 @@ impl DevBuf {
         self.bytes
     }
 
+    /// Before a synchronous copy `op` of `bytes` bytes at byte `offset`: an error (`what` of a
+    /// device buffer) when the range leaves this buffer, else bind the context to this thread
+    /// and say whether there is anything to copy.
+    fn sync_copy_to_do(&self, offset: usize, bytes: usize, op: &str, what: &str) -> Result<bool> {
+        if !range_fits(offset, bytes, self.bytes) {
+            return Err(Error::internal(op, format!("{what} of a device buffer")));
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_error("bind CUDA context", e))?;
+        Ok(bytes > 0)
+    }
+
     /// Copy `dst.len()` bytes starting at byte `offset` to the host (synchronous).
     ///
     /// The copy runs on the legacy stream, which does not wait for this crate's non-blocking
     /// streams: the caller must first synchronize every stream whose queued work writes the
     /// range.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        if offset
-            .checked_add(dst.len())
-            .is_none_or(|end| end > self.bytes)
-        {
-            return Err(Error::internal(
-                "download",
-                "read past the end of a device buffer",
-            ));
-        }
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| driver_error("bind CUDA context", e))?;
-        if dst.is_empty() {
+        if !self.sync_copy_to_do(offset, dst.len(), "download", "read past the end")? {
             return Ok(());
         }
         // SAFETY: the source range lies inside this allocation (checked above) and `dst` is a
@@ -224,19 +232,7 @@ impl DevBuf {
 
     /// Copy `src` to byte `offset` (synchronous).
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
-        if offset
-            .checked_add(src.len())
-            .is_none_or(|end| end > self.bytes)
-        {
-            return Err(Error::internal(
-                "upload",
-                "write past the end of a device buffer",
-            ));
-        }
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| driver_error("bind CUDA context", e))?;
-        if src.is_empty() {
+        if !self.sync_copy_to_do(offset, src.len(), "upload", "write past the end")? {
             return Ok(());
         }
         // SAFETY: the destination range lies inside this allocation (checked above).
@@ -340,6 +336,25 @@ impl PinnedBuf {
         unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
     }
 
+    /// Check a copy `op` of `bytes` bytes between byte `pinned_offset` of this buffer and byte
+    /// `dev_offset` of `dev`: an error when either range leaves its buffer, else whether there
+    /// is anything to copy.
+    fn copy_to_do(
+        &self,
+        op: &str,
+        pinned_offset: usize,
+        dev: &DevBuf,
+        dev_offset: usize,
+        bytes: usize,
+    ) -> Result<bool> {
+        if !range_fits(pinned_offset, bytes, self.bytes)
+            || !range_fits(dev_offset, bytes, dev.bytes)
+        {
+            return Err(Error::internal(op, "copy out of bounds"));
+        }
+        Ok(bytes > 0)
+    }
+
     /// Queue a copy of `bytes` bytes from byte `src_offset` of this buffer to byte
     /// `dst_offset` of `dst` on `stream`. The range must stay untouched until the copy is done.
     pub fn copy_range_to_device_async(
@@ -350,10 +365,7 @@ impl PinnedBuf {
         bytes: usize,
         stream: &CudaStream,
     ) -> Result<()> {
-        if !range_fits(src_offset, bytes, self.bytes) || !range_fits(dst_offset, bytes, dst.bytes) {
-            return Err(Error::internal("H2D copy", "copy out of bounds"));
-        }
-        if bytes == 0 {
+        if !self.copy_to_do("H2D copy", src_offset, dst, dst_offset, bytes)? {
             return Ok(());
         }
         // SAFETY: both ranges are inside their allocations (checked above); the source is
@@ -380,10 +392,7 @@ impl PinnedBuf {
         bytes: usize,
         stream: &CudaStream,
     ) -> Result<()> {
-        if !range_fits(dst_offset, bytes, self.bytes) || !range_fits(src_offset, bytes, src.bytes) {
-            return Err(Error::internal("D2H copy", "copy out of bounds"));
-        }
-        if bytes == 0 {
+        if !self.copy_to_do("D2H copy", dst_offset, src, src_offset, bytes)? {
             return Ok(());
         }
         // SAFETY: both ranges are inside their allocations (checked above); `&mut self` keeps

@@ -356,6 +356,20 @@ fn upload<T: bytemuck::Pod>(gpu: &Gpu, v: &[T], what: &str) -> Result<DevBuf> {
     crate::mem::upload(gpu.ctx(), v, None, what)
 }
 
+/// Upload `v` for a launch: the buffer is kept in `bufs` (alive until the launch is done) and
+/// its device address returned.
+fn upload_kept<T: bytemuck::Pod>(
+    gpu: &Gpu,
+    bufs: &mut Vec<DevBuf>,
+    v: &[T],
+    what: &str,
+) -> Result<u64> {
+    let b = upload(gpu, v, what)?;
+    let ptr = b.ptr();
+    bufs.push(b);
+    Ok(ptr)
+}
+
 fn zeroed(gpu: &Gpu, bytes: usize, what: &str) -> Result<DevBuf> {
     let b = DevBuf::alloc(gpu.ctx(), bytes, None, what)?;
     b.write(0, &vec![0u8; b.bytes()])?;
@@ -521,13 +535,9 @@ fn run(
             // the model's classes (one 8-byte load per four steps, [`class_bits4`]).
             if let Data::Encoded(enc) = &data {
                 let cb = class_bits4(enc.ctx4(), &bits);
-                let b4 = upload(gpu, &cb, "classes and mask bits (decoder order)")?;
-                a.cb4 = b4.ptr();
-                bufs.push(b4);
+                a.cb4 = upload_kept(gpu, &mut bufs, &cb, "classes and mask bits (decoder order)")?;
             } else {
-                let b = upload(gpu, &bits, "mask bits")?;
-                a.bits = b.ptr();
-                bufs.push(b);
+                a.bits = upload_kept(gpu, &mut bufs, &bits, "mask bits")?;
             }
         }
         if !part.wint.is_empty() {
@@ -538,9 +548,7 @@ fn run(
                     w16.extend(w.iter().map(|&x| x as u16));
                 }
             }
-            let b = upload(gpu, &w16, "integer mask weights")?;
-            a.wint = b.ptr();
-            bufs.push(b);
+            a.wint = upload_kept(gpu, &mut bufs, &w16, "integer mask weights")?;
         }
         if !part.flt.is_empty() {
             let mut wf = Vec::with_capacity(n * part.flt.len());
@@ -549,9 +557,7 @@ fn run(
                     wf.extend_from_slice(w);
                 }
             }
-            let b = upload(gpu, &wf, "float mask weights")?;
-            a.wflt = b.ptr();
-            bufs.push(b);
+            a.wflt = upload_kept(gpu, &mut bufs, &wf, "float mask weights")?;
         }
         let n_int = part.bin.len() + part.wint.len();
         let img_int = if n_int > 0 {

@@ -46,21 +46,17 @@ impl TransformKernels {
         let m = load_module(gpu, KERNEL_FILE, KERNEL_SOURCE, &[])?;
         let mut region_bin = Vec::new();
         let mut zero = Vec::new();
+        let function = |name: String| {
+            m.module
+                .load_function(&name)
+                .map_err(|e| driver_error(&format!("load kernel {name}"), e))
+        };
         for s in DTYPES {
             for t in DTYPES {
-                let name = format!("qem_region_bin_{}_{}", dtype_tag(s), dtype_tag(t));
-                let f = m
-                    .module
-                    .load_function(&name)
-                    .map_err(|e| driver_error(&format!("load kernel {name}"), e))?;
+                let f = function(format!("qem_region_bin_{}_{}", dtype_tag(s), dtype_tag(t)))?;
                 region_bin.push(((s, t), f));
             }
-            let name = format!("qem_zero_pixels_{}", dtype_tag(s));
-            let f = m
-                .module
-                .load_function(&name)
-                .map_err(|e| driver_error(&format!("load kernel {name}"), e))?;
-            zero.push((s, f));
+            zero.push((s, function(format!("qem_zero_pixels_{}", dtype_tag(s)))?));
         }
         Ok(TransformKernels {
             region_bin,
@@ -70,11 +66,32 @@ impl TransformKernels {
         })
     }
 
-    fn grid(&self, total: u64) -> u32 {
-        total
+    /// A one-dimensional launch of `THREADS`-thread blocks over `total` items, the grid capped
+    /// at 32 blocks per SM (the kernels stride over what is left).
+    fn config(&self, total: u64) -> LaunchConfig {
+        let grid = total
             .div_ceil(THREADS as u64)
-            .clamp(1, self.sms as u64 * 32) as u32
+            .clamp(1, self.sms as u64 * 32) as u32;
+        LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        }
     }
+}
+
+/// The function loaded for `key` in `list` (every key is loaded by
+/// [`TransformKernels::load`], so a miss is an internal error of `op`).
+fn pick<'k, K: PartialEq>(
+    list: &'k [(K, CudaFunction)],
+    key: K,
+    op: &str,
+    what: &str,
+) -> Result<&'k CudaFunction> {
+    list.iter()
+        .find(|(d, _)| *d == key)
+        .map(|(_, f)| f)
+        .ok_or_else(|| Error::internal(op, what))
 }
 
 /// Arguments of one region/bin launch (device addresses are raw `u64`).
@@ -125,17 +142,13 @@ pub unsafe fn launch_region_bin(
     if total == 0 {
         return Ok(());
     }
-    let f = k
-        .region_bin
-        .iter()
-        .find(|(d, _)| *d == (a.src_dtype, a.dst_dtype))
-        .map(|(_, f)| f)
-        .ok_or_else(|| Error::internal("region/bin", "no kernel for this dtype pair"))?;
-    let cfg = LaunchConfig {
-        grid_dim: (k.grid(total), 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let f = pick(
+        &k.region_bin,
+        (a.src_dtype, a.dst_dtype),
+        "region/bin",
+        "no kernel for this dtype pair",
+    )?;
+    let cfg = k.config(total);
     let src_frame_elems = plan.source.len() as u64;
     let src_cols = plan.source.cols as u32;
     let (r0, r1) = (plan.region.row_start as u32, plan.region.row_stop as u32);
@@ -194,17 +207,8 @@ pub unsafe fn launch_zero_pixels(
     if total == 0 {
         return Ok(());
     }
-    let f = k
-        .zero
-        .iter()
-        .find(|(d, _)| *d == dtype)
-        .map(|(_, f)| f)
-        .ok_or_else(|| Error::internal("mask", "no kernel for this dtype"))?;
-    let cfg = LaunchConfig {
-        grid_dim: (k.grid(total), 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let f = pick(&k.zero, dtype, "mask", "no kernel for this dtype")?;
+    let cfg = k.config(total);
     let mut b = stream.launch_builder(f);
     b.arg(&dst)
         .arg(&n_frames)

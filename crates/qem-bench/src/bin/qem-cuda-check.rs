@@ -20,6 +20,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use qem_bench::timing::XorShift64Star;
 use qem_codec::bslz4::{self, Decoder};
 use qem_codec::lz4::{compress_block, decompress_block_exact};
 use qem_codec::{CodecError, Lz4Fault};
@@ -419,20 +420,6 @@ fn section_malformed(gpu: &Gpu, k: &Bslz4Kernels, dir: &Path, rep: &mut Report) 
     Ok(Value::Array(results))
 }
 
-/// xorshift64* (deterministic mutations).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
 fn section_mutations(
     gpu: &Gpu,
     k: &Bslz4Kernels,
@@ -441,7 +428,8 @@ fn section_mutations(
     rep: &mut Report,
 ) -> Result<Value> {
     let vs = load_vectors(dir)?;
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    // Deterministic mutations.
+    let mut rng = XorShift64Star(0x9e37_79b9_7f4a_7c15);
     let mut stats = serde_json::Map::new();
     for es in [1usize, 2, 4] {
         let mut batch = Bslz4Batch::new(es)?;
@@ -483,7 +471,7 @@ fn section_mutations(
                     _ => {
                         let i = 12 + rng.below(m.len().saturating_sub(12));
                         if i < m.len() {
-                            m[i] = rng.next() as u8;
+                            m[i] = rng.next_u64() as u8;
                         }
                     }
                 }

@@ -54,13 +54,11 @@ fn parse_args() -> Args {
     let mut i = 0;
     let num =
         |s: Option<&String>| -> usize { s.and_then(|v| v.parse().ok()).unwrap_or_else(|| usage()) };
+    let path = |s: Option<&String>| -> PathBuf { s.map(PathBuf::from).unwrap_or_else(|| usage()) };
     while i < argv.len() {
         match argv[i].as_str() {
             "--load" => {
-                a.master = argv
-                    .get(i + 1)
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| usage());
+                a.master = path(argv.get(i + 1));
                 i += 2;
             }
             "--region" => {
@@ -93,10 +91,7 @@ fn parse_args() -> Args {
                 i += 1;
             }
             "--out" => {
-                a.out = argv
-                    .get(i + 1)
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| usage());
+                a.out = path(argv.get(i + 1));
                 i += 2;
             }
             _ => usage(),

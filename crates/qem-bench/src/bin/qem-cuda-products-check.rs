@@ -22,8 +22,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use qem_bench::timing::time_p50;
 use qem_core::{
-    DenseArray, DetectorMask, DetectorPlan, ReduceRequest, ReduceResult, Result, Shape2,
+    DType, DenseArray, DetectorMask, DetectorPlan, ReduceRequest, ReduceResult, Result, Shape2,
     VirtualImage,
 };
 use qem_cpu::EncodedFrames;
@@ -40,12 +41,6 @@ use serde_json::{json, Value};
 fn usage() -> ! {
     eprintln!("usage: qem-cuda-products-check [--out DIR] [--load MASTER [--repeats R]]");
     std::process::exit(2)
-}
-
-fn p50(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    s[s.len() / 2]
 }
 
 /// splitmix64, for reproducible test values.
@@ -213,6 +208,16 @@ fn odd_values(scan: Shape2, det: Shape2, max: u64, seed: u64) -> Vec<u64> {
     v
 }
 
+/// [`odd_values`] as an array of `dtype` (its largest value the dtype's maximum).
+fn odd_array(scan: Shape2, det: Shape2, dtype: DType, seed: u64) -> DenseArray {
+    let v = odd_values(scan, det, dtype.max_value(), seed).into_iter();
+    match dtype {
+        DType::U8 => DenseArray::U8(v.map(|x| x as u8).collect()),
+        DType::U16 => DenseArray::U16(v.map(|x| x as u16).collect()),
+        DType::U32 => DenseArray::U32(v.map(|x| x as u32).collect()),
+    }
+}
+
 fn requests(det: Shape2, n_frames: u64, sum_dp: &[u64]) -> Vec<(&'static str, ReduceRequest)> {
     let (c, r) = fit_disk(sum_dp, n_frames, det);
     let edge: Vec<u32> = (0..det.len())
@@ -371,18 +376,6 @@ fn run_case(case: &Case) -> Result<(Value, bool)> {
     ))
 }
 
-/// Time `f` `repeats` times after one warm-up; (p50 s, all).
-fn time<T>(repeats: usize, mut f: impl FnMut() -> Result<T>) -> Result<(f64, Vec<f64>, T)> {
-    let mut last = f()?;
-    let mut v = Vec::new();
-    for _ in 0..repeats {
-        let t = Instant::now();
-        last = f()?;
-        v.push(t.elapsed().as_secs_f64());
-    }
-    Ok((p50(&v), v, last))
-}
-
 fn run_load(master: &Path, repeats: usize) -> Result<(Value, bool)> {
     let e = engine()?;
     let src = Source::open(master, &OpenOptions::default())?;
@@ -434,7 +427,7 @@ fn run_load(master: &Path, repeats: usize) -> Result<(Value, bool)> {
     let mut separate: Vec<Vec<ReduceResult>> = vec![Vec::new(), Vec::new()];
     for (ri, rep) in ["encoded", "dense"].iter().enumerate() {
         for (name, req) in &cases {
-            let (mid, all, res) = time(repeats, || {
+            let (mid, all, res) = time_p50(repeats, || {
                 if ri == 0 {
                     reduce_encoded(&enc, req)
                 } else {
@@ -667,7 +660,7 @@ fn run_idpc() -> Result<(Value, bool)> {
             let t = Instant::now();
             let want = integrate(&gr, &gc, shape, edge)?;
             let cpu_s = t.elapsed().as_secs_f64();
-            let (mid, all, got) = time(20, || {
+            let (mid, all, got) = time_p50(20, || {
                 integrate_with(&gr, &gc, shape, edge, qem_cuda::fft::integrate_periodic)
             })?;
             let e = rel_l2(&got, &want);
@@ -716,24 +709,14 @@ fn main() {
                 name: "odd 13x11 u16, zero frames, 65535",
                 scan,
                 det: odd,
-                data: DenseArray::U16(
-                    odd_values(scan, odd, 65535, 1)
-                        .into_iter()
-                        .map(|x| x as u16)
-                        .collect(),
-                ),
+                data: odd_array(scan, odd, DType::U16, 1),
             },
             Case {
                 // 120 pixels (16-byte loads) in rows of 10: groups of 8 cross rows.
                 name: "12x10 u16, 8-pixel groups across rows",
                 scan,
                 det: Shape2::new(12, 10),
-                data: DenseArray::U16(
-                    odd_values(scan, Shape2::new(12, 10), 65535, 4)
-                        .into_iter()
-                        .map(|x| x as u16)
-                        .collect(),
-                ),
+                data: odd_array(scan, Shape2::new(12, 10), DType::U16, 4),
             },
             Case {
                 // kc = 136 ≥ 128: the ENCODED moments go by groups of four steps, whose row
@@ -741,34 +724,19 @@ fn main() {
                 name: "21x136 u16, ENCODED moments by 4-step groups",
                 scan,
                 det: Shape2::new(21, 136),
-                data: DenseArray::U16(
-                    odd_values(scan, Shape2::new(21, 136), 65535, 5)
-                        .into_iter()
-                        .map(|x| x as u16)
-                        .collect(),
-                ),
+                data: odd_array(scan, Shape2::new(21, 136), DType::U16, 5),
             },
             Case {
                 name: "odd 13x11 u32 (dense only)",
                 scan,
                 det: odd,
-                data: DenseArray::U32(
-                    odd_values(scan, odd, u32::MAX as u64, 2)
-                        .into_iter()
-                        .map(|x| x as u32)
-                        .collect(),
-                ),
+                data: odd_array(scan, odd, DType::U32, 2),
             },
             Case {
                 name: "odd 13x11 u8 (dense only)",
                 scan,
                 det: odd,
-                data: DenseArray::U8(
-                    odd_values(scan, odd, 255, 3)
-                        .into_iter()
-                        .map(|x| x as u8)
-                        .collect(),
-                ),
+                data: odd_array(scan, odd, DType::U8, 3),
             },
         ];
         let mut all = true;

@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use qem_bench::timing::p50;
 use qem_codec::qem_file::{QemFile, QemWriter, StreamEntry};
 use qem_codec::rans::{self, CountsModel, FloorPolicy, ModelParams};
 use qem_core::{DType, Error, Region, Result, Shape2};
@@ -91,12 +92,6 @@ fn parse_args() -> Args {
         i += 2;
     }
     a
-}
-
-fn p50(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    s[s.len() / 2]
 }
 
 /// Reference-recipe frames spread over the scan, bad pixels zeroed (as the loader does).

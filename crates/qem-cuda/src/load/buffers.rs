@@ -67,31 +67,18 @@ pub(super) fn allocate<'m>(
     bad_idx: &[u32],
     bad_mask: Option<&[bool]>,
 ) -> Result<Buffers<'m>> {
-    let Sizing {
-        encode,
-        dest_bytes,
-        n_result,
-        out_frame_elems,
-        enc_in_bytes,
-        identity,
-        direct,
-        slots,
-        table_cap_words,
-        plan,
-        status_bytes,
-    } = *z;
     let ctx = ctx.clone();
     let c = Some(counter);
-    let dst = match encode {
-        None => Some(DevBuf::alloc(&ctx, dest_bytes as usize, c, "result")?),
+    let dst = match z.encode {
+        None => Some(DevBuf::alloc(&ctx, z.dest_bytes as usize, c, "result")?),
         Some(_) => None,
     };
-    let enc = match encode {
+    let enc = match z.encode {
         None => None,
         Some((model, k, capacity)) => {
             let index = DevBuf::alloc(
                 &ctx,
-                (n_result as usize * rans::INDEX_ENTRY_BYTES).max(16),
+                (z.n_result as usize * rans::INDEX_ENTRY_BYTES).max(16),
                 c,
                 "stream index",
             )?;
@@ -104,21 +91,19 @@ pub(super) fn allocate<'m>(
                 arena: DevBuf::alloc(&ctx, capacity as usize, c, "encoded streams")?,
                 capacity,
                 index,
-                scratch: EncoderScratch::new(&ctx, k, out_frame_elems, c)?,
-                input: if enc_in_bytes > 0 {
+                scratch: EncoderScratch::new(&ctx, k, z.out_frame_elems, c)?,
+                input: if z.enc_in_bytes > 0 {
                     Some(DevBuf::alloc(
                         &ctx,
-                        enc_in_bytes as usize,
+                        z.enc_in_bytes as usize,
                         c,
                         "encoder input batch",
                     )?)
                 } else {
                     None
                 },
-                bad_list: if identity && !bad_idx.is_empty() {
-                    let b = DevBuf::alloc(&ctx, bad_idx.len() * 4, c, "bad-pixel list")?;
-                    b.write(0, bytemuck::cast_slice(bad_idx))?;
-                    Some(b)
+                bad_list: if z.identity {
+                    upload_bad_list(&ctx, c, bad_idx)?
                 } else {
                     None
                 },
@@ -126,42 +111,41 @@ pub(super) fn allocate<'m>(
             })
         }
     };
-    let mut d_in = Vec::with_capacity(slots);
-    let mut d_tab = Vec::with_capacity(slots);
-    let mut h_in = Vec::with_capacity(slots);
-    let mut h_tab = Vec::with_capacity(slots);
-    for _ in 0..slots {
+    let mut d_in = Vec::with_capacity(z.slots);
+    let mut d_tab = Vec::with_capacity(z.slots);
+    let mut h_in = Vec::with_capacity(z.slots);
+    let mut h_tab = Vec::with_capacity(z.slots);
+    for _ in 0..z.slots {
         d_in.push(DevBuf::alloc(
             &ctx,
-            plan.max_in_bytes as usize,
+            z.plan.max_in_bytes as usize,
             c,
             "compressed batch",
         )?);
-        d_tab.push(DevBuf::alloc(&ctx, table_cap_words * 4, c, "block table")?);
-        h_in.push(e.take_pinned(plan.max_in_bytes as usize, "batch slot")?);
-        h_tab.push(e.take_pinned(table_cap_words * 4, "table slot")?);
+        d_tab.push(DevBuf::alloc(
+            &ctx,
+            z.table_cap_words * 4,
+            c,
+            "block table",
+        )?);
+        h_in.push(e.take_pinned(z.plan.max_in_bytes as usize, "batch slot")?);
+        h_tab.push(e.take_pinned(z.table_cap_words * 4, "table slot")?);
     }
-    let scratch = if direct {
+    let scratch = if z.direct {
         None
     } else {
         Some(DevBuf::alloc(
             &ctx,
-            plan.max_decoded_bytes as usize,
+            z.plan.max_decoded_bytes as usize,
             c,
             "decode scratch",
         )?)
     };
-    let status = DevBuf::alloc(&ctx, status_bytes as usize, c, "decode status")?;
+    let status = DevBuf::alloc(&ctx, z.status_bytes as usize, c, "decode status")?;
     // [0..32) decode error record, [32..64) overflow record, [64..72) saturated counter.
     let errs = ErrorRecords::new(&ctx, c)?;
-    let bad_buf = if direct {
-        if bad_idx.is_empty() {
-            None
-        } else {
-            let b = DevBuf::alloc(&ctx, bad_idx.len() * 4, c, "bad-pixel list")?;
-            b.write(0, bytemuck::cast_slice(bad_idx))?;
-            Some(b)
-        }
+    let bad_buf = if z.direct {
+        upload_bad_list(&ctx, c, bad_idx)?
     } else {
         match bad_mask {
             Some(m) if m.iter().any(|&b| b) => {
@@ -185,4 +169,18 @@ pub(super) fn allocate<'m>(
         errs,
         bad_buf,
     })
+}
+
+/// The bad-pixel offsets `bad_idx` uploaded as a u32 list, or `None` when there are none.
+fn upload_bad_list(
+    ctx: &Arc<CudaContext>,
+    c: Option<&Arc<MemCounter>>,
+    bad_idx: &[u32],
+) -> Result<Option<DevBuf>> {
+    if bad_idx.is_empty() {
+        return Ok(None);
+    }
+    let b = DevBuf::alloc(ctx, bad_idx.len() * 4, c, "bad-pixel list")?;
+    b.write(0, bytemuck::cast_slice(bad_idx))?;
+    Ok(Some(b))
 }

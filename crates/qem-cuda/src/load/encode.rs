@@ -55,17 +55,7 @@ pub fn encode_device_array(array: &DeviceArray, enc: &EncodeOptions) -> Result<G
         .map_err(|err| driver_error("gather fit sample", err))?;
     }
     let counter = Arc::new(MemCounter::default());
-    let fitted = fit_and_size(
-        e,
-        k,
-        &sample,
-        pick.len() as u64,
-        frame_len,
-        n,
-        enc,
-        &counter,
-    )?;
-    drop(sample);
+    let fitted = fit_and_size(e, k, sample, pick.len() as u64, frame_len, n, enc, &counter)?;
     let (dmodel, per_frame, mut capacity) = (fitted.model, fitted.per_frame, fitted.capacity);
     let (free0, total) = e.gpu.mem_info()?;
     let mut retries = 0u32;
@@ -79,21 +69,15 @@ pub fn encode_device_array(array: &DeviceArray, enc: &EncodeOptions) -> Result<G
         )?;
         let err = EncoderRecords::new(ctx, Some(&counter))?;
         let scratch = EncoderScratch::new(ctx, k, frame_len, Some(&counter))?;
-        let (sw, warps) = scratch.parts();
-        let a = rans::EncodeArgs {
-            frames: array.device_ptr(),
-            n_frames: n,
-            dst: 0,
-            dst_base: 0,
-            bad: 0,
-            arena: arena.ptr(),
+        let a = dense_args(
+            array.device_ptr(),
+            n,
+            &arena,
             capacity,
-            cursor: err.cursor_ptr(),
-            index: index.ptr(),
-            scratch_words: sw,
-            scratch_warps: warps,
-            err: err.err_ptr(),
-        };
+            &index,
+            &err,
+            &scratch,
+        );
         let t = Instant::now();
         // SAFETY: the array holds n u16 frames of the model's length; the arena `capacity`
         // bytes (the kernel checks every write against it); index n entries; all alive until
@@ -170,21 +154,7 @@ fn measure_encoded_bytes(
     let index = DevBuf::alloc(ctx, (n * 16) as usize, None, "sample index")?;
     let err = EncoderRecords::new(ctx, None)?;
     let scratch = EncoderScratch::new(ctx, k, frame_len, None)?;
-    let (sw, warps) = scratch.parts();
-    let a = rans::EncodeArgs {
-        frames: frames.ptr(),
-        n_frames: n,
-        dst: 0,
-        dst_base: 0,
-        bad: 0,
-        arena: arena.ptr(),
-        capacity: worst * n,
-        cursor: err.cursor_ptr(),
-        index: index.ptr(),
-        scratch_words: sw,
-        scratch_warps: warps,
-        err: err.err_ptr(),
-    };
+    let a = dense_args(frames.ptr(), n, &arena, worst * n, &index, &err, &scratch);
     let stream = e.gpu.stream();
     // SAFETY: frames holds n dense frames of the model's length (the sample pass' result);
     // the arena has the worst-case size of n streams; index n entries; all alive until the
@@ -200,6 +170,35 @@ fn measure_encoded_bytes(
     Ok(r.used)
 }
 
+/// The encoder's arguments for `n_frames` dense frames at `frames` into index entries
+/// `0..n_frames` (no frame map, no bad-pixel lookup), writing `arena` (`capacity` bytes),
+/// `index`, the records `err` and the warps of `scratch`.
+fn dense_args(
+    frames: u64,
+    n_frames: u64,
+    arena: &DevBuf,
+    capacity: u64,
+    index: &DevBuf,
+    err: &EncoderRecords,
+    scratch: &EncoderScratch,
+) -> rans::EncodeArgs {
+    let (scratch_words, scratch_warps) = scratch.parts();
+    rans::EncodeArgs {
+        frames,
+        n_frames,
+        dst: 0,
+        dst_base: 0,
+        bad: 0,
+        arena: arena.ptr(),
+        capacity,
+        cursor: err.cursor_ptr(),
+        index: index.ptr(),
+        scratch_words,
+        scratch_warps,
+        err: err.err_ptr(),
+    }
+}
+
 /// A model fitted on a dense sample already on the device, uploaded, and the arena it
 /// predicts for `n` frames.
 pub(super) struct Fitted {
@@ -212,12 +211,13 @@ pub(super) struct Fitted {
 
 /// Fit a model on the `n_sample` dense frames in `sample`, upload it (counted in `counter`)
 /// and size the arena of `n` frames from the sample's encoded size. Shared by the encoded
-/// load and [`encode_device_array`], so both fit and size alike.
+/// load and [`encode_device_array`], so both fit and size alike. The sample is freed on
+/// return, before the caller allocates the arena.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn fit_and_size(
     e: &Engine,
     k: &RansKernels,
-    sample: &DevBuf,
+    sample: DevBuf,
     n_sample: u64,
     frame_len: usize,
     n: u64,
@@ -226,7 +226,8 @@ pub(super) fn fit_and_size(
 ) -> Result<Fitted> {
     let model = rans::fit_on_device(&e.gpu, k, sample.ptr(), n_sample, frame_len, &enc.model)?;
     let model = DeviceModel::upload(e.gpu.ctx(), model, Some(counter))?;
-    let sample_bytes = measure_encoded_bytes(e, k, &model, sample, n_sample)?;
+    let sample_bytes = measure_encoded_bytes(e, k, &model, &sample, n_sample)?;
+    drop(sample);
     let per_frame = sample_bytes as f64 / n_sample.max(1) as f64;
     let capacity = ((per_frame * n as f64 * enc.headroom.max(1.0)) as u64 + (4 << 20))
         .next_multiple_of(rans::STREAM_ALIGN);

@@ -253,14 +253,13 @@ pub fn load_source_encoded(
     let fitted = fit_and_size(
         e,
         k,
-        &s_buf,
+        s_buf,
         sample.len() as u64,
         frame_len,
         n,
         enc,
         &counter,
     )?;
-    drop(s_buf);
     let (dmodel, per_frame, mut capacity) = (fitted.model, fitted.per_frame, fitted.capacity);
     let t_fit = t.elapsed().as_secs_f64();
     // 3. Main pass (again with more room in the rare case the sample under-predicted).

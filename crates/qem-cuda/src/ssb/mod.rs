@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use cudarc::cufft::{result as cufft, sys as cufft_sys};
 use cudarc::driver::{
-    sys, CudaEvent, CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+    sys, CudaEvent, CudaFunction, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
 };
 use qem_core::optics::{chi_polynomial, Aberrations, Optics};
 use qem_core::{DType, Error, Result, Shape2};
@@ -276,6 +276,34 @@ struct PvWork {
     plans: Vec<(usize, SizedPlan)>,
 }
 
+/// G's geometry as kernel arguments: G and its per-pixel scales (device addresses), the scan
+/// frequencies along rows and columns (device addresses), the scan's rows and columns, the
+/// half-spectrum width and the optics.
+struct SpectrumArgs {
+    g: u64,
+    gscale: u64,
+    fr: u64,
+    fc: u64,
+    rows: u32,
+    cols: u32,
+    half: u32,
+    optics: OpticsArg,
+}
+
+impl SpectrumArgs {
+    /// Push the scan frequencies, the scan's rows and columns, the half width and the optics:
+    /// the run of arguments the accumulate and corrected kernels share, in their signatures'
+    /// order.
+    fn push_scan<'a>(&'a self, lb: &mut LaunchArgs<'a>) {
+        lb.arg(&self.fr)
+            .arg(&self.fc)
+            .arg(&self.rows)
+            .arg(&self.cols)
+            .arg(&self.half)
+            .arg(&self.optics);
+    }
+}
+
 /// Per-evaluation buffers.
 struct Work {
     pk: DevBuf,
@@ -388,6 +416,21 @@ impl GpuSsb {
         self.counter.current()
     }
 
+    /// The arguments of G's geometry that the accumulate and the corrected-spectrum kernels
+    /// both take.
+    fn spectrum_args(&self) -> SpectrumArgs {
+        SpectrumArgs {
+            g: self.g.ptr(),
+            gscale: self.gscale.ptr(),
+            fr: self.fr.ptr(),
+            fc: self.fc.ptr(),
+            rows: self.scan.rows as u32,
+            cols: self.scan.cols as u32,
+            half: self.half as u32,
+            optics: self.optics,
+        }
+    }
+
     fn ab_arg(&self, ab: &Aberrations) -> AbArg {
         let c = chi_polynomial(ab, self.lambda);
         AbArg(c.map(|v| v as f32))
@@ -450,20 +493,9 @@ impl GpuSsb {
     fn queue_mean_spectrum(&self, w: &Work, ab: &AbArg, quad: Option<QuadArg>) -> Result<u32> {
         let stream = self.gpu.stream();
         let (kb, pk, nb) = (self.kb.ptr(), w.pk.ptr(), self.b as u32);
-        let o = self.optics;
         self.queue_probe_table(w, ab)?;
         let per_slice = (self.b as u32).div_ceil(self.slices);
-        let (g, gs, fr, fc) = (
-            self.g.ptr(),
-            self.gscale.ptr(),
-            self.fr.ptr(),
-            self.fc.ptr(),
-        );
-        let (nr, nc, half) = (
-            self.scan.rows as u32,
-            self.scan.cols as u32,
-            self.half as u32,
-        );
+        let sa = self.spectrum_args();
         let (sp, pp) = (w.s_part.ptr(), w.pow_part.ptr());
         let gen_blocks = if quad.is_some() {
             self.n_list.div_ceil(THREADS)
@@ -484,21 +516,16 @@ impl GpuSsb {
         let (ak, cont) = (self.ak.ptr(), self.cont.ptr());
         let (hl, n_list) = (self.hlist.ptr(), self.n_list);
         let mut lb = stream.launch_builder(kernel);
-        lb.arg(&g)
-            .arg(&gs)
+        lb.arg(&sa.g)
+            .arg(&sa.gscale)
             .arg(&nb)
             .arg(&per_slice)
             .arg(&kb)
             .arg(&pk)
             .arg(&ak)
-            .arg(&cont)
-            .arg(&fr)
-            .arg(&fc)
-            .arg(&nr)
-            .arg(&nc)
-            .arg(&half)
-            .arg(&o)
-            .arg(ab)
+            .arg(&cont);
+        sa.push_scan(&mut lb);
+        lb.arg(ab)
             .arg(&q)
             .arg(&hl)
             .arg(&n_list)
@@ -620,19 +647,8 @@ impl GpuSsb {
         let a = self.ab_arg(ab);
         let stream = self.gpu.stream();
         let (kb, pk) = (self.kb.ptr(), w.pk.ptr());
-        let o = self.optics;
         self.queue_probe_table(&w, &a)?;
-        let (g, gs, fr, fc) = (
-            self.g.ptr(),
-            self.gscale.ptr(),
-            self.fr.ptr(),
-            self.fc.ptr(),
-        );
-        let (nr, nc, half) = (
-            self.scan.rows as u32,
-            self.scan.cols as u32,
-            self.half as u32,
-        );
+        let sa = self.spectrum_args();
         let nh = (self.scan.rows * self.half) as u64;
         let dc = self.dc as f32;
         let scan = self.scan;
@@ -657,21 +673,14 @@ impl GpuSsb {
             };
             let nb32 = self.b as u32;
             let mut lb = stream.launch_builder(&self.f.corrected);
-            lb.arg(&g)
-                .arg(&gs)
+            lb.arg(&sa.g)
+                .arg(&sa.gscale)
                 .arg(&b032)
                 .arg(&nb32)
                 .arg(&kb)
-                .arg(&pk)
-                .arg(&fr)
-                .arg(&fc)
-                .arg(&nr)
-                .arg(&nc)
-                .arg(&half)
-                .arg(&o)
-                .arg(&a)
-                .arg(&dc)
-                .arg(&buf);
+                .arg(&pk);
+            sa.push_scan(&mut lb);
+            lb.arg(&a).arg(&dc).arg(&buf);
             // SAFETY: matches `qem_ssb_corrected_g{32,16}(const void*, const float*, u32, u32,
             // const float2*, const float2*, const float*, const float*, u32, u32, u32,
             // SsbOptics, SsbAb, float, float2*)`; pixels b0..b0+nbj < b; buf holds batch·n

@@ -285,44 +285,31 @@ struct FillG<'a> {
 /// through two pinned buffers, ENCODED data decoded frame chunk by frame chunk), R2C them with
 /// cuFFT and store the half spectra into G's tiles; one synchronize and record check at the end.
 fn fill_g(x: &FillG<'_>) -> Result<()> {
-    let FillG {
-        e,
-        src,
-        counter,
-        f,
-        scan,
-        b,
-        n,
-        nh,
-        frames,
-        frame_len,
-        batch,
-        scratch,
-        storage,
-        pixels: d_pix,
-        gscale: d_gscale,
-        g,
-    } = *x;
-    let gpu = &e.gpu;
+    let gpu = &x.e.gpu;
     let ctx = gpu.ctx();
-    let c = Some(counter);
+    let c = Some(x.counter);
 
     let stream = gpu.stream();
-    let images = DevBuf::alloc(ctx, batch * n * 4, c, "BF pixel images")?;
+    let images = DevBuf::alloc(ctx, x.batch * x.n * 4, c, "BF pixel images")?;
     // cuFFT writes [pixel][h]; the store kernel moves each batch into G's tiles.
-    let temp = DevBuf::alloc(ctx, (batch as u64 * nh * 8) as usize, c, "batch spectra")?;
+    let temp = DevBuf::alloc(
+        ctx,
+        (x.batch as u64 * x.nh * 8) as usize,
+        c,
+        "batch spectra",
+    )?;
     let mut plans: Vec<(usize, SizedPlan)> = Vec::new();
     // The host route's two pinned buffers (filled and uploaded in turn), each with the
     // event of its last upload.
-    let chunk_px = (HOST_CHUNK_BYTES / (n * 4)).clamp(1, batch);
+    let chunk_px = (HOST_CHUNK_BYTES / (x.n * 4)).clamp(1, x.batch);
     let mut staging = Staging {
         bufs: Vec::new(),
         stream,
-        engine: e,
+        engine: x.e,
     };
-    if matches!(src, Source::Host { .. }) {
+    if matches!(x.src, Source::Host { .. }) {
         for _ in 0..2 {
-            let buf = e.take_pinned(chunk_px * n * 4, "SSB host images")?;
+            let buf = x.e.take_pinned(chunk_px * x.n * 4, "SSB host images")?;
             let ev = ctx
                 .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(|er| driver_error("create event", er))?;
@@ -330,27 +317,27 @@ fn fill_g(x: &FillG<'_>) -> Result<()> {
         }
     }
     let mut turn = 0usize;
-    let (dec, err) = match src {
+    let (dec, err) = match x.src {
         Source::Encoded(_) => (
-            Some(DevBuf::alloc(ctx, scratch as usize, c, "decoded frames")?),
+            Some(DevBuf::alloc(ctx, x.scratch as usize, c, "decoded frames")?),
             Some(new_err_record(ctx, c)?),
         ),
         Source::Dense(_) | Source::Host { .. } => (None, None),
     };
-    for p0 in (0..b).step_by(batch) {
-        let np = batch.min(b - p0);
-        let pix_ptr = d_pix.ptr() + (p0 * 4) as u64;
+    for p0 in (0..x.b).step_by(x.batch) {
+        let np = x.batch.min(x.b - p0);
+        let pix_ptr = x.pixels.ptr() + (p0 * 4) as u64;
         let out = images.ptr();
-        match src {
+        match x.src {
             Source::Dense(a) => {
                 launch_gather(
                     stream,
-                    f.gather(a.dtype()),
+                    x.f.gather(a.dtype()),
                     a.device_ptr(),
-                    frame_len,
-                    frames,
+                    x.frame_len,
+                    x.frames,
                     0,
-                    n,
+                    x.n,
                     pix_ptr,
                     np,
                     out,
@@ -368,18 +355,18 @@ fn fill_g(x: &FillG<'_>) -> Result<()> {
                         ev.synchronize()
                             .map_err(|er| driver_error("wait for an SSB upload", er))?;
                     }
-                    let bytes = cn * n * 4;
+                    let bytes = cn * x.n * 4;
                     let out: &mut [u32] =
                         bytemuck::try_cast_slice_mut(&mut buf.as_mut_slice()[..bytes])
                             .map_err(|_| Error::internal(OP, "pinned buffer not 4-byte aligned"))?;
                     host.fill(c0, cn, out)?;
-                    buf.copy_to_device_async(&images, (c0 - p0) * n * 4, bytes, stream)?;
+                    buf.copy_to_device_async(&images, (c0 - p0) * x.n * 4, bytes, stream)?;
                     ev.record(stream)
                         .map_err(|er| driver_error("record an SSB upload", er))?;
                     *used = true;
                 }
-                let (buf, len) = (images.ptr(), (np * n) as u64);
-                let mut lb = stream.launch_builder(&f.u32_to_f32);
+                let (buf, len) = (images.ptr(), (np * x.n) as u64);
+                let mut lb = stream.launch_builder(&x.f.u32_to_f32);
                 lb.arg(&buf).arg(&len);
                 // SAFETY: matches `qem_ssb_u32_to_f32(unsigned int*, u64)`; `images`
                 // holds batch·n ≥ np·n 4-byte values; grid-stride loop.
@@ -390,10 +377,10 @@ fn fill_g(x: &FillG<'_>) -> Result<()> {
                 let (Some(dec), Some(err)) = (dec.as_ref(), err.as_ref()) else {
                     return Err(Error::internal(OP, "decode scratch missing"));
                 };
-                let rk = e.rans()?;
-                let per = (scratch / (frame_len as u64 * 2)).max(1) as usize;
-                for f0 in (0..frames).step_by(per) {
-                    let nf = per.min(frames - f0);
+                let rk = x.e.rans()?;
+                let per = (x.scratch / (x.frame_len as u64 * 2)).max(1) as usize;
+                for f0 in (0..x.frames).step_by(per) {
+                    let nf = per.min(x.frames - f0);
                     // SAFETY: `dec` holds `per × frame_len` u16 ≥ nf frames; `err` is a
                     // zeroed record; both live until the synchronize after the loop, and
                     // the gather below reads `dec` in stream order before the next decode.
@@ -409,12 +396,12 @@ fn fill_g(x: &FillG<'_>) -> Result<()> {
                     }?;
                     launch_gather(
                         stream,
-                        f.gather(DType::U16),
+                        x.f.gather(DType::U16),
                         dec.ptr(),
-                        frame_len,
+                        x.frame_len,
                         nf,
                         f0,
-                        n,
+                        x.n,
                         pix_ptr,
                         np,
                         out,
@@ -423,7 +410,7 @@ fn fill_g(x: &FillG<'_>) -> Result<()> {
             }
         }
         let plan = cached_plan(&mut plans, np, || {
-            make_plan(gpu, scan, cufft_sys::cufftType::CUFFT_R2C, np, counter)
+            make_plan(gpu, x.scan, cufft_sys::cufftType::CUFFT_R2C, np, x.counter)
         })?;
         // SAFETY: the plan is `np` R2C transforms of the scan; `images` holds np·n f32
         // and `temp` batch·nh ≥ np·nh complex f32; stream order.
@@ -435,11 +422,11 @@ fn fill_g(x: &FillG<'_>) -> Result<()> {
             )
         }
         .map_err(|er| cufft_error(OP, "R2C of the BF images", er))?;
-        let (tp, gs, gp) = (temp.ptr(), d_gscale.ptr(), g.ptr());
-        let (np32, p032, nb32) = (np as u32, p0 as u32, b as u32);
-        let mut lb = stream.launch_builder(&f.store);
-        lb.arg(&tp).arg(&nh).arg(&np32).arg(&p032).arg(&nb32);
-        if storage == GStorage::C16 {
+        let (tp, gs, gp) = (temp.ptr(), x.gscale.ptr(), x.g.ptr());
+        let (np32, p032, nb32) = (np as u32, p0 as u32, x.b as u32);
+        let mut lb = stream.launch_builder(&x.f.store);
+        lb.arg(&tp).arg(&x.nh).arg(&np32).arg(&p032).arg(&nb32);
+        if x.storage == GStorage::C16 {
             lb.arg(&gs);
         }
         lb.arg(&gp);
@@ -447,7 +434,7 @@ fn fill_g(x: &FillG<'_>) -> Result<()> {
         // or `qem_ssb_store_g16(const float2*, u64, u32, u32, u32, const float*,
         // ushort2*)`; temp holds np·nh float2, G b·padded_half(nh) values with
         // p0 + np ≤ b, gscale b floats; grid-stride loop.
-        unsafe { lb.launch(grid_1d(nh * np as u64)) }
+        unsafe { lb.launch(grid_1d(x.nh * np as u64)) }
             .map_err(|er| driver_error("launch ssb store", er))?;
     }
     stream
