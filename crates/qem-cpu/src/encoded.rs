@@ -361,6 +361,13 @@ mod tests {
             .collect()
     }
 
+    /// `n` frames of `shape` ([`frames`]) coded with a model fitted on all of them.
+    fn encoded(n: usize, shape: Shape2) -> EncodedFrames {
+        let data = frames(n, shape.len());
+        let model = fit_model(data.chunks_exact(shape.len()), shape.len()).unwrap();
+        EncodedFrames::encode(model, shape, &data).unwrap()
+    }
+
     #[test]
     fn round_trip_and_values_never_seen_by_the_sample() {
         let shape = Shape2::new(7, 9);
@@ -393,9 +400,7 @@ mod tests {
     #[test]
     fn corrupt_stream_is_a_decode_error_naming_the_frame() {
         let shape = Shape2::new(8, 8);
-        let data = frames(4, shape.len());
-        let model = fit_model(data.chunks_exact(shape.len()), shape.len()).unwrap();
-        let e = EncodedFrames::encode(model, shape, &data).unwrap();
+        let e = encoded(4, shape);
         let mut streams = e.streams().to_vec();
         let at = e.index()[2].offset as usize + 16; // lane 0's final state (v2 header)
         streams[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
@@ -411,9 +416,7 @@ mod tests {
     #[test]
     fn index_out_of_bounds_is_refused() {
         let shape = Shape2::new(4, 4);
-        let data = frames(2, shape.len());
-        let model = fit_model(data.chunks_exact(shape.len()), shape.len()).unwrap();
-        let e = EncodedFrames::encode(model, shape, &data).unwrap();
+        let e = encoded(2, shape);
         let mut index = e.index().to_vec();
         index[1].length += 1000;
         let r = EncodedFrames::from_parts(e.model().clone(), shape, index, e.streams().to_vec());

@@ -263,6 +263,21 @@ fn run<S: FrameSource>(
     })
 }
 
+/// One image buffer per mask: room for `n_frames` values where the mask is integer (`int`) or
+/// float (`!int`) as asked, empty for the masks of the other kind.
+fn images_of_kind<T>(masks: &[MaskPlan], int: bool, n_frames: usize) -> Vec<Vec<T>> {
+    masks
+        .iter()
+        .map(|m| {
+            if matches!(m, MaskPlan::Int(_)) == int {
+                Vec::with_capacity(n_frames)
+            } else {
+                Vec::new()
+            }
+        })
+        .collect()
+}
+
 /// Reduce the frames of one block (flat frame indices `frames`) into `p` (sum/max DP) and the
 /// returned per-frame outputs.
 fn reduce_block<S: FrameSource>(
@@ -283,20 +298,8 @@ fn reduce_block<S: FrameSource>(
     }
     let mut out = BlockOut {
         index,
-        int_images: masks
-            .iter()
-            .map(|m| match m {
-                MaskPlan::Int(_) => Vec::with_capacity(frames.len()),
-                MaskPlan::Float(_) => Vec::new(),
-            })
-            .collect(),
-        float_images: masks
-            .iter()
-            .map(|m| match m {
-                MaskPlan::Float(_) => Vec::with_capacity(frames.len()),
-                MaskPlan::Int(_) => Vec::new(),
-            })
-            .collect(),
+        int_images: images_of_kind(masks, true, frames.len()),
+        float_images: images_of_kind(masks, false, frames.len()),
         moments: Moments::default(),
     };
     let mut scratch = std::mem::take(&mut p.scratch);

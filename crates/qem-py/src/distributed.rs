@@ -8,6 +8,7 @@
 
 use crate::dataset::{run_on, PyDataset};
 use crate::errors::{to_pyerr, IntoPyResult};
+use crate::products::disk_dict;
 use numpy::{PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -57,13 +58,7 @@ fn distributed_fit_disk<'py>(
     let n = n_frames as f64;
     let mean: Vec<f32> = sum.iter().map(|&s| (s as f64 / n) as f32).collect();
     let d = qem::detector::fit_disk_from_mean(&mean, det);
-    let out = PyDict::new(py);
-    out.set_item("center_px", (d.center_px.0, d.center_px.1))?;
-    out.set_item("radius_px", d.radius_px)?;
-    out.set_item("threshold", d.threshold)?;
-    out.set_item("n_pixels", d.n_pixels)?;
-    out.set_item("fitted", d.fitted)?;
-    Ok(out)
+    disk_dict(py, &d)
 }
 
 /// DPC on merged moments (`sum`, `m_row`, `m_col`: uint64 over the whole scan) and the merged

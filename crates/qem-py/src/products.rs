@@ -54,7 +54,8 @@ fn positions(op: &str, p: Vec<(i64, i64)>) -> PyResult<Vec<(usize, usize)>> {
         .collect()
 }
 
-fn disk_dict<'py>(py: Python<'py>, d: &DiskFit) -> PyResult<Bound<'py, PyDict>> {
+/// The dict `detector.fit_disk` returns (also the merged fit of `distributed.fit_disk`).
+pub(crate) fn disk_dict<'py>(py: Python<'py>, d: &DiskFit) -> PyResult<Bound<'py, PyDict>> {
     let out = PyDict::new(py);
     out.set_item("center_px", (d.center_px.0, d.center_px.1))?;
     out.set_item("radius_px", d.radius_px)?;
@@ -151,38 +152,41 @@ fn detector_pattern<T: numpy::Element + Send + 'static>(
     grid(py, v, dataset.with(|ds| ds.detector_shape()))
 }
 
-/// Exact `u64` sum of every frame, `(k_r, k_c)`.
-#[pyfunction]
-#[pyo3(signature = (dataset, progress = None))]
-fn detector_sum_dp(
-    py: Python<'_>,
-    dataset: PyRef<'_, PyDataset>,
-    progress: Option<Py<PyAny>>,
-) -> PyResult<Py<PyAny>> {
-    detector_pattern(py, dataset, "detector.sum_dp", detector::sum_dp, progress)
+/// A `#[pyfunction]` over [`detector_pattern`]: the whole-scan pattern reductions differ only
+/// in their name, operation and engine call.
+macro_rules! detector_pattern_fn {
+    ($(#[$doc:meta])* $name:ident, $op:literal, $reduce:path) => {
+        $(#[$doc])*
+        #[pyfunction]
+        #[pyo3(signature = (dataset, progress = None))]
+        fn $name(
+            py: Python<'_>,
+            dataset: PyRef<'_, PyDataset>,
+            progress: Option<Py<PyAny>>,
+        ) -> PyResult<Py<PyAny>> {
+            detector_pattern(py, dataset, $op, $reduce, progress)
+        }
+    };
 }
 
-/// Mean DP, `f32` `(k_r, k_c)`.
-#[pyfunction]
-#[pyo3(signature = (dataset, progress = None))]
-fn detector_mean_dp(
-    py: Python<'_>,
-    dataset: PyRef<'_, PyDataset>,
-    progress: Option<Py<PyAny>>,
-) -> PyResult<Py<PyAny>> {
-    detector_pattern(py, dataset, "detector.mean_dp", detector::mean_dp, progress)
-}
-
-/// Max DP, `u32` `(k_r, k_c)`.
-#[pyfunction]
-#[pyo3(signature = (dataset, progress = None))]
-fn detector_max_dp(
-    py: Python<'_>,
-    dataset: PyRef<'_, PyDataset>,
-    progress: Option<Py<PyAny>>,
-) -> PyResult<Py<PyAny>> {
-    detector_pattern(py, dataset, "detector.max_dp", detector::max_dp, progress)
-}
+detector_pattern_fn!(
+    /// Exact `u64` sum of every frame, `(k_r, k_c)`.
+    detector_sum_dp,
+    "detector.sum_dp",
+    detector::sum_dp
+);
+detector_pattern_fn!(
+    /// Mean DP, `f32` `(k_r, k_c)`.
+    detector_mean_dp,
+    "detector.mean_dp",
+    detector::mean_dp
+);
+detector_pattern_fn!(
+    /// Max DP, `u32` `(k_r, k_c)`.
+    detector_max_dp,
+    "detector.max_dp",
+    detector::max_dp
+);
 
 /// The BF disk fitted from the mean DP, as a dict.
 #[pyfunction]

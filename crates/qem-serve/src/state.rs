@@ -9,7 +9,7 @@ use crate::jobs::Jobs;
 use qem::{Backend, Dataset, Representation};
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Everything a route may use.
 #[derive(Debug)]
@@ -60,19 +60,22 @@ impl AppState {
         self.run(acq, f, self.backend == Backend::Cuda).await
     }
 
+    /// The device permit (one engine call or load at a time), waited for in async context.
+    pub async fn device_permit(&self) -> ApiResult<OwnedSemaphorePermit> {
+        self.device
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| ApiError::internal("the device semaphore was closed"))
+    }
+
     async fn run<T, F>(&self, acq: &Acq, f: F, hold_device: bool) -> ApiResult<(T, f64)>
     where
         T: Send + 'static,
         F: FnOnce(&Dataset, &Acq) -> ApiResult<T> + Send + 'static,
     {
         let permit = if hold_device {
-            Some(
-                self.device
-                    .clone()
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| ApiError::internal("the device semaphore was closed"))?,
-            )
+            Some(self.device_permit().await?)
         } else {
             None
         };

@@ -10,6 +10,27 @@ pub(crate) fn binned_shape(rows: usize, cols: usize, b: usize) -> (usize, usize)
     (rows.div_ceil(b), cols.div_ceil(b))
 }
 
+/// `fold` over the pixels of each `b × b` block of a `rows × cols` image (edge blocks partial),
+/// each block starting from `init`.
+fn bin_blocks<T: Copy, U: Copy>(
+    src: &[T],
+    rows: usize,
+    cols: usize,
+    b: usize,
+    init: U,
+    fold: impl Fn(U, T) -> U,
+) -> Vec<U> {
+    let (rb, cb) = binned_shape(rows, cols, b);
+    let mut out = vec![init; rb * cb];
+    for (i, row) in src.chunks_exact(cols.max(1)).take(rows).enumerate() {
+        let o = &mut out[(i / b) * cb..(i / b + 1) * cb];
+        for (j, &v) in row.iter().enumerate() {
+            o[j / b] = fold(o[j / b], v);
+        }
+    }
+    out
+}
+
 /// Block sums of a `rows × cols` image over `b × b` blocks (edge blocks partial), in `u64`.
 pub(crate) fn bin_sum<T: Copy + Into<u64>>(
     src: &[T],
@@ -17,28 +38,12 @@ pub(crate) fn bin_sum<T: Copy + Into<u64>>(
     cols: usize,
     b: usize,
 ) -> Vec<u64> {
-    let (rb, cb) = binned_shape(rows, cols, b);
-    let mut out = vec![0u64; rb * cb];
-    for (i, row) in src.chunks_exact(cols.max(1)).take(rows).enumerate() {
-        let o = &mut out[(i / b) * cb..(i / b + 1) * cb];
-        for (j, &v) in row.iter().enumerate() {
-            o[j / b] += v.into();
-        }
-    }
-    out
+    bin_blocks(src, rows, cols, b, 0u64, |acc, v| acc + v.into())
 }
 
 /// Block maxima of a `rows × cols` image over `b × b` blocks (edge blocks partial).
 pub(crate) fn bin_max(src: &[u32], rows: usize, cols: usize, b: usize) -> Vec<u32> {
-    let (rb, cb) = binned_shape(rows, cols, b);
-    let mut out = vec![0u32; rb * cb];
-    for (i, row) in src.chunks_exact(cols.max(1)).take(rows).enumerate() {
-        let o = &mut out[(i / b) * cb..(i / b + 1) * cb];
-        for (j, &v) in row.iter().enumerate() {
-            o[j / b] = o[j / b].max(v);
-        }
-    }
-    out
+    bin_blocks(src, rows, cols, b, 0u32, u32::max)
 }
 
 /// A mask of the binned detector (`⌈rows/b⌉ × ⌈cols/b⌉`, non-zero = in) as 0/1 weights of the
@@ -75,6 +80,25 @@ pub(crate) fn crop<T: Copy>(img: &[T], cols: usize, region: &Region) -> Vec<T> {
     out
 }
 
+/// Sums (in `A`, of `widen(v)`) of whole `s × s` blocks of a `rows × cols` scan image; rows and
+/// columns past the last whole block are dropped. Returns the sums and their shape.
+fn whole_block_sums<T: Copy, A: Copy + Default + std::ops::AddAssign>(
+    img: &[T],
+    rows: usize,
+    cols: usize,
+    s: usize,
+    widen: impl Fn(T) -> A,
+) -> (Vec<A>, usize, usize) {
+    let (rb, cb) = (rows / s, cols / s);
+    let mut out = vec![A::default(); rb * cb];
+    for i in 0..rb * s {
+        for j in 0..cb * s {
+            out[(i / s) * cb + j / s] += widen(img[i * cols + j]);
+        }
+    }
+    (out, rb, cb)
+}
+
 /// Exact sums of whole `s × s` blocks of a `rows × cols` scan image; rows and columns past the
 /// last whole block are dropped. Returns the image and its shape.
 pub(crate) fn scan_bin_sum(
@@ -83,14 +107,7 @@ pub(crate) fn scan_bin_sum(
     cols: usize,
     s: usize,
 ) -> (Vec<u64>, usize, usize) {
-    let (rb, cb) = (rows / s, cols / s);
-    let mut out = vec![0u64; rb * cb];
-    for i in 0..rb * s {
-        for j in 0..cb * s {
-            out[(i / s) * cb + j / s] += img[i * cols + j];
-        }
-    }
-    (out, rb, cb)
+    whole_block_sums(img, rows, cols, s, |v| v)
 }
 
 /// Means of whole `s × s` blocks of a float scan image (sums in `f64`); the shape as
@@ -101,13 +118,7 @@ pub(crate) fn scan_bin_mean(
     cols: usize,
     s: usize,
 ) -> (Vec<f32>, usize, usize) {
-    let (rb, cb) = (rows / s, cols / s);
-    let mut acc = vec![0f64; rb * cb];
-    for i in 0..rb * s {
-        for j in 0..cb * s {
-            acc[(i / s) * cb + j / s] += f64::from(img[i * cols + j]);
-        }
-    }
+    let (acc, rb, cb) = whole_block_sums(img, rows, cols, s, f64::from);
     let n = (s * s) as f64;
     (acc.into_iter().map(|v| (v / n) as f32).collect(), rb, cb)
 }

@@ -212,6 +212,27 @@ fn lattice_power(
     p
 }
 
+/// The lattice tests' simulation: a `scan` at `scan_step_a` on a 32 x 32 detector, keeping the
+/// noiseless intensities for [`bf_image`].
+fn lattice_scan(scan: Shape2, scan_step_a: f64) -> SimParams {
+    SimParams {
+        scan_shape: scan,
+        detector_shape: Shape2::new(32, 32),
+        scan_step_a,
+        keep_intensities: true,
+        ..SimParams::default()
+    }
+}
+
+/// More than 90 % of an image's power (`total`) is at the lattice's frequencies.
+fn assert_lattice_dominates(total: f64, on_lattice: f64) {
+    assert!(
+        on_lattice > 0.9 * total,
+        "lattice holds {:.3} of the power",
+        on_lattice / total
+    );
+}
+
 #[test]
 fn bf_image_shows_the_lattice_with_rows_and_columns_in_place() {
     // Rectangular lattice: 3.0 Å along rows, 4.0 Å along columns, step 0.5 Å -> periods of 6 and
@@ -219,9 +240,6 @@ fn bf_image_shows_the_lattice_with_rows_and_columns_in_place() {
     // (0, 4) cycles per image. Swapping rows and columns would put them at (8, 0)/(0, 3)-like bins.
     let scan = Shape2::new(36, 32);
     let p = SimParams {
-        scan_shape: scan,
-        detector_shape: Shape2::new(32, 32),
-        scan_step_a: 0.5,
         crystal: Crystal::RectangularLattice {
             a_row_a: 3.0,
             a_col_a: 4.0,
@@ -232,8 +250,7 @@ fn bf_image_shows_the_lattice_with_rows_and_columns_in_place() {
             c10_a: 30.0,
             ..Default::default()
         },
-        keep_intensities: true,
-        ..SimParams::default()
+        ..lattice_scan(scan, 0.5)
     };
     let out = simulate(&p).unwrap();
     let bf = bf_image(&out);
@@ -248,11 +265,7 @@ fn bf_image_shows_the_lattice_with_rows_and_columns_in_place() {
         best.1,
         best.2
     );
-    assert!(
-        on_lattice > 0.9 * total,
-        "lattice holds {:.3} of the power",
-        on_lattice / total
-    );
+    assert_lattice_dominates(total, on_lattice);
     // Both fundamental frequencies are present.
     let noise = (total - on_lattice) / (scan.rows * (scan.cols / 2 + 1)) as f64;
     assert!(power_at(&bf, scan, 6, 0) > 100.0 * noise);
@@ -263,23 +276,13 @@ fn bf_image_shows_the_lattice_with_rows_and_columns_in_place() {
 fn srtio3_bf_image_has_the_cubic_period() {
     // a = 3.905 Å sampled at a/8: 8-pixel period along both axes; 32 x 24 scan = 4 x 3 cells.
     let scan = Shape2::new(32, 24);
-    let p = SimParams {
-        scan_shape: scan,
-        detector_shape: Shape2::new(32, 32),
-        scan_step_a: SRTIO3_A / 8.0,
-        keep_intensities: true,
-        ..SimParams::default()
-    };
+    let p = lattice_scan(scan, SRTIO3_A / 8.0);
     let out = simulate(&p).unwrap();
     let bf = bf_image(&out);
     let LatticePower {
         total, on_lattice, ..
     } = lattice_power(&bf, scan, (4, 3));
-    assert!(
-        on_lattice > 0.9 * total,
-        "lattice holds {:.3} of the power",
-        on_lattice / total
-    );
+    assert_lattice_dominates(total, on_lattice);
     // Ground truth: the potential peaks on the Sr column at scan (0, 0) and repeats every 8 px.
     let v = &out.projected_potential;
     let max = v.iter().cloned().fold(0.0f32, f32::max);

@@ -1,7 +1,7 @@
 //! `dpc`: recovering a known rotation from generated frames, and its files.
 
 use crate::fixtures::{npy_f64, npy_shape, write_acq};
-use crate::{code, json_stdout, png_size, qg, stderr};
+use crate::{code, json_stdout, png_size, qg_job, stderr};
 use serde_json::Value;
 
 /// Frames whose centre of mass is the gradient of a positive potential rotated by −θ into the
@@ -96,7 +96,7 @@ fn dpc_recovers_a_known_rotation_and_writes_its_files() {
         let (frames, phi) = dpc_frames(scan, 23.0, transpose);
         let master = write_acq(dir.path(), scan, (31, 33), &frames);
         let out = dir.path().join("dpc");
-        let o = qg(&["dpc", &master, "--out", out.to_str().unwrap(), "--json"]);
+        let o = qg_job("dpc", &master, &out, &["--json"]);
         assert_eq!(code(&o), 0, "{}", stderr(&o));
         let rec = json_stdout(&o);
         let on_disk: Value =
@@ -131,18 +131,19 @@ fn dpc_recovers_a_known_rotation_and_writes_its_files() {
     let (frames, _) = dpc_frames(scan, 23.0, false);
     let master = write_acq(dir.path(), scan, (31, 33), &frames);
     let out = dir.path().join("dpc");
-    let o = qg(&[
+    let o = qg_job(
         "dpc",
         &master,
-        "--out",
-        out.to_str().unwrap(),
-        "--rotation-deg",
-        "-10",
-        "--transpose",
-        "false",
-        "--edge",
-        "mirror",
-    ]);
+        &out,
+        &[
+            "--rotation-deg",
+            "-10",
+            "--transpose",
+            "false",
+            "--edge",
+            "mirror",
+        ],
+    );
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("rotation  -10.00°"));
     let rec: Value = serde_json::from_slice(&std::fs::read(out.join("dpc.json")).unwrap()).unwrap();

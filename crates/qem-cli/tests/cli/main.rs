@@ -27,6 +27,18 @@ fn qg(args: &[&str]) -> Output {
         .expect("run quantem-gpu")
 }
 
+/// `quantem-gpu CMD SRC --out OUT EXTRA…`, the shape of every job command (products, dpc, ssb).
+fn qg_job(cmd: &str, src: &str, out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        cmd,
+        src,
+        "--out",
+        out.to_str().expect("a UTF-8 output path"),
+    ];
+    args.extend_from_slice(extra);
+    qg(&args)
+}
+
 fn code(o: &Output) -> i32 {
     o.status.code().expect("exit code")
 }

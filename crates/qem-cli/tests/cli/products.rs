@@ -5,22 +5,14 @@ use crate::fixtures::{
     disk_acquisition, disk_frames, naive_disk, naive_ring, npy_f64, npy_u64, read_npy, write_acq,
     P_DET, P_SCAN,
 };
-use crate::{code, json_stdout, png_size, qg, stderr};
+use crate::{code, json_stdout, png_size, qg, qg_job, stderr};
 use serde_json::Value;
 
 #[test]
 fn products_writes_exact_arrays_pngs_and_json() {
     let (dir, frames, master) = disk_acquisition();
     let out = dir.path().join("out");
-    let o = qg(&[
-        "products",
-        &master,
-        "--out",
-        out.to_str().unwrap(),
-        "--backend",
-        "cpu",
-        "--json",
-    ]);
+    let o = qg_job("products", &master, &out, &["--backend", "cpu", "--json"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let printed = json_stdout(&o);
     let rec: Value =
@@ -162,21 +154,22 @@ fn products_writes_exact_arrays_pngs_and_json() {
 fn products_with_a_given_disk_and_a_subset_then_the_summary() {
     let (dir, frames, master) = disk_acquisition();
     let out = dir.path().join("subset");
-    let o = qg(&[
+    let o = qg_job(
         "products",
         &master,
-        "--out",
-        out.to_str().unwrap(),
-        "--products",
-        "bf,moments",
-        "--center",
-        "0",
-        "12.5",
-        "--radius",
-        "4",
-        "--representation",
-        "encoded",
-    ]);
+        &out,
+        &[
+            "--products",
+            "bf,moments",
+            "--center",
+            "0",
+            "12.5",
+            "--radius",
+            "4",
+            "--representation",
+            "encoded",
+        ],
+    );
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("BF disk") && text.contains("given"), "{text}");
@@ -239,24 +232,23 @@ fn products_and_dpc_exit_codes() {
         assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
     }
     // Invalid parameters the library refuses (exit 2 too: invalid argument), named.
-    let o = qg(&[
-        "products", &master, "--out", out_s, "--inner", "5", "--outer", "1",
-    ]);
+    let o = qg_job("products", &master, &out, &["--inner", "5", "--outer", "1"]);
     assert_eq!(code(&o), 2, "{}", stderr(&o));
-    let o = qg(&[
+    let o = qg_job(
         "products",
         &master,
-        "--out",
-        out_s,
-        "--products",
-        "adf",
-        "--inner",
-        "1",
-        "--outer",
-        "2",
-        "--unit",
-        "mrad",
-    ]);
+        &out,
+        &[
+            "--products",
+            "adf",
+            "--inner",
+            "1",
+            "--outer",
+            "2",
+            "--unit",
+            "mrad",
+        ],
+    );
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert!(stderr(&o).contains("mrad"), "{}", stderr(&o));
     // A missing source: 3, naming it.

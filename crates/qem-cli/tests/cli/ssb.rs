@@ -1,7 +1,7 @@
 //! `ssb`: its files, the JSON, the object's scan mean and the fit record.
 
 use crate::fixtures::{disk_acquisition, naive_disk, npy_f64, P_DET, P_SCAN};
-use crate::{code, json_stdout, qg, stderr};
+use crate::{code, json_stdout, qg, qg_job, stderr};
 use serde_json::Value;
 
 /// `ssb`: the files, the JSON, and the object's scan mean, which the definitions fix
@@ -127,16 +127,12 @@ fn ssb_writes_its_files_and_a_fit_record() {
     assert_eq!(a["provenance"]["operation"], "ssb.fit");
 
     // Usage and input errors.
-    let o = qg(&[
+    let o = qg_job(
         "ssb",
         &master,
-        "--out",
-        out.to_str().unwrap(),
-        "--semiangle-mrad",
-        "20",
-        "--scan-step-a",
-        "0.5",
-    ]);
+        &out,
+        &["--semiangle-mrad", "20", "--scan-step-a", "0.5"],
+    );
     assert_eq!(code(&o), 2, "missing --voltage-kv");
     assert!(stderr(&o).contains("--voltage-kv"), "{}", stderr(&o));
     let mut args = base.to_vec();

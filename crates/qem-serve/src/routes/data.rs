@@ -2,18 +2,15 @@
 //! of a scan rectangle (`roi-dp`), each at a detector bin (exact block sums, block maxima for
 //! `max`).
 
-use super::{acquisition, params};
+use super::{acquisition, AcqRequest};
 use crate::catalog::cached;
 use crate::error::{ApiError, ApiResult};
 use crate::params::{rect, Reduce, DET_BINS};
 use crate::payload::{ArrayData, ArrayOut};
-use crate::state::AppState;
 use crate::views::{bin_max, bin_sum, binned_shape};
-use axum::extract::{Path, RawQuery, State};
 use axum::response::Response;
 use qem::detector::ScanRoi;
 use qem::DenseArray;
-use std::sync::Arc;
 
 /// A pattern (sum or max) at `b`: the answer's data and shape.
 fn pattern(sum_or_max: Pattern<'_>, rows: usize, cols: usize, b: usize) -> (ArrayData, Vec<usize>) {
@@ -33,12 +30,7 @@ enum Pattern<'a> {
 }
 
 /// `GET …/{id}/dp?reduce=sum|mean|max&det_bin=`.
-pub(crate) async fn dp(
-    State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    RawQuery(q): RawQuery,
-) -> ApiResult<Response> {
-    let p = params(&q)?;
+pub(crate) async fn dp(AcqRequest { st, id, p }: AcqRequest) -> ApiResult<Response> {
     let (reduce, b, npy) = (p.reduce()?, p.bin("det_bin", &DET_BINS)?, p.npy()?);
     let acq = acquisition(&st, &id).await?;
     let (mut out, ms) = st
@@ -75,12 +67,7 @@ fn reduce_name(r: Reduce) -> &'static str {
 }
 
 /// `GET …/{id}/frame?r=&c=&det_bin=`.
-pub(crate) async fn frame(
-    State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    RawQuery(q): RawQuery,
-) -> ApiResult<Response> {
-    let p = params(&q)?;
+pub(crate) async fn frame(AcqRequest { st, id, p }: AcqRequest) -> ApiResult<Response> {
     let (r, c) = (p.usize("r")?, p.usize("c")?);
     let (b, npy) = (p.bin("det_bin", &DET_BINS)?, p.npy()?);
     let acq = acquisition(&st, &id).await?;
@@ -116,12 +103,7 @@ pub(crate) async fn frame(
 }
 
 /// `GET …/{id}/roi-dp?r0=&r1=&c0=&c1=&reduce=&det_bin=`.
-pub(crate) async fn roi_dp(
-    State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    RawQuery(q): RawQuery,
-) -> ApiResult<Response> {
-    let p = params(&q)?;
+pub(crate) async fn roi_dp(AcqRequest { st, id, p }: AcqRequest) -> ApiResult<Response> {
     let (r0, r1, c0, c1) = (
         p.usize("r0")?,
         p.usize("r1")?,

@@ -10,8 +10,11 @@ use crate::catalog::{cached, Acq};
 use crate::error::{ApiError, ApiResult};
 use crate::params::{Params, DET_BINS, GEOMETRY_FACTOR, MAX_BODY_BYTES, SCAN_BINS};
 use crate::state::AppState;
-use axum::extract::{Path, RawQuery, State};
-use axum::http::{header, HeaderValue};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequestParts, Path, RawQuery, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -167,12 +170,7 @@ pub(crate) async fn acquisition(st: &Arc<AppState>, id: &str) -> ApiResult<Acq> 
             )))
         }
     };
-    let permit = st
-        .device
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|_| ApiError::internal("the device semaphore was closed"))?;
+    let permit = st.device_permit().await?;
     if let Some(Ok(a)) = st.catalog.lookup(id)? {
         return Ok(a); // loaded while this request waited
     }
@@ -275,7 +273,40 @@ async fn acquisition_detail(
     Ok(Json(v))
 }
 
-/// The parsed query of a request.
-pub(crate) fn params(q: &Option<String>) -> ApiResult<Params> {
-    Params::parse(q.as_deref())
+/// A request body, or `too_large` past the body limit / `bad_request` when unreadable.
+pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>) -> ApiResult<Bytes> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(format!("the body passes the limit: {e}"))
+        } else {
+            ApiError::bad_request(format!("unreadable body: {e}"))
+        }
+    })
+}
+
+/// What a route on one acquisition starts from: the state, the `{id}` of the path and the
+/// parsed query (a bad query is `bad_request` before the acquisition is loaded or a body read).
+pub(crate) struct AcqRequest {
+    pub st: Arc<AppState>,
+    pub id: String,
+    pub p: Params,
+}
+
+impl FromRequestParts<Arc<AppState>> for AcqRequest {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        st: &Arc<AppState>,
+    ) -> Result<Self, Self::Rejection> {
+        let Path(id) = Path::<String>::from_request_parts(parts, st)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let p = Params::parse(parts.uri.query()).map_err(IntoResponse::into_response)?;
+        Ok(Self {
+            st: Arc::clone(st),
+            id,
+            p,
+        })
+    }
 }

@@ -2,14 +2,13 @@
 //! background job with progress (`GET /api/v1/jobs/{job}`). On CUDA the fit holds the device
 //! permit while it runs, like every engine call; on the CPU it runs beside the views.
 
-use super::{acquisition, params};
+use super::{acquisition, body_bytes, AcqRequest};
 use crate::error::{ApiError, ApiResult};
 use crate::payload::{ArrayData, ArrayOut};
 use crate::state::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, RawQuery, State};
-use axum::http::StatusCode;
+use axum::extract::{Path, State};
 use axum::response::Response;
 use axum::Json;
 use qem::ssb::{Aberrations, FitParams, Objective, Ssb, SsbParams};
@@ -23,13 +22,7 @@ const MAX_FIT_EVALS: usize = 10_000;
 
 /// A JSON body, or `bad_request`/`too_large`.
 fn json_body<T: for<'de> Deserialize<'de>>(body: Result<Bytes, BytesRejection>) -> ApiResult<T> {
-    let b = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large(format!("the body passes the limit: {e}"))
-        } else {
-            ApiError::bad_request(format!("unreadable body: {e}"))
-        }
-    })?;
+    let b = body_bytes(body)?;
     let b: &[u8] = if b.is_empty() { b"{}" } else { &b };
     serde_json::from_slice(b).map_err(|e| ApiError::bad_request(format!("bad JSON body: {e}")))
 }
@@ -120,12 +113,7 @@ fn prepared(acq: &crate::catalog::Acq) -> ApiResult<Arc<Ssb>> {
 }
 
 /// `GET …/{id}/ssb/reconstruct?C10=&C12=&phi12=&part=phase|amplitude`.
-pub(crate) async fn reconstruct(
-    State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    RawQuery(q): RawQuery,
-) -> ApiResult<Response> {
-    let p = params(&q)?;
+pub(crate) async fn reconstruct(AcqRequest { st, id, p }: AcqRequest) -> ApiResult<Response> {
     let mut ab = Aberrations::default();
     for name in qem::ssb::ABERRATION_NAMES {
         if let Some(v) = p.f64_opt(name)? {

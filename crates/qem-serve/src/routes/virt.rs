@@ -2,7 +2,7 @@
 //! uploaded masks on the (binned) detector, CoM and the DPC phase; then the scan `region` and
 //! `scan_bin` (docs/browse.md, "Virtual images").
 
-use super::{acquisition, disk, params};
+use super::{acquisition, body_bytes, disk, AcqRequest};
 use crate::catalog::{cached, Acq};
 use crate::error::{ApiError, ApiResult};
 use crate::params::{check_geometry, Params, DET_BINS, SCAN_BINS};
@@ -11,8 +11,6 @@ use crate::state::AppState;
 use crate::views::{binned_shape, crop, expand_mask, region_shape, scan_bin_mean, scan_bin_sum};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, RawQuery, State};
-use axum::http::StatusCode;
 use axum::response::Response;
 use qem::detector::{annulus_mask, DetectorKind, DetectorMask, VirtualImage};
 use qem::{Dataset, Region, Shape2};
@@ -279,29 +277,15 @@ async fn run(
 }
 
 /// `GET …/{id}/virtual?mode=…&det_bin=&scan_bin=&region=`.
-pub(crate) async fn virtual_image(
-    State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    RawQuery(q): RawQuery,
-) -> ApiResult<Response> {
-    let p = params(&q)?;
+pub(crate) async fn virtual_image(AcqRequest { st, id, p }: AcqRequest) -> ApiResult<Response> {
     run(st, id, p, None).await
 }
 
 /// `POST …/{id}/virtual-mask?det_bin=&scan_bin=` with a `uint8` mask body.
 pub(crate) async fn virtual_mask(
-    State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    RawQuery(q): RawQuery,
+    AcqRequest { st, id, p }: AcqRequest,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
-    let p = params(&q)?;
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large(format!("the body passes the limit: {e}"))
-        } else {
-            ApiError::bad_request(format!("unreadable body: {e}"))
-        }
-    })?;
+    let body = body_bytes(body)?;
     run(st, id, p, Some(body.to_vec())).await
 }

@@ -6,11 +6,7 @@ use qem::detector::{DetectorKind, DetectorParams};
 
 /// The fixture loaded by the test itself, for the façade's answers.
 fn facade_dataset(dir: &std::path::Path) -> qem::Dataset {
-    let params = qem::LoadParams {
-        backend: qem::BackendRequest::Cpu,
-        ..Default::default()
-    };
-    qem::load(qem::SourceArg::Path(dir.join("scan_master.h5")), &params).expect("load")
+    load_cpu(&dir.join("scan_master.h5"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,7 +84,7 @@ async fn frames_native_and_binned() {
         assert_eq!(a.status, 200);
         assert_eq!(a.header("x-dtype"), "uint32");
         assert_eq!(a.shape(), vec![DET.0.div_ceil(b), DET.1.div_ceil(b)]);
-        let got: Vec<u64> = le_u32(&a.body).into_iter().map(u64::from).collect();
+        let got = le_u32_as_u64(&a.body);
         assert_eq!(got, block_sums(&wide, DET.0, DET.1, b), "det_bin {b}");
     }
 }
@@ -126,13 +122,7 @@ async fn diffraction_sum_mean_max_and_npy() {
         .get(&format!("/api/v1/acquisitions/{id}/dp?reduce=max"))
         .await;
     assert_eq!(a.header("x-dtype"), "uint32");
-    assert_eq!(
-        le_u32(&a.body)
-            .into_iter()
-            .map(u64::from)
-            .collect::<Vec<_>>(),
-        max
-    );
+    assert_eq!(le_u32_as_u64(&a.body), max);
     // Binned max: the block maximum, written out here.
     let a = s
         .get(&format!(
@@ -147,13 +137,7 @@ async fn diffraction_sum_mean_max_and_npy() {
             *w = (*w).max(max[i * DET.1 + j]);
         }
     }
-    assert_eq!(
-        le_u32(&a.body)
-            .into_iter()
-            .map(u64::from)
-            .collect::<Vec<_>>(),
-        want
-    );
+    assert_eq!(le_u32_as_u64(&a.body), want);
     // .npy: magic, a header naming '<u8' and the shape, then the same little-endian sums.
     let a = s
         .get(&format!(

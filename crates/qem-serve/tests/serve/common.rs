@@ -119,25 +119,27 @@ impl Answer {
     }
 }
 
-pub fn le_u64(b: &[u8]) -> Vec<u64> {
-    b.chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8")))
+/// The little-endian `N`-byte values of `b`, each read by `from` (`u64::from_le_bytes`, ...).
+fn le<const N: usize, T>(b: &[u8], from: impl Fn([u8; N]) -> T) -> Vec<T> {
+    b.chunks_exact(N)
+        .map(|c| from(c.try_into().expect("N bytes")))
         .collect()
+}
+pub fn le_u64(b: &[u8]) -> Vec<u64> {
+    le(b, u64::from_le_bytes)
 }
 pub fn le_u32(b: &[u8]) -> Vec<u32> {
-    b.chunks_exact(4)
-        .map(|c| u32::from_le_bytes(c.try_into().expect("4")))
-        .collect()
+    le(b, u32::from_le_bytes)
+}
+/// `uint32` values widened to `u64` (to compare with the exact `u64` references).
+pub fn le_u32_as_u64(b: &[u8]) -> Vec<u64> {
+    le(b, |c| u64::from(u32::from_le_bytes(c)))
 }
 pub fn le_u16(b: &[u8]) -> Vec<u16> {
-    b.chunks_exact(2)
-        .map(|c| u16::from_le_bytes(c.try_into().expect("2")))
-        .collect()
+    le(b, u16::from_le_bytes)
 }
 pub fn le_f32(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().expect("4")))
-        .collect()
+    le(b, f32::from_le_bytes)
 }
 
 /// `path` loaded with the CPU engine (what the tests compare the service with).

@@ -133,15 +133,13 @@ async fn static_traversal_and_unknown_ids_are_404() {
             "{target}"
         );
     }
-    s.get("/api/v1/acquisitions/0000000000000000")
-        .await
-        .assert_error(404, "not_found");
-    s.get("/api/v1/acquisitions/..%2Fscan_master.h5/dp")
-        .await
-        .assert_error(404, "not_found");
-    s.get("/api/v1/jobs/none")
-        .await
-        .assert_error(404, "not_found");
+    for path in [
+        "/api/v1/acquisitions/0000000000000000",
+        "/api/v1/acquisitions/..%2Fscan_master.h5/dp",
+        "/api/v1/jobs/none",
+    ] {
+        s.get(path).await.assert_error(404, "not_found");
+    }
     // axum's own rejections are JSON too: a path segment that is not UTF-8, a wrong method.
     s.get("/api/v1/acquisitions/%FF%FE/dp")
         .await
@@ -262,24 +260,16 @@ async fn bad_input_is_a_4xx_json_error() {
     ] {
         s.get(&a(q)).await.assert_error(400, "bad_request");
     }
-    s.post(&a("virtual-mask?det_bin=2"), vec![1u8; 10])
-        .await
-        .assert_error(400, "bad_request");
-    s.post(&a("virtual-mask"), vec![1u8; DET.0 * DET.1 + 1])
-        .await
-        .assert_error(400, "bad_request");
-    s.post(&a("ssb/prepare"), b"{\"voltage_kv\": -3}".to_vec())
-        .await
-        .assert_error(400, "bad_request");
-    s.post(&a("ssb/prepare"), b"{\"unknown\": 1}".to_vec())
-        .await
-        .assert_error(400, "bad_request");
-    s.post(&a("ssb/prepare"), b"not json".to_vec())
-        .await
-        .assert_error(400, "bad_request");
-    s.post(&a("ssb/fit"), b"{\"global_evals\": 100000000}".to_vec())
-        .await
-        .assert_error(400, "bad_request");
+    for (q, body) in [
+        ("virtual-mask?det_bin=2", vec![1u8; 10]),
+        ("virtual-mask", vec![1u8; DET.0 * DET.1 + 1]),
+        ("ssb/prepare", b"{\"voltage_kv\": -3}".to_vec()),
+        ("ssb/prepare", b"{\"unknown\": 1}".to_vec()),
+        ("ssb/prepare", b"not json".to_vec()),
+        ("ssb/fit", b"{\"global_evals\": 100000000}".to_vec()),
+    ] {
+        s.post(&a(q), body).await.assert_error(400, "bad_request");
+    }
     s.post(&a("virtual-mask"), vec![0u8; (16 << 20) + 1])
         .await
         .assert_error(413, "too_large");
