@@ -165,7 +165,8 @@ pub fn save(ds: &Dataset, path: &Path, progress: &dyn Progress) -> Result<SaveSu
     let mut provenance = ds.provenance.clone();
     if provenance.codec.is_none() {
         provenance.codec = Some(crate::encode::codec_info(
-            frames,
+            frames.model(),
+            frames.nbytes(),
             fit_frames,
             dense_bytes,
             None,
@@ -537,7 +538,20 @@ pub(crate) fn load_qem(path: &Path, request: Request<'_>) -> Result<Dataset> {
     let file_bytes = q.file.size;
     let digest = format!("{:016x}", fnv1a64(FNV_OFFSET, &q.frames.index_bytes()));
     let dense_bytes = (q.scan_shape.len() * q.detector_shape.len() * q.dtype.size()) as u64;
-    let mut codec = q.provenance.codec.clone();
+    // The encoded representations keep the codec record the file's writer made (its fit and
+    // model), with the sizes of this load.
+    let mut encoded_codec = crate::encode::codec_info(
+        q.frames.model(),
+        q.frames.nbytes(),
+        0,
+        dense_bytes,
+        Some(file_bytes),
+    );
+    if let Some(orig) = &q.provenance.codec {
+        encoded_codec.fit_frames = orig.fit_frames;
+        encoded_codec.model = orig.model.clone();
+    }
+    let mut codec = None;
     let mut memory = None;
     let storage = match (request.backend, request.representation) {
         (Backend::Cpu, Representation::Encoded) => {
@@ -546,12 +560,7 @@ pub(crate) fn load_qem(path: &Path, request: Request<'_>) -> Result<Dataset> {
                     return Err(Error::memory_budget("load", q.frames.nbytes(), b).with_file(path));
                 }
             }
-            let mut c = crate::encode::codec_info(&q.frames, 0, dense_bytes, Some(file_bytes));
-            if let Some(orig) = &codec {
-                c.fit_frames = orig.fit_frames;
-                c.model = orig.model.clone();
-            }
-            codec = Some(c);
+            codec = Some(encoded_codec);
             Storage::CpuEncoded(q.frames)
         }
         (_, Representation::Dense) => {
@@ -565,7 +574,6 @@ pub(crate) fn load_qem(path: &Path, request: Request<'_>) -> Result<Dataset> {
                 stage: "decode (wall)".into(),
                 seconds: t.elapsed().as_secs_f64(),
             });
-            codec = None;
             match request.backend {
                 Backend::Cpu => Storage::CpuDense(dense),
                 Backend::Cuda => {
@@ -611,12 +619,7 @@ pub(crate) fn load_qem(path: &Path, request: Request<'_>) -> Result<Dataset> {
                 card_used_peak_bytes: total.saturating_sub(free1),
                 card_total_bytes: total,
             });
-            let mut c = crate::encode::codec_info(&q.frames, 0, dense_bytes, Some(file_bytes));
-            if let Some(orig) = &codec {
-                c.fit_frames = orig.fit_frames;
-                c.model = orig.model.clone();
-            }
-            codec = Some(c);
+            codec = Some(encoded_codec);
             Storage::CudaEncoded(d)
         }
     };

@@ -267,14 +267,14 @@ impl CountsModel {
         )
     }
 
+    /// Length of [`CountsModel::to_bytes`], without serialising.
+    pub fn serialized_len(&self) -> usize {
+        MODEL_HEADER_BYTES + self.ctx_map.len() + 8 * self.thresholds.len() + 2 * self.freq.len()
+    }
+
     /// Serialise (layout in the module doc).
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(
-            MODEL_HEADER_BYTES
-                + self.ctx_map.len()
-                + 8 * self.thresholds.len()
-                + 2 * self.freq.len(),
-        );
+        let mut out = Vec::with_capacity(self.serialized_len());
         out.extend_from_slice(&MODEL_MAGIC);
         out.extend_from_slice(&[
             PROB_BITS as u8,
