@@ -232,6 +232,47 @@ pub fn parse_choice<T: Copy>(
         .with_found(s.to_string()))
 }
 
+/// Gives a fieldless option enum its lower-case `name()` (documented by the doc comment given
+/// first) and a `FromStr` through [`parse_choice`] (`op` and `what` name the error, which quotes
+/// the input lower-cased), from one list of variants and their names, so that what `name()`
+/// writes and what `from_str` reads back cannot drift apart.
+///
+/// ```
+/// #[derive(Debug, Clone, Copy, PartialEq)]
+/// enum Edge { Periodic, Mirror }
+/// qem_core::named_choice! {
+///     /// `"periodic"` or `"mirror"`.
+///     Edge, "integrate", "edge mode", { Periodic => "periodic", Mirror => "mirror" }
+/// }
+/// assert_eq!("MIRROR".parse::<Edge>().unwrap(), Edge::Mirror);
+/// assert_eq!(Edge::Periodic.name(), "periodic");
+/// ```
+#[macro_export]
+macro_rules! named_choice {
+    (
+        $(#[$name_doc:meta])*
+        $ty:ident, $op:literal, $what:literal, { $($variant:ident => $name:literal),+ $(,)? }
+    ) => {
+        impl $ty {
+            $(#[$name_doc])*
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name,)+
+                }
+            }
+        }
+
+        impl ::std::str::FromStr for $ty {
+            type Err = $crate::Error;
+            fn from_str(s: &str) -> $crate::Result<Self> {
+                // Lower-cased first: the error has always quoted the lower-cased input.
+                let low = s.to_ascii_lowercase();
+                $crate::parse_choice($op, $what, &low, &[$($ty::$variant),+], $ty::name)
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,6 @@
 //! its own `CUDA_VISIBLE_DEVICES`, see docs/distributed.md).
 
 use qem_core::{Error, Result};
-use std::fmt;
 use std::str::FromStr;
 
 /// What the caller asked for.
@@ -75,11 +74,7 @@ impl Backend {
     }
 }
 
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+display_by_name!(Backend);
 
 /// What is known about one backend on this machine.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

@@ -21,29 +21,9 @@ pub enum Unit {
     Mrad,
 }
 
-impl Unit {
+qem_core::named_choice! {
     /// `"px"` or `"mrad"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Unit::Px => "px",
-            Unit::Mrad => "mrad",
-        }
-    }
-}
-
-impl std::str::FromStr for Unit {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        // Lower-cased first: the error has always quoted the lower-cased input.
-        let low = s.to_ascii_lowercase();
-        parse_choice(
-            "detector",
-            "unit",
-            &low,
-            &[Unit::Px, Unit::Mrad],
-            Unit::name,
-        )
-    }
+    Unit, "detector", "unit", { Px => "px", Mrad => "mrad" }
 }
 
 /// A named virtual detector (docs/science.md §4 bounds, `r` the BF disk radius).
@@ -101,11 +81,7 @@ impl DetectorKind {
     }
 }
 
-impl std::fmt::Display for DetectorKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+display_by_name!(DetectorKind);
 
 impl std::str::FromStr for DetectorKind {
     type Err = Error;

@@ -46,11 +46,7 @@ impl Product {
     }
 }
 
-impl std::fmt::Display for Product {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+display_by_name!(Product);
 
 impl std::str::FromStr for Product {
     type Err = Error;
