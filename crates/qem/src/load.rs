@@ -321,6 +321,19 @@ pub(crate) struct Loaded {
     pub(crate) codec: Option<CodecInfo>,
 }
 
+impl Loaded {
+    /// The CPU engine's dense load as it is: host memory, no codec.
+    fn cpu_dense(l: qem_cpu::DenseLoad) -> Loaded {
+        Loaded {
+            storage: Storage::CpuDense(l.data),
+            saturated: l.saturated,
+            memory: None,
+            timings: l.timings,
+            codec: None,
+        }
+    }
+}
+
 /// Assemble the dataset and its provenance (written once for every source kind and engine).
 pub(crate) fn finish(
     facts: SourceFacts,
@@ -483,16 +496,7 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
             up.saturated = l.saturated;
             up
         }
-        (Backend::Cpu, Representation::Dense) => {
-            let l = load_on_host()?;
-            Loaded {
-                storage: Storage::CpuDense(l.data),
-                saturated: l.saturated,
-                memory: None,
-                timings: l.timings,
-                codec: None,
-            }
-        }
+        (Backend::Cpu, Representation::Dense) => Loaded::cpu_dense(load_on_host()?),
         (Backend::Cpu, Representation::Encoded) => {
             let e = crate::encode::encode_source(
                 &src,
@@ -796,13 +800,7 @@ fn load_in_memory(data: DenseArray, shape: &[usize], request: Request<'_>) -> Re
                     codec: Some(codec),
                 }
             } else {
-                Loaded {
-                    storage: Storage::CpuDense(l.data),
-                    saturated: l.saturated,
-                    memory: None,
-                    timings: l.timings,
-                    codec: None,
-                }
+                Loaded::cpu_dense(l)
             }
         }
         Backend::Cuda => {

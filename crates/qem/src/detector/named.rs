@@ -2,7 +2,7 @@
 //! [`DetectorParams`], and [`detector_image`], one image with its provenance. The geometry
 //! (disk, calibration, bounds) comes from `geometry`; `products` shares it.
 
-use super::geometry::{bounds, bounds_json, disk_json, geometry, sampling_json};
+use super::geometry::{bounds, bounds_json, disk_json, geometry, sampling_json, Geometry};
 use super::{annulus_mask, live, reduce, DetectorMask, DiskFit, ReduceRequest, VirtualImage};
 use crate::dataset::Dataset;
 use crate::result::ResultProvenance;
@@ -218,25 +218,51 @@ pub fn detector_image(
             ))
         }
     };
-    let mut provenance = ResultProvenance::new(
+    Ok(DetectorImage::new(
         ds,
-        &format!("detector.{kind}"),
-        json!({
-            "detector": bounds_json(kind, lo, hi, mask_pixels, &g),
-            "disk": disk_json(&g.disk, p, &g),
-            "calibration": sampling_json(p, &g),
-        }),
-    );
-    provenance.stage("disk_fit", g.disk_secs);
-    provenance.stage("reduce", secs);
-    Ok(DetectorImage {
         kind,
         image,
-        scan_shape: ds.scan_shape,
-        inner_px: lo,
-        outer_px: hi,
-        disk: g.disk,
-        mask_pixels,
-        provenance,
-    })
+        (lo, hi, mask_pixels),
+        &g,
+        p,
+        ("reduce", secs),
+    ))
+}
+
+impl DetectorImage {
+    /// The `image` of detector `kind`, whose bounds `(lo, hi)` px (`mask_pixels` in the mask)
+    /// were made from the disk of `g`, with its provenance: the detector, disk and calibration
+    /// records as `params` (an object, to which a caller may add), the disk fit's time and the
+    /// reduction's (`reduce`: stage name, seconds).
+    pub(super) fn new(
+        ds: &Dataset,
+        kind: DetectorKind,
+        image: Vec<u64>,
+        (lo, hi, mask_pixels): (f64, f64, usize),
+        g: &Geometry,
+        p: &DetectorParams,
+        reduce: (&str, f64),
+    ) -> DetectorImage {
+        let mut provenance = ResultProvenance::new(
+            ds,
+            &format!("detector.{kind}"),
+            json!({
+                "detector": bounds_json(kind, lo, hi, mask_pixels, g),
+                "disk": disk_json(&g.disk, p, g),
+                "calibration": sampling_json(p, g),
+            }),
+        );
+        provenance.stage("disk_fit", g.disk_secs);
+        provenance.stage(reduce.0, reduce.1);
+        DetectorImage {
+            kind,
+            image,
+            scan_shape: ds.scan_shape,
+            inner_px: lo,
+            outer_px: hi,
+            disk: g.disk,
+            mask_pixels,
+            provenance,
+        }
+    }
 }
