@@ -26,7 +26,6 @@ use qem_core::{
     Progress, Provenance, Result, Shape2, StageTiming, FNV_OFFSET,
 };
 use qem_cpu::EncodedFrames;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -73,19 +72,11 @@ pub fn qem_file_error(op: &str, path: &Path, e: QemFileError) -> Error {
 /// `.qem` file" here without being opened (an `open` of a FIFO would block), and the HDF5
 /// opener then refuses it with a typed error.
 pub fn is_qem_file(path: &Path) -> Result<bool> {
-    let Ok(mut f) = qem_io::open_regular("open", path, "file") else {
+    let Ok(f) = qem_io::open_regular("open", path, "file") else {
         return Ok(false);
     };
     let mut head = [0u8; 8];
-    let mut got = 0;
-    while got < head.len() {
-        match f.read(&mut head[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Error::io("open", path, &e)),
-        }
-    }
+    let got = qem_io::read_up_to(f, &mut head).map_err(|e| Error::io("open", path, &e))?;
     if got == head.len() && head == MAGIC {
         return Ok(true);
     }

@@ -25,7 +25,6 @@ pub use raw::RawLayout;
 use crate::meta::MasterInfo;
 use crate::{guard, ChunkCodec, ChunkRecord, MissingFrames, OpenOptions, Source, SourceKind};
 use qem_core::{DType, Error, FileIdentity, Metadata, Result, Shape2};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -128,17 +127,9 @@ pub(crate) fn require_float_scale(path: &Path, opts: &OpenOptions) -> Result<f64
 
 /// Recognise `path` by its first bytes (and, for EMPAD and Merlin headers, its name).
 pub fn detect(path: &Path) -> Result<Format> {
-    let mut f = guard::open_regular(OP, path, "source file")?;
+    let f = guard::open_regular(OP, path, "source file")?;
     let mut head = [0u8; 16];
-    let mut n = 0;
-    while n < head.len() {
-        match f.read(&mut head[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Error::io(OP, path, &e)),
-        }
-    }
+    let n = guard::read_up_to(&f, &mut head).map_err(|e| Error::io(OP, path, &e))?;
     let head = &head[..n];
     const HDF5: &[u8] = b"\x89HDF\r\n\x1a\n";
     let ext = path

@@ -9,7 +9,6 @@
 use super::{build, elem_from_typestr, split_shape, Found, Strided};
 use crate::{guard, OpenOptions, Source, SourceKind};
 use qem_core::{Error, Metadata, Result};
-use std::io::Read;
 use std::path::Path;
 
 const OP: &str = "open";
@@ -44,16 +43,7 @@ fn bracket_depth(text: &[u8]) -> usize {
 fn read_at(mut f: &std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
     use std::io::{Seek, SeekFrom};
     f.seek(SeekFrom::Start(0))?;
-    let mut n = 0;
-    while n < buf.len() {
-        match f.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
+    guard::read_up_to(f, buf)
 }
 
 /// Open a `.npy` file of shape `(N, k_r, k_c)` or `(R, C, k_r, k_c)`.
