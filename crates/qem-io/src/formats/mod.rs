@@ -271,6 +271,77 @@ pub(crate) struct Found {
     pub metadata: Metadata,
 }
 
+/// A file that is one C-order array of frames (`.npy`, raw binary).
+pub(crate) struct ArrayFile {
+    pub dtype: DType,
+    pub elem: host::ElemConv,
+    /// Frames in the array.
+    pub n_frames: u64,
+    /// Scan shape of a 4-D array.
+    pub array_scan: Option<Shape2>,
+    pub detector: Shape2,
+    /// Bytes of one frame's pixels.
+    pub frame_bytes: u64,
+}
+
+impl ArrayFile {
+    /// The array of NumPy element type `typestr` and `shape` (`(N, k_r, k_c)` or
+    /// `(R, C, k_r, k_c)`); an unusable shape is a `kind` error naming `what`.
+    pub fn new(
+        typestr: &str,
+        shape: &[u64],
+        path: &Path,
+        what: &str,
+        kind: qem_core::ErrorKind,
+    ) -> Result<ArrayFile> {
+        let (dtype, elem, es) = elem_from_typestr(typestr, path)?;
+        let (n_frames, array_scan, detector) = split_shape(shape, path, what, kind)?;
+        Ok(ArrayFile {
+            dtype,
+            elem,
+            n_frames,
+            array_scan,
+            detector,
+            frame_bytes: (detector.len() as u64).saturating_mul(es as u64),
+        })
+    }
+
+    /// The [`Source`] of the array in `path` itself: frames from byte `first`, `stride` bytes
+    /// apart; `layout` is the metadata entry (key, value) recording how the file is laid out.
+    pub fn build(
+        self,
+        path: &Path,
+        opts: &OpenOptions,
+        kind: SourceKind,
+        (first, stride): (u64, u64),
+        layout: (&str, serde_json::Value),
+    ) -> Result<Source> {
+        let mut metadata = Metadata::default();
+        metadata.extra.insert(layout.0.into(), layout.1);
+        build(
+            path,
+            opts,
+            Found {
+                kind,
+                data_file: path.to_path_buf(),
+                side_files: Vec::new(),
+                dtype: self.dtype,
+                detector: self.detector,
+                frames: Strided {
+                    first,
+                    stride,
+                    stored_frame_bytes: self.frame_bytes,
+                    n_frames: self.n_frames,
+                },
+                array_scan: self.array_scan,
+                recorded_scan: None,
+                elem: self.elem,
+                metadata,
+            },
+        )
+    }
+}
+
 /// Check the extent, resolve the scan shape and build the [`Source`] with one record per frame.
 pub(crate) fn build(path: &Path, opts: &OpenOptions, found: Found) -> Result<Source> {
     let Found {
