@@ -217,7 +217,9 @@ pub fn products(ds: &Dataset, which: &[Product], p: &DetectorParams) -> Result<P
             p,
             ("reduce (shared pass)", reduce_secs),
         );
-        im.provenance.params["computed_by"] = json!("detector.products (one pass)");
+        if let Some(params) = im.provenance.params.as_object_mut() {
+            params.insert("computed_by".into(), json!("detector.products (one pass)"));
+        }
         images_json.push(im.provenance.params["detector"].clone());
         images.push(im);
     }
