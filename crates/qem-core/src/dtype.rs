@@ -5,9 +5,7 @@
 //! integer sum) and the *result* dtype (what the caller gets). Narrowing never happens silently:
 //! `u32 -> u16` only when every value fits, `u8` only on explicit saturating request.
 
-use crate::error::{Error, Result};
 use std::fmt;
-use std::str::FromStr;
 
 /// An unsigned integer element type of detector counts.
 #[derive(
@@ -86,31 +84,20 @@ pub enum DtypeRequest {
     U8Saturating,
 }
 
-impl FromStr for DtypeRequest {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "native" | "none" => Ok(DtypeRequest::Native),
-            "u16" | "uint16" => Ok(DtypeRequest::U16),
-            "u32" | "uint32" => Ok(DtypeRequest::U32),
-            "u8" | "uint8" | "u8_saturating" => Ok(DtypeRequest::U8Saturating),
-            other => Err(
-                Error::invalid("parse dtype", format!("unknown dtype \"{other}\""))
-                    .with_expected("native, u16, u32 or u8")
-                    .with_found(other.to_string()),
-            ),
-        }
+crate::named_choice! {
+    /// Lower-case name (`"native"`, `"u16"`, `"u32"`, `"u8"`), what `from_str` reads back (which
+    /// also takes `"none"`, `"uint16"`, `"uint32"`, `"uint8"` and `"u8_saturating"`).
+    DtypeRequest, "parse dtype", "dtype", {
+        Native => "native" | "none",
+        U16 => "u16" | "uint16",
+        U32 => "u32" | "uint32",
+        U8Saturating => "u8" | "uint8" | "u8_saturating",
     }
 }
 
 impl fmt::Display for DtypeRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DtypeRequest::Native => "native",
-            DtypeRequest::U16 => "u16",
-            DtypeRequest::U32 => "u32",
-            DtypeRequest::U8Saturating => "u8",
-        })
+        f.write_str(self.name())
     }
 }
 

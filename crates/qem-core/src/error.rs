@@ -223,13 +223,69 @@ pub fn parse_choice<T: Copy>(
         return Ok(t);
     }
     let names: Vec<&str> = all.iter().map(|&t| name(t)).collect();
+    Err(unknown_choice(op, what, s, &names))
+}
+
+/// The [`ErrorKind::InvalidArgument`] error of `s`, which is none of the `names` of a `what`:
+/// for `op`, `unknown {what} "{s}"`, expecting the names (`"a, b or c"`) and finding `s`.
+pub fn unknown_choice(op: &str, what: &str, s: &str, names: &[&str]) -> Error {
     let expected = match names.split_last() {
         Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
         _ => names.join(""),
     };
-    Err(Error::invalid(op, format!("unknown {what} \"{s}\""))
+    Error::invalid(op, format!("unknown {what} \"{s}\""))
         .with_expected(expected)
-        .with_found(s.to_string()))
+        .with_found(s.to_string())
+}
+
+/// Gives a fieldless option enum its lower-case `name()` (documented by the doc comment given
+/// first) and a `FromStr` that reads, in any case, each name and the variant's aliases after
+/// it (`Cuda => "cuda" | "gpu"`); anything else is an [`unknown_choice`] error for `op` and
+/// `what` that quotes the input lower-cased and lists the names. From one list of variants and
+/// names, so that what `name()` writes and what `from_str` reads back cannot drift apart.
+///
+/// ```
+/// #[derive(Debug, Clone, Copy, PartialEq)]
+/// enum Edge { Periodic, Mirror }
+/// qem_core::named_choice! {
+///     /// `"periodic"` or `"mirror"`.
+///     Edge, "integrate", "edge mode", { Periodic => "periodic", Mirror => "mirror" | "reflect" }
+/// }
+/// assert_eq!("MIRROR".parse::<Edge>().unwrap(), Edge::Mirror);
+/// assert_eq!("reflect".parse::<Edge>().unwrap(), Edge::Mirror);
+/// assert_eq!(Edge::Periodic.name(), "periodic");
+/// let e = "Wrap".parse::<Edge>().unwrap_err();
+/// assert_eq!(e.expected.as_deref(), Some("periodic or mirror"));
+/// assert_eq!(e.found.as_deref(), Some("wrap"));
+/// ```
+#[macro_export]
+macro_rules! named_choice {
+    (
+        $(#[$name_doc:meta])*
+        $ty:ident, $op:literal, $what:literal,
+        { $($variant:ident => $name:literal $(| $alias:literal)*),+ $(,)? }
+    ) => {
+        impl $ty {
+            $(#[$name_doc])*
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name,)+
+                }
+            }
+        }
+
+        impl ::std::str::FromStr for $ty {
+            type Err = $crate::Error;
+            fn from_str(s: &str) -> $crate::Result<Self> {
+                // Lower-cased first: the error has always quoted the lower-cased input.
+                let low = s.to_ascii_lowercase();
+                match low.as_str() {
+                    $($name $(| $alias)* => Ok($ty::$variant),)+
+                    _ => Err($crate::error::unknown_choice($op, $what, &low, &[$($name),+])),
+                }
+            }
+        }
+    };
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@
 //!    positively skewed). The decision says which criterion decided and whether it was
 //!    confident.
 
-use qem_core::{parse_choice, Error, Moments, Result, Shape2};
+use qem_core::{Error, Moments, Result, Shape2};
 use rayon::prelude::*;
 use rustfft::num_complex::Complex64;
 use rustfft::{Fft, FftDirection, FftPlanner};
@@ -59,24 +59,9 @@ pub enum EdgeMode {
     Mirror,
 }
 
-impl EdgeMode {
+qem_core::named_choice! {
     /// Lower-case name (`"periodic"`, `"mirror"`).
-    pub fn name(self) -> &'static str {
-        match self {
-            EdgeMode::Periodic => "periodic",
-            EdgeMode::Mirror => "mirror",
-        }
-    }
-}
-
-impl std::str::FromStr for EdgeMode {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        // Lower-cased first: the error has always quoted the lower-cased input.
-        let all = [EdgeMode::Periodic, EdgeMode::Mirror];
-        let low = s.to_ascii_lowercase();
-        parse_choice("dpc integrate", "edge mode", &low, &all, EdgeMode::name)
-    }
+    EdgeMode, "dpc integrate", "edge mode", { Periodic => "periodic", Mirror => "mirror" }
 }
 
 /// Centre of mass per scan position, detector pixels.

@@ -100,6 +100,21 @@ pub fn check_regular_file(op: &str, path: &Path, what: &str) -> Result<Metadata>
     }
 }
 
+/// Fill `buf` from the current position of `r`, retrying interrupted reads; fewer bytes only at
+/// end of file. Returns how many were read: how a format is recognised by its first bytes.
+pub fn read_up_to(mut r: impl std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
 /// Open `path` read-only as a regular file: checked before opening, opened with `O_NONBLOCK`
 /// (an `open` of a FIFO swapped in meanwhile returns at once) and checked again on the handle.
 pub fn open_regular(op: &str, path: &Path, what: &str) -> Result<File> {

@@ -31,7 +31,7 @@ mod open;
 pub mod writer;
 
 pub use formats::{FloatScale, Format, HostDecode, RawLayout};
-pub use guard::{check_regular_file, open_regular, ALLOW_EXTERNAL_LINKS_ENV};
+pub use guard::{check_regular_file, open_regular, read_up_to, ALLOW_EXTERNAL_LINKS_ENV};
 pub use inspect::{discover, inspect, Inspection, ShardReport};
 
 use qem_core::{fnv1a64, DType, Error, FileIdentity, Metadata, Region, Result, Shape2, FNV_OFFSET};

@@ -2,8 +2,9 @@
 //! dropped. Its own test binary: counting `/proc/self/fd` needs no other test running.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use qem_core::{DType, Shape2};
-use qem_io::writer::{write_acquisition, WriteCompression, WriteParams};
+mod common;
+
+use qem_core::Shape2;
 use qem_io::{OpenOptions, Source};
 
 fn open_fds() -> usize {
@@ -14,20 +15,7 @@ fn open_fds() -> usize {
 fn dropped_sources_leave_no_open_files_behind() {
     let dir = tempfile::tempdir().unwrap();
     let masters: Vec<_> = (0..6)
-        .map(|i| {
-            let p = WriteParams {
-                prefix: dir.path().join(format!("fd{i}")),
-                scan_shape: Shape2::new(3, 3),
-                detector_shape: Shape2::new(4, 4),
-                dtype: DType::U16,
-                frames_per_file: 3,
-                compression: WriteCompression::None,
-                ..WriteParams::default()
-            };
-            write_acquisition(&p, |n, b| b.fill(n as u8))
-                .unwrap()
-                .master
-        })
+        .map(|i| common::small_acquisition(dir.path(), &format!("fd{i}"), Shape2::new(3, 3), 3))
         .collect();
     let baseline = open_fds();
     for round in 0..2 {

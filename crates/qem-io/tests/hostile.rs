@@ -5,8 +5,10 @@
 //! Every test that could hang before its fix runs the call on a thread with a deadline.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use qem_core::{DType, ErrorKind, Shape2};
-use qem_io::writer::{write_acquisition, write_sparse_dataset, WriteCompression, WriteParams};
+mod common;
+
+use qem_core::{ErrorKind, Shape2};
+use qem_io::writer::write_sparse_dataset;
 use qem_io::{inspect, Inspection, OpenOptions, Source};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -16,18 +18,7 @@ use std::time::Duration;
 const WRAPS: usize = (1 << 58) + 1;
 
 fn acquisition(dir: &Path, name: &str, scan: Shape2) -> PathBuf {
-    let p = WriteParams {
-        prefix: dir.join(name),
-        scan_shape: scan,
-        detector_shape: Shape2::new(4, 4),
-        dtype: DType::U16,
-        frames_per_file: 4,
-        compression: WriteCompression::None,
-        ..WriteParams::default()
-    };
-    write_acquisition(&p, |n, buf| buf.fill(n as u8))
-        .unwrap()
-        .master
+    common::small_acquisition(dir, name, scan, 4)
 }
 
 /// Run `f` on a thread; panic if it does not return within `secs` (a hang is a failure).

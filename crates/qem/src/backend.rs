@@ -10,8 +10,6 @@
 //! its own `CUDA_VISIBLE_DEVICES`, see docs/distributed.md).
 
 use qem_core::{Error, Result};
-use std::fmt;
-use std::str::FromStr;
 
 /// What the caller asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -27,32 +25,14 @@ pub enum BackendRequest {
     Mps,
 }
 
-impl BackendRequest {
-    /// Lower-case name (`"auto"`, `"cpu"`, `"cuda"`, `"mps"`), what `from_str` reads back.
-    pub fn name(self) -> &'static str {
-        match self {
-            BackendRequest::Auto => "auto",
-            BackendRequest::Cpu => "cpu",
-            BackendRequest::Cuda => "cuda",
-            BackendRequest::Mps => "mps",
-        }
-    }
-}
-
-impl FromStr for BackendRequest {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "auto" => Ok(BackendRequest::Auto),
-            "cpu" => Ok(BackendRequest::Cpu),
-            "cuda" | "gpu" => Ok(BackendRequest::Cuda),
-            "mps" | "metal" => Ok(BackendRequest::Mps),
-            other => Err(
-                Error::invalid("resolve backend", format!("unknown backend \"{other}\""))
-                    .with_expected("auto, cpu, cuda or mps")
-                    .with_found(other.to_string()),
-            ),
-        }
+qem_core::named_choice! {
+    /// Lower-case name (`"auto"`, `"cpu"`, `"cuda"`, `"mps"`), what `from_str` reads back
+    /// (which also takes `"gpu"` for CUDA and `"metal"` for MPS).
+    BackendRequest, "resolve backend", "backend", {
+        Auto => "auto",
+        Cpu => "cpu",
+        Cuda => "cuda" | "gpu",
+        Mps => "mps" | "metal",
     }
 }
 
@@ -75,11 +55,7 @@ impl Backend {
     }
 }
 
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+display_by_name!(Backend);
 
 /// What is known about one backend on this machine.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

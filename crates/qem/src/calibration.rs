@@ -25,6 +25,16 @@ pub struct Sourced<T> {
     pub source: String,
 }
 
+impl<T> Sourced<T> {
+    /// `value`, from `source`.
+    pub fn new(value: T, source: impl Into<String>) -> Sourced<T> {
+        Sourced {
+            value,
+            source: source.into(),
+        }
+    }
+}
+
 /// The dataset's calibration, from its metadata.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Calibration {
@@ -40,6 +50,27 @@ pub struct Calibration {
 
 fn positive(v: f64) -> bool {
     v.is_finite() && v > 0.0
+}
+
+fn positive_pair((r, c): (f64, f64)) -> bool {
+    positive(r) && positive(c)
+}
+
+/// The one value of a detector sampling `(r, c)` (mrad/px) that is the same along rows and
+/// columns (to 1e-9 relative), which a circular mask in mrad needs; otherwise an
+/// `InvalidArgument` error for `op`, `detail`, expecting `expected`.
+pub(crate) fn isotropic_sampling(
+    op: &str,
+    (r, c): (f64, f64),
+    detail: &str,
+    expected: &str,
+) -> Result<f64> {
+    if (r - c).abs() > 1e-9 * r.max(c) {
+        return Err(Error::invalid(op, detail)
+            .with_expected(expected)
+            .with_found(format!("({r}, {c}) mrad/px")));
+    }
+    Ok(r)
 }
 
 /// Relativistic voltage (V) of electrons of wavelength `lambda_a` (Å): the inverse of
@@ -61,36 +92,32 @@ impl Calibration {
     pub fn of(ds: &Dataset) -> Calibration {
         let md = ds.metadata();
         let voltage_kv = match (md.energy_ev, md.wavelength_a) {
-            (Some(e), _) if positive(e) => Some(Sourced {
-                value: e / 1e3,
-                source: format!("metadata energy_ev {e}"),
-            }),
-            (_, Some(l)) if positive(l) => Some(Sourced {
-                value: voltage_from_wavelength(l) / 1e3,
-                source: format!("metadata wavelength_a {l}"),
-            }),
+            (Some(e), _) if positive(e) => {
+                Some(Sourced::new(e / 1e3, format!("metadata energy_ev {e}")))
+            }
+            (_, Some(l)) if positive(l) => Some(Sourced::new(
+                voltage_from_wavelength(l) / 1e3,
+                format!("metadata wavelength_a {l}"),
+            )),
             _ => None,
         };
-        let semiangle_mrad = md.semiangle_mrad.filter(|&v| positive(v)).map(|v| Sourced {
-            value: v,
-            source: "metadata semiangle_mrad".into(),
-        });
+        let semiangle_mrad = md
+            .semiangle_mrad
+            .filter(|&v| positive(v))
+            .map(|v| Sourced::new(v, "metadata semiangle_mrad"));
         let scan_step_a = md
             .scan_step_a
-            .filter(|&(r, c)| positive(r) && positive(c))
-            .map(|v| Sourced {
-                value: v,
-                source: "metadata scan_step_a".into(),
-            });
+            .filter(|&v| positive_pair(v))
+            .map(|v| Sourced::new(v, "metadata scan_step_a"));
+        let det_bin = ds.provenance().det_bin.max(1);
         let det_sampling_mrad = md
             .angular_sampling_mrad
-            .filter(|&(r, c)| positive(r) && positive(c))
-            .map(|v| Sourced {
-                value: v,
-                source: format!(
-                    "metadata angular_sampling_mrad (loaded grid, det_bin {})",
-                    ds.provenance().det_bin.max(1)
-                ),
+            .filter(|&v| positive_pair(v))
+            .map(|v| {
+                Sourced::new(
+                    v,
+                    format!("metadata angular_sampling_mrad (loaded grid, det_bin {det_bin})"),
+                )
             });
         Calibration {
             voltage_kv,
@@ -149,15 +176,12 @@ pub fn detector_sampling(
         });
     }
     if let Some(s) = Calibration::of(ds).det_sampling_mrad {
-        let (r, c) = s.value;
-        if (r - c).abs() > 1e-9 * r.max(c) {
-            return Err(Error::invalid(
-                OP,
-                "the metadata's detector sampling differs along rows and columns",
-            )
-            .with_expected("equal row and column sampling, or det_sampling_mrad")
-            .with_found(format!("({r}, {c}) mrad/px")));
-        }
+        let r = isotropic_sampling(
+            OP,
+            s.value,
+            "the metadata's detector sampling differs along rows and columns",
+            "equal row and column sampling, or det_sampling_mrad",
+        )?;
         return Ok(DetectorSampling {
             mrad_per_px: r,
             sigma_mrad_per_px: 0.0,

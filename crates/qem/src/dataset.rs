@@ -1,7 +1,7 @@
 //! [`Dataset`]: a loaded acquisition `I[R_r, R_c, k_r, k_c]` with its metadata and provenance.
 
 use crate::backend::Backend;
-use qem_core::{parse_choice, DType, DenseArray, Error, Metadata, Provenance, Result, Shape2};
+use qem_core::{DType, DenseArray, Error, Metadata, Provenance, Result, Shape2};
 
 /// How the counts are held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -13,24 +13,9 @@ pub enum Representation {
     Encoded,
 }
 
-impl Representation {
+qem_core::named_choice! {
     /// Lower-case name (`"dense"`, `"encoded"`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Representation::Dense => "dense",
-            Representation::Encoded => "encoded",
-        }
-    }
-}
-
-impl std::str::FromStr for Representation {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        // Lower-cased first: the error has always quoted the lower-cased input.
-        let all = [Representation::Dense, Representation::Encoded];
-        let low = s.to_ascii_lowercase();
-        parse_choice("load", "representation", &low, &all, Representation::name)
-    }
+    Representation, "load", "representation", { Dense => "dense", Encoded => "encoded" }
 }
 
 /// A dense array in GPU memory, for zero-copy hand-off (e.g. `__cuda_array_interface__` or

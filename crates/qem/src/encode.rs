@@ -256,48 +256,16 @@ pub(crate) fn encode_dense(
     Ok((frames, picks.len() as u64))
 }
 
-/// The provenance record of the codec of `frames`.
+/// The provenance record of the codec of frames coded with `m`, `encoded` bytes in all (streams,
+/// index and model), on the host or on the GPU.
 pub(crate) fn codec_info(
-    frames: &EncodedFrames,
-    fit_frames: u64,
-    dense_bytes: u64,
-    source_compressed_bytes: Option<u64>,
-) -> CodecInfo {
-    codec_record(
-        frames.model(),
-        frames.nbytes(),
-        frames.model_nbytes(),
-        fit_frames,
-        dense_bytes,
-        source_compressed_bytes,
-    )
-}
-
-/// The provenance record of the codec of GPU-resident frames.
-pub(crate) fn codec_info_device(
-    frames: &qem_cuda::DeviceEncoded,
-    fit_frames: u64,
-    dense_bytes: u64,
-    source_compressed_bytes: Option<u64>,
-) -> CodecInfo {
-    codec_record(
-        frames.model(),
-        frames.nbytes(),
-        frames.model().to_bytes().len() as u64,
-        fit_frames,
-        dense_bytes,
-        source_compressed_bytes,
-    )
-}
-
-fn codec_record(
     m: &qem_codec::rans::CountsModel,
     encoded: u64,
-    model_bytes: u64,
     fit_frames: u64,
     dense_bytes: u64,
     source_compressed_bytes: Option<u64>,
 ) -> CodecInfo {
+    let model_bytes = m.serialized_len() as u64;
     let ratio = |num: u64| {
         if encoded == 0 {
             0.0

@@ -6,6 +6,17 @@
 //! files ([`save`], [`read_qem`]). Engines (`qem-cpu`, `qem-cuda`) sit below it;
 //! composite operations are written once here over their primitives.
 
+/// `Display` as the type's own `name()` (the lower-case name its `FromStr` reads back).
+macro_rules! display_by_name {
+    ($($ty:ty),+) => {
+        $(impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        })+
+    };
+}
+
 pub mod backend;
 pub mod calibration;
 pub mod dataset;

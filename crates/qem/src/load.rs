@@ -321,6 +321,19 @@ pub(crate) struct Loaded {
     pub(crate) codec: Option<CodecInfo>,
 }
 
+impl Loaded {
+    /// The CPU engine's dense load as it is: host memory, no codec.
+    fn cpu_dense(l: qem_cpu::DenseLoad) -> Loaded {
+        Loaded {
+            storage: Storage::CpuDense(l.data),
+            saturated: l.saturated,
+            memory: None,
+            timings: l.timings,
+            codec: None,
+        }
+    }
+}
+
 /// Assemble the dataset and its provenance (written once for every source kind and engine).
 pub(crate) fn finish(
     facts: SourceFacts,
@@ -449,6 +462,18 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
         },
         seconds: t_open,
     }];
+    // The CPU engine's dense load of the planned region: the CPU result itself, or the frames
+    // the CUDA engine is handed when they need host decoding.
+    let load_on_host = || {
+        qem_cpu::load_dense(
+            &src,
+            planned.scan_region,
+            &planned.plan,
+            LoadHooks {
+                progress: request.progress,
+            },
+        )
+    };
     let loaded = match (request.backend, planned.representation) {
         (Backend::Cuda, representation) if src.needs_host_decode() => {
             // The CUDA reader takes file bytes as they are; these need host decoding (a filter
@@ -459,14 +484,7 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
                     * planned.result_dtype.size() as u64,
                 request.params.memory_budget,
             )?;
-            let l = qem_cpu::load_dense(
-                &src,
-                planned.scan_region,
-                &planned.plan,
-                LoadHooks {
-                    progress: request.progress,
-                },
-            )?;
+            let l = load_on_host()?;
             let mut up = upload_host_frames(l.data, &planned, request, representation)?;
             let mut t = l.timings;
             t.push(StageTiming {
@@ -478,23 +496,7 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
             up.saturated = l.saturated;
             up
         }
-        (Backend::Cpu, Representation::Dense) => {
-            let l = qem_cpu::load_dense(
-                &src,
-                planned.scan_region,
-                &planned.plan,
-                LoadHooks {
-                    progress: request.progress,
-                },
-            )?;
-            Loaded {
-                storage: Storage::CpuDense(l.data),
-                saturated: l.saturated,
-                memory: None,
-                timings: l.timings,
-                codec: None,
-            }
-        }
+        (Backend::Cpu, Representation::Dense) => Loaded::cpu_dense(load_on_host()?),
         (Backend::Cpu, Representation::Encoded) => {
             let e = crate::encode::encode_source(
                 &src,
@@ -506,8 +508,13 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
             let dense_bytes = (planned.scan_region.shape().len()
                 * planned.plan.output_len()
                 * planned.result_dtype.size()) as u64;
-            let codec =
-                crate::encode::codec_info(&e.frames, e.fit_frames, dense_bytes, Some(e.bytes_read));
+            let codec = crate::encode::codec_info(
+                e.frames.model(),
+                e.frames.nbytes(),
+                e.fit_frames,
+                dense_bytes,
+                Some(e.bytes_read),
+            );
             Loaded {
                 storage: Storage::CpuEncoded(e.frames),
                 saturated: e.saturated,
@@ -530,8 +537,9 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
                 &opts,
             )?;
             let dense_bytes = (planned.scan_region.shape().len() * frame_bytes) as u64;
-            let codec = crate::encode::codec_info_device(
-                &g.encoded,
+            let codec = crate::encode::codec_info(
+                g.encoded.model(),
+                g.encoded.nbytes(),
                 opts.sample_frames.min(g.frames),
                 dense_bytes,
                 Some(g.bytes_read),
@@ -646,8 +654,9 @@ fn cuda_loaded(
     let en = qem_cuda::encode_device_array(&g.array, &opts)?;
     let dense_bytes = g.array.nbytes();
     drop(g.array);
-    let codec = crate::encode::codec_info_device(
-        &en.encoded,
+    let codec = crate::encode::codec_info(
+        en.encoded.model(),
+        en.encoded.nbytes(),
         opts.sample_frames.min(en.frames),
         dense_bytes,
         None,
@@ -771,7 +780,13 @@ fn load_in_memory(data: DenseArray, shape: &[usize], request: Request<'_>) -> Re
                         return Err(Error::memory_budget("load (ENCODED)", frames.nbytes(), b));
                     }
                 }
-                let codec = crate::encode::codec_info(&frames, fit_frames, dense_bytes, None);
+                let codec = crate::encode::codec_info(
+                    frames.model(),
+                    frames.nbytes(),
+                    fit_frames,
+                    dense_bytes,
+                    None,
+                );
                 let mut timings = l.timings;
                 timings.push(StageTiming {
                     stage: "fit+encode (wall)".into(),
@@ -785,13 +800,7 @@ fn load_in_memory(data: DenseArray, shape: &[usize], request: Request<'_>) -> Re
                     codec: Some(codec),
                 }
             } else {
-                Loaded {
-                    storage: Storage::CpuDense(l.data),
-                    saturated: l.saturated,
-                    memory: None,
-                    timings: l.timings,
-                    codec: None,
-                }
+                Loaded::cpu_dense(l)
             }
         }
         Backend::Cuda => {

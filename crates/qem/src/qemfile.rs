@@ -26,7 +26,6 @@ use qem_core::{
     Progress, Provenance, Result, Shape2, StageTiming, FNV_OFFSET,
 };
 use qem_cpu::EncodedFrames;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -73,19 +72,11 @@ pub fn qem_file_error(op: &str, path: &Path, e: QemFileError) -> Error {
 /// `.qem` file" here without being opened (an `open` of a FIFO would block), and the HDF5
 /// opener then refuses it with a typed error.
 pub fn is_qem_file(path: &Path) -> Result<bool> {
-    let Ok(mut f) = qem_io::open_regular("open", path, "file") else {
+    let Ok(f) = qem_io::open_regular("open", path, "file") else {
         return Ok(false);
     };
     let mut head = [0u8; 8];
-    let mut got = 0;
-    while got < head.len() {
-        match f.read(&mut head[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Error::io("open", path, &e)),
-        }
-    }
+    let got = qem_io::read_up_to(f, &mut head).map_err(|e| Error::io("open", path, &e))?;
     if got == head.len() && head == MAGIC {
         return Ok(true);
     }
@@ -165,7 +156,8 @@ pub fn save(ds: &Dataset, path: &Path, progress: &dyn Progress) -> Result<SaveSu
     let mut provenance = ds.provenance.clone();
     if provenance.codec.is_none() {
         provenance.codec = Some(crate::encode::codec_info(
-            frames,
+            frames.model(),
+            frames.nbytes(),
             fit_frames,
             dense_bytes,
             None,
@@ -537,7 +529,20 @@ pub(crate) fn load_qem(path: &Path, request: Request<'_>) -> Result<Dataset> {
     let file_bytes = q.file.size;
     let digest = format!("{:016x}", fnv1a64(FNV_OFFSET, &q.frames.index_bytes()));
     let dense_bytes = (q.scan_shape.len() * q.detector_shape.len() * q.dtype.size()) as u64;
-    let mut codec = q.provenance.codec.clone();
+    // The encoded representations keep the codec record the file's writer made (its fit and
+    // model), with the sizes of this load.
+    let mut encoded_codec = crate::encode::codec_info(
+        q.frames.model(),
+        q.frames.nbytes(),
+        0,
+        dense_bytes,
+        Some(file_bytes),
+    );
+    if let Some(orig) = &q.provenance.codec {
+        encoded_codec.fit_frames = orig.fit_frames;
+        encoded_codec.model = orig.model.clone();
+    }
+    let mut codec = None;
     let mut memory = None;
     let storage = match (request.backend, request.representation) {
         (Backend::Cpu, Representation::Encoded) => {
@@ -546,12 +551,7 @@ pub(crate) fn load_qem(path: &Path, request: Request<'_>) -> Result<Dataset> {
                     return Err(Error::memory_budget("load", q.frames.nbytes(), b).with_file(path));
                 }
             }
-            let mut c = crate::encode::codec_info(&q.frames, 0, dense_bytes, Some(file_bytes));
-            if let Some(orig) = &codec {
-                c.fit_frames = orig.fit_frames;
-                c.model = orig.model.clone();
-            }
-            codec = Some(c);
+            codec = Some(encoded_codec);
             Storage::CpuEncoded(q.frames)
         }
         (_, Representation::Dense) => {
@@ -565,7 +565,6 @@ pub(crate) fn load_qem(path: &Path, request: Request<'_>) -> Result<Dataset> {
                 stage: "decode (wall)".into(),
                 seconds: t.elapsed().as_secs_f64(),
             });
-            codec = None;
             match request.backend {
                 Backend::Cpu => Storage::CpuDense(dense),
                 Backend::Cuda => {
@@ -611,12 +610,7 @@ pub(crate) fn load_qem(path: &Path, request: Request<'_>) -> Result<Dataset> {
                 card_used_peak_bytes: total.saturating_sub(free1),
                 card_total_bytes: total,
             });
-            let mut c = crate::encode::codec_info(&q.frames, 0, dense_bytes, Some(file_bytes));
-            if let Some(orig) = &codec {
-                c.fit_frames = orig.fit_frames;
-                c.model = orig.model.clone();
-            }
-            codec = Some(c);
+            codec = Some(encoded_codec);
             Storage::CudaEncoded(d)
         }
     };

@@ -253,24 +253,14 @@ impl QemFile {
                     "section kind 0 is invalid",
                 ));
             }
-            if info.offset % SECTION_ALIGN != 0 {
-                return Err(malformed(
-                    loc,
-                    format!(
-                        "offset {} is not a multiple of {SECTION_ALIGN}",
-                        info.offset
-                    ),
-                ));
-            }
-            if info.offset < prev_end {
-                return Err(malformed(
-                    loc,
-                    format!(
-                        "offset {} overlaps the previous section or the table (ends at {prev_end})",
-                        info.offset
-                    ),
-                ));
-            }
+            check_start(
+                loc,
+                None,
+                info.offset,
+                SECTION_ALIGN,
+                prev_end,
+                "the previous section or the table",
+            )?;
             let end = info
                 .offset
                 .checked_add(info.length)
@@ -343,24 +333,14 @@ impl QemFile {
         let mut prev_end = 0u64;
         for (i, raw) in index.chunks_exact(INDEX_ENTRY_LEN).enumerate() {
             let e = StreamEntry::from_bytes(raw);
-            if e.offset % STREAM_ALIGN != 0 {
-                return Err(malformed(
-                    index_loc,
-                    format!(
-                        "stream {i}: offset {} is not a multiple of {STREAM_ALIGN}",
-                        e.offset
-                    ),
-                ));
-            }
-            if e.offset < prev_end {
-                return Err(malformed(
-                    index_loc,
-                    format!(
-                        "stream {i}: offset {} overlaps the previous stream (ends at {prev_end})",
-                        e.offset
-                    ),
-                ));
-            }
+            check_start(
+                index_loc,
+                Some(i),
+                e.offset,
+                STREAM_ALIGN,
+                prev_end,
+                "the previous stream",
+            )?;
             if e.end() > streams_len {
                 return Err(malformed(
                     index_loc,
@@ -387,6 +367,35 @@ impl QemFile {
             streams_verified: verify == Verify::All,
         })
     }
+}
+
+/// Check where a section (`stream` `None`) or stream `i` starts: `offset` is a multiple of
+/// `align` and does not overlap what comes before it (`previous`, which ends at `prev_end`).
+fn check_start(
+    loc: Location,
+    stream: Option<usize>,
+    offset: u64,
+    align: u64,
+    prev_end: u64,
+    previous: &str,
+) -> Result<()> {
+    let label = || stream.map_or(String::new(), |i| format!("stream {i}: "));
+    if offset % align != 0 {
+        return Err(malformed(
+            loc,
+            format!("{}offset {offset} is not a multiple of {align}", label()),
+        ));
+    }
+    if offset < prev_end {
+        return Err(malformed(
+            loc,
+            format!(
+                "{}offset {offset} overlaps {previous} (ends at {prev_end})",
+                label()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn to_usize(x: u64) -> Result<usize> {

@@ -80,30 +80,7 @@ impl CountsModel {
             });
         }
         Self::check_split(contexts, table_sets, split, 0)?;
-        Self::check_parts(
-            literals,
-            contexts,
-            table_sets,
-            &ctx_map,
-            &thresholds,
-            &freq,
-            [0; 3],
-        )?;
-        let s = literals as usize + BUCKETS;
-        let rows = table_sets as usize * contexts as usize;
-        let m = PROB_SCALE as usize;
-        let mut cum = vec![0u16; freq.len()];
-        let mut lut = vec![0u8; rows * m];
-        for r in 0..rows {
-            let mut acc = 0usize;
-            for sym in 0..s {
-                cum[r * s + sym] = acc as u16;
-                let f = freq[r * s + sym] as usize;
-                lut[r * m + acc..r * m + acc + f].fill(sym as u8);
-                acc += f;
-            }
-        }
-        Ok(CountsModel {
+        CountsModel {
             literals,
             contexts,
             table_sets,
@@ -111,9 +88,34 @@ impl CountsModel {
             ctx_map,
             thresholds,
             freq,
-            cum,
-            lut,
-        })
+            cum: Vec::new(),
+            lut: Vec::new(),
+        }
+        .with_tables([0; 3])
+    }
+
+    /// `self`, whose dimensions and `split` are checked but whose decode tables are not yet
+    /// derived (`cum` and `lut` empty), with [`CountsModel::check_parts`] passed against
+    /// `offsets` and the tables derived: the last step of both constructors.
+    fn with_tables(mut self, offsets: [usize; 3]) -> Result<CountsModel, RansError> {
+        self.check_parts(offsets)?;
+        let s = self.literals as usize + BUCKETS;
+        let rows = self.table_sets as usize * self.contexts as usize;
+        let m = PROB_SCALE as usize;
+        let mut cum = vec![0u16; self.freq.len()];
+        let mut lut = vec![0u8; rows * m];
+        for r in 0..rows {
+            let mut acc = 0usize;
+            for sym in 0..s {
+                cum[r * s + sym] = acc as u16;
+                let f = self.freq[r * s + sym] as usize;
+                lut[r * m + acc..r * m + acc + f].fill(sym as u8);
+                acc += f;
+            }
+        }
+        self.cum = cum;
+        self.lut = lut;
+        Ok(self)
     }
 
     fn check_split(contexts: u8, table_sets: u8, split: u8, at: usize) -> Result<(), RansError> {
@@ -131,15 +133,9 @@ impl CountsModel {
 
     /// Validate classes, thresholds, sizes and row sums; `offsets` = byte offsets of
     /// `ctx_map`, `thresholds` and `freq` for serialised models (0 from parts).
-    fn check_parts(
-        literals: u8,
-        contexts: u8,
-        table_sets: u8,
-        ctx_map: &[u8],
-        thresholds: &[u64],
-        freq: &[u16],
-        offsets: [usize; 3],
-    ) -> Result<(), RansError> {
+    fn check_parts(&self, offsets: [usize; 3]) -> Result<(), RansError> {
+        let (literals, contexts, table_sets) = (self.literals, self.contexts, self.table_sets);
+        let (ctx_map, thresholds, freq) = (&self.ctx_map, &self.thresholds, &self.freq);
         let [ctx_offset, thr_offset, freq_offset] = offsets;
         let s = literals as usize + BUCKETS;
         if let Some(p) = ctx_map.iter().position(|&c| c >= contexts) {
@@ -271,14 +267,14 @@ impl CountsModel {
         )
     }
 
+    /// Length of [`CountsModel::to_bytes`], without serialising.
+    pub fn serialized_len(&self) -> usize {
+        MODEL_HEADER_BYTES + self.ctx_map.len() + 8 * self.thresholds.len() + 2 * self.freq.len()
+    }
+
     /// Serialise (layout in the module doc).
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(
-            MODEL_HEADER_BYTES
-                + self.ctx_map.len()
-                + 8 * self.thresholds.len()
-                + 2 * self.freq.len(),
-        );
+        let mut out = Vec::with_capacity(self.serialized_len());
         out.extend_from_slice(&MODEL_MAGIC);
         out.extend_from_slice(&[
             PROB_BITS as u8,
@@ -366,27 +362,24 @@ impl CountsModel {
         if bytes.len() as u64 != total {
             return Err(bad("model length", 0, total, bytes.len() as u64));
         }
-        let ctx_map = bytes[MODEL_HEADER_BYTES..thr_offset].to_vec();
-        let thresholds: Vec<u64> = bytes[thr_offset..freq_offset]
-            .chunks_exact(8)
-            .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
-            .collect();
-        let freq: Vec<u16> = bytes[freq_offset..]
-            .chunks_exact(2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]))
-            .collect();
-        Self::check_parts(
+        CountsModel {
             literals,
             contexts,
             table_sets,
-            &ctx_map,
-            &thresholds,
-            &freq,
-            [MODEL_HEADER_BYTES, thr_offset, freq_offset],
-        )?;
-        Self::from_parts(
-            literals, contexts, table_sets, split, ctx_map, thresholds, freq,
-        )
+            split,
+            ctx_map: bytes[MODEL_HEADER_BYTES..thr_offset].to_vec(),
+            thresholds: bytes[thr_offset..freq_offset]
+                .chunks_exact(8)
+                .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+                .collect(),
+            freq: bytes[freq_offset..]
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect(),
+            cum: Vec::new(),
+            lut: Vec::new(),
+        }
+        .with_tables([MODEL_HEADER_BYTES, thr_offset, freq_offset])
     }
 
     /// Pixels per frame.

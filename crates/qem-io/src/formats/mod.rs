@@ -26,7 +26,6 @@ pub use raw::RawLayout;
 use crate::meta::MasterInfo;
 use crate::{guard, ChunkCodec, ChunkRecord, MissingFrames, OpenOptions, Source, SourceKind};
 use qem_core::{DType, Error, FileIdentity, Metadata, Result, Shape2};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -129,17 +128,9 @@ pub(crate) fn require_float_scale(path: &Path, opts: &OpenOptions) -> Result<f64
 
 /// Recognise `path` by its first bytes (and, for EMPAD and Merlin headers, its name).
 pub fn detect(path: &Path) -> Result<Format> {
-    let mut f = guard::open_regular(OP, path, "source file")?;
+    let f = guard::open_regular(OP, path, "source file")?;
     let mut head = [0u8; 16];
-    let mut n = 0;
-    while n < head.len() {
-        match f.read(&mut head[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Error::io(OP, path, &e)),
-        }
-    }
+    let n = guard::read_up_to(&f, &mut head).map_err(|e| Error::io(OP, path, &e))?;
     let head = &head[..n];
     const HDF5: &[u8] = b"\x89HDF\r\n\x1a\n";
     let ext = path
@@ -279,6 +270,77 @@ pub(crate) struct Found {
     pub recorded_scan: Option<Shape2>,
     pub elem: host::ElemConv,
     pub metadata: Metadata,
+}
+
+/// A file that is one C-order array of frames (`.npy`, raw binary).
+pub(crate) struct ArrayFile {
+    pub dtype: DType,
+    pub elem: host::ElemConv,
+    /// Frames in the array.
+    pub n_frames: u64,
+    /// Scan shape of a 4-D array.
+    pub array_scan: Option<Shape2>,
+    pub detector: Shape2,
+    /// Bytes of one frame's pixels.
+    pub frame_bytes: u64,
+}
+
+impl ArrayFile {
+    /// The array of NumPy element type `typestr` and `shape` (`(N, k_r, k_c)` or
+    /// `(R, C, k_r, k_c)`); an unusable shape is a `kind` error naming `what`.
+    pub fn new(
+        typestr: &str,
+        shape: &[u64],
+        path: &Path,
+        what: &str,
+        kind: qem_core::ErrorKind,
+    ) -> Result<ArrayFile> {
+        let (dtype, elem, es) = elem_from_typestr(typestr, path)?;
+        let (n_frames, array_scan, detector) = split_shape(shape, path, what, kind)?;
+        Ok(ArrayFile {
+            dtype,
+            elem,
+            n_frames,
+            array_scan,
+            detector,
+            frame_bytes: (detector.len() as u64).saturating_mul(es as u64),
+        })
+    }
+
+    /// The [`Source`] of the array in `path` itself: frames from byte `first`, `stride` bytes
+    /// apart; `layout` is the metadata entry (key, value) recording how the file is laid out.
+    pub fn build(
+        self,
+        path: &Path,
+        opts: &OpenOptions,
+        kind: SourceKind,
+        (first, stride): (u64, u64),
+        layout: (&str, serde_json::Value),
+    ) -> Result<Source> {
+        let mut metadata = Metadata::default();
+        metadata.extra.insert(layout.0.into(), layout.1);
+        build(
+            path,
+            opts,
+            Found {
+                kind,
+                data_file: path.to_path_buf(),
+                side_files: Vec::new(),
+                dtype: self.dtype,
+                detector: self.detector,
+                frames: Strided {
+                    first,
+                    stride,
+                    stored_frame_bytes: self.frame_bytes,
+                    n_frames: self.n_frames,
+                },
+                array_scan: self.array_scan,
+                recorded_scan: None,
+                elem: self.elem,
+                metadata,
+            },
+        )
+    }
 }
 
 /// Check the extent, resolve the scan shape and build the [`Source`] with one record per frame.

@@ -6,10 +6,9 @@
 //! bytes, a little-endian header length (`u16` in v1, `u32` in v2/v3), the header text (a
 //! Python dict with `descr`, `fortran_order`, `shape`), then the C-order array.
 
-use super::{build, elem_from_typestr, split_shape, Found, Strided};
+use super::ArrayFile;
 use crate::{guard, OpenOptions, Source, SourceKind};
-use qem_core::{Error, Metadata, Result};
-use std::io::Read;
+use qem_core::{Error, Result};
 use std::path::Path;
 
 const OP: &str = "open";
@@ -44,16 +43,7 @@ fn bracket_depth(text: &[u8]) -> usize {
 fn read_at(mut f: &std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
     use std::io::{Seek, SeekFrom};
     f.seek(SeekFrom::Start(0))?;
-    let mut n = 0;
-    while n < buf.len() {
-        match f.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
+    guard::read_up_to(f, buf)
 }
 
 /// Open a `.npy` file of shape `(N, k_r, k_c)` or `(R, C, k_r, k_c)`.
@@ -123,39 +113,20 @@ pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Source> {
             )
         }
     };
-    let (dtype, elem, es) = elem_from_typestr(&ts.to_string(), path)?;
-    let (n_frames, array_scan, det) = split_shape(
+    let array = ArrayFile::new(
+        &ts.to_string(),
         header.shape(),
         path,
         "the array",
         qem_core::ErrorKind::Source,
     )?;
-    let stored = (det.len() as u64).saturating_mul(es as u64);
-    let mut metadata = Metadata::default();
-    metadata.extra.insert(
-        "npy_descr".into(),
-        serde_json::Value::String(ts.to_string()),
-    );
-    build(
+    let stride = array.frame_bytes;
+    array.build(
         path,
         opts,
-        Found {
-            kind: SourceKind::Npy,
-            data_file: path.to_path_buf(),
-            side_files: Vec::new(),
-            dtype,
-            detector: det,
-            frames: Strided {
-                first: data_offset,
-                stride: stored,
-                stored_frame_bytes: stored,
-                n_frames,
-            },
-            array_scan,
-            recorded_scan: None,
-            elem,
-            metadata,
-        },
+        SourceKind::Npy,
+        (data_offset, stride),
+        ("npy_descr", serde_json::Value::String(ts.to_string())),
     )
 }
 

@@ -3,9 +3,9 @@
 //! (`frame_header_bytes`, `frame_footer_bytes`). The caller describes the layout; the file's
 //! size must then match it exactly.
 
-use super::{build, elem_from_typestr, split_shape, Found, Strided};
+use super::ArrayFile;
 use crate::{OpenOptions, Source, SourceKind};
-use qem_core::{Error, Metadata, Result};
+use qem_core::{Error, Result};
 use std::path::Path;
 
 const OP: &str = "open";
@@ -35,14 +35,14 @@ pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Source> {
             )
             .with_found("no layout")
     })?;
-    let (dtype, elem, es) = elem_from_typestr(&layout.dtype, path)?;
-    let (n_frames, array_scan, det) = split_shape(
+    let array = ArrayFile::new(
+        &layout.dtype,
         &layout.shape,
         path,
         "shape",
         qem_core::ErrorKind::InvalidArgument,
     )?;
-    let stored = (det.len() as u64).saturating_mul(es as u64);
+    let (n_frames, stored) = (array.n_frames, array.frame_bytes);
     let stride = stored
         .checked_add(layout.frame_header_bytes)
         .and_then(|s| s.checked_add(layout.frame_footer_bytes))
@@ -75,35 +75,19 @@ pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Source> {
         }
         return Err(e);
     }
-    let mut metadata = Metadata::default();
-    metadata.extra.insert(
-        "raw_layout".into(),
-        serde_json::json!({
-            "dtype": layout.dtype, "shape": layout.shape,
-            "file_header_bytes": layout.file_header_bytes,
-            "frame_header_bytes": layout.frame_header_bytes,
-            "frame_footer_bytes": layout.frame_footer_bytes,
-        }),
-    );
-    build(
+    array.build(
         path,
         opts,
-        Found {
-            kind: SourceKind::RawBinary,
-            data_file: path.to_path_buf(),
-            side_files: Vec::new(),
-            dtype,
-            detector: det,
-            frames: Strided {
-                first: layout.file_header_bytes + layout.frame_header_bytes,
-                stride,
-                stored_frame_bytes: stored,
-                n_frames,
-            },
-            array_scan,
-            recorded_scan: None,
-            elem,
-            metadata,
-        },
+        SourceKind::RawBinary,
+        (layout.file_header_bytes + layout.frame_header_bytes, stride),
+        (
+            "raw_layout",
+            serde_json::json!({
+                "dtype": layout.dtype, "shape": layout.shape,
+                "file_header_bytes": layout.file_header_bytes,
+                "frame_header_bytes": layout.frame_header_bytes,
+                "frame_footer_bytes": layout.frame_footer_bytes,
+            }),
+        ),
     )
 }

@@ -38,14 +38,12 @@ pub(super) fn sampling(ds: &Dataset, p: &DetectorParams, radius_px: f64) -> Resu
             .with_expected("finite values > 0 mrad/px")
             .with_found(format!("({r}, {c})")));
         }
-        if (r - c).abs() > 1e-9 * r.max(c) {
-            return Err(Error::invalid(
-                OP,
-                "the detector angular sampling differs along rows and columns; a circular mask in mrad is an ellipse in pixels",
-            )
-            .with_expected("equal row and column sampling, or det_sampling_mrad, or unit px")
-            .with_found(format!("({r}, {c}) mrad/px")));
-        }
+        let r = crate::calibration::isotropic_sampling(
+            OP,
+            (r, c),
+            "the detector angular sampling differs along rows and columns; a circular mask in mrad is an ellipse in pixels",
+            "equal row and column sampling, or det_sampling_mrad, or unit px",
+        )?;
         return Ok(Sampling {
             mrad_per_px: r,
             source: format!(

@@ -2,7 +2,7 @@
 //! [`DetectorParams`], and [`detector_image`], one image with its provenance. The geometry
 //! (disk, calibration, bounds) comes from `geometry`; `products` shares it.
 
-use super::geometry::{bounds, bounds_json, disk_json, geometry, sampling_json};
+use super::geometry::{bounds, bounds_json, disk_json, geometry, sampling_json, Geometry};
 use super::{annulus_mask, live, reduce, DetectorMask, DiskFit, ReduceRequest, VirtualImage};
 use crate::dataset::Dataset;
 use crate::result::ResultProvenance;
@@ -21,29 +21,9 @@ pub enum Unit {
     Mrad,
 }
 
-impl Unit {
+qem_core::named_choice! {
     /// `"px"` or `"mrad"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Unit::Px => "px",
-            Unit::Mrad => "mrad",
-        }
-    }
-}
-
-impl std::str::FromStr for Unit {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        // Lower-cased first: the error has always quoted the lower-cased input.
-        let low = s.to_ascii_lowercase();
-        parse_choice(
-            "detector",
-            "unit",
-            &low,
-            &[Unit::Px, Unit::Mrad],
-            Unit::name,
-        )
-    }
+    Unit, "detector", "unit", { Px => "px", Mrad => "mrad" }
 }
 
 /// A named virtual detector (docs/science.md §4 bounds, `r` the BF disk radius).
@@ -101,11 +81,7 @@ impl DetectorKind {
     }
 }
 
-impl std::fmt::Display for DetectorKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+display_by_name!(DetectorKind);
 
 impl std::str::FromStr for DetectorKind {
     type Err = Error;
@@ -242,25 +218,51 @@ pub fn detector_image(
             ))
         }
     };
-    let mut provenance = ResultProvenance::new(
+    Ok(DetectorImage::new(
         ds,
-        &format!("detector.{kind}"),
-        json!({
-            "detector": bounds_json(kind, lo, hi, mask_pixels, &g),
-            "disk": disk_json(&g.disk, p, &g),
-            "calibration": sampling_json(p, &g),
-        }),
-    );
-    provenance.stage("disk_fit", g.disk_secs);
-    provenance.stage("reduce", secs);
-    Ok(DetectorImage {
         kind,
         image,
-        scan_shape: ds.scan_shape,
-        inner_px: lo,
-        outer_px: hi,
-        disk: g.disk,
-        mask_pixels,
-        provenance,
-    })
+        (lo, hi, mask_pixels),
+        &g,
+        p,
+        ("reduce", secs),
+    ))
+}
+
+impl DetectorImage {
+    /// The `image` of detector `kind`, whose bounds `(lo, hi)` px (`mask_pixels` in the mask)
+    /// were made from the disk of `g`, with its provenance: the detector, disk and calibration
+    /// records as `params` (an object, to which a caller may add), the disk fit's time and the
+    /// reduction's (`reduce`: stage name, seconds).
+    pub(super) fn new(
+        ds: &Dataset,
+        kind: DetectorKind,
+        image: Vec<u64>,
+        (lo, hi, mask_pixels): (f64, f64, usize),
+        g: &Geometry,
+        p: &DetectorParams,
+        reduce: (&str, f64),
+    ) -> DetectorImage {
+        let mut provenance = ResultProvenance::new(
+            ds,
+            &format!("detector.{kind}"),
+            json!({
+                "detector": bounds_json(kind, lo, hi, mask_pixels, g),
+                "disk": disk_json(&g.disk, p, g),
+                "calibration": sampling_json(p, g),
+            }),
+        );
+        provenance.stage("disk_fit", g.disk_secs);
+        provenance.stage(reduce.0, reduce.1);
+        DetectorImage {
+            kind,
+            image,
+            scan_shape: ds.scan_shape,
+            inner_px: lo,
+            outer_px: hi,
+            disk: g.disk,
+            mask_pixels,
+            provenance,
+        }
+    }
 }

@@ -2,7 +2,7 @@
 //! images, sum/mean/max DP, moments, centre of mass), with their provenance. Called by
 //! `qem-cli`'s `products` command, `dpc` and the Python bindings.
 
-use super::geometry::{bounds, bounds_json, disk_json, geometry, sampling_json};
+use super::geometry::{bounds, disk_json, geometry, sampling_json};
 use super::patterns::mean_from_sum;
 use super::{
     annulus_mask, live, reduce, DetectorImage, DetectorKind, DetectorMask, DetectorParams, DiskFit,
@@ -46,11 +46,7 @@ impl Product {
     }
 }
 
-impl std::fmt::Display for Product {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+display_by_name!(Product);
 
 impl std::str::FromStr for Product {
     type Err = Error;
@@ -212,30 +208,20 @@ pub fn products(ds: &Dataset, which: &[Product], p: &DetectorParams) -> Result<P
         let Some(g) = &g else {
             return Err(Error::internal(OP, "a detector image without a disk"));
         };
-        let dj = bounds_json(kind, lo, hi, mask_pixels, g);
-        let mut prov = ResultProvenance::new(
+        let mut im = DetectorImage::new(
             ds,
-            &format!("detector.{kind}"),
-            json!({
-                "detector": dj,
-                "disk": disk_json(&g.disk, p, g),
-                "calibration": sampling_json(p, g),
-                "computed_by": "detector.products (one pass)",
-            }),
-        );
-        prov.stage("disk_fit", g.disk_secs);
-        prov.stage("reduce (shared pass)", reduce_secs);
-        images_json.push(dj);
-        images.push(DetectorImage {
             kind,
             image,
-            scan_shape: ds.scan_shape,
-            inner_px: lo,
-            outer_px: hi,
-            disk: g.disk,
-            mask_pixels,
-            provenance: prov,
-        });
+            (lo, hi, mask_pixels),
+            g,
+            p,
+            ("reduce (shared pass)", reduce_secs),
+        );
+        if let Some(params) = im.provenance.params.as_object_mut() {
+            params.insert("computed_by".into(), json!("detector.products (one pass)"));
+        }
+        images_json.push(im.provenance.params["detector"].clone());
+        images.push(im);
     }
 
     let asked: Vec<&str> = which.iter().map(|w| w.name()).collect();
