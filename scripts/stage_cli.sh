@@ -5,6 +5,6 @@
 set -euo pipefail
 cargo build --release -q -p qem-cli
 mkdir -p python/quantem/gpu/_bin
-cp target/release/quantem-gpu python/quantem/gpu/_bin/quantem-gpu
+cp "${CARGO_TARGET_DIR:-target}/release/quantem-gpu" python/quantem/gpu/_bin/quantem-gpu
 strip python/quantem/gpu/_bin/quantem-gpu
 chmod 755 python/quantem/gpu/_bin/quantem-gpu
