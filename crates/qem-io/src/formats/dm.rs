@@ -343,25 +343,15 @@ impl Parser<'_> {
 }
 
 /// The element type of `ImageData/DataType`: the source dtype and the conversion.
+/// Read as the NumPy type string of the values (byte order from the header), through the same
+/// mapping `.npy` and raw files use.
 fn image_dtype(code: i64, little: bool, path: &Path) -> Result<(DType, ElemConv)> {
-    let swap = |n| {
-        if little {
-            ElemConv::Same
-        } else {
-            ElemConv::Swap(n)
-        }
-    };
-    Ok(match code {
-        6 => (DType::U8, ElemConv::Same),
-        10 => (DType::U16, swap(2)),
-        11 => (DType::U32, swap(4)),
-        2 => (
-            DType::U32,
-            ElemConv::Float32 {
-                scale: 1.0,
-                big_endian: !little,
-            },
-        ),
+    let order = if little { '<' } else { '>' };
+    let typestr = match code {
+        6 => "|u1".to_string(),
+        10 => format!("{order}u2"),
+        11 => format!("{order}u4"),
+        2 => format!("{order}f4"),
         other => {
             let name = match other {
                 1 => "int16",
@@ -378,7 +368,9 @@ fn image_dtype(code: i64, little: bool, path: &Path) -> Result<(DType, ElemConv)
                 )
                 .with_found(format!("DataType {other} ({name})")));
         }
-    })
+    };
+    let (dtype, elem, _) = super::elem_from_typestr(&typestr, path)?;
+    Ok((dtype, elem))
 }
 
 /// One image of `ImageList`: its dimensions (fastest first), data type and data array.
@@ -475,7 +467,7 @@ fn to_angstrom(scale: f64, unit: &str) -> Option<f64> {
 }
 
 /// What the calibrations and microscope tags say, into `metadata`.
-fn calibrate(root: &Group, image: &Image, metadata: &mut Metadata) {
+fn calibrate(root: &Group, image: &Image, version: u32, metadata: &mut Metadata) {
     let cal = calibrations(image.group);
     let mrad = |i: usize| {
         cal.get(i)
@@ -503,6 +495,7 @@ fn calibrate(root: &Group, image: &Image, metadata: &mut Metadata) {
     metadata.extra.insert(
         "gatan_dm".into(),
         serde_json::json!({
+            "version": version,
             "image_index": image.index,
             "dimensions_fastest_first": image.dims,
             "data_type": image.data_type,
@@ -595,10 +588,7 @@ pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Source> {
             .with_found(format!("dimensions (fastest first) {dims:?}")));
     }
     let mut metadata = Metadata::default();
-    calibrate(&root, image, &mut metadata);
-    if let Some(serde_json::Value::Object(m)) = metadata.extra.get_mut("gatan_dm") {
-        m.insert("version".into(), version.into());
-    }
+    calibrate(&root, image, version, &mut metadata);
     build(
         path,
         opts,
