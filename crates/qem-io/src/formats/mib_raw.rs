@@ -115,9 +115,9 @@ impl RawMib {
         }
     }
 
-    /// Unpack one 12-bit-or-narrower raw frame (`src`, stored order) into `counts` (assembled
-    /// order, row-major).
-    fn unpack(self, src: &[u8], counts: &mut [u32]) {
+    /// Unpack one 12-bit-or-narrower raw frame (`src`, stored order): `put(i, count)` for each
+    /// pixel `i` of the assembled frame (row-major).
+    fn unpack(self, src: &[u8], mut put: impl FnMut(usize, u32)) {
         let lanes = self.lanes();
         let width = 64 / lanes;
         let mask = if width == 64 {
@@ -146,40 +146,45 @@ impl RawMib {
                         _ => (self.rows - 1 - y, chip_cols, true),
                     }
                 };
-                let dst = &mut counts[out_row * self.cols + col0..][..chip_cols];
+                let first = out_row * self.cols + col0;
                 for (w, word) in row.chunks_exact(8).enumerate() {
                     let word = u64::from_be_bytes(word.try_into().unwrap_or([0; 8]));
                     for j in 0..lanes {
                         let px = w * lanes + j;
                         let at = if reversed { chip_cols - 1 - px } else { px };
-                        dst[at] = ((word >> (j * width)) & mask) as u32;
+                        put(first + at, ((word >> (j * width)) & mask) as u32);
                     }
                 }
             }
         }
     }
 
-    /// Stored bytes of whole frames → little-endian counts of [`RawMib::dtype`].
+    /// Stored bytes of whole frames → little-endian counts of [`RawMib::dtype`], written in
+    /// place at the end of `out` (no per-frame buffers: this runs once per frame of a load).
     pub(crate) fn convert(self, part: &[u8], out: &mut Vec<u8>) {
         let stored = self.stored_frame_bytes();
-        let px = self.rows * self.cols;
-        let mut counts = vec![0u32; px];
-        let mut low = vec![0u32; px];
+        let frame_bytes = self.rows * self.cols * self.dtype().size();
         for frame in part.chunks_exact(stored.max(1)) {
-            if self.bits == 24 {
-                let half = RawMib { bits: 12, ..self };
-                half.unpack(&frame[..stored / 2], &mut counts);
-                half.unpack(&frame[stored / 2..], &mut low);
-                for (c, l) in counts.iter_mut().zip(&low) {
-                    *c = (*c << 12) + l;
+            let start = out.len();
+            out.resize(start + frame_bytes, 0);
+            let dst = &mut out[start..];
+            match self.bits {
+                1 | 6 => self.unpack(frame, |i, c| dst[i] = c as u8),
+                12 => self.unpack(frame, |i, c| {
+                    dst[2 * i..2 * i + 2].copy_from_slice(&(c as u16).to_le_bytes())
+                }),
+                _ => {
+                    // Two 12-bit frames: the first is the high 12 bits, the second is added.
+                    let half = RawMib { bits: 12, ..self };
+                    half.unpack(&frame[..stored / 2], |i, c| {
+                        dst[4 * i..4 * i + 4].copy_from_slice(&(c << 12).to_le_bytes())
+                    });
+                    half.unpack(&frame[stored / 2..], |i, c| {
+                        let at = &mut dst[4 * i..4 * i + 4];
+                        let high = u32::from_le_bytes([at[0], at[1], at[2], at[3]]);
+                        at.copy_from_slice(&(high + c).to_le_bytes());
+                    });
                 }
-            } else {
-                self.unpack(frame, &mut counts);
-            }
-            match self.dtype() {
-                DType::U8 => out.extend(counts.iter().map(|&c| c as u8)),
-                DType::U16 => out.extend(counts.iter().flat_map(|&c| (c as u16).to_le_bytes())),
-                _ => out.extend(counts.iter().flat_map(|&c| c.to_le_bytes())),
             }
         }
     }
