@@ -1,7 +1,7 @@
 //! Work done on the host between a frame's stored bytes and the little-endian integer counts
 //! the engines take: HDF5 filter pipelines we decode ourselves (deflate, shuffle, Fletcher-32,
-//! Zstd, LZ4 32004; Blosc 32001 through c-blosc), 4-D chunks that cover several partial scan rows, byte order, float32 counts
-//! and big-endian Merlin pixels.
+//! Zstd, LZ4 32004; Blosc 32001 through c-blosc), 4-D chunks that cover several partial scan
+//! rows, byte order, float32 counts, big-endian Merlin pixels and raw Merlin (R64) counters.
 //!
 //! A [`Source`](crate::Source) with a [`HostDecode`] presents itself to the engines as
 //! [`ChunkCodec::Raw`](crate::ChunkCodec::Raw): [`Source::read_chunk`](crate::Source::read_chunk)
