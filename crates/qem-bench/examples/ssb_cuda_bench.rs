@@ -13,7 +13,7 @@
 //! Optics: 300 kV, 25 mrad, 0.4 Å steps (the reference acquisition is synthetic; the timings
 //! depend on the scan, the BF pixel count and the scan step only through the support of Γ).
 
-use qem::ssb::{Aberrations, FitParams, Objective, Ssb, SsbParams};
+use qem::ssb::{Aberrations, Fidelity, FitParams, Objective, Ssb, SsbParams};
 use qem::{BackendRequest, Dataset, Region, Representation};
 use qem_bench::timing::time_p50;
 use serde_json::{json, Value};
@@ -112,32 +112,51 @@ fn bench_one(
         "coherence_quad": qloss,
         "coherence_general": gloss,
     });
+    // The coherence loss over the fit's coarse sample (the first pixels of G).
+    let (coarse_coh, coarse_coh_all) = time(r, || {
+        s.objective_at(&ab, Objective::Coherence, Fidelity::Coarse)
+    })?;
+    eprintln!(
+        "coarse coherence ({} of {} pixels) {:.2} ms",
+        s.coarse_pixels(),
+        s.n_bf_pixels(),
+        coarse_coh * 1e3
+    );
     let mut fits = Vec::new();
-    let mut kinds = vec![Objective::Coherence];
+    // The default fit (coarse stages) and the all-pixel one, same seed: the time and the
+    // fitted values side by side.
+    let mut runs = vec![(Objective::Coherence, true), (Objective::Coherence, false)];
     if fit_pv {
-        kinds.push(Objective::PhaseVariance);
+        runs.push((Objective::PhaseVariance, true));
     }
-    for kind in kinds {
+    for (kind, coarse) in runs {
         let t = Instant::now();
         let f = s.fit(&FitParams {
             objective: kind,
+            coarse,
             ..FitParams::default()
         })?;
         let secs = t.elapsed().as_secs_f64();
+        let pf = &f.provenance.params["fit"];
         eprintln!(
-            "fit ({}) {secs:.2} s, {} evaluations",
+            "fit ({}, coarse {coarse}) {secs:.3} s, {} evaluations ({} coarse): {:?}",
             kind.name(),
-            f.evaluations
+            f.evaluations,
+            pf["coarse_evaluations"],
+            f.aberrations
         );
         fits.push(json!({
             "objective": kind.name(),
+            "coarse": pf["coarse"],
+            "coarse_pixels": pf["coarse_pixels"],
+            "coarse_evaluations": pf["coarse_evaluations"],
             "seconds": secs,
             "evaluations": f.evaluations,
             "ms_per_evaluation": secs * 1e3 / f.evaluations as f64,
             "fitted": f.aberrations.to_map(),
             "loss": f.loss,
             "params": ["C10", "C12", "phi12"],
-            "search": "200 scrambled-Halton points + Nelder-Mead (<= 200 iterations) from the 3 best, each to a 1 % simplex, the best on to 1e-4",
+            "search": pf["search"],
         }));
     }
     let card_peak_seen = card_after_prepare.max(card_after_pv).max(card_used()?);
@@ -156,6 +175,9 @@ fn bench_one(
         "object_all_s": obj_all,
         "coherence_p50_s": coh,
         "coherence_all_s": coh_all,
+        "coarse_pixels": s.coarse_pixels(),
+        "coherence_coarse_p50_s": coarse_coh,
+        "coherence_coarse_all_s": coarse_coh_all,
         "phase_variance_p50_s": pv,
         "phase_variance_all_s": pv_all,
         "fits": fits,

@@ -239,9 +239,11 @@ fn main() -> Res<()> {
             );
         }
         let mut fits = Vec::new();
-        for &o in &objectives {
+        // Each objective with the default coarse stages and with every loss over all pixels.
+        for (o, coarse) in objectives.iter().flat_map(|&o| [(o, true), (o, false)]) {
             let fpo = FitParams {
                 objective: o,
+                coarse,
                 ..fp.clone()
             };
             let t = Instant::now();
@@ -257,6 +259,9 @@ fn main() -> Res<()> {
             let c12_err = rel(a.c12, truth_ab.c12);
             let v = json!({
                 "objective": o.name(),
+                "coarse": coarse,
+                "coarse_pixels": fit.provenance.params["fit"]["coarse_pixels"],
+                "coarse_evaluations": fit.provenance.params["fit"]["coarse_evaluations"],
                 "fitted": a.to_map(),
                 "true": truth_ab.to_map(),
                 "C10_rel_err": c10_err,

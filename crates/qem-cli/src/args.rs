@@ -227,6 +227,10 @@ pub struct SsbArgs {
     /// Nelder–Mead iterations per start (default 200).
     #[arg(long)]
     pub local_max_iter: Option<usize>,
+    /// Evaluate every loss over all BF pixels (by default the global points and each start's
+    /// first stage use a quarter of them, the last stage all).
+    #[arg(long)]
+    pub no_coarse: bool,
     /// Defocus C10, Å (positive = overfocus; abTEM's defocus is −C10).
     #[arg(long, allow_negative_numbers = true)]
     pub c10: Option<f64>,

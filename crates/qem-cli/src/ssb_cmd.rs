@@ -150,8 +150,8 @@ pub fn run(a: &SsbArgs, command_line: &str) -> anyhow::Result<()> {
         compat_2alpha: a.compat_2alpha,
         bf_threshold: a.bf_threshold,
         memory_budget: a.memory_budget,
-        g_storage: None,
         engine: a.engine,
+        ..SsbParams::default()
     };
     // Bad calibration fails before the (possibly long) load, exit 3.
     params.validate()?;
@@ -178,6 +178,7 @@ pub fn run(a: &SsbArgs, command_line: &str) -> anyhow::Result<()> {
             objective: a.objective,
             global_evals: a.global_evals.unwrap_or(d.global_evals),
             local_max_iter: a.local_max_iter.unwrap_or(d.local_max_iter),
+            coarse: !a.no_coarse,
             start,
             ..d
         })

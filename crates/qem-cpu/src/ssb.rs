@@ -99,6 +99,37 @@ pub fn select_bf(
         .collect()
 }
 
+/// Detector-row stride of the fit's coarse sample of BF pixels ([`coarse_first`]).
+pub const COARSE_ROW_STRIDE: usize = 4;
+/// Fewest BF pixels a coarse sample holds by default; with fewer the fit has no coarse stage
+/// (its loss would be rough, and a loss over so few pixels is cheap anyway).
+pub const MIN_COARSE_PIXELS: usize = 256;
+
+/// `pixels` (flat detector indices, row-major, as [`select_bf`] gives them) reordered with the
+/// fit's coarse sample first, and the sample's size: the whole detector rows `r ≡ r₀ (mod
+/// COARSE_ROW_STRIDE)`, `r₀` the row nearest the disk centre, then the other rows, each part in
+/// row-major order. Size 0 (no coarse stage, order unchanged) when the sample would hold fewer
+/// than `min_pixels` (by default [`MIN_COARSE_PIXELS`]) or every pixel. Why whole rows: the sample covers the disk evenly in both
+/// directions within a row spacing, and each part stays runs of adjacent pixels, along which
+/// the CUDA quadratic kernel carries its phase factor instead of recomputing it.
+pub fn coarse_first(
+    pixels: &[usize],
+    det_cols: usize,
+    center_row: f64,
+    min_pixels: usize,
+) -> (Vec<usize>, usize) {
+    let cols = det_cols.max(1);
+    let r0 = center_row.round().max(0.0) as usize % COARSE_ROW_STRIDE;
+    let in_sample = |p: usize| (p / cols) % COARSE_ROW_STRIDE == r0;
+    let (mut order, rest): (Vec<usize>, Vec<usize>) = pixels.iter().partition(|&&p| in_sample(p));
+    let n = order.len();
+    if n < min_pixels.max(1) || n == pixels.len() {
+        return (pixels.to_vec(), 0);
+    }
+    order.extend(rest);
+    (order, n)
+}
+
 /// Reciprocal vectors (Å⁻¹) of detector pixels: `k⁰ = ((i − c_r)Δk_r, (j − c_c)Δk_c)`, its
 /// components exchanged when `transpose`, then the passive rotation `k = R(θ)k⁰`,
 /// `R = [[cos, −sin], [sin, cos]]` on (row, col): the order and sense of `dpc` (so the rotation
@@ -439,16 +470,28 @@ impl Prepared {
 
     /// The loss `kind` at `ab` (lower is better).
     pub fn objective(&self, ab: &Aberrations, kind: Objective) -> f64 {
+        self.objective_over(ab, kind, self.n_pixels())
+    }
+
+    /// The loss `kind` at `ab` over the first `used` BF pixels only (all of them when `used`
+    /// is 0 or more than there are): the fit's coarse loss, [`coarse_first`] puts a sample
+    /// of the disk first.
+    pub fn objective_over(&self, ab: &Aberrations, kind: Objective, used: usize) -> f64 {
+        let used = if used == 0 {
+            self.n_pixels()
+        } else {
+            used.min(self.n_pixels())
+        };
         match kind {
-            Objective::PhaseVariance => self.phase_variance(ab),
-            Objective::Coherence => self.coherence(ab),
+            Objective::PhaseVariance => self.phase_variance(ab, used),
+            Objective::Coherence => self.coherence(ab, used),
         }
     }
 
-    /// `mean_R [(1/B) Σ_b φ_b² − ((1/B) Σ_b φ_b)²]`, `φ_b = arg IFFT(C_b)`.
-    fn phase_variance(&self, ab: &Aberrations) -> f64 {
+    /// `mean_R [(1/B) Σ_b φ_b² − ((1/B) Σ_b φ_b)²]`, `φ_b = arg IFFT(C_b)`, over pixels
+    /// `0..b`.
+    fn phase_variance(&self, ab: &Aberrations, b: usize) -> f64 {
         let n = self.scan.len();
-        let b = self.n_pixels();
         // s[R] = Σ_b φ_b, s[N + R] = Σ_b φ_b².
         let s = ordered_sum(b, 2 * n, 0.0, |j, acc| {
             let mut c = self.corrected(j, ab);
@@ -469,10 +512,9 @@ impl Prepared {
             / n as f64
     }
 
-    /// [`Objective::Coherence`].
-    fn coherence(&self, ab: &Aberrations) -> f64 {
+    /// [`Objective::Coherence`] over pixels `0..b`.
+    fn coherence(&self, ab: &Aberrations, b: usize) -> f64 {
         let n = self.scan.len();
-        let b = self.n_pixels();
         // acc[0..n] = Σ_b C_b, acc[n].re = Σ_b Σ_{ν≠0} |C_b|².
         let acc = ordered_sum(b, n + 1, Complex64::new(0.0, 0.0), |j, acc| {
             let c = self.corrected(j, ab);
@@ -554,6 +596,21 @@ pub struct FitSpec {
     pub local_starts: usize,
     /// Values of the parameters that are not fitted, and the first global point.
     pub start: Aberrations,
+    /// Whether the global points and every Nelder–Mead start's first stage use the coarse
+    /// loss ([`Fidelity::Coarse`]); the last stage always uses the full one.
+    pub coarse: bool,
+}
+
+/// Which loss a batch of the fit asks for: over every BF pixel, or over the coarse sample
+/// that [`coarse_first`] puts first (about a quarter of the pixels, so about a quarter of the
+/// cost). The coarse loss has its minimum where the full one has it, to within the rough
+/// simplex the coarse stage stops at; the last stage refines on the full loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fidelity {
+    /// The loss over the coarse sample.
+    Coarse,
+    /// The loss over every BF pixel.
+    Full,
 }
 
 /// What [`fit`] found.
@@ -567,8 +624,12 @@ pub struct FitOutcome {
     pub evaluations: usize,
     /// Loss of every evaluation, in evaluation order.
     pub loss_curve: Vec<f64>,
-    /// Loss of the best global candidate (before refinement).
+    /// Loss of the best global candidate (before refinement; the coarse loss when the global
+    /// stage was coarse).
     pub global_best_loss: f64,
+    /// How many of the evaluations used the coarse loss (they come first in `loss_curve`
+    /// together with the full-loss ones that picked the winning start).
+    pub coarse_evaluations: usize,
 }
 
 /// SplitMix64: a small, fully specified generator so the seed → points map is reproducible.
@@ -599,18 +660,23 @@ const PRIMES: [u64; 8] = [2, 3, 5, 7, 11, 13, 17, 19];
 /// points do not depend on earlier losses they are evaluated in parallel without changing the
 /// result (TPE's trajectory changes with batching). Nelder–Mead then runs in coordinates
 /// scaled to the box, clamped to it, from the best `local_starts` candidates.
-pub fn fit(p: &Prepared, spec: &FitSpec) -> Result<FitOutcome> {
-    fit_with(spec, &|abs: &[Aberrations]| {
+/// `coarse_used` is the coarse sample's size ([`coarse_first`]; 0: none).
+pub fn fit(p: &Prepared, spec: &FitSpec, coarse_used: usize) -> Result<FitOutcome> {
+    fit_with(spec, &|abs: &[Aberrations], fid: Fidelity| {
+        let used = match fid {
+            Fidelity::Coarse => coarse_used,
+            Fidelity::Full => 0,
+        };
         Ok(abs
             .par_iter()
-            .map(|ab| p.objective(ab, spec.objective))
+            .map(|ab| p.objective_over(ab, spec.objective, used))
             .collect())
     })
 }
 
-/// The losses of a batch of aberration sets, in order (the global search asks for all its
-/// points at once, Nelder–Mead for one at a time).
-pub type BatchObjective<'a> = dyn Fn(&[Aberrations]) -> Result<Vec<f64>> + Sync + 'a;
+/// The losses of a batch of aberration sets at one fidelity, in order (the global search asks
+/// for all its points at once, Nelder–Mead for one at a time).
+pub type BatchObjective<'a> = dyn Fn(&[Aberrations], Fidelity) -> Result<Vec<f64>> + Sync + 'a;
 
 /// [`fit`] with the loss computed by `objective` (e.g. on the GPU); the search is the same, so
 /// equal losses give an equal fit.
@@ -630,16 +696,23 @@ pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOut
         Ok(ab)
     };
     let finite = |l: f64| if l.is_finite() { l } else { f64::INFINITY };
-    let eval = |u: &[f64]| -> Result<f64> {
-        let l = objective(&[to_ab(u)?])?;
-        match l.as_slice() {
-            [v] => Ok(finite(*v)),
-            _ => Err(Error::internal(
+    let batch = |abs: &[Aberrations], fid: Fidelity| -> Result<Vec<f64>> {
+        let l = objective(abs, fid)?;
+        if l.len() != abs.len() {
+            return Err(Error::internal(
                 OP,
                 "the objective returned a wrong number of losses",
-            )),
+            ));
         }
+        Ok(l.into_iter().map(finite).collect())
     };
+    let first = if spec.coarse {
+        Fidelity::Coarse
+    } else {
+        Fidelity::Full
+    };
+    let eval_first = |u: &[f64]| -> Result<f64> { Ok(batch(&[to_ab(u)?], first)?[0]) };
+    let eval_full = |u: &[f64]| -> Result<f64> { Ok(batch(&[to_ab(u)?], Fidelity::Full)?[0]) };
     // The start point in box coordinates (clamped into the box).
     let u0: Vec<f64> = spec
         .params
@@ -662,13 +735,7 @@ pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOut
         );
     }
     let abs: Vec<Aberrations> = points.iter().map(|u| to_ab(u)).collect::<Result<_>>()?;
-    let losses: Vec<f64> = objective(&abs)?.into_iter().map(finite).collect();
-    if losses.len() != points.len() {
-        return Err(Error::internal(
-            OP,
-            "the objective returned a wrong number of losses",
-        ));
-    }
+    let losses = batch(&abs, first)?;
     let mut curve = losses.clone();
     let mut order: Vec<usize> = (0..points.len()).collect();
     order.sort_by(|&a, &b| losses[a].total_cmp(&losses[b]).then(a.cmp(&b)));
@@ -693,27 +760,49 @@ pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOut
             starts.push(i);
         }
     }
-    // Every start is refined to a coarse simplex, then only the best of them on to the final
-    // one (its simplex continued, not restarted). The starts that lose at the coarse stage
+    // Every start is refined to a rough simplex, then only the best of them on to the final
+    // one (its simplex continued, not restarted). The starts that lose at the rough stage
     // stop there: on the reference acquisition each start took ~130 evaluations to reach
     // 1e-4 of the box and most of them after it had fallen behind for good. With one start
-    // this is exactly one Nelder–Mead run.
-    let mut best = (points[order[0]].clone(), global_best_loss);
+    // and no coarse loss this is exactly one Nelder–Mead run.
     let mut runs: Vec<NelderMead> = Vec::with_capacity(starts.len());
     for &s in &starts {
-        let mut nm = NelderMead::new(&eval, &points[s], losses[s], 0.05, &mut curve)?;
-        nm.run(&eval, COARSE_SPREAD, spec.local_max_iter, &mut curve)?;
+        let mut nm = NelderMead::new(&eval_first, &points[s], losses[s], 0.05, &mut curve)?;
+        nm.run(&eval_first, COARSE_SPREAD, spec.local_max_iter, &mut curve)?;
         runs.push(nm);
     }
-    // The best at the coarse stage (the earlier start on a tie).
-    let winner = runs
-        .iter_mut()
-        .reduce(|a, b| if b.best().1 < a.best().1 { b } else { a });
-    if let Some(nm) = winner {
-        nm.run(&eval, FINAL_SPREAD, spec.local_max_iter, &mut curve)?;
-        let (u, l) = nm.best();
-        if l < best.1 {
+    let coarse_evaluations = if spec.coarse { curve.len() } else { 0 };
+    let mut best = (points[order[0]].clone(), global_best_loss);
+    if spec.coarse {
+        // The starts' best vertices compared on the full loss (one batch), so a start that the
+        // coarse loss ranks a little low is not lost; the winner's simplex is re-evaluated on
+        // the full loss and continued. The coarse global losses are not comparable with full
+        // ones, so the result is the winner's.
+        let tips: Vec<Aberrations> = runs
+            .iter()
+            .map(|nm| to_ab(nm.best().0))
+            .collect::<Result<_>>()?;
+        let full = batch(&tips, Fidelity::Full)?;
+        curve.extend(&full);
+        let w = (0..runs.len()).reduce(|a, b| if full[b] < full[a] { b } else { a });
+        if let Some(w) = w {
+            let nm = &mut runs[w];
+            nm.reevaluate(&eval_full, full[w], &mut curve)?;
+            nm.run(&eval_full, FINAL_SPREAD, spec.local_max_iter, &mut curve)?;
+            let (u, l) = nm.best();
             best = (u.to_vec(), l);
+        }
+    } else {
+        // The best at the rough stage (the earlier start on a tie).
+        let winner = runs
+            .iter_mut()
+            .reduce(|a, b| if b.best().1 < a.best().1 { b } else { a });
+        if let Some(nm) = winner {
+            nm.run(&eval_full, FINAL_SPREAD, spec.local_max_iter, &mut curve)?;
+            let (u, l) = nm.best();
+            if l < best.1 {
+                best = (u.to_vec(), l);
+            }
         }
     }
     Ok(FitOutcome {
@@ -722,6 +811,7 @@ pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOut
         evaluations: curve.len(),
         loss_curve: curve,
         global_best_loss,
+        coarse_evaluations,
     })
 }
 
@@ -773,6 +863,18 @@ impl NelderMead {
             simplex,
             iterations: 0,
         })
+    }
+
+    /// Replace every vertex's loss by `f`'s (the best vertex's is `f_best`, known already),
+    /// sorted again: the simplex carried from the coarse loss to the full one.
+    fn reevaluate(&mut self, f: &BoxLoss<'_>, f_best: f64, curve: &mut Vec<f64>) -> Result<()> {
+        self.simplex[0].1 = f_best;
+        for v in self.simplex.iter_mut().skip(1) {
+            v.1 = f(&v.0)?;
+            curve.push(v.1);
+        }
+        self.simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
+        Ok(())
     }
 
     /// The best vertex and its loss.
@@ -1024,8 +1126,9 @@ mod tests {
             local_max_iter: 200,
             local_starts: starts,
             start: Aberrations::default(),
+            coarse: false,
         };
-        let bowl = |abs: &[Aberrations]| -> Result<Vec<f64>> {
+        let bowl = |abs: &[Aberrations], _: Fidelity| -> Result<Vec<f64>> {
             Ok(abs
                 .iter()
                 .map(|a| {
@@ -1054,6 +1157,99 @@ mod tests {
         );
     }
 
+    /// The coarse sample: whole detector rows r ≡ round(centre) (mod 4) first, each part in
+    /// row-major order; too small a sample gives no coarse stage and the order unchanged.
+    #[test]
+    fn coarse_first_puts_every_fourth_row_first() {
+        let cols = 100;
+        // Rows 0..12, columns 5..95 of a 100-column detector: 90 pixels a row.
+        let pixels: Vec<usize> = (0..12)
+            .flat_map(|r| (5..95).map(move |c| r * cols + c))
+            .collect();
+        let (order, n) = coarse_first(&pixels, cols, 5.4, MIN_COARSE_PIXELS);
+        // round(5.4) = 5 → rows 1, 5, 9.
+        assert_eq!(n, 3 * 90);
+        let rows: Vec<usize> = order.iter().map(|p| p / cols).collect();
+        assert!(
+            rows[..n].iter().all(|r| [1, 5, 9].contains(r)),
+            "{:?}",
+            &rows[..n]
+        );
+        assert!(rows[n..].iter().all(|r| ![1, 5, 9].contains(r)));
+        assert!(order[..n].windows(2).all(|w| w[0] < w[1]));
+        assert!(order[n..].windows(2).all(|w| w[0] < w[1]));
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, pixels, "a permutation of the pixels");
+        // 40 pixels a row: a sample of 120 < MIN_COARSE_PIXELS.
+        let small: Vec<usize> = (0..12)
+            .flat_map(|r| (10..50).map(move |c| r * cols + c))
+            .collect();
+        assert_eq!(
+            coarse_first(&small, cols, 5.4, MIN_COARSE_PIXELS),
+            (small.clone(), 0)
+        );
+        assert_eq!(coarse_first(&small, cols, 5.4, 100).1, 3 * 40);
+    }
+
+    /// The coarse stages: the global points and the starts' first stage ask for the coarse
+    /// loss, everything after for the full one; the fit ends at the full loss's minimum even
+    /// where the coarse loss's lies a little apart, and most evaluations are coarse.
+    #[test]
+    fn coarse_fit_ends_on_the_full_loss() {
+        let spec = FitSpec {
+            seed: 3,
+            params: vec![
+                ("C10".into(), (-400.0, 400.0)),
+                ("C12".into(), (0.0, 100.0)),
+                ("phi12".into(), (-PI / 2.0, PI / 2.0)),
+            ],
+            objective: Objective::Coherence,
+            global_evals: 50,
+            local_max_iter: 200,
+            local_starts: 3,
+            start: Aberrations::default(),
+            coarse: true,
+        };
+        let asked = std::sync::Mutex::new(Vec::new());
+        let bowl = |abs: &[Aberrations], fid: Fidelity| -> Result<Vec<f64>> {
+            if let Ok(mut a) = asked.lock() {
+                a.extend(std::iter::repeat_n(fid, abs.len()));
+            }
+            // The coarse loss's minimum lies 4 Å (0.5 % of the box) from the full one's.
+            let c10 = if fid == Fidelity::Coarse { 61.0 } else { 57.0 };
+            Ok(abs
+                .iter()
+                .map(|a| {
+                    ((a.c10 - c10) / 400.0).powi(2)
+                        + ((a.c12 - 21.0) / 100.0).powi(2)
+                        + ((a.phi12 - 0.3) / 1.5).powi(2)
+                })
+                .collect())
+        };
+        let out = fit_with(&spec, &bowl).unwrap();
+        assert!(
+            (out.aberrations.c10 - 57.0).abs() < 0.5,
+            "{:?}",
+            out.aberrations
+        );
+        assert!(
+            (out.aberrations.c12 - 21.0).abs() < 0.2,
+            "{:?}",
+            out.aberrations
+        );
+        let asked = asked.into_inner().unwrap_or_default();
+        assert_eq!(asked.len(), out.evaluations);
+        let n_coarse = asked.iter().take_while(|&&f| f == Fidelity::Coarse).count();
+        assert_eq!(n_coarse, out.coarse_evaluations);
+        assert!(asked[n_coarse..].iter().all(|&f| f == Fidelity::Full));
+        let n_full = out.evaluations - n_coarse;
+        assert!(
+            n_full > 3 && 2 * n_full < n_coarse,
+            "{n_coarse} coarse, {n_full} full evaluations"
+        );
+    }
+
     /// `fit_with` on an analytic loss (a bowl around a known point): the search finds it, the
     /// global points come in one batch, and an objective that answers with the wrong number of
     /// losses is an error, not a silent mis-assignment.
@@ -1070,9 +1266,10 @@ mod tests {
             local_max_iter: 200,
             local_starts: 2,
             start: Aberrations::default(),
+            coarse: false,
         };
         let batches = std::sync::Mutex::new(Vec::new());
-        let bowl = |abs: &[Aberrations]| -> Result<Vec<f64>> {
+        let bowl = |abs: &[Aberrations], _: Fidelity| -> Result<Vec<f64>> {
             if let Ok(mut b) = batches.lock() {
                 b.push(abs.len());
             }
@@ -1099,7 +1296,8 @@ mod tests {
             "the start point and the 64 global points in one batch"
         );
         assert!(b[1..].iter().all(|&n| n == 1));
-        let short = |abs: &[Aberrations]| -> Result<Vec<f64>> { Ok(vec![0.0; abs.len() / 2]) };
+        let short =
+            |abs: &[Aberrations], _: Fidelity| -> Result<Vec<f64>> { Ok(vec![0.0; abs.len() / 2]) };
         let e = fit_with(&spec, &short).unwrap_err();
         assert_eq!(e.kind, qem_core::ErrorKind::Internal);
     }

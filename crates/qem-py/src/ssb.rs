@@ -215,7 +215,8 @@ impl PySsb {
     /// `result`, `provenance`). `None` budgets take the engine's defaults.
     #[pyo3(signature = (
         *, seed, fit, ranges = None, objective = "coherence", global_evals = None,
-        local_max_iter = None, local_starts = None, start = BTreeMap::new(), progress = None
+        local_max_iter = None, local_starts = None, start = BTreeMap::new(), progress = None,
+        coarse = true
     ))]
     #[allow(clippy::too_many_arguments)]
     fn fit<'py>(
@@ -230,6 +231,7 @@ impl PySsb {
         local_starts: Option<usize>,
         start: BTreeMap<String, f64>,
         progress: Option<Py<PyAny>>,
+        coarse: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
         let d = FitParams::default();
         let f = FitParams {
@@ -241,6 +243,7 @@ impl PySsb {
             local_max_iter: local_max_iter.unwrap_or(d.local_max_iter),
             local_starts: local_starts.unwrap_or(d.local_starts),
             start: self::aberrations(start)?,
+            coarse,
         };
         self.check_fit_scan("ssb fit")?;
         let s = Arc::clone(&self.inner);
@@ -310,6 +313,7 @@ fn ssb_prepare(
         memory_budget,
         g_storage,
         engine,
+        ..SsbParams::default()
     };
     // With a callback, the mean-DP pass of the BF-disk fit (when not cached) reports frames.
     let inner = run_on_progress(py, &dataset, "ssb prepare", progress, move |ds, _| {

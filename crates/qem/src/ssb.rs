@@ -33,7 +33,8 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 pub use qem_cpu::ssb::{
-    chi, default_range, gamma, Aberrations, Objective, Optics, ABERRATION_NAMES,
+    chi, default_range, gamma, Aberrations, Fidelity, Objective, Optics, ABERRATION_NAMES,
+    MIN_COARSE_PIXELS,
 };
 pub use qem_cuda::ssb::{GStorage, PrepareStats};
 
@@ -79,6 +80,9 @@ pub struct SsbParams {
     /// batch by batch, so the card holds G but never the acquisition); `Cpu` needs data on
     /// the host.
     pub engine: BackendRequest,
+    /// Fewest BF pixels the fit's coarse sample may hold (`qem_cpu::ssb::coarse_first`);
+    /// with fewer the fit has no coarse stage.
+    pub coarse_min_pixels: usize,
 }
 
 impl Default for SsbParams {
@@ -96,6 +100,7 @@ impl Default for SsbParams {
             memory_budget: None,
             g_storage: None,
             engine: BackendRequest::Auto,
+            coarse_min_pixels: cpu::MIN_COARSE_PIXELS,
         }
     }
 }
@@ -145,8 +150,12 @@ pub struct Ssb {
     k: Vec<(f64, f64)>,
     scan: Shape2,
     params: SsbParams,
-    /// BF pixels `(row, col)` on the detector, row-major order.
+    /// BF pixels `(row, col)` on the detector: the fit's coarse sample first, then the other
+    /// rows, each part in row-major order (`qem_cpu::ssb::coarse_first`).
     pub bf_pixels: Vec<(usize, usize)>,
+    /// Size of the coarse sample at the front of `bf_pixels` (0: none, the fit has no coarse
+    /// stage).
+    coarse_used: usize,
     /// Fitted BF disk.
     pub disk: detector::DiskFit,
     /// Detector angular sampling used, mrad/px.
@@ -279,6 +288,10 @@ pub struct FitParams {
     pub local_starts: usize,
     /// Start point and the values of the parameters not fitted.
     pub start: Aberrations,
+    /// Global points and each start's first Nelder–Mead stage on the coarse loss (about a
+    /// quarter of the BF pixels, [`qem_cpu::ssb::coarse_first`]), the last stage on the full
+    /// loss. Ignored (no coarse stage) when the disk is too small for a coarse sample.
+    pub coarse: bool,
 }
 
 impl FitParams {
@@ -303,6 +316,7 @@ impl Default for FitParams {
             global_evals: 200,
             local_max_iter: 200,
             local_starts: 3,
+            coarse: true,
             start: Aberrations::default(),
         }
     }
@@ -398,6 +412,9 @@ impl Ssb {
         let det = ds.detector_shape();
         let disk = detector::fit_disk_from_mean(&mean, det);
         let flat = cpu::select_bf(&mean, det, disk.center_px, disk.radius_px, p.bf_threshold);
+        // The fit's coarse sample first (both engines sum their pixels in this order).
+        let (flat, coarse_used) =
+            cpu::coarse_first(&flat, det.cols, disk.center_px.0, p.coarse_min_pixels);
         if flat.is_empty() {
             return Err(Error::invalid(OP, "no bright-field pixel selected")
                 .with_expected("a BF disk in the mean diffraction pattern")
@@ -579,6 +596,10 @@ impl Ssb {
                 "bf_center_px": [disk.center_px.0, disk.center_px.1],
                 "bf_radius_px": disk.radius_px,
                 "n_bf_pixels": flat.len(),
+                "coarse_sample": json!({
+                    "pixels": coarse_used,
+                    "rule": format!("whole detector rows r ≡ round(centre row) mod {}, first in pixel order (0: no coarse stage)", cpu::COARSE_ROW_STRIDE),
+                }),
                 "scan_shape": [scan.rows, scan.cols],
                 "padding": "none",
                 "engine": if on_gpu { "cuda" } else { "cpu" },
@@ -598,6 +619,7 @@ impl Ssb {
             scan,
             params: *p,
             bf_pixels,
+            coarse_used,
             disk,
             det_sampling_mrad: dtheta,
             sampling,
@@ -615,6 +637,11 @@ impl Ssb {
     /// Number of BF pixels.
     pub fn n_bf_pixels(&self) -> usize {
         self.k.len()
+    }
+
+    /// Size of the fit's coarse sample at the front of [`Ssb::bf_pixels`] (0: none).
+    pub fn coarse_pixels(&self) -> usize {
+        self.coarse_used
     }
 
     /// BF pixel reciprocal vectors (after rotation), Å⁻¹.
@@ -697,11 +724,21 @@ impl Ssb {
 
     /// The loss `kind` at `ab` (lower is better).
     pub fn objective(&self, ab: &Aberrations, kind: Objective) -> Result<f64> {
+        self.objective_at(ab, kind, cpu::Fidelity::Full)
+    }
+
+    /// The loss `kind` at `ab` over every BF pixel (`Full`) or the fit's coarse sample
+    /// (`Coarse`; every pixel when there is none).
+    pub fn objective_at(&self, ab: &Aberrations, kind: Objective, fid: Fidelity) -> Result<f64> {
+        let used = match fid {
+            Fidelity::Coarse => self.coarse_used,
+            Fidelity::Full => 0,
+        };
         match &self.prep {
-            Prep::Cpu(p) => Ok(p.objective(ab, kind)),
+            Prep::Cpu(p) => Ok(p.objective_over(ab, kind, used)),
             Prep::Cuda(g) => match kind {
-                Objective::Coherence => g.coherence(ab),
-                Objective::PhaseVariance => g.phase_variance(ab),
+                Objective::Coherence => g.coherence_over(ab, used),
+                Objective::PhaseVariance => g.phase_variance_over(ab, used),
             },
         }
     }
@@ -770,6 +807,7 @@ impl Ssb {
             local_max_iter: f.local_max_iter,
             local_starts: f.local_starts,
             start: f.start,
+            coarse: f.coarse && self.coarse_used > 0,
         };
         let estimate = f.evaluation_estimate();
         let done = std::sync::atomic::AtomicUsize::new(0);
@@ -779,18 +817,18 @@ impl Ssb {
         };
         // The same batches as `cpu::fit` (CPU) and the per-point objective (CUDA), counted.
         let out = match &self.prep {
-            Prep::Cpu(p) => cpu::fit_with(&spec, &|abs: &[Aberrations]| {
+            Prep::Cpu(_) => cpu::fit_with(&spec, &|abs: &[Aberrations], fid| {
                 let losses = abs
                     .par_iter()
-                    .map(|ab| p.objective(ab, spec.objective))
-                    .collect();
+                    .map(|ab| self.objective_at(ab, spec.objective, fid))
+                    .collect::<Result<Vec<f64>>>();
                 report(abs.len());
-                Ok(losses)
+                losses
             })?,
-            Prep::Cuda(_) => cpu::fit_with(&spec, &|abs: &[Aberrations]| {
+            Prep::Cuda(_) => cpu::fit_with(&spec, &|abs: &[Aberrations], fid| {
                 let losses = abs
                     .iter()
-                    .map(|ab| self.objective(ab, f.objective))
+                    .map(|ab| self.objective_at(ab, f.objective, fid))
                     .collect::<Result<Vec<f64>>>();
                 report(abs.len());
                 losses
@@ -806,7 +844,14 @@ impl Ssb {
                 json!({
                     "seed": f.seed,
                     "objective": f.objective.name(),
-                    "search": "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, the best on to 1e-4",
+                    "search": if spec.coarse {
+                        "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, on the coarse loss (the coarse sample of BF pixels); the starts compared on the full loss, the best on to 1e-4 on the full loss"
+                    } else {
+                        "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, the best on to 1e-4"
+                    },
+                    "coarse": spec.coarse,
+                    "coarse_pixels": if spec.coarse { self.coarse_used } else { 0 },
+                    "coarse_evaluations": out.coarse_evaluations,
                     "ranges": params.iter().map(|(n, r)| (n.clone(), json!({"lo": r.0, "hi": r.1,
                         "unit": Aberrations::unit(n)}))).collect::<serde_json::Map<_, _>>(),
                     "global_evals": f.global_evals,

@@ -4,7 +4,7 @@
 //! `|FFT(p(r − R)·exp(iφ(r)))|²` on a fine grid, rounded to u16 counts.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on setup failures
 
-use qem::ssb::{Aberrations, FitParams, GStorage, Objective, Ssb, SsbParams};
+use qem::ssb::{Aberrations, Fidelity, FitParams, GStorage, Objective, Ssb, SsbParams};
 mod common;
 
 use common::{load_array, pearson, rel_l2};
@@ -363,6 +363,88 @@ fn fit_recovers_c10_c12_and_is_deterministic() {
     assert!((fc.aberrations.c10 - C10).abs() < 0.05 * C10);
 }
 
+/// The coarse stages (here with a sample of every fourth detector row of a small disk): the
+/// sample comes first in `bf_pixels`, its loss is a different function from the full one but
+/// also lowest at the truth, and the coarse fit ends where the all-pixel fit does.
+#[test]
+fn coarse_fit_lands_where_the_full_fit_does() {
+    let sim = simulate(Shape2::new(24, 30), C10, C12, PHI12, None);
+    let p = SsbParams {
+        coarse_min_pixels: 16,
+        ..params()
+    };
+    let s = Ssb::new(&sim.ds, &p).unwrap();
+    let (n, b) = (s.coarse_pixels(), s.n_bf_pixels());
+    assert!(n >= 16 && 3 * n < b, "{n} of {b}: about a quarter");
+    let rows: Vec<usize> = s.bf_pixels.iter().map(|p| p.0).collect();
+    let r0 = rows[0] % 4;
+    assert!(rows[..n].iter().all(|r| r % 4 == r0));
+    assert!(rows[n..].iter().all(|r| r % 4 != r0));
+    // Without the option the same disk has no coarse sample (fewer than the default minimum).
+    let plain = Ssb::new(&sim.ds, &params()).unwrap();
+    assert_eq!(plain.coarse_pixels(), 0);
+    let wrong = Aberrations {
+        c10: -C10,
+        ..truth_ab()
+    };
+    let at = |ab: &Aberrations, f| s.objective_at(ab, Objective::Coherence, f).unwrap();
+    let (ct, cw) = (
+        at(&truth_ab(), Fidelity::Coarse),
+        at(&wrong, Fidelity::Coarse),
+    );
+    let (ft, fw) = (at(&truth_ab(), Fidelity::Full), at(&wrong, Fidelity::Full));
+    println!("coarse: truth {ct:.6} wrong {cw:.6}; full: truth {ft:.6} wrong {fw:.6}");
+    assert!(ct < cw && ft < fw);
+    assert_ne!(ct, ft, "the coarse loss is over fewer pixels");
+    // The full loss does not depend on the pixel order (to rounding).
+    let (fo, fp) = (
+        plain.objective(&truth_ab(), Objective::Coherence).unwrap(),
+        ft,
+    );
+    assert!((fo - fp).abs() <= 1e-12 * fo.abs(), "{fo} vs {fp}");
+    let fc = s.fit(&coherence()).unwrap();
+    let ff = s
+        .fit(&FitParams {
+            coarse: false,
+            ..coherence()
+        })
+        .unwrap();
+    let fit = &fc.provenance.params["fit"];
+    println!(
+        "coarse fit: C10 {:.3} C12 {:.3} phi12 {:.4}, {} evaluations ({} coarse); all-pixel fit: C10 {:.3} C12 {:.3} phi12 {:.4}, {} evaluations",
+        fc.aberrations.c10, fc.aberrations.c12, fc.aberrations.phi12, fc.evaluations,
+        fit["coarse_evaluations"], ff.aberrations.c10, ff.aberrations.c12, ff.aberrations.phi12,
+        ff.evaluations
+    );
+    assert_eq!(fit["coarse"], true);
+    let n_coarse = fit["coarse_evaluations"].as_u64().unwrap() as usize;
+    assert!(
+        n_coarse > fc.evaluations / 2,
+        "{n_coarse} of {}",
+        fc.evaluations
+    );
+    assert_eq!(ff.provenance.params["fit"]["coarse_evaluations"], 0);
+    assert!(
+        (fc.aberrations.c10 - C10).abs() < 0.02 * C10,
+        "{:?}",
+        fc.aberrations
+    );
+    assert!(
+        (fc.aberrations.c12 - C12).abs() < 0.1 * C12,
+        "{:?}",
+        fc.aberrations
+    );
+    // Same minimum as the all-pixel fit: C10 within 0.2 Å of 100, C12 within 0.1 Å.
+    assert!((fc.aberrations.c10 - ff.aberrations.c10).abs() < 0.2);
+    assert!((fc.aberrations.c12 - ff.aberrations.c12).abs() < 0.1);
+    assert!(
+        fc.loss <= ff.loss + 1e-6 * ff.loss.abs(),
+        "{} vs {}",
+        fc.loss,
+        ff.loss
+    );
+}
+
 #[test]
 fn odd_scan_shape_encoded_and_default_sampling() {
     let scan = Shape2::new(15, 22);
@@ -591,6 +673,33 @@ fn cuda_engine_matches_cpu_reference() {
                         assert!(rel <= tol, "{scan} {repr:?} {storage:?} {kind:?}");
                     }
                 }
+            }
+        }
+    }
+    // The coarse loss (the first pixels of G only) on the card = the CPU's.
+    let sim = simulate(Shape2::new(24, 30), C10, C12, PHI12, None);
+    let p = SsbParams {
+        coarse_min_pixels: 16,
+        ..params()
+    };
+    let cpu = Ssb::new(&sim.ds, &p).unwrap();
+    for repr in [Representation::Dense, Representation::Encoded] {
+        let g = Ssb::new(&sim.reload(BackendRequest::Cuda, repr), &p).unwrap();
+        assert_eq!(g.coarse_pixels(), cpu.coarse_pixels());
+        assert!(g.coarse_pixels() > 0);
+        for kind in [Objective::Coherence, Objective::PhaseVariance] {
+            for quad in [true, false] {
+                g.set_cuda_quadratic_kernel(quad);
+                let (lc, lg) = (
+                    cpu.objective_at(&truth_ab(), kind, Fidelity::Coarse)
+                        .unwrap(),
+                    g.objective_at(&truth_ab(), kind, Fidelity::Coarse).unwrap(),
+                );
+                let full = g.objective(&truth_ab(), kind).unwrap();
+                let rel = (lg - lc).abs() / lc.abs();
+                println!("  coarse {repr:?} {kind:?} quad {quad}: cpu {lc:.8} cuda {lg:.8} rel {rel:.2e} (full {full:.8})");
+                assert!(rel <= 1e-4, "{repr:?} {kind:?} {quad}");
+                assert!((full - lg).abs() > 10.0 * (lg - lc).abs(), "coarse ≠ full");
             }
         }
     }

@@ -390,7 +390,8 @@ __device__ __forceinline__ void quad_terms(QuadState& st, const void* __restrict
 }
 
 // Σ_b C_b(ν) over BF pixels [b_lo, b_hi) of this launch's slice y = blockIdx.y (slices of
-// `per_slice` pixels), for every ν of the full plane: `s_part[y][i]`. `pow_part[y·gridDim.x + x]`
+// `per_slice` pixels, within the first `nb_used` of G's `nb`: the fit's coarse loss takes the
+// coarse sample at G's front), for every ν of the full plane: `s_part[y][i]`. `pow_part[y·gridDim.x + x]`
 // gets the block's Σ_{b, ν≠0} |C_b(ν)|². The DC (i = 0) is left 0: every C_b(0) is the same
 // d = mean_b G_b(0), which the finishing kernel puts in.
 //
@@ -403,7 +404,7 @@ __device__ __forceinline__ void quad_terms(QuadState& st, const void* __restrict
 // uniform work. Without QUAD every thread takes the general terms (gen_blocks = 0).
 template <bool G16, bool QUAD>
 __device__ void accumulate(const void* __restrict__ g, const float* __restrict__ gscale, u32 nb,
-                           u32 per_slice, const float2* __restrict__ kb,
+                           u32 nb_used, u32 per_slice, const float2* __restrict__ kb,
                            const float2* __restrict__ pk, const float* __restrict__ ak,
                            const unsigned char* __restrict__ cont, const float* __restrict__ fr,
                            const float* __restrict__ fc, u32 nr, u32 nc, u32 half, SsbOptics o,
@@ -414,7 +415,7 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
     extern __shared__ __align__(16) unsigned char acc_smem[];
     const u64 nh = (u64)nr * half, n = (u64)nr * nc;
     const u32 b_lo = blockIdx.y * per_slice;
-    const u32 b_hi = min(nb, b_lo + per_slice);
+    const u32 b_hi = min(min(nb, nb_used), b_lo + per_slice);
     const bool list = QUAD && blockIdx.x < gen_blocks;
     u32 h;
     if (list) {
@@ -488,12 +489,13 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
 
 #define SSB_ACCUMULATE(NAME, G16, QUAD)                                                         \
     extern "C" __global__ void __launch_bounds__(256)                                           \
-        NAME(const void* g, const float* gscale, u32 nb, u32 per_slice, const float2* kb,       \
-             const float2* pk, const float* ak, const unsigned char* cont, const float* fr,     \
-             const float* fc, u32 nr, u32 nc, u32 half, SsbOptics o, SsbAb ab, SsbQuad q,       \
-             const u32* hlist, u32 n_list, u32 gen_blocks, float2* s_part, double* pow_part) {  \
-        accumulate<G16, QUAD>(g, gscale, nb, per_slice, kb, pk, ak, cont, fr, fc, nr, nc, half, \
-                              o, ab, q, hlist, n_list, gen_blocks, s_part, pow_part);           \
+        NAME(const void* g, const float* gscale, u32 nb, u32 nb_used, u32 per_slice,            \
+             const float2* kb, const float2* pk, const float* ak, const unsigned char* cont,    \
+             const float* fr, const float* fc, u32 nr, u32 nc, u32 half, SsbOptics o, SsbAb ab, \
+             SsbQuad q, const u32* hlist, u32 n_list, u32 gen_blocks, float2* s_part,           \
+             double* pow_part) {                                                                \
+        accumulate<G16, QUAD>(g, gscale, nb, nb_used, per_slice, kb, pk, ak, cont, fr, fc, nr,  \
+                              nc, half, o, ab, q, hlist, n_list, gen_blocks, s_part, pow_part); \
     }
 SSB_ACCUMULATE(qem_ssb_accumulate_g32, false, false)
 SSB_ACCUMULATE(qem_ssb_accumulate_g16, true, false)

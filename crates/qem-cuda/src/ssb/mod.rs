@@ -488,13 +488,21 @@ impl GpuSsb {
         Ok(())
     }
 
-    /// Queue P(k_b), the accumulate launch and the slice sum; returns the accumulate grid's x
-    /// size (its blocks' power partials are `slices` × that).
-    fn queue_mean_spectrum(&self, w: &Work, ab: &AbArg, quad: Option<QuadArg>) -> Result<u32> {
+    /// Queue P(k_b), the accumulate launch over pixels `0..used` and the slice sum; returns the
+    /// accumulate grid's x size (its blocks' power partials are `slices` × that).
+    fn queue_mean_spectrum(
+        &self,
+        w: &Work,
+        ab: &AbArg,
+        quad: Option<QuadArg>,
+        used: usize,
+    ) -> Result<u32> {
         let stream = self.gpu.stream();
         let (kb, pk, nb) = (self.kb.ptr(), w.pk.ptr(), self.b as u32);
+        let used32 = used as u32;
         self.queue_probe_table(w, ab)?;
-        let per_slice = (self.b as u32).div_ceil(self.slices);
+        // The same slices over fewer pixels: each no larger than at prepare (shared memory).
+        let per_slice = used32.div_ceil(self.slices);
         let sa = self.spectrum_args();
         let (sp, pp) = (w.s_part.ptr(), w.pow_part.ptr());
         let gen_blocks = if quad.is_some() {
@@ -519,6 +527,7 @@ impl GpuSsb {
         lb.arg(&sa.g)
             .arg(&sa.gscale)
             .arg(&nb)
+            .arg(&used32)
             .arg(&per_slice)
             .arg(&kb)
             .arg(&pk)
@@ -533,10 +542,10 @@ impl GpuSsb {
             .arg(&sp)
             .arg(&pp);
         // SAFETY: matches `qem_ssb_accumulate[_quad]_g{32,16}(const void*, const float*, u32,
-        // u32, const float2*, const float2*, const float*, const unsigned char*, const float*,
+        // u32, u32, const float2*, const float2*, const float*, const unsigned char*, const float*,
         // const float*, u32, u32, u32, SsbOptics, SsbAb, SsbQuad, const u32*, u32, u32, float2*,
         // double*)`: G holds b·padded_half(nr·half) values of its storage (tiled),
-        // gscale/kb/pk/ak/cont b entries, fr/fc nr/nc floats, hlist n_list (≥ 1) u32 with
+        // used ≤ b, gscale/kb/pk/ak/cont b entries, fr/fc nr/nc floats, hlist n_list (≥ 1) u32 with
         // gen_blocks·256 ≥ n_list, s_part slices·n float2, pow_part slices·(blocks_x +
         // ⌈n_list / 256⌉) f64 ≥ slices·grid_x; the dynamic shared memory holds
         // per_slice·ACC_TABLE_BYTES (≤ 45 KB by MAX_SLICE_PIXELS); the grid is (grid_x, slices)
@@ -550,7 +559,7 @@ impl GpuSsb {
         // SAFETY: matches `qem_ssb_sum_slices(const float2*, u32, u64, u32, float2*)`; s_part
         // holds slices·n float2, s n float2.
         unsafe { lb.launch(grid_1d(n)) }.map_err(|er| driver_error("launch ssb sum", er))?;
-        let (inv_b, dc, fp) = (1.0f32 / self.b as f32, self.dc as f32, w.fin_part.ptr());
+        let (inv_b, dc, fp) = (1.0f32 / used as f32, self.dc as f32, w.fin_part.ptr());
         let mut lb = stream.launch_builder(&self.f.finish);
         lb.arg(&s).arg(&n).arg(&inv_b).arg(&dc).arg(&fp);
         // SAFETY: matches `qem_ssb_finish(float2*, u64, float, float, double*)`; s holds n
@@ -570,7 +579,7 @@ impl GpuSsb {
     pub fn object(&self, ab: &Aberrations) -> Result<(Vec<f64>, Vec<f64>)> {
         let w = self.lock()?;
         let a = self.ab_arg(ab);
-        self.queue_mean_spectrum(&w, &a, self.quad_arg(ab))?;
+        self.queue_mean_spectrum(&w, &a, self.quad_arg(ab), self.b)?;
         let s = w.s.ptr();
         // SAFETY: a 1-transform C2C plan of the scan, in place on s (n complex f32).
         unsafe {
@@ -598,9 +607,25 @@ impl GpuSsb {
 
     /// The CPU engine's coherence objective (`qem_cpu::ssb::Objective::Coherence`) at `ab`.
     pub fn coherence(&self, ab: &Aberrations) -> Result<f64> {
+        self.coherence_over(ab, 0)
+    }
+
+    /// Pixels `0..used` of `0..b` (`used` 0 or past the end: all of them).
+    fn used(&self, used: usize) -> usize {
+        if used == 0 {
+            self.b
+        } else {
+            used.min(self.b)
+        }
+    }
+
+    /// [`GpuSsb::coherence`] over the first `used` BF pixels only
+    /// (`qem_cpu::ssb::Prepared::objective_over`; 0: all of them).
+    pub fn coherence_over(&self, ab: &Aberrations, used: usize) -> Result<f64> {
+        let used = self.used(used);
         let w = self.lock()?;
         let a = self.ab_arg(ab);
-        let grid_x = self.queue_mean_spectrum(&w, &a, self.quad_arg(ab))?;
+        let grid_x = self.queue_mean_spectrum(&w, &a, self.quad_arg(ab), used)?;
         self.sync("coherence")?;
         let pw: Vec<f64> = read_vec(&w.pow_part, self.slices as usize * grid_x as usize)?;
         let blocks = grid_1d(self.scan.len() as u64).grid_dim.0 as usize;
@@ -609,7 +634,7 @@ impl GpuSsb {
         if power <= 0.0 {
             return Ok(0.0);
         }
-        let bf = self.b as f64;
+        let bf = used as f64;
         let coh = fin.iter().sum::<f64>() * bf * bf;
         Ok(-coh / (bf * power))
     }
@@ -618,6 +643,12 @@ impl GpuSsb {
     /// `ab`: per BF pixel an inverse FFT, in batches (their buffers are allocated on the first
     /// call, within the budget).
     pub fn phase_variance(&self, ab: &Aberrations) -> Result<f64> {
+        self.phase_variance_over(ab, 0)
+    }
+
+    /// [`GpuSsb::phase_variance`] over the first `used` BF pixels only (0: all of them).
+    pub fn phase_variance_over(&self, ab: &Aberrations, used: usize) -> Result<f64> {
+        let used = self.used(used);
         let mut w = self.lock()?;
         let n = self.scan.len();
         if w.pv.is_none() {
@@ -659,8 +690,8 @@ impl GpuSsb {
         };
         let (buf, s1, s2) = (pv.buf.ptr(), pv.s1.ptr(), pv.s2.ptr());
         let n64 = n as u64;
-        for b0 in (0..self.b).step_by(pv.batch) {
-            let nbj = pv.batch.min(self.b - b0);
+        for b0 in (0..used).step_by(pv.batch) {
+            let nbj = pv.batch.min(used - b0);
             let b032 = b0 as u32;
             let cfg = LaunchConfig {
                 grid_dim: (
@@ -712,7 +743,7 @@ impl GpuSsb {
             unsafe { lb.launch(grid_1d(n64)) }
                 .map_err(|er| driver_error("launch ssb phase accumulate", er))?;
         }
-        let inv_b = 1.0 / self.b as f64;
+        let inv_b = 1.0 / used as f64;
         let fp = w.fin_part.ptr();
         let mut lb = stream.launch_builder(&self.f.phase_var);
         lb.arg(&s1).arg(&s2).arg(&n64).arg(&inv_b).arg(&fp);
