@@ -310,12 +310,6 @@ def _det_shape(ds) -> tuple[int, int]:
     return (int(ds.shape[2]), int(ds.shape[3]))
 
 
-_DEVICE_RESULT_DOC = """device_result : bool
-        ``True`` leaves the result in GPU memory (CUDA datasets only): a
-        :class:`~quantem.gpu.results.DeviceArray` for DLPack/CuPy/PyTorch consumers instead
-        of a NumPy array. On a CPU dataset it raises ``InvalidArgumentError``."""
-
-
 def _device_flag(op: str, device_result) -> bool:
     return _args.flag(op, "device_result", device_result)
 
@@ -325,14 +319,14 @@ def sum_dp(ds, *, device_result: bool = False) -> np.ndarray | DeviceArray:
 
     Parameters
     ----------
-    {device_result}
+    device_result : bool
+        ``True`` leaves the result in GPU memory (CUDA datasets only): a
+        :class:`~quantem.gpu.results.DeviceArray` for DLPack/CuPy/PyTorch consumers instead
+        of a NumPy array. On a CPU dataset it raises ``InvalidArgumentError``.
     """
     op = "detector.sum_dp"
     on_device = _device_flag(op, device_result)
     return _native.detector_sum_dp(_args.dataset(op, ds), device_result=on_device)
-
-
-sum_dp.__doc__ = sum_dp.__doc__.format(device_result=_DEVICE_RESULT_DOC)
 
 
 def mean_dp(ds) -> np.ndarray:
@@ -346,14 +340,14 @@ def max_dp(ds, *, device_result: bool = False) -> np.ndarray | DeviceArray:
 
     Parameters
     ----------
-    {device_result}
+    device_result : bool
+        ``True`` leaves the result in GPU memory (CUDA datasets only): a
+        :class:`~quantem.gpu.results.DeviceArray` for DLPack/CuPy/PyTorch consumers instead
+        of a NumPy array. On a CPU dataset it raises ``InvalidArgumentError``.
     """
     op = "detector.max_dp"
     on_device = _device_flag(op, device_result)
     return _native.detector_max_dp(_args.dataset(op, ds), device_result=on_device)
-
-
-max_dp.__doc__ = max_dp.__doc__.format(device_result=_DEVICE_RESULT_DOC)
 
 
 def fit_disk(ds) -> DiskFit:
@@ -657,14 +651,14 @@ def moments(ds, *, device_result: bool = False) -> dict[str, np.ndarray | Device
 
     Parameters
     ----------
-    {device_result}
+    device_result : bool
+        ``True`` leaves the result in GPU memory (CUDA datasets only): a
+        :class:`~quantem.gpu.results.DeviceArray` for DLPack/CuPy/PyTorch consumers instead
+        of a NumPy array. On a CPU dataset it raises ``InvalidArgumentError``.
     """
     op = "detector.moments"
     on_device = _device_flag(op, device_result)
     return _native.detector_moments(_args.dataset(op, ds), device_result=on_device)
-
-
-moments.__doc__ = moments.__doc__.format(device_result=_DEVICE_RESULT_DOC)
 
 
 def products(
