@@ -13,6 +13,8 @@
 //!   error reporting ([`bslz4::DeviceBatch`]);
 //! * [`load`]: the overlapped load pipeline (reader threads → pinned slots → H2D on a copy
 //!   stream → decode/region/bin on a compute stream) producing a [`DeviceArray`];
+//! * [`products`]: the fused detector reductions, their results on the host or left on the
+//!   device ([`device_result`]);
 //! * [`transform`]: region/bin/dtype and mask kernels; [`mem`]: raw device and pinned buffers;
 //!   [`engine`]: the process-wide context with its compiled kernels.
 //!
@@ -24,6 +26,7 @@
 
 pub mod bslz4;
 pub mod device;
+pub mod device_result;
 pub mod engine;
 pub mod fault;
 pub mod fft;
@@ -38,10 +41,13 @@ pub mod transform;
 
 pub use bslz4::{Bslz4Batch, Bslz4Kernels, DeviceBatch, LaunchShape};
 pub use device::{check_alive, describe, probe, DeviceInfo, Gpu};
+pub use device_result::{DeviceMoments, DeviceReduceResult, DeviceVec, HostVec, ResultDType};
 pub use engine::{engine, engine_info, Engine};
 pub use load::{
     encode_device_array, load_array, load_source, load_source_encoded, DeviceArray, EncodeOptions,
     GpuEncodedLoad, GpuLoad, GpuLoadParams, LoadPlan, PipelineOptions,
 };
-pub use products::{reduce_dense, reduce_encoded};
+pub use products::{
+    reduce_dense, reduce_dense_on_device, reduce_encoded, reduce_encoded_on_device,
+};
 pub use rans::{DeviceEncoded, DeviceModel, RansKernels};

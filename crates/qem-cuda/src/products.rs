@@ -21,7 +21,9 @@
 //! All results come back with one wait: async copies into the process's pinned staging
 //! buffer, then one stream synchronize (`mem::fetch_all`); the reduce's
 //! [`ReduceResult::stages`] say where the time went (host set-up, the kernels by GPU events,
-//! the wait and download).
+//! the wait and download). [`reduce_dense_on_device`] and [`reduce_encoded_on_device`] run the
+//! same launches and leave the outputs in device memory instead ([`crate::device_result`]):
+//! one stream synchronize, the fault check, no download.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -37,6 +39,7 @@ use qem_core::{
 use std::time::Instant;
 
 use crate::device::{driver_error, Gpu};
+use crate::device_result::{DeviceMoments, DeviceReduceResult, DeviceVec, ResultDType};
 use crate::engine::engine;
 use crate::load::DeviceArray;
 use crate::mem::DevBuf;
@@ -400,14 +403,38 @@ fn pixel_range(req: &ReduceRequest, n: usize) -> (u32, u32) {
     (lo as u32, hi as u32)
 }
 
-fn run(
+/// What [`launch`] queued on the engine's stream: the output buffers, the decode fault record
+/// and the timing events, alive until the results are read ([`finish_host`]) or handed out
+/// ([`finish_device`]). Every buffer a launch reads (mask uploads, the frame selection) is held
+/// here too, so nothing is freed while a kernel may still use it.
+struct Launched {
+    gpu: &'static Gpu,
+    parts: Vec<PartBufs>,
+    sum_dp: Option<DevBuf>,
+    max_dp: Option<DevBuf>,
+    mom: Option<DevBuf>,
+    err: DevBuf,
+    _frames_buf: Option<DevBuf>,
+    ev_start: CudaEvent,
+    ev_end: CudaEvent,
+    count: u64,
+    n: usize,
+    t0: Instant,
+    t_launched: f64,
+}
+
+/// The operation name the reductions' errors carry.
+const OP: &str = "detector reduction (CUDA)";
+
+/// Check `req`, build the launches (one per [`Part`]) and queue them on the engine's stream;
+/// nothing is waited for.
+fn launch(
     data: Data<'_>,
     n_frames: u64,
     n: usize,
     kc: usize,
     req: &ReduceRequest,
-) -> Result<ReduceResult> {
-    let op = "detector reduction (CUDA)";
+) -> Result<Launched> {
     let t0 = Instant::now();
     req.validate(n_frames, n)?;
     let e = engine()?;
@@ -636,12 +663,58 @@ fn run(
         .record(stream)
         .map_err(|er| driver_error("record event", er))?;
     let t_launched = t0.elapsed().as_secs_f64();
-    // Every output into its own vector with one wait (mem::fetch_all).
+    Ok(Launched {
+        gpu,
+        parts,
+        sum_dp,
+        max_dp,
+        mom,
+        err,
+        _frames_buf: frames_buf,
+        ev_start,
+        ev_end,
+        count,
+        n,
+        t0,
+        t_launched,
+    })
+}
+
+/// The kernels' time between the launch's two events (0 when nothing was launched).
+fn kernel_seconds(l: &Launched) -> Result<f64> {
+    if l.parts.is_empty() {
+        return Ok(0.0);
+    }
+    Ok(f64::from(
+        l.ev_start
+            .elapsed_ms(&l.ev_end)
+            .map_err(|er| driver_error("event elapsed time", er))?,
+    ) * 1e-3)
+}
+
+/// Bring every output of `l` to the host with one wait (mem::fetch_all), check the decode
+/// fault record, and unpack the images into request order.
+fn finish_host(l: Launched, req: &ReduceRequest) -> Result<ReduceResult> {
+    let op = OP;
+    let Launched {
+        gpu,
+        ref parts,
+        ref sum_dp,
+        ref max_dp,
+        ref mom,
+        ref err,
+        count,
+        n,
+        t0,
+        t_launched,
+        ..
+    } = l;
+    let stream = gpu.stream();
     let c = count as usize;
     let mut err_words = [0u32; rans::ERR_WORDS];
     let mut part_images: Vec<Vec<Vec<u64>>> = Vec::new();
     let mut part_flt: Vec<Vec<Vec<f64>>> = Vec::new();
-    for p in &parts {
+    for p in parts {
         part_images.push(vec![vec![0u64; c]; p.part.bin.len() + p.part.wint.len()]);
         part_flt.push(vec![vec![0f64; c]; p.part.flt.len()]);
     }
@@ -652,7 +725,7 @@ fn run(
     let mut max_v = max_dp.as_ref().map(|_| vec![0u32; n]);
     {
         let mut fetches = vec![Fetch {
-            src: &err,
+            src: err,
             offset: 0,
             dst: bytemuck::cast_slice_mut(&mut err_words),
         }];
@@ -687,15 +760,7 @@ fn run(
     if let Some(f) = rans::fault_from_words(&err_words) {
         return Err(fault_error(&f, f.frame).with_op(op));
     }
-    let kernels_s = if parts.is_empty() {
-        0.0
-    } else {
-        f64::from(
-            ev_start
-                .elapsed_ms(&ev_end)
-                .map_err(|er| driver_error("event elapsed time", er))?,
-        ) * 1e-3
-    };
+    let kernels_s = kernel_seconds(&l)?;
     let mut images: Vec<Option<VirtualImage>> = vec![None; req.masks.len()];
     for ((p, ints), flts) in parts.iter().zip(part_images).zip(part_flt) {
         for (&mi, v) in p.part.bin.iter().chain(&p.part.wint).zip(ints) {
@@ -731,8 +796,34 @@ fn run(
 /// Run `req` over the frames of an ENCODED dataset on the GPU: one fused decode→reduce pass
 /// (more only when the request has more masks than one launch takes).
 pub fn reduce_encoded(enc: &DeviceEncoded, req: &ReduceRequest) -> Result<ReduceResult> {
+    finish_host(launch_encoded(enc, req)?, req)
+}
+
+/// Run `req` over the frames of a dense GPU-resident dataset.
+pub fn reduce_dense(arr: &DeviceArray, req: &ReduceRequest) -> Result<ReduceResult> {
+    finish_host(launch_dense(arr, req)?, req)
+}
+
+/// [`reduce_encoded`] with the results left in device memory ([`DeviceReduceResult`]): the
+/// same launches, then one stream synchronize and the fault check instead of the download.
+pub fn reduce_encoded_on_device(
+    enc: &DeviceEncoded,
+    req: &ReduceRequest,
+) -> Result<DeviceReduceResult> {
+    finish_device(launch_encoded(enc, req)?, req)
+}
+
+/// [`reduce_dense`] with the results left in device memory ([`DeviceReduceResult`]).
+pub fn reduce_dense_on_device(
+    arr: &DeviceArray,
+    req: &ReduceRequest,
+) -> Result<DeviceReduceResult> {
+    finish_device(launch_dense(arr, req)?, req)
+}
+
+fn launch_encoded(enc: &DeviceEncoded, req: &ReduceRequest) -> Result<Launched> {
     let shape = enc.frame_shape();
-    run(
+    launch(
         Data::Encoded(enc),
         enc.n_frames(),
         shape.len(),
@@ -741,10 +832,9 @@ pub fn reduce_encoded(enc: &DeviceEncoded, req: &ReduceRequest) -> Result<Reduce
     )
 }
 
-/// Run `req` over the frames of a dense GPU-resident dataset.
-pub fn reduce_dense(arr: &DeviceArray, req: &ReduceRequest) -> Result<ReduceResult> {
+fn launch_dense(arr: &DeviceArray, req: &ReduceRequest) -> Result<Launched> {
     let [r, c, kr, kc] = arr.shape();
-    run(
+    launch(
         Data::Dense {
             ptr: arr.device_ptr(),
             dtype: arr.dtype(),
@@ -754,6 +844,102 @@ pub fn reduce_dense(arr: &DeviceArray, req: &ReduceRequest) -> Result<ReduceResu
         kc,
         req,
     )
+}
+
+/// Hand the outputs of `l` out as device arrays, after waiting for the kernels.
+///
+/// Synchronize, not an event for the consumer: (1) the decode fault record must be read on the
+/// host before any value is handed out (a fault means the values are wrong, and a plausible
+/// wrong answer is never returned), and reading it needs the kernels to have ended anyway;
+/// (2) the arrays are then complete for every stream, so a DLPack or CUDA Array Interface
+/// consumer reading on its own stream (PyTorch's or CuPy's current stream, which do not wait for
+/// this crate's non-blocking stream) has nothing to wait for, and `__dlpack__(stream=...)` is
+/// honoured without further work. The cost is the one wait the host path has too, without the
+/// download.
+fn finish_device(l: Launched, req: &ReduceRequest) -> Result<DeviceReduceResult> {
+    let stream = l.gpu.stream();
+    stream
+        .synchronize()
+        .map_err(|e| driver_error("wait for the reduction kernels", e))?;
+    let t_done = l.t0.elapsed().as_secs_f64();
+    let mut err_words = [0u32; rans::ERR_WORDS];
+    // After the synchronize above the record is final; `read` is a synchronous copy.
+    l.err.read(0, bytemuck::cast_slice_mut(&mut err_words))?;
+    if let Some(f) = rans::fault_from_words(&err_words) {
+        return Err(fault_error(&f, f.frame).with_op(OP));
+    }
+    let kernels_s = kernel_seconds(&l)?;
+    let ordinal = l.gpu.info().ordinal;
+    let c = l.count as usize;
+    let n = l.n;
+    let mut images: Vec<Option<DeviceVec>> = vec![None; req.masks.len()];
+    for p in l.parts {
+        if let Some(b) = p.img_int {
+            let b = Arc::new(b);
+            for (j, &mi) in p.part.bin.iter().chain(&p.part.wint).enumerate() {
+                images[mi] = Some(DeviceVec::new(
+                    b.clone(),
+                    j * c * 8,
+                    c,
+                    ResultDType::U64,
+                    ordinal,
+                )?);
+            }
+        }
+        if let Some(b) = p.img_flt {
+            let b = Arc::new(b);
+            for (j, &mi) in p.part.flt.iter().enumerate() {
+                images[mi] = Some(DeviceVec::new(
+                    b.clone(),
+                    j * c * 8,
+                    c,
+                    ResultDType::F64,
+                    ordinal,
+                )?);
+            }
+        }
+    }
+    let images = images
+        .into_iter()
+        .map(|x| x.ok_or_else(|| Error::internal(OP, "a mask's image was not computed")))
+        .collect::<Result<Vec<_>>>()?;
+    let whole = |b: DevBuf, len: usize, dtype: ResultDType| {
+        DeviceVec::new(Arc::new(b), 0, len, dtype, ordinal)
+    };
+    let moments = match l.mom {
+        Some(b) => {
+            let b = Arc::new(b);
+            let at = |k: usize| DeviceVec::new(b.clone(), k * c * 8, c, ResultDType::U64, ordinal);
+            Some(DeviceMoments {
+                sum: at(0)?,
+                m_row: at(1)?,
+                m_col: at(2)?,
+            })
+        }
+        None => None,
+    };
+    Ok(DeviceReduceResult {
+        images,
+        sum_dp: l
+            .sum_dp
+            .map(|b| whole(b, n, ResultDType::U64))
+            .transpose()?,
+        max_dp: l
+            .max_dp
+            .map(|b| whole(b, n, ResultDType::U32))
+            .transpose()?,
+        moments,
+        n_frames: l.count,
+        stages: vec![
+            StageTiming::new("set-up and launch (host)", l.t_launched),
+            StageTiming::new("kernels (GPU events, first launch to last end)", kernels_s),
+            StageTiming::new(
+                "wait (stream synchronize; the results stay on the device)",
+                t_done - l.t_launched,
+            ),
+            StageTiming::new("wrap", l.t0.elapsed().as_secs_f64() - t_done),
+        ],
+    })
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 mod browse;
 mod convert;
 mod dataset;
+mod device_array;
 mod distributed;
 mod dlpack;
 mod engine;
@@ -227,6 +228,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(backends, m)?)?;
     m.add_function(wrap_pyfunction!(resolve_backend, m)?)?;
     m.add_function(wrap_pyfunction!(_inject_cuda_fault, m)?)?;
+    device_array::register(m)?;
     products::register(m)?;
     ssb::register(m)?;
     browse::register(m)?;

@@ -8,13 +8,14 @@
 
 use crate::convert::{dense_to_numpy, grid, to_py};
 use crate::dataset::{run_on, run_on_progress, PyDataset};
+use crate::device_array::PyDeviceArray;
 use crate::errors::{to_pyerr, IntoPyResult};
 use numpy::{PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use qem::detector::{
-    self, DetectorImage, DetectorKind, DetectorMask, DetectorParams, DiskFit, Product, ScanRoi,
-    Unit, VirtualImage,
+    self, DetectorImage, DetectorKind, DetectorMask, DetectorParams, DeviceMoments, DeviceVec,
+    DiskFit, Product, ScanRoi, Unit, VirtualImage,
 };
 use qem::dpc::{self, CenterOfMass, DpcParams, DpcResult, EdgeMode};
 use qem::{Error, Region, Shape2};
@@ -66,6 +67,26 @@ pub(crate) fn disk_dict<'py>(py: Python<'py>, d: &DiskFit) -> PyResult<Bound<'py
 }
 
 fn image_dict<'py>(py: Python<'py>, im: DetectorImage) -> PyResult<Bound<'py, PyDict>> {
+    let image = grid(py, im.image.clone(), im.scan_shape)?;
+    image_fields(py, im, image)
+}
+
+/// [`image_dict`] of an image left on the device (`image` a `DeviceArray`).
+fn device_image_dict<'py>(
+    py: Python<'py>,
+    im: DetectorImage<DeviceVec>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let s = im.scan_shape;
+    let image = PyDeviceArray::wrap(py, im.image.clone(), &[s.rows, s.cols])?;
+    image_fields(py, im, image)
+}
+
+/// The dict of a detector image whose `image` is already converted.
+fn image_fields<'py, I>(
+    py: Python<'py>,
+    im: DetectorImage<I>,
+    image: Py<PyAny>,
+) -> PyResult<Bound<'py, PyDict>> {
     let out = PyDict::new(py);
     out.set_item("kind", im.kind.name())?;
     out.set_item("inner_px", im.inner_px)?;
@@ -74,7 +95,7 @@ fn image_dict<'py>(py: Python<'py>, im: DetectorImage) -> PyResult<Bound<'py, Py
     out.set_item("disk", disk_dict(py, &im.disk)?)?;
     out.set_item("mask_pixels", im.mask_pixels)?;
     out.set_item("provenance", to_py(py, &im.provenance)?)?;
-    out.set_item("image", grid(py, im.image, im.scan_shape)?)?;
+    out.set_item("image", image)?;
     Ok(out)
 }
 
@@ -87,6 +108,20 @@ fn moments_dict<'py>(
     out.set_item("sum", grid(py, m.sum, scan)?)?;
     out.set_item("m_row", grid(py, m.m_row, scan)?)?;
     out.set_item("m_col", grid(py, m.m_col, scan)?)?;
+    Ok(out)
+}
+
+/// The moments left on the device, as a dict of `DeviceArray`s.
+fn device_moments_dict<'py>(
+    py: Python<'py>,
+    m: DeviceMoments,
+    scan: Shape2,
+) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    let s = [scan.rows, scan.cols];
+    out.set_item("sum", PyDeviceArray::wrap(py, m.sum, &s)?)?;
+    out.set_item("m_row", PyDeviceArray::wrap(py, m.m_row, &s)?)?;
+    out.set_item("m_col", PyDeviceArray::wrap(py, m.m_col, &s)?)?;
     Ok(out)
 }
 
@@ -169,24 +204,71 @@ macro_rules! detector_pattern_fn {
     };
 }
 
-detector_pattern_fn!(
-    /// Exact `u64` sum of every frame, `(k_r, k_c)`.
-    detector_sum_dp,
-    "detector.sum_dp",
-    detector::sum_dp
-);
+/// A façade call giving one detector pattern.
+type PatternFn<T> = fn(&qem::Dataset) -> qem::Result<T>;
+
+/// [`detector_pattern`] with `device_result`: the pattern left on the device (a
+/// `DeviceArray`) by `on_device` instead.
+fn detector_pattern_or_device<T: numpy::Element + Send + 'static>(
+    py: Python<'_>,
+    dataset: PyRef<'_, PyDataset>,
+    op: &str,
+    (reduce, on_device): (PatternFn<Vec<T>>, PatternFn<DeviceVec>),
+    progress: Option<Py<PyAny>>,
+    device_result: bool,
+) -> PyResult<Py<PyAny>> {
+    if !device_result {
+        return detector_pattern(py, dataset, op, reduce, progress);
+    }
+    let v = run_on_progress(py, &dataset, op, progress, move |ds, _| on_device(ds))?;
+    let det = dataset.with(|ds| ds.detector_shape());
+    PyDeviceArray::wrap(py, v, &[det.rows, det.cols])
+}
+
+/// Exact `u64` sum of every frame, `(k_r, k_c)` (a `DeviceArray` with `device_result`).
+#[pyfunction]
+#[pyo3(signature = (dataset, progress = None, device_result = false))]
+fn detector_sum_dp(
+    py: Python<'_>,
+    dataset: PyRef<'_, PyDataset>,
+    progress: Option<Py<PyAny>>,
+    device_result: bool,
+) -> PyResult<Py<PyAny>> {
+    detector_pattern_or_device(
+        py,
+        dataset,
+        "detector.sum_dp",
+        (detector::sum_dp, detector::sum_dp_on_device),
+        progress,
+        device_result,
+    )
+}
+
 detector_pattern_fn!(
     /// Mean DP, `f32` `(k_r, k_c)`.
     detector_mean_dp,
     "detector.mean_dp",
     detector::mean_dp
 );
-detector_pattern_fn!(
-    /// Max DP, `u32` `(k_r, k_c)`.
-    detector_max_dp,
-    "detector.max_dp",
-    detector::max_dp
-);
+
+/// Max DP, `u32` `(k_r, k_c)` (a `DeviceArray` with `device_result`).
+#[pyfunction]
+#[pyo3(signature = (dataset, progress = None, device_result = false))]
+fn detector_max_dp(
+    py: Python<'_>,
+    dataset: PyRef<'_, PyDataset>,
+    progress: Option<Py<PyAny>>,
+    device_result: bool,
+) -> PyResult<Py<PyAny>> {
+    detector_pattern_or_device(
+        py,
+        dataset,
+        "detector.max_dp",
+        (detector::max_dp, detector::max_dp_on_device),
+        progress,
+        device_result,
+    )
+}
 
 /// The BF disk fitted from the mean DP, as a dict.
 #[pyfunction]
@@ -349,15 +431,26 @@ fn mask_weights(mask: &Bound<'_, PyAny>, det: Shape2) -> PyResult<DetectorMask> 
 
 /// Virtual image of `mask` (`(k_r, k_c)`; `uint64`/`int64` exact, `float64` float), `(R_r, R_c)`.
 #[pyfunction]
-#[pyo3(signature = (dataset, mask, progress = None))]
+#[pyo3(signature = (dataset, mask, progress = None, device_result = false))]
 fn detector_virtual_image(
     py: Python<'_>,
     dataset: PyRef<'_, PyDataset>,
     mask: &Bound<'_, PyAny>,
     progress: Option<Py<PyAny>>,
+    device_result: bool,
 ) -> PyResult<Py<PyAny>> {
     let (det, scan) = dataset.with(|ds| (ds.detector_shape(), ds.scan_shape()));
     let m = mask_weights(mask, det)?;
+    if device_result {
+        let v = run_on_progress(
+            py,
+            &dataset,
+            "detector.virtual_image",
+            progress,
+            move |ds, _| detector::virtual_image_on_device(ds, &m),
+        )?;
+        return PyDeviceArray::wrap(py, v, &[scan.rows, scan.cols]);
+    }
     let img = run_on_progress(
         py,
         &dataset,
@@ -374,17 +467,24 @@ fn detector_virtual_image(
 /// One named detector image as a dict (`kind`, `image`, `inner_px`, `outer_px`, `disk`,
 /// `mask_pixels`, `provenance`); `geometry` as for [`Geometry`].
 #[pyfunction]
-#[pyo3(signature = (dataset, kind, geometry, progress = None))]
+#[pyo3(signature = (dataset, kind, geometry, progress = None, device_result = false))]
 fn detector_image<'py>(
     py: Python<'py>,
     dataset: PyRef<'py, PyDataset>,
     kind: &str,
     geometry: Geometry,
     progress: Option<Py<PyAny>>,
+    device_result: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let kind = kind.parse::<DetectorKind>().py()?;
     let p = geometry.params()?;
     let op = format!("detector.{}", kind.name());
+    if device_result {
+        let im = run_on_progress(py, &dataset, &op, progress, move |ds, _| {
+            detector::detector_image_on_device(ds, kind, &p)
+        })?;
+        return device_image_dict(py, im);
+    }
     let im = run_on_progress(py, &dataset, &op, progress, move |ds, _| {
         detector::detector_image(ds, kind, &p)
     })?;
@@ -393,12 +493,19 @@ fn detector_image<'py>(
 
 /// Exact per-frame moments: dict `sum`, `m_row`, `m_col` (`u64` `(R_r, R_c)`).
 #[pyfunction]
-#[pyo3(signature = (dataset, progress = None))]
+#[pyo3(signature = (dataset, progress = None, device_result = false))]
 fn detector_moments<'py>(
     py: Python<'py>,
     dataset: PyRef<'py, PyDataset>,
     progress: Option<Py<PyAny>>,
+    device_result: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
+    if device_result {
+        let m = run_on_progress(py, &dataset, "detector.moments", progress, |ds, _| {
+            detector::moments_on_device(ds)
+        })?;
+        return device_moments_dict(py, m, dataset.with(|ds| ds.scan_shape()));
+    }
     let m = run_on_progress(py, &dataset, "detector.moments", progress, |ds, _| {
         detector::moments(ds)
     })?;
@@ -409,13 +516,14 @@ fn detector_moments<'py>(
 /// `max_dp`, `moments`, `com`, `disk` (each `None` unless asked), `provenance`; `geometry` as
 /// for [`Geometry`].
 #[pyfunction]
-#[pyo3(signature = (dataset, names, geometry, progress = None))]
+#[pyo3(signature = (dataset, names, geometry, progress = None, device_result = false))]
 fn detector_products<'py>(
     py: Python<'py>,
     dataset: PyRef<'py, PyDataset>,
     names: Vec<String>,
     geometry: Geometry,
     progress: Option<Py<PyAny>>,
+    device_result: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let which = names
         .iter()
@@ -423,6 +531,9 @@ fn detector_products<'py>(
         .collect::<qem::Result<Vec<_>>>()
         .py()?;
     let p = geometry.params()?;
+    if device_result {
+        return device_products(py, dataset, which, p, progress);
+    }
     let r = run_on_progress(py, &dataset, "detector.products", progress, move |ds, _| {
         detector::products(ds, &which, &p)
     })?;
@@ -446,6 +557,44 @@ fn detector_products<'py>(
         r.moments.map(|m| moments_dict(py, m, scan)).transpose()?,
     )?;
     out.set_item("com", r.com.map(|c| com_dict(py, c)).transpose()?)?;
+    Ok(out)
+}
+
+/// [`detector_products`] with every array left on the device: the same dict, `DeviceArray`s
+/// for the arrays, `mean_dp` and `com` always `None` (the façade refuses them).
+fn device_products<'py>(
+    py: Python<'py>,
+    dataset: PyRef<'py, PyDataset>,
+    which: Vec<Product>,
+    p: DetectorParams,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let r = run_on_progress(py, &dataset, "detector.products", progress, move |ds, _| {
+        detector::products_on_device(ds, &which, &p)
+    })?;
+    let (scan, det) = dataset.with(|ds| (ds.scan_shape(), ds.detector_shape()));
+    let pattern = |v: DeviceVec| PyDeviceArray::wrap(py, v, &[det.rows, det.cols]);
+    let out = PyDict::new(py);
+    out.set_item("provenance", to_py(py, &r.provenance)?)?;
+    out.set_item(
+        "disk",
+        r.disk.as_ref().map(|d| disk_dict(py, d)).transpose()?,
+    )?;
+    let images = PyList::empty(py);
+    for im in r.images {
+        images.append(device_image_dict(py, im)?)?;
+    }
+    out.set_item("images", images)?;
+    out.set_item("sum_dp", r.sum_dp.map(pattern).transpose()?)?;
+    out.set_item("mean_dp", py.None())?;
+    out.set_item("max_dp", r.max_dp.map(pattern).transpose()?)?;
+    out.set_item(
+        "moments",
+        r.moments
+            .map(|m| device_moments_dict(py, m, scan))
+            .transpose()?,
+    )?;
+    out.set_item("com", py.None())?;
     Ok(out)
 }
 

@@ -18,9 +18,11 @@ Where something cannot be exported, :class:`DLPackUnavailableError` (an
 :class:`~quantem.gpu.InvalidArgumentError` and a ``BufferError``, the exception the DLPack
 protocol names) is raised.
 
-Device-resident results (planned: a native array object on the GPU that implements
-``__dlpack__`` itself) plug in at :func:`exported`: it returns the object to delegate to, and
-the protocol methods hand every keyword (``stream``, ``max_version``, ``dl_device``,
+Device-resident results (``device_result=True``) hold a
+:class:`~quantem.gpu.results.DeviceArray` (native: it implements ``__dlpack__`` itself, as a
+view of GPU memory, ``(2, device)``); :func:`exported` returns it like a NumPy array, so a
+:class:`~quantem.gpu.detector.DetectorImage` with a device image exports the device memory,
+and the protocol methods hand every keyword (``stream``, ``max_version``, ``dl_device``,
 ``copy``) to it unchanged.
 """
 
@@ -45,8 +47,9 @@ def _unavailable(op: str, message: str, expected: str, found: str) -> DLPackUnav
 
 
 def exported(obj: Any) -> Any:
-    """The object whose ``__dlpack__`` a result delegates to (a host NumPy array today; a
-    device array once results can stay on the GPU), or :class:`DLPackUnavailableError`."""
+    """The object whose ``__dlpack__`` a result delegates to (a host NumPy array, or a
+    :class:`~quantem.gpu.results.DeviceArray` of a device result), or
+    :class:`DLPackUnavailableError`."""
     from quantem.gpu.detector import DetectorImage
     from quantem.gpu.dpc import CoM
 
@@ -91,7 +94,8 @@ def result_dlpack(self, *, stream=None, max_version=None, dl_device=None, copy=N
 
 
 def result_dlpack_device(self) -> tuple[int, int]:
-    """``(device type, device id)`` of the exported array (``(1, 0)``: host memory)."""
+    """``(device type, device id)`` of the exported array (``(1, 0)``: host memory;
+    ``(2, k)``: a device result on CUDA device ``k``)."""
     return exported(self).__dlpack_device__()
 
 

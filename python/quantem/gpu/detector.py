@@ -17,10 +17,20 @@ pattern (threshold at mean + std, unweighted centroid, equal-area radius) unless
 >>> adf = detector.adf(ds)                  # inner/outer default to [r, 2r]
 >>> img = np.asarray(adf)                   # uint64 (R_r, R_c)
 >>> out = detector.products(ds, ["bf", "adf", "com", "sum_dp"])   # one pass
+
+On a CUDA dataset ``device_result=True`` leaves the arrays in GPU memory: a
+:class:`~quantem.gpu.results.DeviceArray` (``__dlpack__``, ``__cuda_array_interface__``,
+``.to_numpy()``) in place of each NumPy array, the rest of the result (bounds, disk, axes,
+units, provenance) unchanged; on a CPU dataset it raises ``InvalidArgumentError``
+(docs/interop.md, "Device results"):
+
+>>> bf = detector.bf(ds, device_result=True)
+>>> t = torch.from_dlpack(bf)               # a view of bf.image on cuda:N, no copy
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from quantem.gpu import _args, _display, _native, _progress, results
+from quantem.gpu.results import DeviceArray
 
 __all__ = [
     "DetectorImage",
@@ -122,14 +133,19 @@ class DiskFit:
 class DetectorImage:
     """One virtual-detector image (``bf``, ``abf``, ``adf``, ``haadf``, ``df`` or ``annular``).
 
-    ``np.asarray(result)`` is :attr:`image`.
+    ``np.asarray(result)`` is :attr:`image`. With ``device_result=True`` the image is a
+    :class:`~quantem.gpu.results.DeviceArray` in GPU memory: ``np.asarray`` then raises
+    ``TypeError`` (no implicit copy), ``torch.from_dlpack(result)`` /
+    ``cupy.from_dlpack(result)`` / ``cupy.asarray(result)`` view it without a copy, and
+    :meth:`to_host` makes the host result.
 
     Attributes
     ----------
     kind : str
         The detector (``"bf"``, ``"adf"``, ...).
-    image : numpy.ndarray
-        ``uint64`` ``(R_r, R_c)``: the exact sum of the counts inside the annulus per frame.
+    image : numpy.ndarray or DeviceArray
+        ``uint64`` ``(R_r, R_c)``: the exact sum of the counts inside the annulus per frame
+        (a :class:`~quantem.gpu.results.DeviceArray` with ``device_result=True``).
     inner_px, outer_px : float
         The annulus bounds actually used, in detector pixels (``outer_px`` is ``inf`` for DF).
     center : (float, float)
@@ -180,7 +196,36 @@ class DetectorImage:
             provenance=d["provenance"],
         )
 
+    @property
+    def on_device(self) -> bool:
+        """True when :attr:`image` lives in GPU memory (``device_result=True``)."""
+        return isinstance(self.image, DeviceArray)
+
+    def to_host(self) -> DetectorImage:
+        """This result with its image on the host (a copy of a device image; ``self`` when it
+        is on the host already)."""
+        if not self.on_device:
+            return self
+        return dataclasses.replace(self, image=self.image.to_numpy())
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """The device image's CUDA Array Interface (``cupy.asarray(result)``); absent for a
+        host image."""
+        if not self.on_device:
+            raise AttributeError(
+                "__cuda_array_interface__: this DetectorImage's image is on the host (NumPy); "
+                "ask for device_result=True on a CUDA dataset for a device image"
+            )
+        return self.image.__cuda_array_interface__
+
     def __array__(self, dtype=None, copy=None):
+        if self.on_device:
+            raise TypeError(
+                f"this DetectorImage's image lives on cuda:{self.image.device} "
+                "(device_result=True): no implicit copy to the host; use result.to_host() or "
+                "result.image.to_numpy(), or torch/cupy.from_dlpack(result) for a device view"
+            )
         if copy is False:
             # The image is a numpy array already; a view of it is what "no copy" means.
             return self.image if dtype is None else self.image.astype(dtype, copy=False)
@@ -192,14 +237,22 @@ class DetectorImage:
         """Shape of :attr:`image`, ``(R_r, R_c)``."""
         return self.image.shape
 
-    _repr_html_ = _display.result_html
-    show = _display.show
+    def _repr_html_(self) -> str:
+        if not self.on_device:
+            return _display.result_html(self)
+        return results.device_result_html(self, "image")
+
+    def show(self, *args, **kwargs):
+        """Plot the image with matplotlib (a device image is copied to the host for it, as
+        plotting needs); returns the ``Axes``."""
+        return _display.show(self.to_host(), *args, **kwargs)
 
     def __repr__(self) -> str:
         r, c = self.center
+        where = f" on cuda:{self.image.device}" if self.on_device else ""
         return (
-            f"DetectorImage(kind={self.kind!r}, image={_shape(self.image)} {self.image.dtype}, "
-            f"inner_px={self.inner_px:.3f}, outer_px={self.outer_px:.3f}, "
+            f"DetectorImage(kind={self.kind!r}, image={_shape(self.image)} {self.image.dtype}"
+            f"{where}, inner_px={self.inner_px:.3f}, outer_px={self.outer_px:.3f}, "
             f"center=({r:.3f}, {c:.3f}), radius={self.radius:.3f}, "
             f"mask_pixels={self.mask_pixels})"
         )
@@ -210,7 +263,8 @@ class Products(dict):
 
     Values: :class:`DetectorImage` for detectors, ``numpy.ndarray`` for ``sum_dp`` (uint64),
     ``mean_dp`` (float32) and ``max_dp`` (uint32), a dict of uint64 arrays for ``moments``, a
-    :class:`quantem.gpu.dpc.CoM` for ``com``.
+    :class:`quantem.gpu.dpc.CoM` for ``com``. With ``device_result=True`` every array is a
+    :class:`~quantem.gpu.results.DeviceArray` (``mean_dp`` and ``com`` are not available).
 
     Attributes
     ----------
@@ -256,9 +310,23 @@ def _det_shape(ds) -> tuple[int, int]:
     return (int(ds.shape[2]), int(ds.shape[3]))
 
 
-def sum_dp(ds) -> np.ndarray:
-    """Exact sum of every frame: ``uint64`` ``(k_r, k_c)``."""
-    return _native.detector_sum_dp(_args.dataset("detector.sum_dp", ds))
+def _device_flag(op: str, device_result) -> bool:
+    return _args.flag(op, "device_result", device_result)
+
+
+def sum_dp(ds, *, device_result: bool = False) -> np.ndarray | DeviceArray:
+    """Exact sum of every frame: ``uint64`` ``(k_r, k_c)``.
+
+    Parameters
+    ----------
+    device_result : bool
+        ``True`` leaves the result in GPU memory (CUDA datasets only): a
+        :class:`~quantem.gpu.results.DeviceArray` for DLPack/CuPy/PyTorch consumers instead
+        of a NumPy array. On a CPU dataset it raises ``InvalidArgumentError``.
+    """
+    op = "detector.sum_dp"
+    on_device = _device_flag(op, device_result)
+    return _native.detector_sum_dp(_args.dataset(op, ds), device_result=on_device)
 
 
 def mean_dp(ds) -> np.ndarray:
@@ -267,9 +335,19 @@ def mean_dp(ds) -> np.ndarray:
     return _native.detector_mean_dp(_args.dataset("detector.mean_dp", ds))
 
 
-def max_dp(ds) -> np.ndarray:
-    """Element-wise maximum over every frame: ``uint32`` ``(k_r, k_c)`` (exact)."""
-    return _native.detector_max_dp(_args.dataset("detector.max_dp", ds))
+def max_dp(ds, *, device_result: bool = False) -> np.ndarray | DeviceArray:
+    """Element-wise maximum over every frame: ``uint32`` ``(k_r, k_c)`` (exact).
+
+    Parameters
+    ----------
+    device_result : bool
+        ``True`` leaves the result in GPU memory (CUDA datasets only): a
+        :class:`~quantem.gpu.results.DeviceArray` for DLPack/CuPy/PyTorch consumers instead
+        of a NumPy array. On a CPU dataset it raises ``InvalidArgumentError``.
+    """
+    op = "detector.max_dp"
+    on_device = _device_flag(op, device_result)
+    return _native.detector_max_dp(_args.dataset(op, ds), device_result=on_device)
 
 
 def fit_disk(ds) -> DiskFit:
@@ -378,7 +456,7 @@ def _mask_array(mask, det: tuple[int, int]) -> np.ndarray:
     )
 
 
-def virtual_image(ds, mask) -> np.ndarray:
+def virtual_image(ds, mask, *, device_result: bool = False) -> np.ndarray | DeviceArray:
     """Virtual image ``V[R] = Σ_k mask[k] · I[R, k]`` for a mask over the detector.
 
     Parameters
@@ -386,10 +464,14 @@ def virtual_image(ds, mask) -> np.ndarray:
     mask : numpy.ndarray (k_r, k_c)
         bool or non-negative integer weights (at most 65535) give an exact ``uint64`` image;
         float weights give a ``float64`` image. Its shape must equal the detector's.
+    device_result : bool
+        ``True`` leaves the image in GPU memory (CUDA datasets only): a
+        :class:`~quantem.gpu.results.DeviceArray`. On a CPU dataset it raises
+        ``InvalidArgumentError``.
 
     Returns
     -------
-    numpy.ndarray
+    numpy.ndarray or DeviceArray
         ``(R_r, R_c)``.
 
     Raises
@@ -398,8 +480,12 @@ def virtual_image(ds, mask) -> np.ndarray:
         (a ``ValueError``) for a mask of the wrong shape, a negative or too large integer
         weight, or a non-finite float weight; the message names what was expected and found.
     """
-    _args.dataset("detector.virtual_image", ds)
-    return _native.detector_virtual_image(ds, _mask_array(mask, _det_shape(ds)))
+    op = "detector.virtual_image"
+    _args.dataset(op, ds)
+    on_device = _device_flag(op, device_result)
+    return _native.detector_virtual_image(
+        ds, _mask_array(mask, _det_shape(ds)), device_result=on_device
+    )
 
 
 def _geometry(
@@ -446,15 +532,28 @@ def _geometry(
 
 
 def _detector(
-    kind: str, ds, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad, progress
+    kind: str,
+    ds,
+    inner,
+    outer,
+    center,
+    radius,
+    unit,
+    semiangle_mrad,
+    det_sampling_mrad,
+    progress,
+    device_result,
 ):
     op = f"detector.{kind}"
     _args.dataset(op, ds)
+    on_device = _device_flag(op, device_result)
     geometry = _geometry(
         op, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad, ds
     )
     native = _progress.run(
-        op, progress, lambda cb: _native.detector_image(ds, kind, geometry, progress=cb)
+        op,
+        progress,
+        lambda cb: _native.detector_image(ds, kind, geometry, progress=cb, device_result=on_device),
     )
     img = DetectorImage._from_native(native)
     scan, _ = results.dataset_axes(ds)
@@ -481,12 +580,19 @@ _DETECTOR_DOC = """{title} image: the exact ``uint64`` sum over {what} per frame
         Convergence semi-angle and detector sampling (mrad per pixel) for ``unit="mrad"``.
     progress : None, True or callable
         ``True`` draws a tqdm bar of frames (rate, ETA); a callable gets
-        ``(stage, done, total)``; the pass then runs in blocks of frames.
+        ``(stage, done, total)``; the pass then runs in blocks of frames (one block with
+        ``device_result=True``).
+    device_result : bool
+        ``True`` leaves the image in GPU memory (CUDA datasets only): ``.image`` is a
+        :class:`~quantem.gpu.results.DeviceArray` and the result exports it through
+        ``__dlpack__`` / ``__cuda_array_interface__``; axes, units and provenance are as for a
+        host image. On a CPU dataset it raises ``InvalidArgumentError``.
 
     Returns
     -------
     DetectorImage
-        ``.image`` ``uint64`` ``(R_r, R_c)``; ``np.asarray(result)`` is the image.
+        ``.image`` ``uint64`` ``(R_r, R_c)``; ``np.asarray(result)`` is the image (a host
+        image; a device image is copied only by ``result.to_host()``).
     """
 
 
@@ -501,6 +607,8 @@ def _make_detector(kind: str, title: str, what: str, default: str):
         semiangle_mrad: float | None = None,
         det_sampling_mrad: float | None = None,
         progress=None,
+        *,
+        device_result: bool = False,
     ) -> DetectorImage:
         return _detector(
             kind,
@@ -513,6 +621,7 @@ def _make_detector(kind: str, title: str, what: str, default: str):
             semiangle_mrad,
             det_sampling_mrad,
             progress,
+            device_result,
         )
 
     fn.__name__ = fn.__qualname__ = kind
@@ -534,13 +643,22 @@ annular = _make_detector(
 )
 
 
-def moments(ds) -> dict[str, np.ndarray]:
+def moments(ds, *, device_result: bool = False) -> dict[str, np.ndarray | DeviceArray]:
     """Exact per-frame moments over the whole detector: ``dict(sum=, m_row=, m_col=)``.
 
     ``sum = Σ_k I``, ``m_row = Σ_k k_r I``, ``m_col = Σ_k k_c I``; each ``uint64`` ``(R_r, R_c)``.
     The centre of mass is ``m_row / sum`` (see :func:`quantem.gpu.dpc.center_of_mass`).
+
+    Parameters
+    ----------
+    device_result : bool
+        ``True`` leaves the result in GPU memory (CUDA datasets only): a
+        :class:`~quantem.gpu.results.DeviceArray` for DLPack/CuPy/PyTorch consumers instead
+        of a NumPy array. On a CPU dataset it raises ``InvalidArgumentError``.
     """
-    return _native.detector_moments(_args.dataset("detector.moments", ds))
+    op = "detector.moments"
+    on_device = _device_flag(op, device_result)
+    return _native.detector_moments(_args.dataset(op, ds), device_result=on_device)
 
 
 def products(
@@ -554,6 +672,8 @@ def products(
     semiangle_mrad: float | None = None,
     det_sampling_mrad: float | None = None,
     progress=None,
+    *,
+    device_result: bool = False,
 ) -> Products:
     """Several products in one pass over the frames.
 
@@ -569,6 +689,12 @@ def products(
     progress : None, True or callable
         ``True`` draws a tqdm bar of frames per pass (rate, ETA); a callable gets
         ``(stage, done, total)``.
+    device_result : bool
+        ``True`` leaves every array in GPU memory (CUDA datasets only): detector images as
+        :class:`DetectorImage` with a :class:`~quantem.gpu.results.DeviceArray` image,
+        ``sum_dp``/``max_dp`` and the ``moments`` arrays as ``DeviceArray``. ``mean_dp`` and
+        ``com`` are computed on the host from the exact sums, so asking for them with it raises
+        ``InvalidArgumentError`` (as does a CPU dataset).
 
     Returns
     -------
@@ -579,6 +705,7 @@ def products(
 
     op = "detector.products"
     _args.dataset(op, ds)
+    on_device = _device_flag(op, device_result)
     if isinstance(which, str):
         names = [w.strip() for w in which.split(",")]
     elif isinstance(which, bytes) or not isinstance(which, Iterable):
@@ -600,7 +727,11 @@ def products(
         op, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad, ds
     )
     res = _progress.run(
-        op, progress, lambda cb: _native.detector_products(ds, names, geometry, progress=cb)
+        op,
+        progress,
+        lambda cb: _native.detector_products(
+            ds, names, geometry, progress=cb, device_result=on_device
+        ),
     )
     items: dict[str, Any] = {}
     scan, det = results.dataset_axes(ds, det_sampling_mrad=geometry["det_sampling_mrad"])

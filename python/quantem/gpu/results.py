@@ -17,6 +17,13 @@ its axes, units and the result's scalars and provenance.
 The calibration comes from the dataset (``ds.calibration``: scan step and detector sampling)
 when it records them, or from what the call was given (``det_sampling_mrad=``,
 ``scan_step_a=``); nothing is guessed.
+
+Results asked for with ``device_result=True`` (CUDA datasets) hold :class:`DeviceArray`
+objects in place of NumPy arrays: the same shapes, dtypes, axes, units and provenance, the
+values in GPU memory. A ``DeviceArray`` exports them without a copy (``__dlpack__``,
+``__dlpack_device__``, ``__cuda_array_interface__``), copies them only when asked
+(``to_numpy()``) and refuses ``np.asarray``; ``save`` copies them to the host (writing a file
+is a host operation).
 """
 
 from __future__ import annotations
@@ -32,9 +39,15 @@ from typing import Any
 
 import numpy as np
 
-from quantem.gpu import _args
+from quantem.gpu import _args, _native
 
-__all__ = ["Axis", "add_scale_bar", "nice_scale_bar", "save"]
+__all__ = ["Axis", "DeviceArray", "add_scale_bar", "nice_scale_bar", "save"]
+
+#: One result array in GPU memory (``device_result=True``): ``shape``, ``dtype``, ``device``
+#: (CUDA ordinal), ``nbytes``, ``__dlpack__``/``__dlpack_device__`` (``(2, device)``),
+#: ``__cuda_array_interface__``, ``to_numpy()``. An exported view keeps the memory alive after
+#: the ``DeviceArray`` and the dataset are gone (docs/interop.md, "Device results").
+DeviceArray = _native.DeviceArray
 
 #: Units written for each axis unit in EMD files (py4DSTEM's spelling; rosettasciio reads
 #: ``"A"`` as Å).
@@ -258,6 +271,39 @@ def _number_text(v: float) -> str:
     return f"{v:.6g}"
 
 
+# --- device results ------------------------------------------------------------------------
+
+
+def device_result_html(result: Any, name: str) -> str:
+    """``_repr_html_`` of a result whose array ``name`` is a :class:`DeviceArray`: its shape,
+    dtype and device, where it ran, its units, axes and repr (no thumbnail: drawing one would
+    copy the image to the host)."""
+    from quantem.gpu import _display
+
+    a = getattr(result, name)
+    rows: list[tuple[str, Any]] = [
+        (name, f"{tuple(a.shape)} {a.dtype}"),
+        ("arrays on", f"cuda:{a.device} (device_result=True)"),
+        ("resident", f"{a.nbytes} B"),
+    ]
+    units = getattr(result, "units", None)
+    if isinstance(units, dict) and units:
+        rows.append(("units", ", ".join(f"{k}: {v}" for k, v in units.items())))
+    axes = getattr(result, "axes", None)
+    if isinstance(axes, tuple) and axes:
+        rows.append(("axes", ", ".join(f"{x.name} {x.scale:.4g} {x.units}" for x in axes)))
+    rows.append(("summary", repr(result)))
+    return _display.table_html(type(result).__name__, rows)
+
+
+def _host(v: Any) -> np.ndarray:
+    """``v`` as a host array: a :class:`DeviceArray` copied (``to_numpy()``), anything else
+    through ``np.asarray``."""
+    if isinstance(v, DeviceArray):
+        return v.to_numpy()
+    return np.asarray(v)
+
+
 # --- what each result holds ----------------------------------------------------------------
 
 
@@ -286,12 +332,12 @@ def _items(result: Any) -> tuple[list[_Item], dict[str, Any]]:
             elif isinstance(value, Mapping):  # moments: sum, m_row, m_col
                 for k, v in value.items():
                     u = "counts" if k == "sum" else "counts·px"
-                    items.append(_Item(f"{name}_{k}", np.asarray(v), u, result.axes.get(name, ())))
+                    items.append(_Item(f"{name}_{k}", _host(v), u, result.axes.get(name, ())))
             else:
                 items.append(
                     _Item(
                         name,
-                        np.asarray(value),
+                        _host(value),
                         result.units.get(name, ""),
                         result.axes.get(name, ()),
                     )
@@ -332,9 +378,7 @@ def _items(result: Any) -> tuple[list[_Item], dict[str, Any]]:
     items = []
     for n in names:
         label = result.kind if isinstance(result, DetectorImage) else n
-        items.append(
-            _Item(label, np.asarray(getattr(result, n)), result.units.get(n, ""), result.axes)
-        )
+        items.append(_Item(label, _host(getattr(result, n)), result.units.get(n, ""), result.axes))
     scalars = {}
     for f in dataclasses.fields(result):
         v = getattr(result, f.name)

@@ -20,17 +20,28 @@
 //! The sum DP over all frames is cached on the dataset the first time it is computed, so the
 //! disk fit costs one pass per dataset and is free afterwards.
 //!
+//! Results can also stay in GPU memory (`*_on_device`, [`reduce_on_device`]: arrays are
+//! [`DeviceVec`]s for DLPack / CUDA Array Interface consumers); only a CUDA dataset has them,
+//! a CPU dataset answers with an error naming its backend.
+//!
 //! Files: this module holds the engine pass ([`reduce`]) and the dataset's cache; `patterns`
 //! the sum/mean/max DP, frames and scan-ROI patterns; `images` virtual images, moments, the BF
 //! disk fit and the annulus mask; `named` the named detectors ([`detector_image`]); `geometry`
-//! their disk, calibration, bounds and provenance JSON; `products` several products in one pass.
+//! their disk, calibration, bounds and provenance JSON; `products` several products in one pass;
+//! `device` the results left on the GPU.
 
+mod device;
 mod geometry;
 mod images;
 mod named;
 mod patterns;
 mod products;
 
+pub use device::{
+    detector_image_on_device, download_image, max_dp_on_device, moments_on_device,
+    products_on_device, reduce_on_device, sum_dp_on_device, virtual_image_on_device, DeviceMoments,
+    DeviceProducts, DeviceReduceResult, DeviceVec, HostVec, ResultDType,
+};
 pub use images::{annulus_mask, fit_disk, fit_disk_from_mean, moments, virtual_image, DiskFit};
 pub use named::{detector_image, DetectorImage, DetectorKind, DetectorParams, Unit};
 pub use patterns::{frames, max_dp, mean_dp, roi_dp, sum_dp, RoiDp, ScanRoi};

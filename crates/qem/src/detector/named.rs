@@ -163,13 +163,15 @@ impl DetectorParams {
     }
 }
 
-/// A named virtual detector image.
+/// A named virtual detector image. `I` is where the image lives: host memory (`Vec<u64>`, the
+/// default) or device memory ([`super::DeviceVec`], from [`super::detector_image_on_device`]);
+/// everything else (bounds, disk, provenance) is the same either way.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct DetectorImage {
+pub struct DetectorImage<I = Vec<u64>> {
     /// Which detector.
     pub kind: DetectorKind,
     /// Exact `u64` sums, one per scan position, row-major `[R_r, R_c]`.
-    pub image: Vec<u64>,
+    pub image: I,
     /// Scan grid.
     pub scan_shape: Shape2,
     /// Inner bound, detector pixels.
@@ -194,10 +196,7 @@ pub fn detector_image(
 ) -> Result<DetectorImage> {
     let op = format!("detector {kind}");
     live(ds, &op)?;
-    p.validate().map_err(|e| e.with_op(&op))?;
-    let g = geometry(ds, p).map_err(|e| e.with_op(&op))?;
-    let (lo, hi) = bounds(kind, p, &g)?;
-    let mask = annulus_mask(ds.detector_shape, g.disk.center_px, lo, hi);
+    let (g, (lo, hi), mask) = detector_mask(ds, kind, p, &op)?;
     let mask_pixels = mask.iter().filter(|&&w| w != 0).count();
     let t = Instant::now();
     let r = reduce(
@@ -229,7 +228,22 @@ pub fn detector_image(
     ))
 }
 
-impl DetectorImage {
+/// The geometry of detector `kind` on `ds` (the disk fitted or given), its bounds `(lo, hi)`
+/// in pixels and its 0/1 annulus mask; errors carry `op`.
+pub(super) fn detector_mask(
+    ds: &Dataset,
+    kind: DetectorKind,
+    p: &DetectorParams,
+    op: &str,
+) -> Result<(Geometry, (f64, f64), Vec<u32>)> {
+    p.validate().map_err(|e| e.with_op(op))?;
+    let g = geometry(ds, p).map_err(|e| e.with_op(op))?;
+    let (lo, hi) = bounds(kind, p, &g)?;
+    let mask = annulus_mask(ds.detector_shape, g.disk.center_px, lo, hi);
+    Ok((g, (lo, hi), mask))
+}
+
+impl<I> DetectorImage<I> {
     /// The `image` of detector `kind`, whose bounds `(lo, hi)` px (`mask_pixels` in the mask)
     /// were made from the disk of `g`, with its provenance: the detector, disk and calibration
     /// records as `params` (an object, to which a caller may add), the disk fit's time and the
@@ -237,12 +251,12 @@ impl DetectorImage {
     pub(super) fn new(
         ds: &Dataset,
         kind: DetectorKind,
-        image: Vec<u64>,
+        image: I,
         (lo, hi, mask_pixels): (f64, f64, usize),
         g: &Geometry,
         p: &DetectorParams,
         reduce: (&str, f64),
-    ) -> DetectorImage {
+    ) -> DetectorImage<I> {
         let mut provenance = ResultProvenance::new(
             ds,
             &format!("detector.{kind}"),

@@ -2,7 +2,7 @@
 //! images, sum/mean/max DP, moments, centre of mass), with their provenance. Called by
 //! `qem-cli`'s `products` command, `dpc` and the Python bindings.
 
-use super::geometry::{bounds, disk_json, geometry, sampling_json};
+use super::geometry::{bounds, disk_json, geometry, sampling_json, Geometry};
 use super::patterns::mean_from_sum;
 use super::{
     annulus_mask, live, reduce, DetectorImage, DetectorKind, DetectorMask, DetectorParams, DiskFit,
@@ -109,55 +109,14 @@ pub struct Products {
 pub fn products(ds: &Dataset, which: &[Product], p: &DetectorParams) -> Result<Products> {
     const OP: &str = "detector products";
     live(ds, OP)?;
-    p.validate().map_err(|e| e.with_op(OP))?;
-    if which.is_empty() {
-        return Err(Error::invalid(OP, "no product asked")
-            .with_expected("at least one of bf, abf, adf, haadf, df, annular, sum_dp, mean_dp, max_dp, moments, com"));
-    }
     let t0 = Instant::now();
-    let mut kinds: Vec<DetectorKind> = Vec::new();
-    for w in which {
-        if let Product::Det(k) = w {
-            if !kinds.contains(k) {
-                kinds.push(*k);
-            }
-        }
-    }
+    let Plan {
+        kinds,
+        g,
+        masks,
+        geom,
+    } = plan(ds, which, p, OP)?;
     let wants = |x: Product| which.contains(&x);
-    if kinds.len() > 1 && (p.inner.is_some() || p.outer.is_some()) {
-        return Err(
-            Error::invalid(OP, "inner/outer given with several detectors")
-                .with_expected(
-                    "inner/outer with exactly one detector kind (call detector_image per detector)",
-                )
-                .with_found(format!(
-                    "{} detectors: {}",
-                    kinds.len(),
-                    kinds
-                        .iter()
-                        .map(|k| k.name())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )),
-        );
-    }
-
-    // The disk (from the cache, or one sum-DP pass) and the masks.
-    let g = if kinds.is_empty() {
-        None
-    } else {
-        Some(geometry(ds, p).map_err(|e| e.with_op(OP))?)
-    };
-    let mut masks = Vec::with_capacity(kinds.len());
-    let mut geom = Vec::with_capacity(kinds.len());
-    if let Some(g) = &g {
-        for &k in &kinds {
-            let (lo, hi) = bounds(k, p, g).map_err(|e| e.with_op(OP))?;
-            let m = annulus_mask(ds.detector_shape, g.disk.center_px, lo, hi);
-            geom.push((lo, hi, m.iter().filter(|&&w| w != 0).count()));
-            masks.push(DetectorMask::Int(m));
-        }
-    }
     let cached_sum = ds.detector_cache.sum_dp.get();
     let want_sum = wants(Product::SumDp) || wants(Product::MeanDp);
     let req = ReduceRequest {
@@ -259,6 +218,72 @@ pub fn products(ds: &Dataset, which: &[Product], p: &DetectorParams) -> Result<P
         com,
         disk: g.map(|g| g.disk),
         provenance,
+    })
+}
+
+/// What one [`products`] pass needs before it reads a frame: the detector kinds asked (each
+/// once, in the order first asked), their geometry (the disk: from the cache, or one sum-DP
+/// pass), masks and `(lo, hi, mask_pixels)`.
+pub(super) struct Plan {
+    pub(super) kinds: Vec<DetectorKind>,
+    pub(super) g: Option<Geometry>,
+    pub(super) masks: Vec<DetectorMask>,
+    pub(super) geom: Vec<(f64, f64, usize)>,
+}
+
+/// Check `which` and `p` and build the [`Plan`] of a products pass; errors carry `op`.
+pub(super) fn plan(ds: &Dataset, which: &[Product], p: &DetectorParams, op: &str) -> Result<Plan> {
+    const OP_NAMES: &str =
+        "at least one of bf, abf, adf, haadf, df, annular, sum_dp, mean_dp, max_dp, moments, com";
+    p.validate().map_err(|e| e.with_op(op))?;
+    if which.is_empty() {
+        return Err(Error::invalid(op, "no product asked").with_expected(OP_NAMES));
+    }
+    let mut kinds: Vec<DetectorKind> = Vec::new();
+    for w in which {
+        if let Product::Det(k) = w {
+            if !kinds.contains(k) {
+                kinds.push(*k);
+            }
+        }
+    }
+    if kinds.len() > 1 && (p.inner.is_some() || p.outer.is_some()) {
+        return Err(
+            Error::invalid(op, "inner/outer given with several detectors")
+                .with_expected(
+                    "inner/outer with exactly one detector kind (call detector_image per detector)",
+                )
+                .with_found(format!(
+                    "{} detectors: {}",
+                    kinds.len(),
+                    kinds
+                        .iter()
+                        .map(|k| k.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+        );
+    }
+    let g = if kinds.is_empty() {
+        None
+    } else {
+        Some(geometry(ds, p).map_err(|e| e.with_op(op))?)
+    };
+    let mut masks = Vec::with_capacity(kinds.len());
+    let mut geom = Vec::with_capacity(kinds.len());
+    if let Some(g) = &g {
+        for &k in &kinds {
+            let (lo, hi) = bounds(k, p, g).map_err(|e| e.with_op(op))?;
+            let m = annulus_mask(ds.detector_shape, g.disk.center_px, lo, hi);
+            geom.push((lo, hi, m.iter().filter(|&&w| w != 0).count()));
+            masks.push(DetectorMask::Int(m));
+        }
+    }
+    Ok(Plan {
+        kinds,
+        g,
+        masks,
+        geom,
     })
 }
 

@@ -1,0 +1,374 @@
+//! Detector products whose arrays stay in GPU memory: [`reduce_on_device`] and the `_on_device`
+//! forms of the virtual images, named detectors, sum/max DP, moments and [`products`]. The
+//! arrays are [`DeviceVec`]s (a range of a device allocation held by an `Arc`), for handing on
+//! to other GPU code without a copy (DLPack, the CUDA Array Interface); everything else about a
+//! result (bounds, disk, provenance) is as on the host path.
+//!
+//! Rules:
+//! * only a CUDA dataset has device results: on a CPU dataset every function here is an
+//!   `InvalidArgument` error naming the backend, never a host array in disguise (contract 2);
+//! * the values are those of the host path, bit for bit: the same kernels run, only the
+//!   download is left out (the tests compare them);
+//! * `mean_dp` and `com` are computed on the host from the exact sums, so [`products_on_device`]
+//!   refuses them (the error names what it takes instead);
+//! * with a progress observer installed the pass is still one engine call (merging blocks would
+//!   need device-side adds); it is reported as one block of every frame, and cannot be
+//!   cancelled part-way.
+
+use super::named::detector_mask;
+use super::products::{plan, Plan};
+use super::{live, DetectorImage, DetectorKind, DetectorMask, DetectorParams, DiskFit, Product};
+use super::{ReduceRequest, VirtualImage};
+use crate::dataset::{Dataset, Storage};
+use crate::result::ResultProvenance;
+use qem_core::{Error, Result};
+use serde_json::json;
+use std::time::Instant;
+
+pub use qem_cuda::{DeviceMoments, DeviceReduceResult, DeviceVec, HostVec, ResultDType};
+
+/// The error of a device result asked of a dataset that is not on the GPU.
+fn not_on_gpu(op: &str, ds: &Dataset) -> Error {
+    Error::invalid(
+        op,
+        format!(
+            "device_result=True needs a CUDA dataset; this dataset is on the {}",
+            ds.backend().name().to_uppercase()
+        ),
+    )
+    .with_expected("a dataset loaded with backend \"cuda\" (or results on the host)")
+    .with_found(format!("backend \"{}\"", ds.backend().name()))
+}
+
+/// Refuse early (before a disk fit or any pass) when `ds` cannot give device results.
+fn check_on_gpu(ds: &Dataset, op: &str) -> Result<()> {
+    live(ds, op)?;
+    match &ds.storage {
+        Storage::CudaDense(_) | Storage::CudaEncoded(_) => Ok(()),
+        _ => Err(not_on_gpu(op, ds)),
+    }
+}
+
+/// [`super::reduce`] with the results left on the device: one engine pass over the frames of
+/// a CUDA dataset, checked against the request like the host result. A CPU dataset is an
+/// `InvalidArgument` error naming its backend.
+pub fn reduce_on_device(ds: &Dataset, req: &ReduceRequest) -> Result<DeviceReduceResult> {
+    const OP: &str = "detector reduction (device result)";
+    check_on_gpu(ds, OP)?;
+    let n_frames = ds.scan_shape.len() as u64;
+    let progress = crate::progress::current();
+    if let Some((p, label)) = &progress {
+        p.begin(label, req.n_selected(n_frames));
+    }
+    let result = match &ds.storage {
+        Storage::CudaDense(a) => qem_cuda::reduce_dense_on_device(a, req),
+        Storage::CudaEncoded(e) => qem_cuda::reduce_encoded_on_device(e, req),
+        Storage::CpuDense(_) | Storage::CpuEncoded(_) => Err(not_on_gpu(OP, ds)),
+        Storage::Closed => Err(Error::invalid(OP, "the dataset has been closed")),
+    };
+    if let Some((p, _)) = &progress {
+        if result.is_ok() {
+            p.advance(req.n_selected(n_frames));
+        }
+        p.end();
+    }
+    let result = result?;
+    check_device_result(&result, req, n_frames, ds.detector_shape.len())?;
+    Ok(result)
+}
+
+/// A device result that does not fit its request is an internal error, never an answer.
+fn check_device_result(
+    r: &DeviceReduceResult,
+    req: &ReduceRequest,
+    n_frames: u64,
+    frame_len: usize,
+) -> Result<()> {
+    let n_sel = req.n_selected(n_frames) as usize;
+    let bad = |what: &str| {
+        Err(Error::internal(
+            "detector reduction (device result)",
+            format!("the engine returned a malformed result: {what}"),
+        ))
+    };
+    if r.n_frames as usize != n_sel || r.images.len() != req.masks.len() {
+        return bad("frames visited or number of images");
+    }
+    for (im, m) in r.images.iter().zip(&req.masks) {
+        let dtype = match m {
+            DetectorMask::Int(_) => ResultDType::U64,
+            DetectorMask::Float(_) => ResultDType::F64,
+        };
+        if im.dtype() != dtype || im.len() != n_sel {
+            return bad("an image");
+        }
+    }
+    let ok = |v: &Option<DeviceVec>, wanted: bool, dtype: ResultDType| match v {
+        Some(v) => wanted && v.len() == frame_len && v.dtype() == dtype,
+        None => !wanted,
+    };
+    if !ok(&r.sum_dp, req.sum_dp, ResultDType::U64) || !ok(&r.max_dp, req.max_dp, ResultDType::U32)
+    {
+        return bad("sum_dp or max_dp");
+    }
+    let moments_ok = match (&r.moments, req.moments) {
+        (None, false) => true,
+        (Some(m), true) => [&m.sum, &m.m_row, &m.m_col]
+            .iter()
+            .all(|v| v.len() == n_sel && v.dtype() == ResultDType::U64),
+        _ => false,
+    };
+    if !moments_ok {
+        return bad("moments");
+    }
+    Ok(())
+}
+
+/// [`super::virtual_image`] on the device: `u64` for an integer mask, `f64` for a float mask,
+/// one value per scan position (row-major `[R_r, R_c]`).
+pub fn virtual_image_on_device(ds: &Dataset, mask: &DetectorMask) -> Result<DeviceVec> {
+    const OP: &str = "detector virtual_image";
+    check_on_gpu(ds, OP)?;
+    let r = reduce_on_device(
+        ds,
+        &ReduceRequest {
+            masks: vec![mask.clone()],
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.with_op(OP))?;
+    r.images
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::internal(OP, "the reduction returned no image"))
+}
+
+/// [`super::sum_dp`] on the device: the exact `u64` sum per detector pixel. Always one pass
+/// (the dataset's cached host sum is not uploaded: the result is the engine's own).
+pub fn sum_dp_on_device(ds: &Dataset) -> Result<DeviceVec> {
+    const OP: &str = "detector sum_dp";
+    check_on_gpu(ds, OP)?;
+    let r = reduce_on_device(
+        ds,
+        &ReduceRequest {
+            sum_dp: true,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.with_op(OP))?;
+    r.sum_dp
+        .ok_or_else(|| Error::internal(OP, "the reduction returned no sum"))
+}
+
+/// [`super::max_dp`] on the device: the `u32` maximum per detector pixel.
+pub fn max_dp_on_device(ds: &Dataset) -> Result<DeviceVec> {
+    const OP: &str = "detector max_dp";
+    check_on_gpu(ds, OP)?;
+    let r = reduce_on_device(
+        ds,
+        &ReduceRequest {
+            max_dp: true,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.with_op(OP))?;
+    r.max_dp
+        .ok_or_else(|| Error::internal(OP, "the reduction returned no max"))
+}
+
+/// [`super::moments`] on the device: exact `u64` `sum`, `m_row`, `m_col` per scan position.
+pub fn moments_on_device(ds: &Dataset) -> Result<DeviceMoments> {
+    const OP: &str = "detector moments";
+    check_on_gpu(ds, OP)?;
+    let r = reduce_on_device(
+        ds,
+        &ReduceRequest {
+            moments: true,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.with_op(OP))?;
+    r.moments
+        .ok_or_else(|| Error::internal(OP, "the reduction returned no moments"))
+}
+
+/// Add `"result_device": "cuda:N"` to a result's provenance parameters.
+fn mark_device(prov: &mut ResultProvenance, ordinal: usize) {
+    if let Some(params) = prov.params.as_object_mut() {
+        params.insert("result_device".into(), json!(format!("cuda:{ordinal}")));
+    }
+}
+
+/// [`super::detector_image`] with the image left on the device: the same disk, bounds, mask
+/// and provenance (plus `"result_device": "cuda:N"`), the image a `u64` [`DeviceVec`].
+pub fn detector_image_on_device(
+    ds: &Dataset,
+    kind: DetectorKind,
+    p: &DetectorParams,
+) -> Result<DetectorImage<DeviceVec>> {
+    let op = format!("detector {kind}");
+    check_on_gpu(ds, &op)?;
+    let (g, (lo, hi), mask) = detector_mask(ds, kind, p, &op)?;
+    let mask_pixels = mask.iter().filter(|&&w| w != 0).count();
+    let t = Instant::now();
+    let r = reduce_on_device(
+        ds,
+        &ReduceRequest {
+            masks: vec![DetectorMask::Int(mask)],
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.with_op(&op))?;
+    let secs = t.elapsed().as_secs_f64();
+    let image = r
+        .images
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::internal(&op, "the reduction returned no image"))?;
+    let ordinal = image.device_ordinal();
+    let mut im = DetectorImage::new(
+        ds,
+        kind,
+        image,
+        (lo, hi, mask_pixels),
+        &g,
+        p,
+        ("reduce (result on the device)", secs),
+    );
+    mark_device(&mut im.provenance, ordinal);
+    Ok(im)
+}
+
+/// What [`products_on_device`] returns: the fields of [`super::Products`] that have device
+/// results (no `mean_dp`, no `com`), each `Some` (or `images` non-empty) exactly when asked.
+#[derive(Debug, Clone)]
+pub struct DeviceProducts {
+    /// One image per requested detector kind, in the order first requested.
+    pub images: Vec<DetectorImage<DeviceVec>>,
+    /// Exact `u64` sum DP.
+    pub sum_dp: Option<DeviceVec>,
+    /// `u32` max DP.
+    pub max_dp: Option<DeviceVec>,
+    /// Exact per-frame moments.
+    pub moments: Option<DeviceMoments>,
+    /// The BF disk, when a detector image was asked.
+    pub disk: Option<DiskFit>,
+    /// How it was computed (as [`super::Products`]'s, with `"result_device": "cuda:N"`).
+    pub provenance: ResultProvenance,
+}
+
+/// [`super::products`] with every array left on the device: one pass for every detector image,
+/// the sum DP, the max DP and the moments. `mean_dp` and `com` are computed on the host from
+/// the exact sums and have no device result: asking for them is an `InvalidArgument` error.
+pub fn products_on_device(
+    ds: &Dataset,
+    which: &[Product],
+    p: &DetectorParams,
+) -> Result<DeviceProducts> {
+    const OP: &str = "detector products";
+    check_on_gpu(ds, OP)?;
+    let host_only: Vec<&str> = which
+        .iter()
+        .filter(|w| matches!(w, Product::MeanDp | Product::Com))
+        .map(|w| w.name())
+        .collect();
+    if !host_only.is_empty() {
+        return Err(Error::invalid(
+            OP,
+            "mean_dp and com are computed on the host from the exact sums, so they have no device result",
+        )
+        .with_expected(
+            "with device_result: bf, abf, adf, haadf, df, annular, sum_dp, max_dp, moments \
+             (divide sum_dp by the frame count on the device for the mean)",
+        )
+        .with_found(host_only.join(", ")));
+    }
+    let t0 = Instant::now();
+    let Plan {
+        kinds,
+        g,
+        masks,
+        geom,
+    } = plan(ds, which, p, OP)?;
+    let wants = |x: Product| which.contains(&x);
+    let req = ReduceRequest {
+        masks,
+        sum_dp: wants(Product::SumDp),
+        max_dp: wants(Product::MaxDp),
+        moments: wants(Product::Moments),
+        frames: None,
+    };
+    let t1 = Instant::now();
+    let mut r = reduce_on_device(ds, &req).map_err(|e| e.with_op(OP))?;
+    let reduce_secs = t1.elapsed().as_secs_f64();
+    let engine_stages = std::mem::take(&mut r.stages);
+    let ordinal = ds.cuda_ordinal().unwrap_or(0);
+
+    let mut images = Vec::with_capacity(kinds.len());
+    let mut images_json = Vec::with_capacity(kinds.len());
+    for ((&kind, (lo, hi, mask_pixels)), image) in kinds.iter().zip(geom).zip(r.images) {
+        let Some(g) = &g else {
+            return Err(Error::internal(OP, "a detector image without a disk"));
+        };
+        let mut im = DetectorImage::new(
+            ds,
+            kind,
+            image,
+            (lo, hi, mask_pixels),
+            g,
+            p,
+            ("reduce (shared pass, result on the device)", reduce_secs),
+        );
+        if let Some(params) = im.provenance.params.as_object_mut() {
+            params.insert("computed_by".into(), json!("detector.products (one pass)"));
+        }
+        mark_device(&mut im.provenance, ordinal);
+        images_json.push(im.provenance.params["detector"].clone());
+        images.push(im);
+    }
+    let asked: Vec<&str> = which.iter().map(|w| w.name()).collect();
+    let mut provenance = ResultProvenance::new(
+        ds,
+        "detector.products",
+        json!({
+            "products": asked,
+            "detectors": images_json,
+            "disk": g.as_ref().map(|g| super::geometry::disk_json(&g.disk, p, g)),
+            "calibration": g.as_ref().map(|g| super::geometry::sampling_json(p, g)),
+            "sum_dp_from_cache": false,
+            "passes": 1,
+        }),
+    );
+    mark_device(&mut provenance, ordinal);
+    if let Some(g) = &g {
+        provenance.stage("disk_fit", g.disk_secs);
+    }
+    provenance.stage("reduce", reduce_secs);
+    for st in &engine_stages {
+        provenance.stage(&format!("reduce: {}", st.stage), st.seconds);
+    }
+    provenance.stage("total (wall)", t0.elapsed().as_secs_f64());
+    Ok(DeviceProducts {
+        images,
+        sum_dp: r.sum_dp,
+        max_dp: r.max_dp,
+        moments: r.moments,
+        disk: g.map(|g| g.disk),
+        provenance,
+    })
+}
+
+/// The values of a device image as the host path's [`VirtualImage`] (a download; for tests and
+/// comparisons).
+pub fn download_image(v: &DeviceVec) -> Result<VirtualImage> {
+    match v.to_host()? {
+        HostVec::U64(x) => Ok(VirtualImage::U64(x)),
+        HostVec::F64(x) => Ok(VirtualImage::F64(x)),
+        HostVec::U32(_) => Err(Error::internal(
+            "device result download",
+            "an image holds u32 values",
+        )
+        .with_expected("uint64 or float64")
+        .with_found("uint32")),
+    }
+}

@@ -1,0 +1,381 @@
+//! Device results (`qem::detector::*_on_device`, issue 21 item 2): on a CUDA dataset the arrays
+//! stay in GPU memory and hold exactly the host path's values; on a CPU dataset every call is an
+//! `InvalidArgument` error naming the backend. The CPU cases run everywhere; the CUDA cases
+//! return early (saying so) where no device is usable, and run on the GPU machine with
+//! `cargo test --release -p qem --test device_result -- --nocapture`.
+
+use qem::detector::{
+    self, DetectorKind, DetectorMask, DetectorParams, Product, ReduceRequest, ResultDType,
+    VirtualImage,
+};
+use qem::{
+    load, BackendRequest, Dataset, DenseArray, ErrorKind, LoadParams, Representation, Shape2,
+    SourceArg,
+};
+
+/// A rectangular scan and an odd detector.
+const SCAN: Shape2 = Shape2::new(7, 11);
+const DET: Shape2 = Shape2::new(17, 19);
+
+/// u16 counts: a bright disk at (8, 9) of radius 4, a sparse halo and a few values near the top
+/// of the range (so u32 shared sums and u64 results are exercised).
+fn counts() -> Vec<u16> {
+    let mut v = Vec::with_capacity(SCAN.len() * DET.len());
+    for f in 0..SCAN.len() as u64 {
+        for p in 0..DET.len() as u64 {
+            let x = (f * 2_654_435_761 + p * 40_503 + 29) % 1013;
+            let (i, j) = ((p / DET.cols as u64) as f64, (p % DET.cols as u64) as f64);
+            let inside = (i - 8.0).powi(2) + (j - 9.0).powi(2) <= 16.0;
+            v.push(match x {
+                _ if inside => 300 + (x % 70) as u16,
+                0..=2 => 65_000 + x as u16,
+                3..=250 => (x % 7) as u16,
+                _ => 0,
+            });
+        }
+    }
+    v
+}
+
+fn load_on(backend: BackendRequest, representation: Representation) -> qem::Result<Dataset> {
+    load(
+        SourceArg::Array {
+            data: DenseArray::U16(counts()),
+            shape: vec![SCAN.rows, SCAN.cols, DET.rows, DET.cols],
+        },
+        &LoadParams {
+            backend,
+            representation: Some(representation),
+            ..LoadParams::default()
+        },
+    )
+}
+
+/// The CUDA datasets (DENSE, ENCODED), or `None` where CUDA is not usable here.
+fn cuda_datasets() -> Option<Vec<(Representation, Dataset)>> {
+    if qem::resolve_backend(BackendRequest::Cuda).is_err() {
+        eprintln!("no usable CUDA device: device results not exercised");
+        return None;
+    }
+    Some(
+        [Representation::Dense, Representation::Encoded]
+            .into_iter()
+            .map(|r| {
+                let ds = load_on(BackendRequest::Cuda, r)
+                    .unwrap_or_else(|e| panic!("CUDA {r:?} load failed: {e}"));
+                (r, ds)
+            })
+            .collect(),
+    )
+}
+
+/// Binary masks (ten: two launches of eight), one integer-weighted and one float mask.
+fn masks() -> Vec<DetectorMask> {
+    let n = DET.len();
+    let mut out: Vec<DetectorMask> = (0..10)
+        .map(|k| DetectorMask::Int((0..n).map(|p| u32::from((p + k) % (k + 2) == 0)).collect()))
+        .collect();
+    out.push(DetectorMask::Int(
+        (0..n).map(|p| (p as u32 * 37) % 65_536).collect(),
+    ));
+    out.push(DetectorMask::Float(
+        (0..n).map(|p| (p as f64 * 0.37).sin()).collect(),
+    ));
+    out
+}
+
+fn full_request() -> ReduceRequest {
+    ReduceRequest {
+        masks: masks(),
+        sum_dp: true,
+        max_dp: true,
+        moments: true,
+        frames: None,
+    }
+}
+
+fn assert_cpu_refusal(what: &str, e: qem::Error) {
+    assert_eq!(e.kind, ErrorKind::InvalidArgument, "{what}: {e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("device_result=True needs a CUDA dataset; this dataset is on the CPU"),
+        "{what}: {text}"
+    );
+    assert_eq!(
+        e.found.as_deref(),
+        Some("backend \"cpu\""),
+        "{what}: {text}"
+    );
+}
+
+#[test]
+fn cpu_datasets_refuse_every_device_result() {
+    for repr in [Representation::Dense, Representation::Encoded] {
+        let ds = load_on(BackendRequest::Cpu, repr).unwrap();
+        let p = DetectorParams::default();
+        let mask = DetectorMask::Int(vec![1; DET.len()]);
+        assert_cpu_refusal(
+            "reduce",
+            detector::reduce_on_device(&ds, &full_request()).unwrap_err(),
+        );
+        assert_cpu_refusal(
+            "virtual_image",
+            detector::virtual_image_on_device(&ds, &mask).unwrap_err(),
+        );
+        assert_cpu_refusal("sum_dp", detector::sum_dp_on_device(&ds).unwrap_err());
+        assert_cpu_refusal("max_dp", detector::max_dp_on_device(&ds).unwrap_err());
+        assert_cpu_refusal("moments", detector::moments_on_device(&ds).unwrap_err());
+        for kind in DetectorKind::ALL {
+            if kind == DetectorKind::Annular {
+                continue; // needs bounds; the refusal comes first anyway, checked below
+            }
+            assert_cpu_refusal(
+                kind.name(),
+                detector::detector_image_on_device(&ds, kind, &p).unwrap_err(),
+            );
+        }
+        let annular = DetectorParams {
+            inner: Some(1.0),
+            outer: Some(3.0),
+            ..p
+        };
+        assert_cpu_refusal(
+            "annular",
+            detector::detector_image_on_device(&ds, DetectorKind::Annular, &annular).unwrap_err(),
+        );
+        assert_cpu_refusal(
+            "products",
+            detector::products_on_device(&ds, &[Product::Det(DetectorKind::Bf)], &p).unwrap_err(),
+        );
+        // The refusal comes before any pass: the sum DP was not computed and cached.
+        assert!(
+            format!("{ds:?}").contains("sum_dp_cached: false"),
+            "{repr:?}: a refused call ran a pass"
+        );
+    }
+}
+
+#[test]
+fn device_results_equal_the_host_path_bit_for_bit() {
+    let Some(sets) = cuda_datasets() else { return };
+    let cpu = load_on(BackendRequest::Cpu, Representation::Dense).unwrap();
+    let req = full_request();
+    let cpu_want = detector::reduce(&cpu, &req).unwrap();
+    for (repr, ds) in &sets {
+        let host = detector::reduce(ds, &req).unwrap();
+        let dev = detector::reduce_on_device(ds, &req)
+            .unwrap_or_else(|e| panic!("{repr:?} device reduction failed: {e}"));
+        let ordinal = ds.cuda_ordinal().unwrap();
+        for v in dev.images.iter().chain(&dev.sum_dp).chain(&dev.max_dp) {
+            assert_eq!(v.device_ordinal(), ordinal, "{repr:?}");
+            assert_eq!(v.device_ptr() % v.dtype().size() as u64, 0, "{repr:?}");
+        }
+        assert_eq!(dev.images[0].dtype(), ResultDType::U64);
+        assert_eq!(dev.images[11].dtype(), ResultDType::F64);
+        assert_eq!(dev.max_dp.as_ref().unwrap().dtype(), ResultDType::U32);
+        assert_eq!(dev.images[0].len(), SCAN.len());
+        assert_eq!(dev.sum_dp.as_ref().unwrap().len(), DET.len());
+        // The images of one launch share its buffer; the second launch has its own.
+        assert!(dev.images[0].shares_allocation(&dev.images[7]), "{repr:?}");
+        assert!(!dev.images[0].shares_allocation(&dev.images[8]), "{repr:?}");
+        let got = dev.to_host().unwrap();
+        // Same kernels, same order: float images too are equal bit for bit.
+        assert_eq!(
+            got, host,
+            "{repr:?}: device result differs from the host path"
+        );
+        // The integers against the CPU engine (float images only to rounding).
+        assert_eq!(got.sum_dp, cpu_want.sum_dp, "{repr:?}");
+        assert_eq!(got.max_dp, cpu_want.max_dp, "{repr:?}");
+        assert_eq!(got.moments, cpu_want.moments, "{repr:?}");
+        assert_eq!(got.images[..11], cpu_want.images[..11], "{repr:?}");
+        // A scan ROI: one value per selected frame, in order.
+        let roi = ReduceRequest {
+            frames: Some(vec![0, 5, 6, 40, 76]),
+            ..req.clone()
+        };
+        let got = detector::reduce_on_device(ds, &roi)
+            .unwrap()
+            .to_host()
+            .unwrap();
+        assert_eq!(got, detector::reduce(ds, &roi).unwrap(), "{repr:?} ROI");
+        let cpu_roi = detector::reduce(&cpu, &roi).unwrap();
+        assert_eq!(got.n_frames, 5);
+        assert_eq!(
+            (&got.sum_dp, &got.max_dp, &got.moments),
+            (&cpu_roi.sum_dp, &cpu_roi.max_dp, &cpu_roi.moments),
+            "{repr:?} ROI"
+        );
+    }
+}
+
+#[test]
+fn named_detectors_and_patterns_on_the_device() {
+    let Some(sets) = cuda_datasets() else { return };
+    let p = DetectorParams::default();
+    for (repr, ds) in &sets {
+        let ordinal = ds.cuda_ordinal().unwrap();
+        for kind in [DetectorKind::Bf, DetectorKind::Adf, DetectorKind::Haadf] {
+            let host = detector::detector_image(ds, kind, &p).unwrap();
+            let dev = detector::detector_image_on_device(ds, kind, &p).unwrap();
+            assert_eq!(
+                detector::download_image(&dev.image).unwrap(),
+                VirtualImage::U64(host.image.clone()),
+                "{repr:?} {kind}"
+            );
+            assert!(
+                host.image.iter().any(|&v| v > 0),
+                "{repr:?} {kind}: an empty image"
+            );
+            assert_eq!(
+                (
+                    dev.kind,
+                    dev.inner_px,
+                    dev.outer_px,
+                    dev.mask_pixels,
+                    dev.disk
+                ),
+                (
+                    host.kind,
+                    host.inner_px,
+                    host.outer_px,
+                    host.mask_pixels,
+                    host.disk
+                ),
+                "{repr:?} {kind}"
+            );
+            assert_eq!(
+                dev.provenance.params["result_device"],
+                format!("cuda:{ordinal}"),
+                "{repr:?} {kind}"
+            );
+            assert_eq!(
+                dev.provenance.params["detector"],
+                host.provenance.params["detector"]
+            );
+        }
+        let mask = DetectorMask::Int((0..DET.len() as u32).map(|p| p % 3).collect());
+        let VirtualImage::U64(want) = detector::virtual_image(ds, &mask).unwrap() else {
+            panic!("an integer mask gave a float image")
+        };
+        let dev = detector::virtual_image_on_device(ds, &mask).unwrap();
+        assert_eq!(
+            detector::download_image(&dev).unwrap(),
+            VirtualImage::U64(want)
+        );
+        let sum = detector::sum_dp_on_device(ds).unwrap();
+        assert_eq!(
+            sum.to_host().unwrap(),
+            detector::HostVec::U64(detector::sum_dp(ds).unwrap()),
+            "{repr:?}"
+        );
+        let max = detector::max_dp_on_device(ds).unwrap();
+        assert_eq!(
+            max.to_host().unwrap(),
+            detector::HostVec::U32(detector::max_dp(ds).unwrap()),
+            "{repr:?}"
+        );
+        let m = detector::moments_on_device(ds).unwrap();
+        let want = detector::moments(ds).unwrap();
+        assert_eq!(m.sum.to_host().unwrap(), detector::HostVec::U64(want.sum));
+        assert_eq!(
+            m.m_row.to_host().unwrap(),
+            detector::HostVec::U64(want.m_row)
+        );
+        assert_eq!(
+            m.m_col.to_host().unwrap(),
+            detector::HostVec::U64(want.m_col)
+        );
+    }
+}
+
+#[test]
+fn products_on_the_device_match_products() {
+    let Some(sets) = cuda_datasets() else { return };
+    let p = DetectorParams::default();
+    let which = [
+        Product::Det(DetectorKind::Bf),
+        Product::Det(DetectorKind::Adf),
+        Product::SumDp,
+        Product::MaxDp,
+        Product::Moments,
+    ];
+    for (repr, ds) in &sets {
+        let host = detector::products(ds, &which, &p).unwrap();
+        let dev = detector::products_on_device(ds, &which, &p).unwrap();
+        assert_eq!(dev.images.len(), 2);
+        for (d, h) in dev.images.iter().zip(&host.images) {
+            assert_eq!(d.kind, h.kind);
+            assert_eq!(
+                detector::download_image(&d.image).unwrap(),
+                VirtualImage::U64(h.image.clone()),
+                "{repr:?} {}",
+                h.kind
+            );
+        }
+        assert_eq!(
+            dev.sum_dp.unwrap().to_host().unwrap(),
+            detector::HostVec::U64(host.sum_dp.unwrap())
+        );
+        assert_eq!(
+            dev.max_dp.unwrap().to_host().unwrap(),
+            detector::HostVec::U32(host.max_dp.unwrap())
+        );
+        let (dm, hm) = (dev.moments.unwrap(), host.moments.unwrap());
+        assert_eq!(
+            dm.m_col.to_host().unwrap(),
+            detector::HostVec::U64(hm.m_col)
+        );
+        assert_eq!(dev.disk, host.disk);
+        assert!(dev.provenance.params["result_device"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("cuda:")));
+        for host_only in [Product::MeanDp, Product::Com] {
+            let e = detector::products_on_device(ds, &[Product::SumDp, host_only], &p).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+            assert_eq!(e.found.as_deref(), Some(host_only.name()), "{e}");
+        }
+    }
+}
+
+#[test]
+fn device_results_outlive_their_dataset_and_each_other() {
+    let Some(sets) = cuda_datasets() else { return };
+    let p = DetectorParams::default();
+    for (repr, mut ds) in sets {
+        let bf_host = detector::detector_image(&ds, DetectorKind::Bf, &p)
+            .unwrap()
+            .image;
+        let adf_host = detector::detector_image(&ds, DetectorKind::Adf, &p)
+            .unwrap()
+            .image;
+        assert_ne!(
+            bf_host, adf_host,
+            "{repr:?}: the test needs two different images"
+        );
+        // Two results in flight at once: separate allocations, each with its own values.
+        let bf = detector::detector_image_on_device(&ds, DetectorKind::Bf, &p).unwrap();
+        let adf = detector::detector_image_on_device(&ds, DetectorKind::Adf, &p).unwrap();
+        assert_ne!(bf.image.device_ptr(), adf.image.device_ptr(), "{repr:?}");
+        assert!(!bf.image.shares_allocation(&adf.image), "{repr:?}");
+        // A clone (what a DLPack export holds) keeps the memory after the result is dropped
+        // and after the dataset is closed.
+        let kept = bf.image.clone();
+        drop(bf);
+        ds.close();
+        drop(ds);
+        // Churn the allocator: new device buffers must not land on the kept one.
+        let churn = load_on(BackendRequest::Cuda, repr).unwrap();
+        let _more = detector::sum_dp_on_device(&churn).unwrap();
+        assert_eq!(
+            detector::download_image(&kept).unwrap(),
+            VirtualImage::U64(bf_host),
+            "{repr:?}: the kept BF image changed"
+        );
+        assert_eq!(
+            detector::download_image(&adf.image).unwrap(),
+            VirtualImage::U64(adf_host),
+            "{repr:?}: the ADF image changed"
+        );
+    }
+}
