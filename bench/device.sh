@@ -7,8 +7,9 @@
 #
 #   checks    qem-cuda-check on the bslz4 vectors, malformed and mutated chunks (GPU = CPU verdicts);
 #             the synthetic qem-cuda-products-check and qem-cuda-rans-check cases; the Rust ssb
-#             tests (CPU reference vs CUDA); every_engine (each engine-level case on the CPU and
-#             CUDA arms); the GPU-facing pytest files (PYTEST_FILES, or "all")
+#             tests (CPU reference vs CUDA); device_result (results kept on the card = host ones);
+#             every_engine (each engine-level case on the CPU and CUDA arms); the GPU-facing
+#             pytest files (PYTEST_FILES, or "all")
 #   load      the 512² × 192² reference acquisition: qem-cuda-load-check (dense, every frame =
 #             CPU), qem-cuda-rans-check (ENCODED load, every frame hash = CPU, .qem round trip),
 #             `qem-bench load --backend cuda --cpu-check` (the façade); CUPY=1 adds a
@@ -95,6 +96,8 @@ mode_checks() {
   step "rust ssb tests" ssb_tests.log timeout 150 "$D/ssb_tests" --nocapture --test-threads 1
   step "every engine (CPU and CUDA arms)" every_engine.log timeout 120 "$D/every_engine_tests" --nocapture
   tail -3 "$R/every_engine.log"
+  step "device results (CUDA = host, kept arrays)" device_result.log timeout 120 "$D/device_result_tests" --nocapture
+  tail -3 "$R/device_result.log"
   record "$R/ssb_tests.log" ssb_tests.txt
   with_dask # the lazy and distributed tests skip without it
   local files=${PYTEST_FILES:-test_cuda.py test_products.py test_dpc.py test_ssb.py test_encoded.py}

@@ -2,9 +2,9 @@
 # Fill device_carry/ (git-ignored) with what bench/device.sh runs on the GPU machine, built
 # here: the four check binaries of crates/qem-bench (qem-cuda-check, -load-check,
 # -products-check, -rans-check) and its serve-latency bench, the façade and SSB benches
-# (qem-bench's examples cuda_products_bench, ssb_cuda_bench), the Rust ssb and every_engine test
-# binaries, the wheel installed into site/ (the quantem-gpu console script in site/bin, the CLI
-# binary in the package), hdf5plugin for the device's Python 3.12 (bitshuffle, zstd and blosc
+# (qem-bench's examples cuda_products_bench, ssb_cuda_bench), the Rust ssb, every_engine and
+# device_result test binaries, the wheel installed into site/ (the quantem-gpu console script
+# in site/bin, the CLI binary in the package), hdf5plugin for the device's Python 3.12 (bitshuffle, zstd and blosc
 # filters) in h5p/, Dask's wheels, the bslz4 test vectors and the reference-acquisition
 # generator; the tests run from the working tree the tool copies. Needs cargo and maturin; run
 # from the repository root, then carry `device_carry` (64 MiB at most: PACK=1 packs it).
@@ -34,7 +34,8 @@ for l in sys.stdin:
 }
 cp "$(test_binary ssb)" "$D/ssb_tests"
 cp "$(test_binary every_engine)" "$D/every_engine_tests"
-strip "$D"/qem-bench "$D"/qem-cuda-* "$D"/serve-latency "$D"/cuda_products_bench "$D"/ssb_cuda_bench "$D"/ssb_tests "$D"/every_engine_tests
+cp "$(test_binary device_result)" "$D/device_result_tests"
+strip "$D"/qem-bench "$D"/qem-cuda-* "$D"/serve-latency "$D"/cuda_products_bench "$D"/ssb_cuda_bench "$D"/ssb_tests "$D"/every_engine_tests "$D"/device_result_tests
 # The wheel ships compiled kernels (crates/qem-cuda/build.rs; NVRTC from PyPI, no GPU needed).
 QEM_NVRTC=${QEM_NVRTC:-$(scripts/fetch_nvrtc.sh)}
 ./scripts/stage_cli.sh

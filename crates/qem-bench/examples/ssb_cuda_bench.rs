@@ -215,6 +215,15 @@ fn cpu_check(master: &str, rows: usize) -> qem::Result<Value> {
         },
     )?;
     let sg = Ssb::new(&g, &params(None))?;
+    // The same on the card with the BF pixels in raster order (no coarse sample first): the
+    // object must not depend on the order beyond f32 rounding.
+    let sr = Ssb::new(
+        &g,
+        &SsbParams {
+            coarse_min_pixels: usize::MAX,
+            ..params(None)
+        },
+    )?;
     // The host-data route: the CPU-held region, SSB on the card.
     let sh = Ssb::new(&c, &params(None))?;
     let host_route = {
@@ -228,6 +237,7 @@ fn cpu_check(master: &str, rows: usize) -> qem::Result<Value> {
     let mut out = serde_json::Map::new();
     for (name, ab) in [("probe", probe_ab()), ("zero", Aberrations::default())] {
         let (a, b) = (sc.reconstruct(&ab)?, sg.reconstruct(&ab)?);
+        let raster = sr.reconstruct(&ab)?;
         let mut losses = serde_json::Map::new();
         for kind in [Objective::Coherence, Objective::PhaseVariance] {
             let (lc, lg) = (sc.objective(&ab, kind)?, sg.objective(&ab, kind)?);
@@ -243,6 +253,8 @@ fn cpu_check(master: &str, rows: usize) -> qem::Result<Value> {
                 "object_rel_l2_re": rel_l2(&b.object_re, &a.object_re),
                 "object_rel_l2_im": rel_l2(&b.object_im, &a.object_im),
                 "phase_rel_l2": rel_l2(&b.phase, &a.phase),
+                "raster_order_object_rel_l2_re": rel_l2(&raster.object_re, &a.object_re),
+                "raster_order_object_rel_l2_im": rel_l2(&raster.object_im, &a.object_im),
                 "losses": losses,
             }),
         );
@@ -250,6 +262,7 @@ fn cpu_check(master: &str, rows: usize) -> qem::Result<Value> {
     Ok(json!({
         "scan_region": [rows, rows],
         "n_bf_pixels": [sc.n_bf_pixels(), sg.n_bf_pixels()],
+        "coarse_pixels": [sc.coarse_pixels(), sg.coarse_pixels(), sr.coarse_pixels()],
         "cases": out,
         "host_data_cuda_vs_cpu": host_route,
     }))
