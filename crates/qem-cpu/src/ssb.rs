@@ -1112,9 +1112,9 @@ mod tests {
     /// The staged Nelder–Mead: with three starts on a bowl, the best start's run is exactly
     /// the single-start run (same minimum, bit for bit), and the two other starts stop at the
     /// coarse simplex — together well under the two full runs they would cost otherwise.
-    #[test]
-    fn only_the_best_start_is_refined_to_the_end() {
-        let spec = |starts: usize| FitSpec {
+    /// C10, C12 and φ12 over their default boxes, 50 global points, seed 3.
+    fn three_parameter_spec(starts: usize, coarse: bool) -> FitSpec {
+        FitSpec {
             seed: 3,
             params: vec![
                 ("C10".into(), (-400.0, 400.0)),
@@ -1126,17 +1126,22 @@ mod tests {
             local_max_iter: 200,
             local_starts: starts,
             start: Aberrations::default(),
-            coarse: false,
-        };
+            coarse,
+        }
+    }
+
+    /// A quadratic bowl with its minimum at C10 = `c10`, C12 = 21 Å, φ12 = 0.3 rad.
+    fn bowl_at(a: &Aberrations, c10: f64) -> f64 {
+        ((a.c10 - c10) / 400.0).powi(2)
+            + ((a.c12 - 21.0) / 100.0).powi(2)
+            + ((a.phi12 - 0.3) / 1.5).powi(2)
+    }
+
+    #[test]
+    fn only_the_best_start_is_refined_to_the_end() {
+        let spec = |starts: usize| three_parameter_spec(starts, false);
         let bowl = |abs: &[Aberrations], _: Fidelity| -> Result<Vec<f64>> {
-            Ok(abs
-                .iter()
-                .map(|a| {
-                    ((a.c10 - 57.0) / 400.0).powi(2)
-                        + ((a.c12 - 21.0) / 100.0).powi(2)
-                        + ((a.phi12 - 0.3) / 1.5).powi(2)
-                })
-                .collect())
+            Ok(abs.iter().map(|a| bowl_at(a, 57.0)).collect())
         };
         let one = fit_with(&spec(1), &bowl).unwrap();
         let three = fit_with(&spec(3), &bowl).unwrap();
@@ -1197,20 +1202,7 @@ mod tests {
     /// where the coarse loss's lies a little apart, and most evaluations are coarse.
     #[test]
     fn coarse_fit_ends_on_the_full_loss() {
-        let spec = FitSpec {
-            seed: 3,
-            params: vec![
-                ("C10".into(), (-400.0, 400.0)),
-                ("C12".into(), (0.0, 100.0)),
-                ("phi12".into(), (-PI / 2.0, PI / 2.0)),
-            ],
-            objective: Objective::Coherence,
-            global_evals: 50,
-            local_max_iter: 200,
-            local_starts: 3,
-            start: Aberrations::default(),
-            coarse: true,
-        };
+        let spec = three_parameter_spec(3, true);
         let asked = std::sync::Mutex::new(Vec::new());
         let bowl = |abs: &[Aberrations], fid: Fidelity| -> Result<Vec<f64>> {
             if let Ok(mut a) = asked.lock() {
@@ -1218,14 +1210,7 @@ mod tests {
             }
             // The coarse loss's minimum lies 4 Å (0.5 % of the box) from the full one's.
             let c10 = if fid == Fidelity::Coarse { 61.0 } else { 57.0 };
-            Ok(abs
-                .iter()
-                .map(|a| {
-                    ((a.c10 - c10) / 400.0).powi(2)
-                        + ((a.c12 - 21.0) / 100.0).powi(2)
-                        + ((a.phi12 - 0.3) / 1.5).powi(2)
-                })
-                .collect())
+            Ok(abs.iter().map(|a| bowl_at(a, c10)).collect())
         };
         let out = fit_with(&spec, &bowl).unwrap();
         assert!(
