@@ -297,6 +297,21 @@ def test_fit_is_deterministic_and_improves(prepared):
     assert "C10" in repr(c)
 
 
+def test_fit_coarse_option(prepared):
+    """``coarse=`` reaches the engine: recorded in the provenance, strictly a bool. This disk is
+    too small for a coarse sample (< 256 pixels), so both fits are the all-pixel fit, equal."""
+    kw = dict(seed=3, global_evals=16, local_max_iter=20)
+    a = prepared.fit(**kw)
+    b = prepared.fit(coarse=False, **kw)
+    fa, fb = a.provenance["params"]["fit"], b.provenance["params"]["fit"]
+    assert fa["coarse"] is False and fa["coarse_pixels"] == 0 and fa["coarse_evaluations"] == 0
+    assert fb["coarse"] is False
+    assert a.aberrations == b.aberrations
+    np.testing.assert_array_equal(a.loss_curve, b.loss_curve)
+    with pytest.raises(TypeError, match="coarse"):
+        prepared.fit(coarse="yes", **kw)
+
+
 def test_fit_recovers_the_probe(data):
     """Noise-free data, true detector sampling: the default 3-parameter fit finds TRUE."""
     ds = io.load(data["counts"], backend="cpu")

@@ -103,6 +103,7 @@ class SsbPrepared:
         local_starts: int | None = None,
         start: Mapping[str, float] = ...,
         progress: _Progress | None = None,
+        coarse: bool = True,
     ) -> dict[str, Any]: ...
 
 class BrowseServer:
