@@ -3,6 +3,7 @@
 //! `InvalidArgument` error naming the backend. The CPU cases run everywhere; the CUDA cases
 //! return early (saying so) where no device is usable, and run on the GPU machine with
 //! `cargo test --release -p qem --test device_result -- --nocapture`.
+#![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on setup failures
 
 mod common;
 

@@ -3,6 +3,7 @@
 //! DENSE result is the reference, computed independently of the engine under test. An engine
 //! that is not present answers `BackendUnavailable` at load; any other error — on any engine —
 //! fails the test (a CUDA arm can no longer pass by failing).
+#![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on setup failures
 
 mod common;
 
