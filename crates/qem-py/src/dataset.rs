@@ -360,15 +360,7 @@ impl PyDataset {
             DType::U16 => "<u2",
             DType::U32 => "<u4",
         };
-        let [a, b, c, d] = view.shape;
-        let dict = PyDict::new(py);
-        dict.set_item("version", 3)?;
-        dict.set_item("shape", (a, b, c, d))?;
-        dict.set_item("typestr", typestr)?;
-        dict.set_item("data", (view.device_ptr, false))?;
-        dict.set_item("strides", py.None())?;
-        dict.set_item("stream", py.None())?;
-        Ok(dict)
+        crate::device_array::cuda_array_interface(py, &view.shape, typestr, view.device_ptr)
     }
 
     /// DLPack: a zero-copy view of the dense array for ``torch.from_dlpack``,

@@ -64,6 +64,25 @@ impl PyDeviceArray {
     }
 }
 
+/// The CUDA Array Interface (version 3) of a contiguous row-major array of `shape` at device
+/// address `ptr`: writable, no strides, no stream (the values are complete before the dict
+/// exists). Shared by `DeviceArray` and the CUDA dataset.
+pub(crate) fn cuda_array_interface<'py>(
+    py: Python<'py>,
+    shape: &[usize],
+    typestr: &str,
+    ptr: u64,
+) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    dict.set_item("version", 3)?;
+    dict.set_item("shape", PyTuple::new(py, shape)?)?;
+    dict.set_item("typestr", typestr)?;
+    dict.set_item("data", (ptr, false))?;
+    dict.set_item("strides", py.None())?;
+    dict.set_item("stream", py.None())?;
+    Ok(dict)
+}
+
 fn numpy_dtype(py: Python<'_>, d: ResultDType) -> Bound<'_, PyArrayDescr> {
     match d {
         ResultDType::U32 => numpy::dtype::<u32>(py),
@@ -122,14 +141,7 @@ impl PyDeviceArray {
             ResultDType::U64 => "<u8",
             ResultDType::F64 => "<f8",
         };
-        let dict = PyDict::new(py);
-        dict.set_item("version", 3)?;
-        dict.set_item("shape", PyTuple::new(py, &self.shape)?)?;
-        dict.set_item("typestr", typestr)?;
-        dict.set_item("data", (self.vec.device_ptr(), false))?;
-        dict.set_item("strides", py.None())?;
-        dict.set_item("stream", py.None())?;
-        Ok(dict)
+        cuda_array_interface(py, &self.shape, typestr, self.vec.device_ptr())
     }
 
     /// DLPack: a zero-copy view for ``torch.from_dlpack``, ``cupy.from_dlpack``,

@@ -104,11 +104,7 @@ fn moments_dict<'py>(
     m: qem::detector::Moments,
     scan: Shape2,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let out = PyDict::new(py);
-    out.set_item("sum", grid(py, m.sum, scan)?)?;
-    out.set_item("m_row", grid(py, m.m_row, scan)?)?;
-    out.set_item("m_col", grid(py, m.m_col, scan)?)?;
-    Ok(out)
+    moments_fields(py, [m.sum, m.m_row, m.m_col], |v| grid(py, v, scan))
 }
 
 /// The moments left on the device, as a dict of `DeviceArray`s.
@@ -117,11 +113,22 @@ fn device_moments_dict<'py>(
     m: DeviceMoments,
     scan: Shape2,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let out = PyDict::new(py);
     let s = [scan.rows, scan.cols];
-    out.set_item("sum", PyDeviceArray::wrap(py, m.sum, &s)?)?;
-    out.set_item("m_row", PyDeviceArray::wrap(py, m.m_row, &s)?)?;
-    out.set_item("m_col", PyDeviceArray::wrap(py, m.m_col, &s)?)?;
+    moments_fields(py, [m.sum, m.m_row, m.m_col], |v| {
+        PyDeviceArray::wrap(py, v, &s)
+    })
+}
+
+/// The dict `sum`, `m_row`, `m_col` of the three moment arrays, each converted by `array`.
+fn moments_fields<'py, V>(
+    py: Python<'py>,
+    [sum, m_row, m_col]: [V; 3],
+    array: impl Fn(V) -> PyResult<Py<PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    out.set_item("sum", array(sum)?)?;
+    out.set_item("m_row", array(m_row)?)?;
+    out.set_item("m_col", array(m_col)?)?;
     Ok(out)
 }
 
@@ -188,7 +195,9 @@ fn detector_pattern<T: numpy::Element + Send + 'static>(
 }
 
 /// A `#[pyfunction]` over [`detector_pattern`]: the whole-scan pattern reductions differ only
-/// in their name, operation and engine call.
+/// in their name, operation and engine call. With a second engine call, the one that leaves
+/// the pattern on the device, the function takes `device_result` too
+/// ([`detector_pattern_or_device`]).
 macro_rules! detector_pattern_fn {
     ($(#[$doc:meta])* $name:ident, $op:literal, $reduce:path) => {
         $(#[$doc])*
@@ -200,6 +209,20 @@ macro_rules! detector_pattern_fn {
             progress: Option<Py<PyAny>>,
         ) -> PyResult<Py<PyAny>> {
             detector_pattern(py, dataset, $op, $reduce, progress)
+        }
+    };
+    ($(#[$doc:meta])* $name:ident, $op:literal, $reduce:path, $on_device:path) => {
+        $(#[$doc])*
+        #[pyfunction]
+        #[pyo3(signature = (dataset, progress = None, device_result = false))]
+        fn $name(
+            py: Python<'_>,
+            dataset: PyRef<'_, PyDataset>,
+            progress: Option<Py<PyAny>>,
+            device_result: bool,
+        ) -> PyResult<Py<PyAny>> {
+            let (reduce, on_device) = ($reduce, $on_device);
+            detector_pattern_or_device(py, dataset, $op, (reduce, on_device), progress, device_result)
         }
     };
 }
@@ -225,24 +248,13 @@ fn detector_pattern_or_device<T: numpy::Element + Send + 'static>(
     PyDeviceArray::wrap(py, v, &[det.rows, det.cols])
 }
 
-/// Exact `u64` sum of every frame, `(k_r, k_c)` (a `DeviceArray` with `device_result`).
-#[pyfunction]
-#[pyo3(signature = (dataset, progress = None, device_result = false))]
-fn detector_sum_dp(
-    py: Python<'_>,
-    dataset: PyRef<'_, PyDataset>,
-    progress: Option<Py<PyAny>>,
-    device_result: bool,
-) -> PyResult<Py<PyAny>> {
-    detector_pattern_or_device(
-        py,
-        dataset,
-        "detector.sum_dp",
-        (detector::sum_dp, detector::sum_dp_on_device),
-        progress,
-        device_result,
-    )
-}
+detector_pattern_fn!(
+    /// Exact `u64` sum of every frame, `(k_r, k_c)` (a `DeviceArray` with `device_result`).
+    detector_sum_dp,
+    "detector.sum_dp",
+    detector::sum_dp,
+    detector::sum_dp_on_device
+);
 
 detector_pattern_fn!(
     /// Mean DP, `f32` `(k_r, k_c)`.
@@ -251,24 +263,13 @@ detector_pattern_fn!(
     detector::mean_dp
 );
 
-/// Max DP, `u32` `(k_r, k_c)` (a `DeviceArray` with `device_result`).
-#[pyfunction]
-#[pyo3(signature = (dataset, progress = None, device_result = false))]
-fn detector_max_dp(
-    py: Python<'_>,
-    dataset: PyRef<'_, PyDataset>,
-    progress: Option<Py<PyAny>>,
-    device_result: bool,
-) -> PyResult<Py<PyAny>> {
-    detector_pattern_or_device(
-        py,
-        dataset,
-        "detector.max_dp",
-        (detector::max_dp, detector::max_dp_on_device),
-        progress,
-        device_result,
-    )
-}
+detector_pattern_fn!(
+    /// Max DP, `u32` `(k_r, k_c)` (a `DeviceArray` with `device_result`).
+    detector_max_dp,
+    "detector.max_dp",
+    detector::max_dp,
+    detector::max_dp_on_device
+);
 
 /// The BF disk fitted from the mean DP, as a dict.
 #[pyfunction]
@@ -429,6 +430,37 @@ fn mask_weights(mask: &Bound<'_, PyAny>, det: Shape2) -> PyResult<DetectorMask> 
     ))
 }
 
+/// The façade call of a Python function with a host and a device form, run on `dataset` with
+/// the GIL released and `progress` reported: `host`, or `device` when `device_result` is set,
+/// given `args`; each result is turned into Python by the function beside its call.
+fn host_or_device<'py, A, H, D, R>(
+    py: Python<'py>,
+    dataset: &PyDataset,
+    (op, progress): (&str, Option<Py<PyAny>>),
+    (device_result, args): (bool, A),
+    host: (FacadeFn<A, H>, impl FnOnce(H) -> PyResult<R>),
+    device: (FacadeFn<A, D>, impl FnOnce(D) -> PyResult<R>),
+) -> PyResult<R>
+where
+    A: Send + 'static,
+    H: Send + 'static,
+    D: Send + 'static,
+{
+    if device_result {
+        let (call, convert) = device;
+        return convert(run_on_progress(py, dataset, op, progress, move |ds, _| {
+            call(ds, &args)
+        })?);
+    }
+    let (call, convert) = host;
+    convert(run_on_progress(py, dataset, op, progress, move |ds, _| {
+        call(ds, &args)
+    })?)
+}
+
+/// A façade call on a dataset with its arguments.
+type FacadeFn<A, T> = fn(&qem::Dataset, &A) -> qem::Result<T>;
+
 /// Virtual image of `mask` (`(k_r, k_c)`; `uint64`/`int64` exact, `float64` float), `(R_r, R_c)`.
 #[pyfunction]
 #[pyo3(signature = (dataset, mask, progress = None, device_result = false))]
@@ -441,27 +473,23 @@ fn detector_virtual_image(
 ) -> PyResult<Py<PyAny>> {
     let (det, scan) = dataset.with(|ds| (ds.detector_shape(), ds.scan_shape()));
     let m = mask_weights(mask, det)?;
-    if device_result {
-        let v = run_on_progress(
-            py,
-            &dataset,
-            "detector.virtual_image",
-            progress,
-            move |ds, _| detector::virtual_image_on_device(ds, &m),
-        )?;
-        return PyDeviceArray::wrap(py, v, &[scan.rows, scan.cols]);
-    }
-    let img = run_on_progress(
+    host_or_device(
         py,
         &dataset,
-        "detector.virtual_image",
-        progress,
-        move |ds, _| detector::virtual_image(ds, &m),
-    )?;
-    match img {
-        VirtualImage::U64(v) => grid(py, v, scan),
-        VirtualImage::F64(v) => grid(py, v, scan),
-    }
+        ("detector.virtual_image", progress),
+        (device_result, m),
+        (
+            |ds, m| detector::virtual_image(ds, m),
+            |img| match img {
+                VirtualImage::U64(v) => grid(py, v, scan),
+                VirtualImage::F64(v) => grid(py, v, scan),
+            },
+        ),
+        (
+            |ds, m| detector::virtual_image_on_device(ds, m),
+            |v| PyDeviceArray::wrap(py, v, &[scan.rows, scan.cols]),
+        ),
+    )
 }
 
 /// One named detector image as a dict (`kind`, `image`, `inner_px`, `outer_px`, `disk`,
@@ -479,16 +507,20 @@ fn detector_image<'py>(
     let kind = kind.parse::<DetectorKind>().py()?;
     let p = geometry.params()?;
     let op = format!("detector.{}", kind.name());
-    if device_result {
-        let im = run_on_progress(py, &dataset, &op, progress, move |ds, _| {
-            detector::detector_image_on_device(ds, kind, &p)
-        })?;
-        return device_image_dict(py, im);
-    }
-    let im = run_on_progress(py, &dataset, &op, progress, move |ds, _| {
-        detector::detector_image(ds, kind, &p)
-    })?;
-    image_dict(py, im)
+    host_or_device(
+        py,
+        &dataset,
+        (&op, progress),
+        (device_result, (kind, p)),
+        (
+            |ds, (kind, p)| detector::detector_image(ds, *kind, p),
+            |im| image_dict(py, im),
+        ),
+        (
+            |ds, (kind, p)| detector::detector_image_on_device(ds, *kind, p),
+            |im| device_image_dict(py, im),
+        ),
+    )
 }
 
 /// Exact per-frame moments: dict `sum`, `m_row`, `m_col` (`u64` `(R_r, R_c)`).
@@ -500,21 +532,24 @@ fn detector_moments<'py>(
     progress: Option<Py<PyAny>>,
     device_result: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    if device_result {
-        let m = run_on_progress(py, &dataset, "detector.moments", progress, |ds, _| {
-            detector::moments_on_device(ds)
-        })?;
-        return device_moments_dict(py, m, dataset.with(|ds| ds.scan_shape()));
-    }
-    let m = run_on_progress(py, &dataset, "detector.moments", progress, |ds, _| {
-        detector::moments(ds)
-    })?;
-    moments_dict(py, m, dataset.with(|ds| ds.scan_shape()))
+    let scan = dataset.with(|ds| ds.scan_shape());
+    host_or_device(
+        py,
+        &dataset,
+        ("detector.moments", progress),
+        (device_result, ()),
+        (|ds, _| detector::moments(ds), |m| moments_dict(py, m, scan)),
+        (
+            |ds, _| detector::moments_on_device(ds),
+            |m| device_moments_dict(py, m, scan),
+        ),
+    )
 }
 
 /// Several products in one pass: dict `images` (list of image dicts), `sum_dp`, `mean_dp`,
 /// `max_dp`, `moments`, `com`, `disk` (each `None` unless asked), `provenance`; `geometry` as
-/// for [`Geometry`].
+/// for [`Geometry`]. With `device_result` the arrays are `DeviceArray`s and `mean_dp`, `com`
+/// always `None` (the façade refuses them).
 #[pyfunction]
 #[pyo3(signature = (dataset, names, geometry, progress = None, device_result = false))]
 fn detector_products<'py>(
@@ -531,24 +566,31 @@ fn detector_products<'py>(
         .collect::<qem::Result<Vec<_>>>()
         .py()?;
     let p = geometry.params()?;
-    if device_result {
-        return device_products(py, dataset, which, p, progress);
-    }
-    let r = run_on_progress(py, &dataset, "detector.products", progress, move |ds, _| {
-        detector::products(ds, &which, &p)
-    })?;
     let (scan, det) = dataset.with(|ds| (ds.scan_shape(), ds.detector_shape()));
-    let out = PyDict::new(py);
-    out.set_item("provenance", to_py(py, &r.provenance)?)?;
-    out.set_item(
-        "disk",
-        r.disk.as_ref().map(|d| disk_dict(py, d)).transpose()?,
-    )?;
-    let images = PyList::empty(py);
-    for im in r.images {
-        images.append(image_dict(py, im)?)?;
-    }
-    out.set_item("images", images)?;
+    host_or_device(
+        py,
+        &dataset,
+        ("detector.products", progress),
+        (device_result, (which, p)),
+        (
+            |ds, (which, p)| detector::products(ds, which, p),
+            |r| products_dict(py, r, scan, det),
+        ),
+        (
+            |ds, (which, p)| detector::products_on_device(ds, which, p),
+            |r| device_products_dict(py, r, scan, det),
+        ),
+    )
+}
+
+/// The dict of [`detector_products`].
+fn products_dict(
+    py: Python<'_>,
+    r: detector::Products,
+    scan: Shape2,
+    det: Shape2,
+) -> PyResult<Bound<'_, PyDict>> {
+    let out = products_fields(py, &r.provenance, r.disk.as_ref(), r.images, image_dict)?;
     out.set_item("sum_dp", r.sum_dp.map(|v| grid(py, v, det)).transpose()?)?;
     out.set_item("mean_dp", r.mean_dp.map(|v| grid(py, v, det)).transpose()?)?;
     out.set_item("max_dp", r.max_dp.map(|v| grid(py, v, det)).transpose()?)?;
@@ -560,41 +602,48 @@ fn detector_products<'py>(
     Ok(out)
 }
 
-/// [`detector_products`] with every array left on the device: the same dict, `DeviceArray`s
-/// for the arrays, `mean_dp` and `com` always `None` (the façade refuses them).
-fn device_products<'py>(
-    py: Python<'py>,
-    dataset: PyRef<'py, PyDataset>,
-    which: Vec<Product>,
-    p: DetectorParams,
-    progress: Option<Py<PyAny>>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let r = run_on_progress(py, &dataset, "detector.products", progress, move |ds, _| {
-        detector::products_on_device(ds, &which, &p)
-    })?;
-    let (scan, det) = dataset.with(|ds| (ds.scan_shape(), ds.detector_shape()));
+/// The dict of [`detector_products`] with `device_result`: `DeviceArray`s for the arrays,
+/// `mean_dp` and `com` `None`.
+fn device_products_dict(
+    py: Python<'_>,
+    r: detector::DeviceProducts,
+    scan: Shape2,
+    det: Shape2,
+) -> PyResult<Bound<'_, PyDict>> {
     let pattern = |v: DeviceVec| PyDeviceArray::wrap(py, v, &[det.rows, det.cols]);
-    let out = PyDict::new(py);
-    out.set_item("provenance", to_py(py, &r.provenance)?)?;
-    out.set_item(
-        "disk",
-        r.disk.as_ref().map(|d| disk_dict(py, d)).transpose()?,
+    let out = products_fields(
+        py,
+        &r.provenance,
+        r.disk.as_ref(),
+        r.images,
+        device_image_dict,
     )?;
-    let images = PyList::empty(py);
-    for im in r.images {
-        images.append(device_image_dict(py, im)?)?;
-    }
-    out.set_item("images", images)?;
     out.set_item("sum_dp", r.sum_dp.map(pattern).transpose()?)?;
     out.set_item("mean_dp", py.None())?;
     out.set_item("max_dp", r.max_dp.map(pattern).transpose()?)?;
-    out.set_item(
-        "moments",
-        r.moments
-            .map(|m| device_moments_dict(py, m, scan))
-            .transpose()?,
-    )?;
+    let moments = r.moments.map(|m| device_moments_dict(py, m, scan));
+    out.set_item("moments", moments.transpose()?)?;
     out.set_item("com", py.None())?;
+    Ok(out)
+}
+
+/// A products dict with its `provenance`, `disk` and `images` (each converted by `image`): the
+/// fields whose form does not depend on where the arrays are.
+fn products_fields<'py, I>(
+    py: Python<'py>,
+    provenance: &qem::ResultProvenance,
+    disk: Option<&DiskFit>,
+    images: Vec<I>,
+    image: fn(Python<'py>, I) -> PyResult<Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    out.set_item("provenance", to_py(py, provenance)?)?;
+    out.set_item("disk", disk.map(|d| disk_dict(py, d)).transpose()?)?;
+    let list = PyList::empty(py);
+    for im in images {
+        list.append(image(py, im)?)?;
+    }
+    out.set_item("images", list)?;
     Ok(out)
 }
 

@@ -3,52 +3,30 @@
 //! `InvalidArgument` error naming the backend. The CPU cases run everywhere; the CUDA cases
 //! return early (saying so) where no device is usable, and run on the GPU machine with
 //! `cargo test --release -p qem --test device_result -- --nocapture`.
+#![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on setup failures
+
+mod common;
 
 use qem::detector::{
     self, DetectorKind, DetectorMask, DetectorParams, Product, ReduceRequest, ResultDType,
     VirtualImage,
 };
-use qem::{
-    load, BackendRequest, Dataset, DenseArray, ErrorKind, LoadParams, Representation, Shape2,
-    SourceArg,
-};
+use qem::{BackendRequest, Dataset, DenseArray, ErrorKind, LoadParams, Representation, Shape2};
 
 /// A rectangular scan and an odd detector.
 const SCAN: Shape2 = Shape2::new(7, 11);
 const DET: Shape2 = Shape2::new(17, 19);
 
-/// u16 counts: a bright disk at (8, 9) of radius 4, a sparse halo and a few values near the top
-/// of the range (so u32 shared sums and u64 results are exercised).
-fn counts() -> Vec<u16> {
-    let mut v = Vec::with_capacity(SCAN.len() * DET.len());
-    for f in 0..SCAN.len() as u64 {
-        for p in 0..DET.len() as u64 {
-            let x = (f * 2_654_435_761 + p * 40_503 + 29) % 1013;
-            let (i, j) = ((p / DET.cols as u64) as f64, (p % DET.cols as u64) as f64);
-            let inside = (i - 8.0).powi(2) + (j - 9.0).powi(2) <= 16.0;
-            v.push(match x {
-                _ if inside => 300 + (x % 70) as u16,
-                0..=2 => 65_000 + x as u16,
-                3..=250 => (x % 7) as u16,
-                _ => 0,
-            });
-        }
-    }
-    v
-}
-
+/// `SCAN × DET` frames of [`common::disk_counts`] (its bright disk at `(8, 9)`, a few values
+/// near the top of the u16 range) on `backend`, held in `representation`.
 fn load_on(backend: BackendRequest, representation: Representation) -> qem::Result<Dataset> {
-    load(
-        SourceArg::Array {
-            data: DenseArray::U16(counts()),
-            shape: vec![SCAN.rows, SCAN.cols, DET.rows, DET.cols],
-        },
-        &LoadParams {
-            backend,
-            representation: Some(representation),
-            ..LoadParams::default()
-        },
-    )
+    let params = LoadParams {
+        backend,
+        representation: Some(representation),
+        ..LoadParams::default()
+    };
+    let data = DenseArray::U16(common::disk_counts(SCAN, DET));
+    common::try_load_array(data, SCAN, DET, &params)
 }
 
 /// The CUDA datasets (DENSE, ENCODED), or `None` where CUDA is not usable here.

@@ -3,37 +3,22 @@
 //! DENSE result is the reference, computed independently of the engine under test. An engine
 //! that is not present answers `BackendUnavailable` at load; any other error — on any engine —
 //! fails the test (a CUDA arm can no longer pass by failing).
+#![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on setup failures
+
+mod common;
 
 use qem::detector::{self, DetectorMask};
 use qem::dpc;
 use qem::{
-    load, BackendRequest, DType, Dataset, DenseArray, ErrorKind, LoadParams, Region,
-    Representation, Shape2, SourceArg,
+    BackendRequest, DType, Dataset, DenseArray, ErrorKind, LoadParams, Region, Representation,
+    Shape2,
 };
 use qem_core::ReduceRequest;
 
-/// A rectangular scan and an odd detector (partial bitshuffle blocks, rows ≠ columns).
+/// A rectangular scan and an odd detector (partial bitshuffle blocks, rows ≠ columns); the
+/// counts are [`common::disk_counts`], its disk centred on `(7, 6)`.
 const SCAN: Shape2 = Shape2::new(6, 9);
 const DET: Shape2 = Shape2::new(15, 13);
-
-/// Counts with a bright disk, a sparse halo and a few large values (u16).
-fn counts() -> Vec<u16> {
-    let mut v = Vec::with_capacity(SCAN.len() * DET.len());
-    for f in 0..SCAN.len() as u64 {
-        for p in 0..DET.len() as u64 {
-            let x = (f * 2_654_435_761 + p * 40_503 + 17) % 1009;
-            let (i, j) = ((p / DET.cols as u64) as f64, (p % DET.cols as u64) as f64);
-            let inside = (i - 7.0).powi(2) + (j - 6.0).powi(2) <= 16.0;
-            v.push(match x {
-                _ if inside => 200 + (x % 50) as u16,
-                0..=3 => 60_000 + x as u16,
-                4..=200 => (x % 5) as u16,
-                _ => 0,
-            });
-        }
-    }
-    v
-}
 
 /// One engine arm: a backend and a representation.
 #[derive(Debug, Clone, Copy)]
@@ -63,18 +48,14 @@ impl Arm {
     ];
 
     fn load(&self, scan_region: Option<Region>) -> qem::Result<Dataset> {
-        load(
-            SourceArg::Array {
-                data: DenseArray::U16(counts()),
-                shape: vec![SCAN.rows, SCAN.cols, DET.rows, DET.cols],
-            },
-            &LoadParams {
-                backend: self.backend,
-                representation: Some(self.representation),
-                scan_region,
-                ..LoadParams::default()
-            },
-        )
+        let params = LoadParams {
+            backend: self.backend,
+            representation: Some(self.representation),
+            scan_region,
+            ..LoadParams::default()
+        };
+        let data = DenseArray::U16(common::disk_counts(SCAN, DET));
+        common::try_load_array(data, SCAN, DET, &params)
     }
 }
 

@@ -200,6 +200,20 @@ def _where(prov: dict[str, Any] | None) -> list[tuple[str, str]]:
     return rows
 
 
+def units_axes_summary_rows(result) -> list[tuple[str, str]]:
+    """The ``units`` and ``axes`` rows of a result (where it has them) and its ``summary`` (the
+    repr), as :func:`result_html` and ``results.device_result_html`` show them."""
+    rows = []
+    units = getattr(result, "units", None)
+    if isinstance(units, dict) and units:
+        rows.append(("units", ", ".join(f"{k}: {v}" for k, v in units.items())))
+    axes = getattr(result, "axes", None)
+    if isinstance(axes, tuple) and axes:
+        rows.append(("axes", ", ".join(f"{x.name} {x.scale:.4g} {x.units}" for x in axes)))
+    rows.append(("summary", repr(result)))
+    return rows
+
+
 def result_html(result) -> str:
     """``_repr_html_`` of a result (DetectorImage, CoM, DPCResult, SSBResult, SSBFit): every
     array's shape and dtype, where it ran (backend, device), where the arrays live (host
@@ -215,13 +229,7 @@ def result_html(result) -> str:
             ("arrays on", "host (numpy)"),
             ("resident", _bytes_text(int(sum(v.nbytes for _, v in arrays)))),
         ]
-    units = getattr(result, "units", None)
-    if isinstance(units, dict) and units:
-        rows.append(("units", ", ".join(f"{k}: {v}" for k, v in units.items())))
-    axes = getattr(result, "axes", None)
-    if isinstance(axes, tuple) and axes:
-        rows.append(("axes", ", ".join(f"{x.name} {x.scale:.4g} {x.units}" for x in axes)))
-    rows.append(("summary", repr(result)))
+    rows += units_axes_summary_rows(result)
     rows += [(k, v) for k, v in _provenance_rows(prov) if k != "provenance.backend"]
     return table_html(type(result).__name__, rows, a if a is not None and a.ndim == 2 else None)
 

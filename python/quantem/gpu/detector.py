@@ -314,19 +314,23 @@ def _device_flag(op: str, device_result) -> bool:
     return _args.flag(op, "device_result", device_result)
 
 
+def _whole_scan(op: str, native, ds, device_result):
+    """``native(ds, device_result=...)`` for a reduction over every frame (``sum_dp``,
+    ``max_dp``, ``moments``): ``device_result`` and then ``ds`` checked, errors naming ``op``."""
+    on_device = _device_flag(op, device_result)
+    return native(_args.dataset(op, ds), device_result=on_device)
+
+
 def sum_dp(ds, *, device_result: bool = False) -> np.ndarray | DeviceArray:
     """Exact sum of every frame: ``uint64`` ``(k_r, k_c)``.
 
     Parameters
     ----------
     device_result : bool
-        ``True`` leaves the result in GPU memory (CUDA datasets only): a
-        :class:`~quantem.gpu.results.DeviceArray` for DLPack/CuPy/PyTorch consumers instead
-        of a NumPy array. On a CPU dataset it raises ``InvalidArgumentError``.
+        ``True`` leaves the sum in GPU memory as a :class:`~quantem.gpu.results.DeviceArray`
+        (CUDA datasets only; see the module notes).
     """
-    op = "detector.sum_dp"
-    on_device = _device_flag(op, device_result)
-    return _native.detector_sum_dp(_args.dataset(op, ds), device_result=on_device)
+    return _whole_scan("detector.sum_dp", _native.detector_sum_dp, ds, device_result)
 
 
 def mean_dp(ds) -> np.ndarray:
@@ -341,13 +345,10 @@ def max_dp(ds, *, device_result: bool = False) -> np.ndarray | DeviceArray:
     Parameters
     ----------
     device_result : bool
-        ``True`` leaves the result in GPU memory (CUDA datasets only): a
-        :class:`~quantem.gpu.results.DeviceArray` for DLPack/CuPy/PyTorch consumers instead
-        of a NumPy array. On a CPU dataset it raises ``InvalidArgumentError``.
+        ``True`` leaves the maximum in GPU memory as a
+        :class:`~quantem.gpu.results.DeviceArray` (CUDA datasets only; see the module notes).
     """
-    op = "detector.max_dp"
-    on_device = _device_flag(op, device_result)
-    return _native.detector_max_dp(_args.dataset(op, ds), device_result=on_device)
+    return _whole_scan("detector.max_dp", _native.detector_max_dp, ds, device_result)
 
 
 def fit_disk(ds) -> DiskFit:
@@ -531,25 +532,13 @@ def _geometry(
     )
 
 
-def _detector(
-    kind: str,
-    ds,
-    inner,
-    outer,
-    center,
-    radius,
-    unit,
-    semiangle_mrad,
-    det_sampling_mrad,
-    progress,
-    device_result,
-):
+def _detector(kind: str, ds, geometry_args: tuple, progress, device_result):
+    """One named detector; ``geometry_args`` are :func:`_geometry`'s ``inner`` to
+    ``det_sampling_mrad``, in its order."""
     op = f"detector.{kind}"
     _args.dataset(op, ds)
     on_device = _device_flag(op, device_result)
-    geometry = _geometry(
-        op, inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad, ds
-    )
+    geometry = _geometry(op, *geometry_args, ds)
     native = _progress.run(
         op,
         progress,
@@ -610,19 +599,8 @@ def _make_detector(kind: str, title: str, what: str, default: str):
         *,
         device_result: bool = False,
     ) -> DetectorImage:
-        return _detector(
-            kind,
-            ds,
-            inner,
-            outer,
-            center,
-            radius,
-            unit,
-            semiangle_mrad,
-            det_sampling_mrad,
-            progress,
-            device_result,
-        )
+        geometry_args = (inner, outer, center, radius, unit, semiangle_mrad, det_sampling_mrad)
+        return _detector(kind, ds, geometry_args, progress, device_result)
 
     fn.__name__ = fn.__qualname__ = kind
     fn.__doc__ = _DETECTOR_DOC.format(title=title, what=what, default=default)
@@ -652,13 +630,11 @@ def moments(ds, *, device_result: bool = False) -> dict[str, np.ndarray | Device
     Parameters
     ----------
     device_result : bool
-        ``True`` leaves the result in GPU memory (CUDA datasets only): a
-        :class:`~quantem.gpu.results.DeviceArray` for DLPack/CuPy/PyTorch consumers instead
-        of a NumPy array. On a CPU dataset it raises ``InvalidArgumentError``.
+        ``True`` leaves the three arrays in GPU memory as
+        :class:`~quantem.gpu.results.DeviceArray` objects (CUDA datasets only; see the module
+        notes).
     """
-    op = "detector.moments"
-    on_device = _device_flag(op, device_result)
-    return _native.detector_moments(_args.dataset(op, ds), device_result=on_device)
+    return _whole_scan("detector.moments", _native.detector_moments, ds, device_result)
 
 
 def products(

@@ -286,13 +286,7 @@ def device_result_html(result: Any, name: str) -> str:
         ("arrays on", f"cuda:{a.device} (device_result=True)"),
         ("resident", f"{a.nbytes} B"),
     ]
-    units = getattr(result, "units", None)
-    if isinstance(units, dict) and units:
-        rows.append(("units", ", ".join(f"{k}: {v}" for k, v in units.items())))
-    axes = getattr(result, "axes", None)
-    if isinstance(axes, tuple) and axes:
-        rows.append(("axes", ", ".join(f"{x.name} {x.scale:.4g} {x.units}" for x in axes)))
-    rows.append(("summary", repr(result)))
+    rows += _display.units_axes_summary_rows(result)
     return _display.table_html(type(result).__name__, rows)
 
 

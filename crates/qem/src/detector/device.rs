@@ -15,15 +15,15 @@
 //!   need device-side adds); it is reported as one block of every frame, and cannot be
 //!   cancelled part-way.
 
-use super::named::detector_mask;
-use super::products::{plan, Plan};
+use super::images::{moments_in, virtual_image_in};
+use super::named::detector_image_in;
+use super::products::products_pass;
+use super::target::{one_product, Device};
 use super::{live, DetectorImage, DetectorKind, DetectorMask, DetectorParams, DiskFit, Product};
 use super::{ReduceRequest, VirtualImage};
 use crate::dataset::{Dataset, Storage};
 use crate::result::ResultProvenance;
 use qem_core::{Error, Result};
-use serde_json::json;
-use std::time::Instant;
 
 pub use qem_cuda::{DeviceMoments, DeviceReduceResult, DeviceVec, HostVec, ResultDType};
 
@@ -41,7 +41,7 @@ fn not_on_gpu(op: &str, ds: &Dataset) -> Error {
 }
 
 /// Refuse early (before a disk fit or any pass) when `ds` cannot give device results.
-fn check_on_gpu(ds: &Dataset, op: &str) -> Result<()> {
+pub(super) fn check_on_gpu(ds: &Dataset, op: &str) -> Result<()> {
     live(ds, op)?;
     match &ds.storage {
         Storage::CudaDense(_) | Storage::CudaEncoded(_) => Ok(()),
@@ -127,76 +127,31 @@ fn check_device_result(
 /// [`super::virtual_image`] on the device: `u64` for an integer mask, `f64` for a float mask,
 /// one value per scan position (row-major `[R_r, R_c]`).
 pub fn virtual_image_on_device(ds: &Dataset, mask: &DetectorMask) -> Result<DeviceVec> {
-    const OP: &str = "detector virtual_image";
-    check_on_gpu(ds, OP)?;
-    let r = reduce_on_device(
-        ds,
-        &ReduceRequest {
-            masks: vec![mask.clone()],
-            ..Default::default()
-        },
-    )
-    .map_err(|e| e.with_op(OP))?;
-    r.images
-        .into_iter()
-        .next()
-        .ok_or_else(|| Error::internal(OP, "the reduction returned no image"))
+    virtual_image_in::<Device>(ds, mask)
 }
 
 /// [`super::sum_dp`] on the device: the exact `u64` sum per detector pixel. Always one pass
 /// (the dataset's cached host sum is not uploaded: the result is the engine's own).
 pub fn sum_dp_on_device(ds: &Dataset) -> Result<DeviceVec> {
-    const OP: &str = "detector sum_dp";
-    check_on_gpu(ds, OP)?;
-    let r = reduce_on_device(
-        ds,
-        &ReduceRequest {
-            sum_dp: true,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| e.with_op(OP))?;
-    r.sum_dp
-        .ok_or_else(|| Error::internal(OP, "the reduction returned no sum"))
+    let req = ReduceRequest {
+        sum_dp: true,
+        ..Default::default()
+    };
+    one_product::<Device, _>(ds, "detector sum_dp", &req, |r| r.sum_dp, "sum")
 }
 
 /// [`super::max_dp`] on the device: the `u32` maximum per detector pixel.
 pub fn max_dp_on_device(ds: &Dataset) -> Result<DeviceVec> {
-    const OP: &str = "detector max_dp";
-    check_on_gpu(ds, OP)?;
-    let r = reduce_on_device(
-        ds,
-        &ReduceRequest {
-            max_dp: true,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| e.with_op(OP))?;
-    r.max_dp
-        .ok_or_else(|| Error::internal(OP, "the reduction returned no max"))
+    let req = ReduceRequest {
+        max_dp: true,
+        ..Default::default()
+    };
+    one_product::<Device, _>(ds, "detector max_dp", &req, |r| r.max_dp, "max")
 }
 
 /// [`super::moments`] on the device: exact `u64` `sum`, `m_row`, `m_col` per scan position.
 pub fn moments_on_device(ds: &Dataset) -> Result<DeviceMoments> {
-    const OP: &str = "detector moments";
-    check_on_gpu(ds, OP)?;
-    let r = reduce_on_device(
-        ds,
-        &ReduceRequest {
-            moments: true,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| e.with_op(OP))?;
-    r.moments
-        .ok_or_else(|| Error::internal(OP, "the reduction returned no moments"))
-}
-
-/// Add `"result_device": "cuda:N"` to a result's provenance parameters.
-fn mark_device(prov: &mut ResultProvenance, ordinal: usize) {
-    if let Some(params) = prov.params.as_object_mut() {
-        params.insert("result_device".into(), json!(format!("cuda:{ordinal}")));
-    }
+    moments_in::<Device>(ds)
 }
 
 /// [`super::detector_image`] with the image left on the device: the same disk, bounds, mask
@@ -206,37 +161,7 @@ pub fn detector_image_on_device(
     kind: DetectorKind,
     p: &DetectorParams,
 ) -> Result<DetectorImage<DeviceVec>> {
-    let op = format!("detector {kind}");
-    check_on_gpu(ds, &op)?;
-    let (g, (lo, hi), mask) = detector_mask(ds, kind, p, &op)?;
-    let mask_pixels = mask.iter().filter(|&&w| w != 0).count();
-    let t = Instant::now();
-    let r = reduce_on_device(
-        ds,
-        &ReduceRequest {
-            masks: vec![DetectorMask::Int(mask)],
-            ..Default::default()
-        },
-    )
-    .map_err(|e| e.with_op(&op))?;
-    let secs = t.elapsed().as_secs_f64();
-    let image = r
-        .images
-        .into_iter()
-        .next()
-        .ok_or_else(|| Error::internal(&op, "the reduction returned no image"))?;
-    let ordinal = image.device_ordinal();
-    let mut im = DetectorImage::new(
-        ds,
-        kind,
-        image,
-        (lo, hi, mask_pixels),
-        &g,
-        p,
-        ("reduce (result on the device)", secs),
-    );
-    mark_device(&mut im.provenance, ordinal);
-    Ok(im)
+    detector_image_in::<Device>(ds, kind, p)
 }
 
 /// What [`products_on_device`] returns: the fields of [`super::Products`] that have device
@@ -283,77 +208,15 @@ pub fn products_on_device(
         )
         .with_found(host_only.join(", ")));
     }
-    let t0 = Instant::now();
-    let Plan {
-        kinds,
-        g,
-        masks,
-        geom,
-    } = plan(ds, which, p, OP)?;
-    let wants = |x: Product| which.contains(&x);
-    let req = ReduceRequest {
-        masks,
-        sum_dp: wants(Product::SumDp),
-        max_dp: wants(Product::MaxDp),
-        moments: wants(Product::Moments),
-        frames: None,
-    };
-    let t1 = Instant::now();
-    let mut r = reduce_on_device(ds, &req).map_err(|e| e.with_op(OP))?;
-    let reduce_secs = t1.elapsed().as_secs_f64();
-    let engine_stages = std::mem::take(&mut r.stages);
-    let ordinal = ds.cuda_ordinal().unwrap_or(0);
-
-    let mut images = Vec::with_capacity(kinds.len());
-    let mut images_json = Vec::with_capacity(kinds.len());
-    for ((&kind, (lo, hi, mask_pixels)), image) in kinds.iter().zip(geom).zip(r.images) {
-        let Some(g) = &g else {
-            return Err(Error::internal(OP, "a detector image without a disk"));
-        };
-        let mut im = DetectorImage::new(
-            ds,
-            kind,
-            image,
-            (lo, hi, mask_pixels),
-            g,
-            p,
-            ("reduce (shared pass, result on the device)", reduce_secs),
-        );
-        if let Some(params) = im.provenance.params.as_object_mut() {
-            params.insert("computed_by".into(), json!("detector.products (one pass)"));
-        }
-        mark_device(&mut im.provenance, ordinal);
-        images_json.push(im.provenance.params["detector"].clone());
-        images.push(im);
-    }
-    let asked: Vec<&str> = which.iter().map(|w| w.name()).collect();
-    let mut provenance = ResultProvenance::new(
-        ds,
-        "detector.products",
-        json!({
-            "products": asked,
-            "detectors": images_json,
-            "disk": g.as_ref().map(|g| super::geometry::disk_json(&g.disk, p, g)),
-            "calibration": g.as_ref().map(|g| super::geometry::sampling_json(p, g)),
-            "sum_dp_from_cache": false,
-            "passes": 1,
-        }),
-    );
-    mark_device(&mut provenance, ordinal);
-    if let Some(g) = &g {
-        provenance.stage("disk_fit", g.disk_secs);
-    }
-    provenance.stage("reduce", reduce_secs);
-    for st in &engine_stages {
-        provenance.stage(&format!("reduce: {}", st.stage), st.seconds);
-    }
-    provenance.stage("total (wall)", t0.elapsed().as_secs_f64());
+    // The device never serves the sum DP from the host cache: the result is the engine's own.
+    let mut pass = products_pass::<Device>(ds, which, p, OP, None)?;
+    let provenance = pass.provenance(ds, which, p);
     Ok(DeviceProducts {
-        images,
-        sum_dp: r.sum_dp,
-        max_dp: r.max_dp,
-        moments: r.moments,
-        disk: g.map(|g| g.disk),
+        images: pass.images,
+        sum_dp: pass.reduced.sum_dp,
+        max_dp: pass.reduced.max_dp,
+        moments: pass.reduced.moments,
+        disk: pass.g.map(|g| g.disk),
         provenance,
     })
 }

@@ -2,45 +2,47 @@
 //! annulus mask every named detector is built from. Called by `named`, `products`, `ssb`,
 //! `dpc` and the Python bindings.
 
-use super::{live, mean_dp, reduce, DetectorMask, Moments, ReduceRequest, VirtualImage};
+use super::target::{one_product, Host, Reduced, Target};
+use super::{mean_dp, DetectorMask, Moments, ReduceRequest, VirtualImage};
 use crate::dataset::Dataset;
-use qem_core::{Error, Result, Shape2};
+use qem_core::{Result, Shape2};
 
 /// The virtual image `V[R] = Σ_k w[k] · I[R, k]` of one mask over every frame: exact `u64` for
 /// an integer (or bool) mask, `f64` for a float mask. A mask of the wrong size is an error
 /// naming both sizes.
 pub fn virtual_image(ds: &Dataset, mask: &DetectorMask) -> Result<VirtualImage> {
-    const OP: &str = "detector virtual_image";
-    live(ds, OP)?;
-    let r = reduce(
-        ds,
-        &ReduceRequest {
-            masks: vec![mask.clone()],
-            ..Default::default()
-        },
-    )
-    .map_err(|e| e.with_op(OP))?;
-    r.images
-        .into_iter()
-        .next()
-        .ok_or_else(|| Error::internal(OP, "the reduction returned no image"))
+    virtual_image_in::<Host>(ds, mask)
+}
+
+/// [`virtual_image`] with its image on target `T` (host or device).
+pub(super) fn virtual_image_in<T: Target>(ds: &Dataset, mask: &DetectorMask) -> Result<T::Image> {
+    let req = ReduceRequest {
+        masks: vec![mask.clone()],
+        ..Default::default()
+    };
+    let first = |r: Reduced<T>| r.images.into_iter().next();
+    one_product(ds, "detector virtual_image", &req, first, "image")
 }
 
 /// Exact per-frame moments over the whole detector: `S = Σ I`, `m_row = Σ k_r I`,
 /// `m_col = Σ k_c I` (`u64`, one value per scan position).
 pub fn moments(ds: &Dataset) -> Result<Moments> {
-    const OP: &str = "detector moments";
-    live(ds, OP)?;
-    let r = reduce(
+    moments_in::<Host>(ds)
+}
+
+/// [`moments`] with its arrays on target `T` (host or device).
+pub(super) fn moments_in<T: Target>(ds: &Dataset) -> Result<T::Moments> {
+    let req = ReduceRequest {
+        moments: true,
+        ..Default::default()
+    };
+    one_product(
         ds,
-        &ReduceRequest {
-            moments: true,
-            ..Default::default()
-        },
+        "detector moments",
+        &req,
+        |r: Reduced<T>| r.moments,
+        "moments",
     )
-    .map_err(|e| e.with_op(OP))?;
-    r.moments
-        .ok_or_else(|| Error::internal(OP, "the reduction returned no moments"))
 }
 
 // ---------------------------------------------------------------------------------------------

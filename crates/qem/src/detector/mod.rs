@@ -28,7 +28,8 @@
 //! the sum/mean/max DP, frames and scan-ROI patterns; `images` virtual images, moments, the BF
 //! disk fit and the annulus mask; `named` the named detectors ([`detector_image`]); `geometry`
 //! their disk, calibration, bounds and provenance JSON; `products` several products in one pass;
-//! `device` the results left on the GPU.
+//! `device` the results left on the GPU; `target` what the host and device forms of an
+//! operation differ in (the engine call), so that each operation is written once.
 
 mod device;
 mod geometry;
@@ -36,6 +37,7 @@ mod images;
 mod named;
 mod patterns;
 mod products;
+mod target;
 
 pub use device::{
     detector_image_on_device, download_image, max_dp_on_device, moments_on_device,

@@ -3,7 +3,8 @@
 //! (disk, calibration, bounds) comes from `geometry`; `products` shares it.
 
 use super::geometry::{bounds, bounds_json, disk_json, geometry, sampling_json, Geometry};
-use super::{annulus_mask, live, reduce, DetectorMask, DiskFit, ReduceRequest, VirtualImage};
+use super::target::{Host, Target};
+use super::{annulus_mask, DetectorMask, DiskFit, ReduceRequest};
 use crate::dataset::Dataset;
 use crate::result::ResultProvenance;
 use qem_core::{parse_choice, Error, Result, Shape2};
@@ -194,53 +195,44 @@ pub fn detector_image(
     kind: DetectorKind,
     p: &DetectorParams,
 ) -> Result<DetectorImage> {
+    detector_image_in::<Host>(ds, kind, p)
+}
+
+/// [`detector_image`] with its image on target `T` (host or device): the same disk, bounds,
+/// mask and provenance (a device result's says where its image is).
+pub(super) fn detector_image_in<T: Target>(
+    ds: &Dataset,
+    kind: DetectorKind,
+    p: &DetectorParams,
+) -> Result<DetectorImage<T::U64Image>> {
     let op = format!("detector {kind}");
-    live(ds, &op)?;
-    let (g, (lo, hi), mask) = detector_mask(ds, kind, p, &op)?;
+    T::check(ds, &op)?;
+    p.validate().map_err(|e| e.with_op(&op))?;
+    let g = geometry(ds, p).map_err(|e| e.with_op(&op))?;
+    let (lo, hi) = bounds(kind, p, &g)?;
+    let mask = annulus_mask(ds.detector_shape, g.disk.center_px, lo, hi);
     let mask_pixels = mask.iter().filter(|&&w| w != 0).count();
     let t = Instant::now();
-    let r = reduce(
-        ds,
-        &ReduceRequest {
-            masks: vec![DetectorMask::Int(mask)],
-            ..Default::default()
-        },
-    )
-    .map_err(|e| e.with_op(&op))?;
-    let secs = t.elapsed().as_secs_f64();
-    let image = match r.images.into_iter().next() {
-        Some(VirtualImage::U64(v)) => v,
-        _ => {
-            return Err(Error::internal(
-                &op,
-                "the reduction returned no integer image",
-            ))
-        }
+    let req = ReduceRequest {
+        masks: vec![DetectorMask::Int(mask)],
+        ..Default::default()
     };
-    Ok(DetectorImage::new(
+    let r = T::pass(ds, &req).map_err(|e| e.with_op(&op))?;
+    let secs = t.elapsed().as_secs_f64();
+    let image = (r.images.into_iter().next())
+        .and_then(T::u64_image)
+        .ok_or_else(|| Error::internal(&op, "the reduction returned no integer image"))?;
+    let mut im = DetectorImage::new(
         ds,
         kind,
         image,
         (lo, hi, mask_pixels),
         &g,
         p,
-        ("reduce", secs),
-    ))
-}
-
-/// The geometry of detector `kind` on `ds` (the disk fitted or given), its bounds `(lo, hi)`
-/// in pixels and its 0/1 annulus mask; errors carry `op`.
-pub(super) fn detector_mask(
-    ds: &Dataset,
-    kind: DetectorKind,
-    p: &DetectorParams,
-    op: &str,
-) -> Result<(Geometry, (f64, f64), Vec<u32>)> {
-    p.validate().map_err(|e| e.with_op(op))?;
-    let g = geometry(ds, p).map_err(|e| e.with_op(op))?;
-    let (lo, hi) = bounds(kind, p, &g)?;
-    let mask = annulus_mask(ds.detector_shape, g.disk.center_px, lo, hi);
-    Ok((g, (lo, hi), mask))
+        (T::IMAGE_STAGE, secs),
+    );
+    T::mark(&mut im.provenance, ds);
+    Ok(im)
 }
 
 impl<I> DetectorImage<I> {

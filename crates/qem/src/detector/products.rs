@@ -4,9 +4,10 @@
 
 use super::geometry::{bounds, disk_json, geometry, sampling_json, Geometry};
 use super::patterns::mean_from_sum;
+use super::target::{Host, Reduced, Target};
 use super::{
-    annulus_mask, live, reduce, DetectorImage, DetectorKind, DetectorMask, DetectorParams, DiskFit,
-    Moments, ReduceRequest, ReduceResult, VirtualImage,
+    annulus_mask, DetectorImage, DetectorKind, DetectorMask, DetectorParams, DiskFit, Moments,
+    ReduceRequest,
 };
 use crate::dataset::Dataset;
 use crate::result::ResultProvenance;
@@ -108,35 +109,11 @@ pub struct Products {
 /// [`crate::dpc::center_of_mass`].
 pub fn products(ds: &Dataset, which: &[Product], p: &DetectorParams) -> Result<Products> {
     const OP: &str = "detector products";
-    live(ds, OP)?;
-    let t0 = Instant::now();
-    let Plan {
-        kinds,
-        g,
-        masks,
-        geom,
-    } = plan(ds, which, p, OP)?;
     let wants = |x: Product| which.contains(&x);
     let cached_sum = ds.detector_cache.sum_dp.get();
+    let mut pass = products_pass::<Host>(ds, which, p, OP, cached_sum)?;
     let want_sum = wants(Product::SumDp) || wants(Product::MeanDp);
-    let req = ReduceRequest {
-        masks,
-        sum_dp: want_sum && cached_sum.is_none(),
-        max_dp: wants(Product::MaxDp),
-        moments: wants(Product::Moments) || wants(Product::Com),
-        frames: None,
-    };
-    let t1 = Instant::now();
-    let nothing_to_read = req.masks.is_empty() && !req.sum_dp && !req.max_dp && !req.moments;
-    let mut r = if nothing_to_read {
-        ReduceResult::default()
-    } else {
-        reduce(ds, &req).map_err(|e| e.with_op(OP))?
-    };
-    let reduce_secs = t1.elapsed().as_secs_f64();
-    let engine_stages = std::mem::take(&mut r.stages);
-
-    let sum = match (r.sum_dp, cached_sum) {
+    let sum = match (pass.reduced.sum_dp.take(), cached_sum) {
         (Some(s), _) => {
             let _ = ds.detector_cache.sum_dp.set(s.clone());
             Some(s)
@@ -149,23 +126,101 @@ pub fn products(ds: &Dataset, which: &[Product], p: &DetectorParams) -> Result<P
         (Some(s), true) => Some(mean_from_sum(s, n_frames, OP)?),
         _ => None,
     };
-    let moments = r.moments;
+    let moments = pass.reduced.moments.take();
     let com = match (&moments, wants(Product::Com)) {
-        (Some(m), true) => Some(com_of(ds, m, t0, reduce_secs)),
+        (Some(m), true) => Some(com_of(ds, m, pass.t0, pass.reduce_secs)),
         _ => None,
     };
+    let mut provenance = pass.provenance(ds, which, p);
+    if let Some(params) = provenance.params.as_object_mut() {
+        params.insert(
+            "com_centered".into(),
+            json!(wants(Product::Com).then_some(true)),
+        );
+    }
+    Ok(Products {
+        images: pass.images,
+        sum_dp: if wants(Product::SumDp) { sum } else { None },
+        mean_dp,
+        max_dp: pass.reduced.max_dp,
+        moments: if wants(Product::Moments) {
+            moments
+        } else {
+            None
+        },
+        com,
+        disk: pass.g.map(|g| g.disk),
+        provenance,
+    })
+}
+
+/// The part of a products call that [`products`] and [`super::products_on_device`] share, on
+/// either [`Target`]: the plan, the request (without the sum DP when `cached_sum` serves it),
+/// the one pass (none when nothing needs the frames), the detector images with their
+/// provenance, and the numbers the provenance of the whole call needs.
+pub(super) struct ProductsPass<T: Target> {
+    /// When the call began.
+    pub(super) t0: Instant,
+    /// The disk and calibration, when a detector image was asked.
+    pub(super) g: Option<Geometry>,
+    /// One image per detector kind asked.
+    pub(super) images: Vec<DetectorImage<T::U64Image>>,
+    /// The pass's other arrays (its images are in `images`).
+    pub(super) reduced: Reduced<T>,
+    /// Seconds of the pass.
+    pub(super) reduce_secs: f64,
+    /// Whether the sum DP came from the dataset's cache.
+    sum_dp_from_cache: bool,
+    /// Passes over the frames: 0 or 1.
+    passes: u32,
+}
+
+/// Check `ds` on target `T`, plan, run the one pass of a products call and make its detector
+/// images; errors carry `op`.
+pub(super) fn products_pass<T: Target>(
+    ds: &Dataset,
+    which: &[Product],
+    p: &DetectorParams,
+    op: &str,
+    cached_sum: Option<&Vec<u64>>,
+) -> Result<ProductsPass<T>> {
+    T::check(ds, op)?;
+    let t0 = Instant::now();
+    let Plan {
+        kinds,
+        g,
+        masks,
+        geom,
+    } = plan(ds, which, p, op)?;
+    let wants = |x: Product| which.contains(&x);
+    let want_sum = wants(Product::SumDp) || wants(Product::MeanDp);
+    let req = ReduceRequest {
+        masks,
+        sum_dp: want_sum && cached_sum.is_none(),
+        max_dp: wants(Product::MaxDp),
+        moments: wants(Product::Moments) || wants(Product::Com),
+        frames: None,
+    };
+    let t1 = Instant::now();
+    let nothing_to_read = req.masks.is_empty() && !req.sum_dp && !req.max_dp && !req.moments;
+    let mut reduced = if nothing_to_read {
+        Reduced::default()
+    } else {
+        T::pass(ds, &req).map_err(|e| e.with_op(op))?
+    };
+    let reduce_secs = t1.elapsed().as_secs_f64();
 
     let mut images = Vec::with_capacity(kinds.len());
-    let mut images_json = Vec::with_capacity(kinds.len());
-    for ((&kind, (lo, hi, mask_pixels)), im) in kinds.iter().zip(geom).zip(r.images) {
-        let VirtualImage::U64(image) = im else {
+    let pass_images = std::mem::take(&mut reduced.images);
+    for ((&kind, (lo, hi, mask_pixels)), im) in kinds.iter().zip(geom).zip(pass_images) {
+        let Some(image) = T::u64_image(im) else {
             return Err(Error::internal(
-                OP,
+                op,
                 "the reduction returned a float image for an integer mask",
             ));
         };
         let Some(g) = &g else {
-            return Err(Error::internal(OP, "a detector image without a disk"));
+            return Err(Error::internal(op, "a detector image without a disk"));
         };
         let mut im = DetectorImage::new(
             ds,
@@ -174,65 +229,76 @@ pub fn products(ds: &Dataset, which: &[Product], p: &DetectorParams) -> Result<P
             (lo, hi, mask_pixels),
             g,
             p,
-            ("reduce (shared pass)", reduce_secs),
+            (T::PRODUCTS_STAGE, reduce_secs),
         );
         if let Some(params) = im.provenance.params.as_object_mut() {
             params.insert("computed_by".into(), json!("detector.products (one pass)"));
         }
-        images_json.push(im.provenance.params["detector"].clone());
+        T::mark(&mut im.provenance, ds);
         images.push(im);
     }
-
-    let asked: Vec<&str> = which.iter().map(|w| w.name()).collect();
-    let mut provenance = ResultProvenance::new(
-        ds,
-        "detector.products",
-        json!({
-            "products": asked,
-            "detectors": images_json,
-            "disk": g.as_ref().map(|g| disk_json(&g.disk, p, g)),
-            "calibration": g.as_ref().map(|g| sampling_json(p, g)),
-            "sum_dp_from_cache": want_sum && cached_sum.is_some(),
-            "passes": u32::from(!nothing_to_read),
-            "com_centered": wants(Product::Com).then_some(true),
-        }),
-    );
-    if let Some(g) = &g {
-        provenance.stage("disk_fit", g.disk_secs);
-    }
-    provenance.stage("reduce", reduce_secs);
-    for st in &engine_stages {
-        provenance.stage(&format!("reduce: {}", st.stage), st.seconds);
-    }
-    provenance.stage("total (wall)", t0.elapsed().as_secs_f64());
-    Ok(Products {
+    Ok(ProductsPass {
+        t0,
+        g,
         images,
-        sum_dp: if wants(Product::SumDp) { sum } else { None },
-        mean_dp,
-        max_dp: r.max_dp,
-        moments: if wants(Product::Moments) {
-            moments
-        } else {
-            None
-        },
-        com,
-        disk: g.map(|g| g.disk),
-        provenance,
+        reduced,
+        reduce_secs,
+        sum_dp_from_cache: want_sum && cached_sum.is_some(),
+        passes: u32::from(!nothing_to_read),
     })
+}
+
+impl<T: Target> ProductsPass<T> {
+    /// The provenance of the whole call: the products asked, every detector, the disk and
+    /// calibration, the stage times (the engine's own included) and the wall time up to now.
+    pub(super) fn provenance(
+        &mut self,
+        ds: &Dataset,
+        which: &[Product],
+        p: &DetectorParams,
+    ) -> ResultProvenance {
+        let asked: Vec<&str> = which.iter().map(|w| w.name()).collect();
+        let images_json: Vec<_> = (self.images.iter())
+            .map(|im| im.provenance.params["detector"].clone())
+            .collect();
+        let g = &self.g;
+        let mut provenance = ResultProvenance::new(
+            ds,
+            "detector.products",
+            json!({
+                "products": asked,
+                "detectors": images_json,
+                "disk": g.as_ref().map(|g| disk_json(&g.disk, p, g)),
+                "calibration": g.as_ref().map(|g| sampling_json(p, g)),
+                "sum_dp_from_cache": self.sum_dp_from_cache,
+                "passes": self.passes,
+            }),
+        );
+        T::mark(&mut provenance, ds);
+        if let Some(g) = g {
+            provenance.stage("disk_fit", g.disk_secs);
+        }
+        provenance.stage("reduce", self.reduce_secs);
+        for st in std::mem::take(&mut self.reduced.stages) {
+            provenance.stage(&format!("reduce: {}", st.stage), st.seconds);
+        }
+        provenance.stage("total (wall)", self.t0.elapsed().as_secs_f64());
+        provenance
+    }
 }
 
 /// What one [`products`] pass needs before it reads a frame: the detector kinds asked (each
 /// once, in the order first asked), their geometry (the disk: from the cache, or one sum-DP
 /// pass), masks and `(lo, hi, mask_pixels)`.
-pub(super) struct Plan {
-    pub(super) kinds: Vec<DetectorKind>,
-    pub(super) g: Option<Geometry>,
-    pub(super) masks: Vec<DetectorMask>,
-    pub(super) geom: Vec<(f64, f64, usize)>,
+struct Plan {
+    kinds: Vec<DetectorKind>,
+    g: Option<Geometry>,
+    masks: Vec<DetectorMask>,
+    geom: Vec<(f64, f64, usize)>,
 }
 
 /// Check `which` and `p` and build the [`Plan`] of a products pass; errors carry `op`.
-pub(super) fn plan(ds: &Dataset, which: &[Product], p: &DetectorParams, op: &str) -> Result<Plan> {
+fn plan(ds: &Dataset, which: &[Product], p: &DetectorParams, op: &str) -> Result<Plan> {
     const OP_NAMES: &str =
         "at least one of bf, abf, adf, haadf, df, annular, sum_dp, mean_dp, max_dp, moments, com";
     p.validate().map_err(|e| e.with_op(op))?;

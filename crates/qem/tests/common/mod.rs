@@ -168,8 +168,42 @@ pub const REGION_CASES: [(Region, Region, usize); 4] = [
 
 /// Loads `scan × det` frames held in `data` with `params`.
 pub fn load_array(data: DenseArray, scan: Shape2, det: Shape2, params: &LoadParams) -> Dataset {
+    try_load_array(data, scan, det, params).expect("load array")
+}
+
+/// [`load_array`], its error returned (an engine that is not present answers
+/// `BackendUnavailable`).
+pub fn try_load_array(
+    data: DenseArray,
+    scan: Shape2,
+    det: Shape2,
+    params: &LoadParams,
+) -> qem::Result<Dataset> {
     let shape = vec![scan.rows, scan.cols, det.rows, det.cols];
-    load(SourceArg::Array { data, shape }, params).expect("load array")
+    load(SourceArg::Array { data, shape }, params)
+}
+
+/// u16 counts of `scan × det` frames: a bright disk of radius 4 around the detector's centre
+/// pixel `(k_r / 2, k_c / 2)`, a sparse halo, and a few values near the top of the u16 range
+/// (so u32 shared sums and u64 results are exercised). A detector of rows ≠ columns and an
+/// odd size makes partial bitshuffle blocks.
+pub fn disk_counts(scan: Shape2, det: Shape2) -> Vec<u16> {
+    let (ci, cj) = ((det.rows / 2) as f64, (det.cols / 2) as f64);
+    let mut v = Vec::with_capacity(scan.len() * det.len());
+    for f in 0..scan.len() as u64 {
+        for p in 0..det.len() as u64 {
+            let x = (f * 2_654_435_761 + p * 40_503 + 17) % 1009;
+            let (i, j) = ((p / det.cols as u64) as f64, (p % det.cols as u64) as f64);
+            let inside = (i - ci).powi(2) + (j - cj).powi(2) <= 16.0;
+            v.push(match x {
+                _ if inside => 200 + (x % 50) as u16,
+                0..=3 => 60_000 + x as u16,
+                4..=200 => (x % 5) as u16,
+                _ => 0,
+            });
+        }
+    }
+    v
 }
 
 pub fn mean(v: &[f64]) -> f64 {
