@@ -845,7 +845,7 @@ impl Ssb {
                     "seed": f.seed,
                     "objective": f.objective.name(),
                     "search": if spec.coarse {
-                        "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, on the coarse loss (the coarse sample of BF pixels); the starts compared on the full loss, the best on to 1e-4 on the full loss"
+                        "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, on the coarse loss (the coarse sample of BF pixels); the starts compared on the full loss, the best on to 1e-4 on the full loss from a fresh 2 % simplex"
                     } else {
                         "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, the best on to 1e-4"
                     },

@@ -486,9 +486,9 @@ class SSB:
         coarse : bool
             ``True`` (default): the global points and each start's first stage use the coarse
             loss over about a quarter of the BF pixels (whole detector rows, every fourth),
-            the starts are then compared and the best refined on the full loss. Roughly 2.5×
-            fewer pixel terms for the same minimum; ``provenance["params"]["fit"]`` says how
-            many evaluations were coarse. Without effect when the disk is too small (the
+            the starts are then compared on the full loss and the best refined on it from a
+            fresh simplex. Roughly 2.5× fewer pixel terms for the same minimum;
+            ``provenance["params"]["fit"]`` says how many evaluations were coarse. Without effect when the disk is too small (the
             sample would hold fewer than 256 pixels). ``False``: every loss over every pixel.
 
         Notes
