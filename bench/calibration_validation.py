@@ -122,6 +122,10 @@ def calibration_cases(work: str) -> list[dict]:
                             "true_radius_px": m["alpha"] / true,
                             "edge_radius_px": edge["radius_px"],
                             "edge_width_px": edge["edge_width_px"],
+                            "edge_model": edge["edge_model"],
+                            "model_weights": edge["model_weights"],
+                            "model_radii_px": edge["model_radii_px"],
+                            "taper_width_px": edge["taper_width_px"],
                             "axis_ratio": edge["axis_ratio"],
                             "n_pixels_rejected": edge["n_pixels_rejected"],
                             "source": p["det_sampling_source"],
@@ -130,7 +134,7 @@ def calibration_cases(work: str) -> list[dict]:
                     print(
                         f"{name:24s} {label:10s} dose {dose:7.0e} bin {b}: true {true:.5f} "
                         f"default {est:.5f} ± {sig:.5f}  err {100 * err:+.3f} %  "
-                        f"{'PASS' if abs(err) <= TOL else 'FAIL'}",
+                        f"{'PASS' if abs(err) <= TOL else 'FAIL'}  {edge['edge_model']}",
                         flush=True,
                     )
     return rows
@@ -304,6 +308,12 @@ def main(argv=None) -> None:
             "pass": int(sum(r["pass_0p5pct"] for r in rs)),
             "max_abs_relative_error": float(np.abs(errs).max()),
             "mean_relative_error": float(errs.mean()),
+            "within_2sigma": int(
+                sum(
+                    r["error_over_sigma"] is not None and abs(r["error_over_sigma"]) <= 2
+                    for r in rs
+                )
+            ),
         }
     rec = {
         "what": "issue 20: default detector sampling (semiangle / r_edge, SSB) vs abTEM truth; "
