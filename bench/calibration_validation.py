@@ -126,6 +126,7 @@ def calibration_cases(work: str) -> list[dict]:
                             "model_weights": edge["model_weights"],
                             "model_radii_px": edge["model_radii_px"],
                             "taper_width_px": edge["taper_width_px"],
+                            "taper_subsamples": edge.get("taper_subsamples"),
                             "axis_ratio": edge["axis_ratio"],
                             "n_pixels_rejected": edge["n_pixels_rejected"],
                             "source": p["det_sampling_source"],

@@ -22,11 +22,16 @@
 //!   3×3-median-filtered pattern, refitted with pixels whose residual exceeds 8 robust
 //!   standard deviations dropped); the other two profiles are fitted to the same pixels
 //!   from its geometry (a few starts of their shape parameters);
-//! * model average: Akaike weights `exp(−ΔAIC/2)` with the residual variance of the best
-//!   profile as the noise scale; the taper enters only when it is *resolved* (its blur at
-//!   most `τ/5`): under a wider blur (a binned or blurred detector) a taper is an intensity
-//!   edge shifted by `τ/6`, indistinguishable from a smaller hard disk, and a free taper
-//!   would fit binned hard edges with a spurious `τ ≈ 1 px`;
+//! * the taper is fitted three times: sampled at the pixel centre, and as the mean of 2×2 and
+//!   3×3 points per pixel (a point-sampled simulation binned 2× or 3×: its one-pixel taper is
+//!   then ½ or ⅓ pixel wide and each pixel sums b² samples); a taper with `τ → 0` on the
+//!   right sub-grid is the exact model of a binned point-sampled *hard* edge;
+//! * model average: Akaike weights `exp(−ΔAIC/2)` over all fits, with the residual variance of
+//!   the best one as the noise scale; a taper fit counts as a taper only when it is one
+//!   (`τ ≥ 0.15` px) and *resolved* (its blur at most `τ/5`); otherwise its weight goes to
+//!   the better intensity edge (logistic or pixel step): an unresolved taper is an intensity
+//!   edge shifted by `τ/6` that no profile can tell from a smaller hard disk, and `τ → 0` is a
+//!   hard edge;
 //! * each profile's radius adds back the curvature shift `s²/(2R)` of its blur's 50 %
 //!   contour (the logistic of width `w` matches a Gaussian of `s = 1.70 w`; the pixel box
 //!   adds `1/12` px² per axis);
@@ -122,6 +127,9 @@ pub struct DiskEdge {
     pub model_radii_px: PerModel,
     /// The amplitude-taper model's fitted taper width `τ`, pixels (0 when not resolved).
     pub taper_width_px: f64,
+    /// The sub-grid that taper was sampled on (`n × n` points per pixel: a point-sampled grid
+    /// binned `n×`; 0 when no taper is resolved).
+    pub taper_subsamples: usize,
     /// Fitted plateau inside the edge (units of the input pattern).
     pub plateau: f64,
     /// Fitted level just outside the edge.
@@ -152,9 +160,10 @@ impl DiskEdge {
     /// The rule, for provenance.
     pub const RULE: &'static str = "edge fit to the mean DP (elliptical, bad pixels rejected \
         at 8 robust sigma) with three profiles: logistic intensity edge, pixel-integrated \
-        blurred step, point-sampled amplitude taper (only when resolved: blur <= taper / 5); \
-        radius = Akaike-weighted mean of their edges plus the curvature term s^2/(2R), sigma \
-        includes the spread between the models";
+        blurred step, amplitude taper point-sampled on 1x1, 2x2 or 3x3 points per pixel (a \
+        taper only when >= 0.15 px and resolved: blur <= taper / 5; else its weight goes to \
+        the intensity edge); radius = Akaike-weighted mean of their edges plus the curvature \
+        term s^2/(2R), sigma includes the spread between the models";
 }
 
 /// The Gaussian σ whose edge profile the logistic of width `w` matches best is `1.70 w` (the
@@ -165,6 +174,13 @@ const LOGISTIC_TO_GAUSS: f64 = 1.70;
 /// taper under a wider blur is an intensity edge shifted by `τ/6`, which no profile can tell
 /// from a smaller hard disk (docs/calibration.md §2).
 const TAPER_RESOLVED: f64 = 0.2;
+
+/// A fitted taper narrower than this (pixels) is a hard edge, not a taper.
+const TAPER_MIN_PX: f64 = 0.15;
+
+/// The taper is also fitted sampled on sub-grids up to this size (binning of a point-sampled
+/// grid).
+const MAX_SUB: usize = 3;
 
 /// Parameter vector: centre row, centre col, R, η_c, η_s, ln width (`w` of the logistic, `s`
 /// of the others), P, B, ln τ (the taper only).
@@ -177,6 +193,21 @@ impl EdgeModel {
             EdgeModel::AmplitudeTaper => 9,
             _ => 8,
         }
+    }
+}
+
+/// An edge model and how each pixel samples it: the mean of `sub × sub` points on the pixel's
+/// sub-grid (1 = the pixel centre). A detector binned `b×` from a point-sampled grid (a
+/// simulation) samples `b × b` points per pixel; only the taper is evaluated that way.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Profile {
+    model: EdgeModel,
+    sub: usize,
+}
+
+impl Profile {
+    const fn of(model: EdgeModel) -> Profile {
+        Profile { model, sub: 1 }
     }
 }
 
@@ -310,16 +341,31 @@ fn taper(x: f64, s: f64, tau: f64) -> f64 {
     c1 + a * a * m0 - 2.0 * a * b * m1 + b * b * m2
 }
 
-fn model(shape: EdgeModel, p: &[f64; NP], r: f64, c: f64) -> f64 {
+fn model(prof: Profile, p: &[f64; NP], r: f64, c: f64) -> f64 {
     let m = inv_distortion(p[3], p[4]);
-    let (dr, dc) = (r - p[0], c - p[1]);
-    let (u, v) = (m[0][0] * dr + m[0][1] * dc, m[1][0] * dr + m[1][1] * dc);
-    let x = u.hypot(v) - p[2];
     let w = p[5].exp();
-    let f = match shape {
-        EdgeModel::Logistic => 1.0 / (1.0 + (x / w).clamp(-60.0, 60.0).exp()),
-        EdgeModel::PixelStep => pixel_step(x, w, dr, dc),
-        EdgeModel::AmplitudeTaper => taper(x, w, p[8].exp()),
+    let at = |r: f64, c: f64| {
+        let (dr, dc) = (r - p[0], c - p[1]);
+        let (u, v) = (m[0][0] * dr + m[0][1] * dc, m[1][0] * dr + m[1][1] * dc);
+        let x = u.hypot(v) - p[2];
+        match prof.model {
+            EdgeModel::Logistic => 1.0 / (1.0 + (x / w).clamp(-60.0, 60.0).exp()),
+            EdgeModel::PixelStep => pixel_step(x, w, dr, dc),
+            EdgeModel::AmplitudeTaper => taper(x, w, p[8].exp()),
+        }
+    };
+    let f = if prof.sub <= 1 {
+        at(r, c)
+    } else {
+        let n = prof.sub;
+        let off = |k: usize| (k as f64 - 0.5 * (n - 1) as f64) / n as f64;
+        let mut acc = 0.0;
+        for i in 0..n {
+            for j in 0..n {
+                acc += at(r + off(i), c + off(j));
+            }
+        }
+        acc / (n * n) as f64
     };
     p[7] + (p[6] - p[7]) * f
 }
@@ -455,7 +501,7 @@ fn solve(mut a: [[f64; NP]; NP], mut b: [f64; NP], n: usize) -> Option<[f64; NP]
 }
 
 /// Jacobian row of `model` at `p` by central differences (steps scaled to each parameter).
-fn jac_row(shape: EdgeModel, p: &[f64; NP], q: &Px, active: usize) -> [f64; NP] {
+fn jac_row(shape: Profile, p: &[f64; NP], q: &Px, active: usize) -> [f64; NP] {
     let mut j = [0.0; NP];
     let steps = [1e-4, 1e-4, 1e-4, 1e-6, 1e-6, 1e-5, 0.0, 0.0, 1e-5];
     for (k, jk) in j.iter_mut().enumerate().take(active) {
@@ -472,7 +518,7 @@ fn jac_row(shape: EdgeModel, p: &[f64; NP], q: &Px, active: usize) -> [f64; NP] 
     j
 }
 
-fn sum_sq(shape: EdgeModel, p: &[f64; NP], px: &[Px]) -> f64 {
+fn sum_sq(shape: Profile, p: &[f64; NP], px: &[Px]) -> f64 {
     px.iter()
         .map(|q| (q.v - model(shape, p, q.r, q.c)).powi(2))
         .sum()
@@ -481,11 +527,11 @@ fn sum_sq(shape: EdgeModel, p: &[f64; NP], px: &[Px]) -> f64 {
 /// Levenberg–Marquardt on `px` from `p` (the model's parameters only); the normal matrix at
 /// the end (for the covariance).
 fn levenberg_marquardt(
-    shape: EdgeModel,
+    shape: Profile,
     mut p: [f64; NP],
     px: &[Px],
 ) -> ([f64; NP], [[f64; NP]; NP]) {
-    let n = shape.n_params();
+    let n = shape.model.n_params();
     let mut lambda = 1e-3;
     let mut cost = sum_sq(shape, &p, px);
     let mut jtj = [[0.0; NP]; NP];
@@ -597,11 +643,11 @@ pub fn fit_disk_edge(values: &[f64], shape: Shape2) -> Result<DiskEdge> {
                 .with_expected("a disk edge on the detector")
                 .with_found(format!("{} pixels", px.len())));
         }
-        (p, jtj) = levenberg_marquardt(EdgeModel::Logistic, p, &px);
+        (p, jtj) = levenberg_marquardt(Profile::of(EdgeModel::Logistic), p, &px);
         // Outliers (bad pixels) against a robust scale of the residuals.
         let mut res: Vec<f64> = px
             .iter()
-            .map(|q| (q.v - model(EdgeModel::Logistic, &p, q.r, q.c)).abs())
+            .map(|q| (q.v - model(Profile::of(EdgeModel::Logistic), &p, q.r, q.c)).abs())
             .collect();
         res.sort_by(f64::total_cmp);
         let scale = 1.4826 * crate::stats::percentile_sorted(&res, 50.0);
@@ -611,7 +657,7 @@ pub fn fit_disk_edge(values: &[f64], shape: Shape2) -> Result<DiskEdge> {
         let limit = (8.0 * scale).max(0.1 * step);
         let mut new = 0;
         for q in &px {
-            if (q.v - model(EdgeModel::Logistic, &p, q.r, q.c)).abs() > limit {
+            if (q.v - model(Profile::of(EdgeModel::Logistic), &p, q.r, q.c)).abs() > limit {
                 rejected[q.r as usize * shape.cols + q.c as usize] = true;
                 new += 1;
             }
@@ -622,11 +668,11 @@ pub fn fit_disk_edge(values: &[f64], shape: Shape2) -> Result<DiskEdge> {
         }
     }
     check_disk(shape, &p)?;
-    let logistic = Fit::new(EdgeModel::Logistic, p, jtj, &px);
+    let logistic = Fit::new(Profile::of(EdgeModel::Logistic), p, jtj, &px);
     // The other profiles on the same pixels, from the logistic's geometry; the lowest cost of
     // a few starts of the shape parameters (the taper's cost has local minima).
     let w = p[5].exp();
-    let best_of = |shape: EdgeModel, starts: &[(f64, f64)]| {
+    let best_of = |shape: Profile, starts: &[(f64, f64)]| {
         starts
             .iter()
             .map(|&(s, tau)| {
@@ -639,37 +685,47 @@ pub fn fit_disk_edge(values: &[f64], shape: Shape2) -> Result<DiskEdge> {
             .min_by(|a, b| a.ss.total_cmp(&b.ss))
     };
     let pixel = best_of(
-        EdgeModel::PixelStep,
+        Profile::of(EdgeModel::PixelStep),
         &[(0.05, 1.0), ((LOGISTIC_TO_GAUSS * w).max(0.05), 1.0)],
     );
-    let taper = best_of(
-        EdgeModel::AmplitudeTaper,
-        &[
-            (0.05, 1.0),
-            (0.3, 0.3),
-            (0.3, 1.0),
-            (0.05, (4.0 * w).max(0.1)),
-        ],
-    );
-    let fits: Vec<Fit> = [Some(logistic), pixel, taper]
-        .into_iter()
-        .flatten()
-        .filter(|f| check_disk(shape, &f.p).is_ok() && f.ss.is_finite())
-        .collect();
+    let mut fits: Vec<Fit> = vec![logistic];
+    fits.extend(pixel);
+    // The taper point-sampled at the pixel centre, and on 2×2 and 3×3 sub-grids (a
+    // simulation's grid binned 2× or 3×: its one-pixel taper is then 1/b pixel wide).
+    for sub in 1..=MAX_SUB {
+        let tau = 1.0 / sub as f64;
+        let taper = Profile {
+            model: EdgeModel::AmplitudeTaper,
+            sub,
+        };
+        // Fewer starts on the sub-grids (each costs sub² evaluations per pixel).
+        let starts: &[(f64, f64)] = if sub == 1 {
+            &[
+                (0.02, tau),
+                (0.02, 0.05),
+                (0.3, 0.3),
+                (0.05, (4.0 * w).max(0.1)),
+            ]
+        } else {
+            &[(0.02, tau), (0.02, 0.05)]
+        };
+        fits.extend(best_of(taper, starts));
+    }
+    fits.retain(|f| check_disk(shape, &f.p).is_ok() && f.ss.is_finite());
     finish(shape, &fits, &logistic, &px, n_rejected)
 }
 
 /// One edge model fitted to the band.
 #[derive(Clone, Copy)]
 struct Fit {
-    shape: EdgeModel,
+    shape: Profile,
     p: [f64; NP],
     jtj: [[f64; NP]; NP],
     ss: f64,
 }
 
 impl Fit {
-    fn new(shape: EdgeModel, p: [f64; NP], jtj: [[f64; NP]; NP], px: &[Px]) -> Fit {
+    fn new(shape: Profile, p: [f64; NP], jtj: [[f64; NP]; NP], px: &[Px]) -> Fit {
         Fit {
             shape,
             p,
@@ -682,7 +738,7 @@ impl Fit {
     /// variance 1/12 per axis added for the pixel step).
     fn blur_var(&self) -> f64 {
         let w = self.p[5].exp();
-        match self.shape {
+        match self.shape.model {
             EdgeModel::Logistic => (LOGISTIC_TO_GAUSS * w).powi(2),
             EdgeModel::PixelStep => w * w + 1.0 / 12.0,
             EdgeModel::AmplitudeTaper => w * w,
@@ -694,10 +750,15 @@ impl Fit {
         self.p[2] + self.blur_var() / (2.0 * self.p[2])
     }
 
-    /// Whether the profile may enter the average: the taper only when resolved.
+    /// Whether the profile's own edge counts: the taper only when it is a taper (at least
+    /// [`TAPER_MIN_PX`]) and resolved; otherwise it is an intensity edge (a taper under a wider
+    /// blur) or a hard one (τ → 0), and its weight goes to the intensity-edge answer.
     fn admissible(&self) -> bool {
-        match self.shape {
-            EdgeModel::AmplitudeTaper => self.p[5].exp() <= TAPER_RESOLVED * self.p[8].exp(),
+        match self.shape.model {
+            EdgeModel::AmplitudeTaper => {
+                let tau = self.p[8].exp();
+                tau >= TAPER_MIN_PX && self.p[5].exp() <= TAPER_RESOLVED * tau
+            }
             _ => true,
         }
     }
@@ -731,38 +792,46 @@ fn finish(
     n_rejected: usize,
 ) -> Result<DiskEdge> {
     let n = px.len();
-    // Akaike weights with the residual variance of the best-fitting model as the noise scale
-    // (misfit that no model explains, e.g. Bragg disks, counts as noise and flattens them).
+    // Akaike weights with the residual variance of the best-fitting profile as the noise
+    // scale (misfit that no profile explains, e.g. Bragg disks, counts as noise and flattens
+    // them).
     let min_ss = fits.iter().map(|f| f.ss).fold(f64::INFINITY, f64::min);
     let s2_all = (min_ss / n.saturating_sub(NP).max(1) as f64).max(1e-300);
     let aic: Vec<f64> = fits
         .iter()
-        .map(|f| {
-            if f.admissible() {
-                f.ss / s2_all + 2.0 * f.shape.n_params() as f64
-            } else {
-                f64::INFINITY
-            }
-        })
+        .map(|f| f.ss / s2_all + 2.0 * f.shape.model.n_params() as f64)
         .collect();
     let amin = aic.iter().copied().fold(f64::INFINITY, f64::min);
     let raw: Vec<f64> = aic.iter().map(|a| (-(a - amin) / 2.0).exp()).collect();
     let total: f64 = raw.iter().sum();
-    let weights: Vec<f64> = raw.iter().map(|r| r / total).collect();
-    let best = fits
+    // A taper that is not admissible votes for the better intensity edge.
+    let intensity = fits
         .iter()
-        .zip(&weights)
-        .max_by(|a, b| a.1.total_cmp(b.1))
+        .filter(|f| f.shape.model != EdgeModel::AmplitudeTaper)
+        .min_by(|a, b| a.ss.total_cmp(&b.ss))
+        .copied()
+        .unwrap_or(*logistic);
+    let mut answers: Vec<(Fit, f64)> = Vec::new();
+    for (f, r) in fits.iter().zip(&raw) {
+        let f = if f.admissible() { *f } else { intensity };
+        match answers.iter_mut().find(|(g, _)| g.shape == f.shape) {
+            Some((_, w)) => *w += r / total,
+            None => answers.push((f, r / total)),
+        }
+    }
+    let best = answers
+        .iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
         .map(|(f, _)| *f)
         .unwrap_or(*logistic);
     let mut model_weights = PerModel::default();
     let mut model_radii = PerModel::default();
-    let mut sigmas = PerModel::default();
-    for (f, &wt) in fits.iter().zip(&weights) {
-        model_weights.set(f.shape, wt);
-        model_radii.set(f.shape, f.radius());
-        let sigma = if wt > 1e-3 {
-            let k = f.shape.n_params();
+    let mut radius = 0.0;
+    let mut answers_sigma = Vec::with_capacity(answers.len());
+    for (f, wt) in &answers {
+        model_weights.set(f.shape.model, model_weights.get(f.shape.model) + wt);
+        let sigma = if *wt > 1e-3 {
+            let k = f.shape.model.n_params();
             let s2 = f.ss / n.saturating_sub(k).max(1) as f64;
             let cov = inverse(&f.jtj, k).unwrap_or([[f64::NAN; NP]; NP]);
             let se = (cov[2][2] * s2).max(0.0).sqrt();
@@ -775,16 +844,34 @@ fn finish(
         } else {
             0.0
         };
-        sigmas.set(f.shape, sigma);
+        answers_sigma.push(sigma);
+        radius += wt * f.radius();
     }
-    let radius: f64 = fits.iter().zip(&weights).map(|(f, w)| w * f.radius()).sum();
-    let var: f64 = fits
+    for f in fits {
+        if f.shape.model != EdgeModel::AmplitudeTaper || f.admissible() {
+            let m = f.shape.model;
+            let better = answers
+                .iter()
+                .filter(|(g, _)| g.shape.model == m)
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+                .is_some_and(|(g, _)| g.shape == f.shape);
+            if better || model_radii.get(m) == 0.0 {
+                model_radii.set(m, f.radius());
+            }
+        }
+    }
+    let var: f64 = answers
         .iter()
-        .zip(&weights)
-        .map(|(f, w)| w * (sigmas.get(f.shape).powi(2) + (f.radius() - radius).powi(2)))
+        .zip(&answers_sigma)
+        .map(|((f, w), s)| w * (s * s + (f.radius() - radius).powi(2)))
         .sum();
+    let taper_fit = answers
+        .iter()
+        .filter(|(f, _)| f.shape.model == EdgeModel::AmplitudeTaper)
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(f, _)| *f);
     let p = best.p;
-    let k = best.shape.n_params();
+    let k = best.shape.model.n_params();
     let s2 = best.ss / n.saturating_sub(k).max(1) as f64;
     let cov = inverse(&best.jtj, k).unwrap_or([[f64::NAN; NP]; NP]);
     let se = |k: usize| (cov[k][k] * s2).max(0.0).sqrt();
@@ -826,10 +913,8 @@ fn finish(
             }
         }
     }
-    let taper_width_px = fits
-        .iter()
-        .find(|f| f.shape == EdgeModel::AmplitudeTaper && f.admissible())
-        .map_or(0.0, |f| f.p[8].exp());
+    let taper_width_px = taper_fit.map_or(0.0, |f| f.p[8].exp());
+    let taper_subsamples = taper_fit.map_or(0, |f| f.shape.sub);
     Ok(DiskEdge {
         center_px: (p[0], p[1]),
         center_sigma_px: (se(0), se(1)),
@@ -845,10 +930,11 @@ fn finish(
         },
         to_circular,
         edge_width_px: edge_w,
-        edge_model: best.shape,
+        edge_model: best.shape.model,
         model_weights,
         model_radii_px: model_radii,
         taper_width_px,
+        taper_subsamples,
         plateau: p[6],
         background: p[7],
         n_pixels_fit: n,
@@ -861,7 +947,7 @@ fn finish(
 
 /// Delete-one-sector jackknife standard error of the corrected radius over 8 azimuthal
 /// sectors.
-fn jackknife_radius(shape: EdgeModel, p: &[f64; NP], px: &[Px]) -> f64 {
+fn jackknife_radius(shape: Profile, p: &[f64; NP], px: &[Px]) -> f64 {
     const K: usize = 8;
     let sector = |q: &Px| {
         let a = (q.c - p[1]).atan2(q.r - p[0]) + std::f64::consts::PI;

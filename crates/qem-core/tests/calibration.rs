@@ -439,3 +439,64 @@ fn bad_input_is_a_typed_error() {
     let err = fit_disk_edge(&v, s).unwrap_err().to_string();
     assert!(err.contains("too small"), "{err}");
 }
+
+/// A point-sampled disk drawn `b×` finer (centre `c`, radius `r` in binned pixels; taper `τ`
+/// fine pixels, 0 = hard) and summed over `b × b` blocks: a simulation's grid binned `b×`.
+fn binned_point_sampled(n: usize, b: usize, c: (f64, f64), r: f64, taper: f64) -> Vec<f64> {
+    let nf = n * b;
+    // Fine pixel i sits at binned coordinate (i − (b − 1)/2) / b.
+    let cf = (
+        c.0 * b as f64 + 0.5 * (b - 1) as f64,
+        c.1 * b as f64 + 0.5 * (b - 1) as f64,
+    );
+    let rf = r * b as f64;
+    let mut out = vec![0.0; n * n];
+    for i in 0..nf {
+        for j in 0..nf {
+            let rho = (i as f64 - cf.0).hypot(j as f64 - cf.1);
+            let v = if taper > 0.0 {
+                ((rf - rho) / taper + 0.5).clamp(0.0, 1.0).powi(2)
+            } else {
+                f64::from(u8::from(rho <= rf))
+            };
+            out[(i / b) * n + j / b] += (0.01 + v) / (b * b) as f64;
+        }
+    }
+    out
+}
+
+#[test]
+fn binned_point_sampled_tapers_and_hard_edges() {
+    // abTEM's one-pixel taper binned 2x and 3x: the taper is 1/b pixel wide and each pixel
+    // averages b x b point samples; the sub-grid taper finds the amplitude midpoint. The same
+    // grid with a hard aperture must not be read as a taper.
+    let s = Shape2::new(48, 48);
+    for &b in &[2usize, 3] {
+        for &r in &[9.34, 12.3] {
+            let soft = binned_point_sampled(48, b, (23.6, 24.2), r, 1.0);
+            let e = fit_disk_edge(&soft, s).unwrap();
+            assert!(
+                rel(e.radius_px, r).abs() < 0.002,
+                "bin {b} R {r}: soft {} ({:+.3} %) {:?}",
+                e.radius_px,
+                100.0 * rel(e.radius_px, r),
+                e.model_weights
+            );
+            assert_eq!(e.edge_model, EdgeModel::AmplitudeTaper, "{e:?}");
+            assert_eq!(e.taper_subsamples, b, "{e:?}");
+            let hard = binned_point_sampled(48, b, (23.6, 24.2), r, 0.0);
+            let e = fit_disk_edge(&hard, s).unwrap();
+            assert!(
+                rel(e.radius_px, r).abs() < 0.005,
+                "bin {b} R {r}: hard {} ({:+.3} %) {:?}",
+                e.radius_px,
+                100.0 * rel(e.radius_px, r),
+                e.model_weights
+            );
+            assert!(
+                e.model_weights.amplitude_taper < 0.05,
+                "bin {b} R {r}: {e:?}"
+            );
+        }
+    }
+}

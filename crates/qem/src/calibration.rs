@@ -230,6 +230,7 @@ pub fn edge_json(e: &DiskEdge) -> serde_json::Value {
         "model_weights": e.model_weights,
         "model_radii_px": e.model_radii_px,
         "taper_width_px": e.taper_width_px,
+        "taper_subsamples": e.taper_subsamples,
         "n_pixels_fit": e.n_pixels_fit,
         "n_pixels_rejected": e.n_pixels_rejected,
         "n_pixels_inside": e.n_pixels_inside,
