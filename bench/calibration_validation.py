@@ -265,11 +265,27 @@ def main(argv=None) -> None:
     ap.add_argument("--work", default="/tmp/calval")
     ap.add_argument("--out", required=True)
     ap.add_argument("--skip-focal", action="store_true")
+    ap.add_argument(
+        "--focal-from",
+        help="with --skip-focal: copy the focal_reference rows from this earlier record "
+        "(labelled in the output; they do not depend on the edge fit except the default-"
+        "calibration column)",
+    )
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     cal = calibration_cases(a.work)
+    _write(a, cal, [], [], t0)  # a checkpoint: the calibration alone
     vacuum = vacuum_disk_control(a.work)
+    _write(a, cal, vacuum, [], t0)
     foc = [] if a.skip_focal else focal_cases(a.work)
+    _write(a, cal, vacuum, foc, t0)
+
+
+def _write(a, cal: list, vacuum: list, foc: list, t0: float) -> None:
+    focal_source = "this run"
+    if not foc and a.focal_from:
+        foc = json.load(open(a.focal_from))["focal_reference"]
+        focal_source = f"copied from {a.focal_from} (git {json.load(open(a.focal_from))['git']})"
     sims = {}
     for path in sorted(glob.glob(f"{a.work}/*.json")):
         j = json.load(open(path))
@@ -328,6 +344,7 @@ def main(argv=None) -> None:
         "calibration": cal,
         "vacuum_disk_control": vacuum,
         "focal_reference": foc,
+        "focal_reference_source": focal_source,
         "simulations": sims,
         "seconds": time.perf_counter() - t0,
     }
