@@ -3,33 +3,91 @@
 //! The detector angular sampling of a STEM acquisition is `α / r_BF`: the BF disk's edge is the
 //! image of the probe-forming aperture's edge. [`fit_disk_edge`] measures `r_BF` to a small
 //! fraction of a pixel from the mean diffraction pattern, for hard (coherent, pixel-integrated)
-//! and soft (finite source, partially coherent, detector blur) edges alike, and for an
-//! elliptical disk (projector distortion):
+//! edges, soft ones (finite source, partially coherent, detector blur) and abTEM's
+//! amplitude-tapered aperture, and for an elliptical disk (projector distortion):
 //!
-//! * model: `I(k) = B + (P − B) / (1 + exp((ρ(k) − R) / w))` with the elliptical radius
-//!   `ρ(k) = |D⁻¹ (k − c)|`, `D = exp(η_c σ_z + η_s σ_x)` symmetric with `det D = 1` (so `R` is
-//!   the geometric-mean radius `√(ab)` and `D⁻¹` maps the ellipse to a circle of radius `R`);
-//!   `R` is the radius where the pattern is halfway between its plateau `P` and the background
-//!   `B` just outside — the 50 % point of a symmetric edge, which is where a hard edge crosses a
-//!   pixel centre;
-//! * fitted by Levenberg–Marquardt to the pixels in a band around the edge (the plateau far
-//!   inside and the diffuse scattering far outside do not pull it), starting from the anchor's
-//!   threshold disk of a 3×3-median-filtered pattern (isolated bad pixels cannot move the
-//!   start), then refitted with pixels whose residual exceeds 8 robust standard deviations
-//!   dropped (dead, hot or masked pixels);
-//! * a disk blurred by an isotropic spread of variance `s²` per axis has its 50 % contour
-//!   `≈ s²/(2R)` inside the true edge (curvature); the logistic of width `w` matches a Gaussian
-//!   blur of `s = 1.70 w`, and the reported radius adds that term back (0.002 px for a pixel-integrated hard edge, 1 % for a
-//!   2-px blur of a 15-px disk);
-//! * uncertainty: the larger of the least-squares standard error (scaled by the residual
-//!   variance, so model misfit counts) and a delete-one-sector jackknife over 8 azimuthal
-//!   sectors (structure in the pattern that is not azimuthally uniform, e.g. overlapping Bragg
-//!   disks of a crystal, counts).
+//! * geometry: the elliptical radius `ρ(k) = |D⁻¹ (k − c)|`, `D = exp(η_c σ_z + η_s σ_x)`
+//!   symmetric with `det D = 1` (so `R` is the geometric-mean radius `√(ab)` and `D⁻¹` maps
+//!   the ellipse to a circle of radius `R`); `I(k) = B + (P − B) f(ρ(k) − R)` between the
+//!   plateau `P` and the background `B` just outside;
+//! * three edge profiles `f` ([`EdgeModel`]), because an aperture edge is not one shape: a
+//!   **logistic** `1/(1 + exp(x/w))` (an intensity blur: finite source, partial coherence,
+//!   detector PSF; `R` at 50 % intensity); a **pixel step**, a hard edge integrated over the
+//!   square pixel and blurred by a Gaussian (a pixel-integrating or binned detector; `R` at
+//!   the edge); an **amplitude taper**, `A = clip(½ − x/τ, 0, 1)`, intensity `A²`, blurred
+//!   by a Gaussian (abTEM's default soft aperture, sampled at pixel centres; `R` where
+//!   `A = ½`, which is 0.21 τ *outside* the 50 %-intensity point);
+//! * the band around the edge and the bad pixels come from the logistic fit
+//!   (Levenberg–Marquardt on the pixels near the edge, from the threshold disk of a
+//!   3×3-median-filtered pattern, refitted with pixels whose residual exceeds 8 robust
+//!   standard deviations dropped); the other two profiles are fitted to the same pixels
+//!   from its geometry (a few starts of their shape parameters);
+//! * the taper is fitted three times: sampled at the pixel centre, and as the mean of 2×2 and
+//!   3×3 points per pixel (a point-sampled simulation binned 2× or 3×: its one-pixel taper is
+//!   then ½ or ⅓ pixel wide and each pixel sums b² samples); a taper with `τ → 0` on the
+//!   right sub-grid is the exact model of a binned point-sampled *hard* edge;
+//! * model average: Akaike weights `exp(−ΔAIC/2)` over all fits, with the residual variance of
+//!   the best one as the noise scale; a taper fit counts as a taper only when it is one
+//!   (`τ ≥ 0.15` px) and *resolved* (its blur at most `τ/5`); otherwise its weight goes to
+//!   the better intensity edge (logistic or pixel step): an unresolved taper is an intensity
+//!   edge shifted by `τ/6` that no profile can tell from a smaller hard disk, and `τ → 0` is a
+//!   hard edge;
+//! * each profile's radius adds back the curvature shift `s²/(2R)` of its blur's 50 %
+//!   contour (the logistic of width `w` matches a Gaussian of `s = 1.70 w`; the pixel box
+//!   adds `1/12` px² per axis);
+//! * uncertainty: per profile the larger of the least-squares standard error (scaled by the
+//!   residual variance, so misfit counts) and a delete-one-sector jackknife over 8 azimuthal
+//!   sectors (structure that is not azimuthally uniform, e.g. Bragg disks, counts); then
+//!   `σ² = Σ w_i (σ_i² + (R_i − R̄)²)`, so profiles that disagree and fit alike widen it.
 
 use crate::error::{Error, Result};
 use crate::geometry::Shape2;
 
 const OP: &str = "calibration disk edge";
+
+/// The edge profile a fit assumes; `R` is where each puts the aperture edge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EdgeModel {
+    /// `1 / (1 + exp((ρ − R)/w))`: an intensity blur (finite source, detector PSF); `R` is
+    /// the 50 % point.
+    Logistic,
+    /// A hard edge integrated over each square pixel and blurred by a Gaussian of σ `s`: a
+    /// pixel-integrating detector, or a binned one; `R` is the edge.
+    PixelStep,
+    /// A point-sampled amplitude taper (amplitude falling linearly from 1 to 0 over `τ`,
+    /// ½ at `R`) squared, blurred by a Gaussian of σ `s`: abTEM's default soft aperture.
+    AmplitudeTaper,
+}
+
+/// One number per [`EdgeModel`].
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
+pub struct PerModel {
+    /// [`EdgeModel::Logistic`].
+    pub logistic: f64,
+    /// [`EdgeModel::PixelStep`].
+    pub pixel_step: f64,
+    /// [`EdgeModel::AmplitudeTaper`].
+    pub amplitude_taper: f64,
+}
+
+impl PerModel {
+    fn get(&self, m: EdgeModel) -> f64 {
+        match m {
+            EdgeModel::Logistic => self.logistic,
+            EdgeModel::PixelStep => self.pixel_step,
+            EdgeModel::AmplitudeTaper => self.amplitude_taper,
+        }
+    }
+
+    fn set(&mut self, m: EdgeModel, v: f64) {
+        match m {
+            EdgeModel::Logistic => self.logistic = v,
+            EdgeModel::PixelStep => self.pixel_step = v,
+            EdgeModel::AmplitudeTaper => self.amplitude_taper = v,
+        }
+    }
+}
 
 /// The BF disk edge of a mean diffraction pattern ([`fit_disk_edge`]).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -39,11 +97,14 @@ pub struct DiskEdge {
     /// Standard uncertainty of the centre, pixels.
     pub center_sigma_px: (f64, f64),
     /// Radius of the aperture edge, pixels: the geometric mean `√(ab)` of the semi-axes of an
-    /// elliptical disk, corrected for the curvature shift of a blurred edge.
+    /// elliptical disk, corrected for the curvature shift of a blurred edge, averaged over the
+    /// edge models with their weights ([`DiskEdge::model_weights`]).
     pub radius_px: f64,
-    /// Standard uncertainty of `radius_px`, pixels.
+    /// Standard uncertainty of `radius_px`, pixels: each model's, and the spread between the
+    /// models, by their weights.
     pub radius_sigma_px: f64,
-    /// Radius of the 50 % contour itself, pixels (before the curvature term).
+    /// Radius of the logistic fit's 50 % intensity contour, pixels (before the curvature term
+    /// and the model average).
     pub radius_50_px: f64,
     /// Major over minor semi-axis (≥ 1; 1 = circular).
     pub axis_ratio: f64,
@@ -57,6 +118,18 @@ pub struct DiskEdge {
     pub to_circular: [[f64; 2]; 2],
     /// Logistic edge width `w`, pixels (10–90 % rise = 4.39 w).
     pub edge_width_px: f64,
+    /// The edge model with the largest weight (the centre and ellipse are its).
+    pub edge_model: EdgeModel,
+    /// Akaike weights of the edge models (sum 1; the taper's is 0 when its taper is not
+    /// resolved, see the module docs).
+    pub model_weights: PerModel,
+    /// Each model's curvature-corrected radius, pixels.
+    pub model_radii_px: PerModel,
+    /// The amplitude-taper model's fitted taper width `τ`, pixels (0 when not resolved).
+    pub taper_width_px: f64,
+    /// The sub-grid that taper was sampled on (`n × n` points per pixel: a point-sampled grid
+    /// binned `n×`; 0 when no taper is resolved).
+    pub taper_subsamples: usize,
     /// Fitted plateau inside the edge (units of the input pattern).
     pub plateau: f64,
     /// Fitted level just outside the edge.
@@ -67,7 +140,8 @@ pub struct DiskEdge {
     pub n_pixels_rejected: usize,
     /// Pixels inside the fitted edge (`ρ ≤ R`) on the detector.
     pub n_pixels_inside: usize,
-    /// Residual RMS over the plateau-to-background step (0 = perfect model).
+    /// Residual RMS over the plateau-to-background step (0 = perfect model), of the chosen
+    /// model.
     pub relative_rms: f64,
     /// Whether the whole edge lies on the detector (some pixel beyond `R + 2w` in every
     /// direction); a disk cut by the detector border is measured from the part that is there.
@@ -84,17 +158,58 @@ impl DiskEdge {
     }
 
     /// The rule, for provenance.
-    pub const RULE: &'static str = "logistic edge fit to the mean DP (50 % point between plateau \
-        and background, elliptical, bad pixels rejected at 8 robust sigma), plus the curvature \
-        term s^2/(2R) of a blurred edge";
+    pub const RULE: &'static str = "edge fit to the mean DP (elliptical, bad pixels rejected \
+        at 8 robust sigma) with three profiles: logistic intensity edge, pixel-integrated \
+        blurred step, amplitude taper point-sampled on 1x1, 2x2 or 3x3 points per pixel (a \
+        taper only when >= 0.15 px and resolved: blur <= taper / 5; else its weight goes to \
+        the intensity edge); radius = Akaike-weighted mean of their edges plus the curvature \
+        term s^2/(2R), sigma includes the spread between the models";
 }
 
 /// The Gaussian σ whose edge profile the logistic of width `w` matches best is `1.70 w` (the
 /// classic logit–probit scale).
 const LOGISTIC_TO_GAUSS: f64 = 1.70;
 
-/// Parameter vector: centre row, centre col, R, η_c, η_s, ln w, P, B.
-const NP: usize = 8;
+/// The amplitude taper counts only when its blur is at most this fraction of its width: a
+/// taper under a wider blur is an intensity edge shifted by `τ/6`, which no profile can tell
+/// from a smaller hard disk (docs/calibration.md §2).
+const TAPER_RESOLVED: f64 = 0.2;
+
+/// A fitted taper narrower than this (pixels) is a hard edge, not a taper.
+const TAPER_MIN_PX: f64 = 0.15;
+
+/// The taper is also fitted sampled on sub-grids up to this size (binning of a point-sampled
+/// grid).
+const MAX_SUB: usize = 3;
+
+/// Parameter vector: centre row, centre col, R, η_c, η_s, ln width (`w` of the logistic, `s`
+/// of the others), P, B, ln τ (the taper only).
+const NP: usize = 9;
+
+impl EdgeModel {
+    /// Parameters fitted (the first `n` of the vector).
+    fn n_params(self) -> usize {
+        match self {
+            EdgeModel::AmplitudeTaper => 9,
+            _ => 8,
+        }
+    }
+}
+
+/// An edge model and how each pixel samples it: the mean of `sub × sub` points on the pixel's
+/// sub-grid (1 = the pixel centre). A detector binned `b×` from a point-sampled grid (a
+/// simulation) samples `b × b` points per pixel; only the taper is evaluated that way.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Profile {
+    model: EdgeModel,
+    sub: usize,
+}
+
+impl Profile {
+    const fn of(model: EdgeModel) -> Profile {
+        Profile { model, sub: 1 }
+    }
+}
 
 /// `D⁻¹ = exp(−H)`, `H = [[η_c, η_s], [η_s, −η_c]]`: `cosh η · 1 − sinh η / η · H`.
 fn inv_distortion(ec: f64, es: f64) -> [[f64; 2]; 2] {
@@ -107,132 +222,152 @@ fn inv_distortion(ec: f64, es: f64) -> [[f64; 2]; 2] {
     [[ch - shc * ec, -shc * es], [-shc * es, ch + shc * ec]]
 }
 
-fn model(p: &[f64; NP], r: f64, c: f64) -> f64 {
-    let m = inv_distortion(p[3], p[4]);
-    let (dr, dc) = (r - p[0], c - p[1]);
-    let (u, v) = (m[0][0] * dr + m[0][1] * dc, m[1][0] * dr + m[1][1] * dc);
-    let rho = u.hypot(v);
-    let w = p[5].exp();
-    let x = ((rho - p[2]) / w).clamp(-60.0, 60.0);
-    p[7] + (p[6] - p[7]) / (1.0 + x.exp())
-}
-
-/// One pixel of the fit: position and value.
-#[derive(Clone, Copy)]
-struct Px {
-    r: f64,
-    c: f64,
-    v: f64,
-}
-
-/// Solve `A x = b` (symmetric positive definite, small) by Gaussian elimination with partial
-/// pivoting; `None` when singular.
-// Index loops read as the textbook elimination; iterator forms would hide the pivoting.
-#[allow(clippy::needless_range_loop)]
-fn solve(mut a: [[f64; NP]; NP], mut b: [f64; NP], n: usize) -> Option<[f64; NP]> {
-    for col in 0..n {
-        let piv = (col..n).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
-        if a[piv][col].abs() < 1e-300 {
-            return None;
-        }
-        a.swap(col, piv);
-        b.swap(col, piv);
-        for row in col + 1..n {
-            let f = a[row][col] / a[col][col];
-            for k in col..n {
-                a[row][k] -= f * a[col][k];
-            }
-            b[row] -= f * b[col];
-        }
+/// `erfc(x)`, absolute error ~1e-16: the all-positive series of `erf` below 3, the Laplace
+/// continued fraction above.
+fn erfc(x: f64) -> f64 {
+    if x < 0.0 {
+        return 2.0 - erfc(-x);
     }
-    let mut x = [0.0; NP];
-    for i in (0..n).rev() {
-        let s: f64 = (i + 1..n).map(|k| a[i][k] * x[k]).sum();
-        x[i] = (b[i] - s) / a[i][i];
+    if x > 27.0 {
+        return 0.0;
     }
-    Some(x)
-}
-
-/// Jacobian row of `model` at `p` by central differences (steps scaled to each parameter).
-fn jac_row(p: &[f64; NP], q: &Px, active: usize) -> [f64; NP] {
-    let mut j = [0.0; NP];
-    let steps = [1e-4, 1e-4, 1e-4, 1e-6, 1e-6, 1e-5, 0.0, 0.0];
-    for (k, jk) in j.iter_mut().enumerate().take(active) {
-        let h = if k >= 6 {
-            1e-6 * (p[6] - p[7]).abs().max(1e-12)
-        } else {
-            steps[k]
-        };
-        let (mut a, mut b) = (*p, *p);
-        a[k] += h;
-        b[k] -= h;
-        *jk = (model(&a, q.r, q.c) - model(&b, q.r, q.c)) / (2.0 * h);
-    }
-    j
-}
-
-fn sum_sq(p: &[f64; NP], px: &[Px]) -> f64 {
-    px.iter().map(|q| (q.v - model(p, q.r, q.c)).powi(2)).sum()
-}
-
-/// Levenberg–Marquardt on `px` from `p`; the normal matrix at the end (for the covariance).
-fn levenberg_marquardt(mut p: [f64; NP], px: &[Px]) -> ([f64; NP], [[f64; NP]; NP]) {
-    let mut lambda = 1e-3;
-    let mut cost = sum_sq(&p, px);
-    let mut jtj = [[0.0; NP]; NP];
-    for _ in 0..200 {
-        jtj = [[0.0; NP]; NP];
-        let mut jtr = [0.0; NP];
-        for q in px {
-            let j = jac_row(&p, q, NP);
-            let res = q.v - model(&p, q.r, q.c);
-            for a in 0..NP {
-                jtr[a] += j[a] * res;
-                for b in a..NP {
-                    jtj[a][b] += j[a] * j[b];
-                }
-            }
-        }
-        for a in 1..NP {
-            let (upper, lower) = jtj.split_at_mut(a);
-            for (b, row) in upper.iter().enumerate() {
-                lower[0][b] = row[a];
-            }
-        }
-        let mut improved = false;
-        for _ in 0..20 {
-            let mut a = jtj;
-            for (k, row) in a.iter_mut().enumerate() {
-                row[k] += lambda * jtj[k][k].max(1e-30);
-            }
-            let Some(dx) = solve(a, jtr, NP) else {
-                lambda *= 10.0;
-                continue;
-            };
-            let mut trial = p;
-            for k in 0..NP {
-                trial[k] += dx[k];
-            }
-            trial[5] = trial[5].clamp(-4.0, 3.5);
-            let c = sum_sq(&trial, px);
-            if c.is_finite() && c <= cost {
-                let rel = (cost - c) / cost.max(1e-300);
-                p = trial;
-                cost = c;
-                lambda = (lambda / 10.0).max(1e-12);
-                improved = true;
-                if rel < 1e-13 {
-                    return (p, jtj);
-                }
+    let two_over_sqrt_pi = std::f64::consts::FRAC_2_SQRT_PI;
+    if x < 3.0 {
+        // erf(x) = 2/√π e^{−x²} Σ_n 2ⁿ x^{2n+1} / (1·3·…·(2n+1))
+        let x2 = x * x;
+        let (mut term, mut sum) = (x, x);
+        for n in 1..400 {
+            term *= 2.0 * x2 / (2 * n + 1) as f64;
+            sum += term;
+            if term < 1e-17 * sum {
                 break;
             }
-            lambda *= 10.0;
         }
-        if !improved {
-            break;
+        1.0 - two_over_sqrt_pi * (-x2).exp() * sum
+    } else {
+        // erfc(x) = e^{−x²}/√π · 1/(x + (1/2)/(x + (2/2)/(x + (3/2)/(x + …))))
+        let mut f = x;
+        for k in (1..=80).rev() {
+            f = x + 0.5 * k as f64 / f;
         }
+        0.5 * two_over_sqrt_pi * (-x * x).exp() / f
     }
-    (p, jtj)
+}
+
+/// Standard normal distribution function: cubic Hermite interpolation (the density is the
+/// derivative) in a table of `erfc` at steps of 1/512 over ±9 (error below 1e-13), built
+/// once; the fit calls it millions of times.
+fn norm_cdf(u: f64) -> f64 {
+    const STEPS: f64 = 512.0;
+    const LIM: f64 = 9.0;
+    static TABLE: std::sync::OnceLock<Vec<f64>> = std::sync::OnceLock::new();
+    if !u.is_finite() || u.abs() >= LIM {
+        return if u > 0.0 {
+            1.0
+        } else if u < 0.0 {
+            0.0
+        } else {
+            0.5
+        };
+    }
+    let t = TABLE.get_or_init(|| {
+        let n = (2.0 * LIM * STEPS) as usize;
+        (0..=n)
+            .map(|k| 0.5 * erfc(-(k as f64 / STEPS - LIM) * std::f64::consts::FRAC_1_SQRT_2))
+            .collect()
+    });
+    let h = 1.0 / STEPS;
+    let y = (u + LIM) * STEPS;
+    let k = (y as usize).min(t.len() - 2);
+    let f = y - k as f64;
+    let u0 = k as f64 * h - LIM;
+    let (p0, p1) = (t[k], t[k + 1]);
+    let (d0, d1) = (norm_pdf(u0) * h, norm_pdf(u0 + h) * h);
+    let (f2, f3) = (f * f, f * f * f);
+    (2.0 * f3 - 3.0 * f2 + 1.0) * p0
+        + (f3 - 2.0 * f2 + f) * d0
+        + (-2.0 * f3 + 3.0 * f2) * p1
+        + (f3 - f2) * d1
+}
+
+/// Standard normal density.
+fn norm_pdf(u: f64) -> f64 {
+    (-0.5 * u * u).exp()
+        * (0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2)
+}
+
+/// `∫ Φ(t/s) dt` and `∬ Φ(t/s) dt²` (antiderivatives chosen to vanish at −∞).
+fn cdf_int1(x: f64, s: f64) -> f64 {
+    let u = x / s;
+    x * norm_cdf(u) + s * norm_pdf(u)
+}
+
+fn cdf_int2(x: f64, s: f64) -> f64 {
+    let u = x / s;
+    0.5 * (x * x + s * s) * norm_cdf(u) + 0.5 * x * s * norm_pdf(u)
+}
+
+/// Bright fraction of a square pixel whose centre is `x` outside a straight hard edge, the
+/// edge blurred by a Gaussian of σ `s`; `(dr, dc)` is the edge normal (any length). The
+/// pixel projected on the normal is the convolution of two boxes, `|cos|` and `|sin|` wide.
+fn pixel_step(x: f64, s: f64, dr: f64, dc: f64) -> f64 {
+    let n = dr.hypot(dc);
+    let (a, b) = if n > 0.0 {
+        let (p, q) = ((dr / n).abs(), (dc / n).abs());
+        (p.max(q), p.min(q))
+    } else {
+        (1.0, 0.0)
+    };
+    let dark = if b < 1e-3 {
+        (cdf_int1(x + 0.5 * a, s) - cdf_int1(x - 0.5 * a, s)) / a
+    } else {
+        let (h1, h2) = (0.5 * (a + b), 0.5 * (a - b));
+        (cdf_int2(x + h1, s) - cdf_int2(x + h2, s) - cdf_int2(x - h2, s) + cdf_int2(x - h1, s))
+            / (a * b)
+    };
+    1.0 - dark
+}
+
+/// Intensity of the amplitude taper `clip(½ − t/τ, 0, 1)` squared, blurred by a Gaussian of
+/// σ `s`, at `x` outside its midpoint (closed form: the moments of the normal density over
+/// the ramp).
+fn taper(x: f64, s: f64, tau: f64) -> f64 {
+    let (u1, u2) = ((-0.5 * tau - x) / s, (0.5 * tau - x) / s);
+    let (a, b) = (0.5 - x / tau, s / tau);
+    let (c1, c2, d1, d2) = (norm_cdf(u1), norm_cdf(u2), norm_pdf(u1), norm_pdf(u2));
+    let m0 = c2 - c1;
+    let m1 = d1 - d2;
+    let m2 = m0 - (u2 * d2 - u1 * d1);
+    c1 + a * a * m0 - 2.0 * a * b * m1 + b * b * m2
+}
+
+fn model(prof: Profile, p: &[f64; NP], r: f64, c: f64) -> f64 {
+    let m = inv_distortion(p[3], p[4]);
+    let w = p[5].exp();
+    let at = |r: f64, c: f64| {
+        let (dr, dc) = (r - p[0], c - p[1]);
+        let (u, v) = (m[0][0] * dr + m[0][1] * dc, m[1][0] * dr + m[1][1] * dc);
+        let x = u.hypot(v) - p[2];
+        match prof.model {
+            EdgeModel::Logistic => 1.0 / (1.0 + (x / w).clamp(-60.0, 60.0).exp()),
+            EdgeModel::PixelStep => pixel_step(x, w, dr, dc),
+            EdgeModel::AmplitudeTaper => taper(x, w, p[8].exp()),
+        }
+    };
+    let f = if prof.sub <= 1 {
+        at(r, c)
+    } else {
+        let n = prof.sub;
+        let off = |k: usize| (k as f64 - 0.5 * (n - 1) as f64) / n as f64;
+        let mut acc = 0.0;
+        for i in 0..n {
+            for j in 0..n {
+                acc += at(r + off(i), c + off(j));
+            }
+        }
+        acc / (n * n) as f64
+    };
+    p[7] + (p[6] - p[7]) * f
 }
 
 /// 3×3 median of `v` (edge pixels use the neighbours that exist).
@@ -302,7 +437,7 @@ fn start(values: &[f64], s: Shape2) -> Result<[f64; NP]> {
     } else {
         crate::stats::percentile(&outside, 50.0)
     };
-    Ok([c0r, c0c, r0, 0.0, 0.0, (0.7f64).ln(), p0, b0])
+    Ok([c0r, c0c, r0, 0.0, 0.0, (0.7f64).ln(), p0, b0, 0.0])
 }
 
 /// Pixels within `half` of the ellipse `p` (by elliptical radius), minus `rejected`.
@@ -329,14 +464,141 @@ fn band(values: &[f64], s: Shape2, p: &[f64; NP], half: f64, rejected: &[bool]) 
     out
 }
 
+/// One pixel of the fit: position and value.
+#[derive(Clone, Copy)]
+struct Px {
+    r: f64,
+    c: f64,
+    v: f64,
+}
+
+/// Solve `A x = b` for the first `n` unknowns (symmetric positive definite, small) by
+/// Gaussian elimination with partial pivoting; `None` when singular.
+// Index loops read as the textbook elimination; iterator forms would hide the pivoting.
+#[allow(clippy::needless_range_loop)]
+fn solve(mut a: [[f64; NP]; NP], mut b: [f64; NP], n: usize) -> Option<[f64; NP]> {
+    for col in 0..n {
+        let piv = (col..n).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
+        if a[piv][col].abs() < 1e-300 {
+            return None;
+        }
+        a.swap(col, piv);
+        b.swap(col, piv);
+        for row in col + 1..n {
+            let f = a[row][col] / a[col][col];
+            for k in col..n {
+                a[row][k] -= f * a[col][k];
+            }
+            b[row] -= f * b[col];
+        }
+    }
+    let mut x = [0.0; NP];
+    for i in (0..n).rev() {
+        let s: f64 = (i + 1..n).map(|k| a[i][k] * x[k]).sum();
+        x[i] = (b[i] - s) / a[i][i];
+    }
+    Some(x)
+}
+
+/// Jacobian row of `model` at `p` by central differences (steps scaled to each parameter).
+fn jac_row(shape: Profile, p: &[f64; NP], q: &Px, active: usize) -> [f64; NP] {
+    let mut j = [0.0; NP];
+    let steps = [1e-4, 1e-4, 1e-4, 1e-6, 1e-6, 1e-5, 0.0, 0.0, 1e-5];
+    for (k, jk) in j.iter_mut().enumerate().take(active) {
+        let h = if k == 6 || k == 7 {
+            1e-6 * (p[6] - p[7]).abs().max(1e-12)
+        } else {
+            steps[k]
+        };
+        let (mut a, mut b) = (*p, *p);
+        a[k] += h;
+        b[k] -= h;
+        *jk = (model(shape, &a, q.r, q.c) - model(shape, &b, q.r, q.c)) / (2.0 * h);
+    }
+    j
+}
+
+fn sum_sq(shape: Profile, p: &[f64; NP], px: &[Px]) -> f64 {
+    px.iter()
+        .map(|q| (q.v - model(shape, p, q.r, q.c)).powi(2))
+        .sum()
+}
+
+/// Levenberg–Marquardt on `px` from `p` (the model's parameters only); the normal matrix at
+/// the end (for the covariance).
+fn levenberg_marquardt(
+    shape: Profile,
+    mut p: [f64; NP],
+    px: &[Px],
+) -> ([f64; NP], [[f64; NP]; NP]) {
+    let n = shape.model.n_params();
+    let mut lambda = 1e-3;
+    let mut cost = sum_sq(shape, &p, px);
+    let mut jtj = [[0.0; NP]; NP];
+    for _ in 0..200 {
+        jtj = [[0.0; NP]; NP];
+        let mut jtr = [0.0; NP];
+        for q in px {
+            let j = jac_row(shape, &p, q, n);
+            let res = q.v - model(shape, &p, q.r, q.c);
+            for a in 0..n {
+                jtr[a] += j[a] * res;
+                for b in a..n {
+                    jtj[a][b] += j[a] * j[b];
+                }
+            }
+        }
+        for a in 1..n {
+            let (upper, lower) = jtj.split_at_mut(a);
+            for (b, row) in upper.iter().enumerate() {
+                lower[0][b] = row[a];
+            }
+        }
+        let mut improved = false;
+        for _ in 0..20 {
+            let mut a = jtj;
+            for (k, row) in a.iter_mut().enumerate().take(n) {
+                row[k] += lambda * jtj[k][k].max(1e-30);
+            }
+            let Some(dx) = solve(a, jtr, n) else {
+                lambda *= 10.0;
+                continue;
+            };
+            let mut trial = p;
+            for k in 0..n {
+                trial[k] += dx[k];
+            }
+            trial[5] = trial[5].clamp(-4.0, 3.5);
+            trial[8] = trial[8].clamp(-4.0, 3.0);
+            let c = sum_sq(shape, &trial, px);
+            if c.is_finite() && c <= cost {
+                let rel = (cost - c) / cost.max(1e-300);
+                p = trial;
+                cost = c;
+                lambda = (lambda / 10.0).max(1e-12);
+                improved = true;
+                if rel < 1e-13 {
+                    return (p, jtj);
+                }
+                break;
+            }
+            lambda *= 10.0;
+        }
+        if !improved {
+            break;
+        }
+    }
+    (p, jtj)
+}
+
 /// Inverse of the normal matrix (covariance up to the residual variance).
-fn inverse(a: &[[f64; NP]; NP]) -> Option<[[f64; NP]; NP]> {
+fn inverse(a: &[[f64; NP]; NP], n: usize) -> Option<[[f64; NP]; NP]> {
     let mut inv = [[0.0; NP]; NP];
-    for k in 0..NP {
+    for k in 0..n {
         let mut e = [0.0; NP];
         e[k] = 1.0;
-        let x = solve(*a, e, NP)?;
-        for i in 0..NP {
+        let x = solve(*a, e, n)?;
+        for i in 0..n {
             inv[i][k] = x[i];
         }
     }
@@ -371,6 +633,7 @@ pub fn fit_disk_edge(values: &[f64], shape: Shape2) -> Result<DiskEdge> {
     let mut n_rejected = 0usize;
     let mut px = Vec::new();
     let mut jtj = [[0.0; NP]; NP];
+    // The band and the bad pixels from the logistic fit (robust, one shape parameter).
     for round in 0..4 {
         let w = p[5].exp();
         let half = (0.3 * p[2]).clamp(4.0, 10.0).max(5.0 * w);
@@ -380,11 +643,11 @@ pub fn fit_disk_edge(values: &[f64], shape: Shape2) -> Result<DiskEdge> {
                 .with_expected("a disk edge on the detector")
                 .with_found(format!("{} pixels", px.len())));
         }
-        (p, jtj) = levenberg_marquardt(p, &px);
+        (p, jtj) = levenberg_marquardt(Profile::of(EdgeModel::Logistic), p, &px);
         // Outliers (bad pixels) against a robust scale of the residuals.
         let mut res: Vec<f64> = px
             .iter()
-            .map(|q| (q.v - model(&p, q.r, q.c)).abs())
+            .map(|q| (q.v - model(Profile::of(EdgeModel::Logistic), &p, q.r, q.c)).abs())
             .collect();
         res.sort_by(f64::total_cmp);
         let scale = 1.4826 * crate::stats::percentile_sorted(&res, 50.0);
@@ -394,7 +657,7 @@ pub fn fit_disk_edge(values: &[f64], shape: Shape2) -> Result<DiskEdge> {
         let limit = (8.0 * scale).max(0.1 * step);
         let mut new = 0;
         for q in &px {
-            if (q.v - model(&p, q.r, q.c)).abs() > limit {
+            if (q.v - model(Profile::of(EdgeModel::Logistic), &p, q.r, q.c)).abs() > limit {
                 rejected[q.r as usize * shape.cols + q.c as usize] = true;
                 new += 1;
             }
@@ -404,42 +667,216 @@ pub fn fit_disk_edge(values: &[f64], shape: Shape2) -> Result<DiskEdge> {
             break;
         }
     }
-    finish(values, shape, p, &px, &jtj, n_rejected, &rejected)
+    check_disk(shape, &p)?;
+    let logistic = Fit::new(Profile::of(EdgeModel::Logistic), p, jtj, &px);
+    // The other profiles on the same pixels, from the logistic's geometry; the lowest cost of
+    // a few starts of the shape parameters (the taper's cost has local minima).
+    let w = p[5].exp();
+    let best_of = |shape: Profile, starts: &[(f64, f64)]| {
+        starts
+            .iter()
+            .map(|&(s, tau)| {
+                let mut q = p;
+                q[5] = s.ln();
+                q[8] = tau.ln();
+                let (q, jtj) = levenberg_marquardt(shape, q, &px);
+                Fit::new(shape, q, jtj, &px)
+            })
+            .min_by(|a, b| a.ss.total_cmp(&b.ss))
+    };
+    let pixel = best_of(
+        Profile::of(EdgeModel::PixelStep),
+        &[(0.05, 1.0), ((LOGISTIC_TO_GAUSS * w).max(0.05), 1.0)],
+    );
+    let mut fits: Vec<Fit> = vec![logistic];
+    fits.extend(pixel);
+    // The taper point-sampled at the pixel centre, and on 2×2 and 3×3 sub-grids (a
+    // simulation's grid binned 2× or 3×: its one-pixel taper is then 1/b pixel wide).
+    for sub in 1..=MAX_SUB {
+        let tau = 1.0 / sub as f64;
+        let taper = Profile {
+            model: EdgeModel::AmplitudeTaper,
+            sub,
+        };
+        // Fewer starts on the sub-grids (each costs sub² evaluations per pixel).
+        let starts: &[(f64, f64)] = if sub == 1 {
+            &[
+                (0.02, tau),
+                (0.02, 0.05),
+                (0.3, 0.3),
+                (0.05, (4.0 * w).max(0.1)),
+            ]
+        } else {
+            &[(0.02, tau), (0.02, 0.05)]
+        };
+        fits.extend(best_of(taper, starts));
+    }
+    fits.retain(|f| check_disk(shape, &f.p).is_ok() && f.ss.is_finite());
+    finish(shape, &fits, &logistic, &px, n_rejected)
 }
 
-fn finish(
-    values: &[f64],
-    shape: Shape2,
+/// One edge model fitted to the band.
+#[derive(Clone, Copy)]
+struct Fit {
+    shape: Profile,
     p: [f64; NP],
-    px: &[Px],
-    jtj: &[[f64; NP]; NP],
-    n_rejected: usize,
-    rejected: &[bool],
-) -> Result<DiskEdge> {
+    jtj: [[f64; NP]; NP],
+    ss: f64,
+}
+
+impl Fit {
+    fn new(shape: Profile, p: [f64; NP], jtj: [[f64; NP]; NP], px: &[Px]) -> Fit {
+        Fit {
+            shape,
+            p,
+            jtj,
+            ss: sum_sq(shape, &p, px),
+        }
+    }
+
+    /// The blur σ of the profile (the logistic's Gaussian equivalent; the pixel box's
+    /// variance 1/12 per axis added for the pixel step).
+    fn blur_var(&self) -> f64 {
+        let w = self.p[5].exp();
+        match self.shape.model {
+            EdgeModel::Logistic => (LOGISTIC_TO_GAUSS * w).powi(2),
+            EdgeModel::PixelStep => w * w + 1.0 / 12.0,
+            EdgeModel::AmplitudeTaper => w * w,
+        }
+    }
+
+    /// The edge radius with the curvature term `s²/(2R)` added back.
+    fn radius(&self) -> f64 {
+        self.p[2] + self.blur_var() / (2.0 * self.p[2])
+    }
+
+    /// Whether the profile's own edge counts: the taper only when it is a taper (at least
+    /// [`TAPER_MIN_PX`]) and resolved; otherwise it is an intensity edge (a taper under a wider
+    /// blur) or a hard one (τ → 0), and its weight goes to the intensity-edge answer.
+    fn admissible(&self) -> bool {
+        match self.shape.model {
+            EdgeModel::AmplitudeTaper => {
+                let tau = self.p[8].exp();
+                tau >= TAPER_MIN_PX && self.p[5].exp() <= TAPER_RESOLVED * tau
+            }
+            _ => true,
+        }
+    }
+}
+
+/// A converged fit must be a bright disk whose centre is within a radius of the detector.
+fn check_disk(shape: Shape2, p: &[f64; NP]) -> Result<()> {
     let step = p[6] - p[7];
     let inside_detector = p[0] > -p[2]
         && p[0] < shape.rows as f64 + p[2]
         && p[1] > -p[2]
         && p[1] < shape.cols as f64 + p[2];
-    if !(step > 0.0 && p[2] > 1.0 && inside_detector && p.iter().all(|v| v.is_finite())) {
-        return Err(
-            Error::invalid(OP, "the edge fit did not converge to a bright disk")
-                .with_expected("a bright disk on a darker background")
-                .with_found(format!(
-                    "radius {:.3} px, centre ({:.2}, {:.2}), plateau - background {:.4}",
-                    p[2], p[0], p[1], step
-                )),
-        );
+    if step > 0.0 && p[2] > 1.0 && inside_detector && p.iter().all(|v| v.is_finite()) {
+        return Ok(());
     }
+    Err(
+        Error::invalid(OP, "the edge fit did not converge to a bright disk")
+            .with_expected("a bright disk on a darker background")
+            .with_found(format!(
+                "radius {:.3} px, centre ({:.2}, {:.2}), plateau - background {:.4}",
+                p[2], p[0], p[1], step
+            )),
+    )
+}
+
+fn finish(
+    shape: Shape2,
+    fits: &[Fit],
+    logistic: &Fit,
+    px: &[Px],
+    n_rejected: usize,
+) -> Result<DiskEdge> {
     let n = px.len();
-    let ss = sum_sq(&p, px);
-    let s2 = ss / (n.saturating_sub(NP).max(1)) as f64;
-    let cov = inverse(jtj).unwrap_or([[f64::NAN; NP]; NP]);
+    // Akaike weights with the residual variance of the best-fitting profile as the noise
+    // scale (misfit that no profile explains, e.g. Bragg disks, counts as noise and flattens
+    // them).
+    let min_ss = fits.iter().map(|f| f.ss).fold(f64::INFINITY, f64::min);
+    let s2_all = (min_ss / n.saturating_sub(NP).max(1) as f64).max(1e-300);
+    let aic: Vec<f64> = fits
+        .iter()
+        .map(|f| f.ss / s2_all + 2.0 * f.shape.model.n_params() as f64)
+        .collect();
+    let amin = aic.iter().copied().fold(f64::INFINITY, f64::min);
+    let raw: Vec<f64> = aic.iter().map(|a| (-(a - amin) / 2.0).exp()).collect();
+    let total: f64 = raw.iter().sum();
+    // A taper that is not admissible votes for the better intensity edge.
+    let intensity = fits
+        .iter()
+        .filter(|f| f.shape.model != EdgeModel::AmplitudeTaper)
+        .min_by(|a, b| a.ss.total_cmp(&b.ss))
+        .copied()
+        .unwrap_or(*logistic);
+    let mut answers: Vec<(Fit, f64)> = Vec::new();
+    for (f, r) in fits.iter().zip(&raw) {
+        let f = if f.admissible() { *f } else { intensity };
+        match answers.iter_mut().find(|(g, _)| g.shape == f.shape) {
+            Some((_, w)) => *w += r / total,
+            None => answers.push((f, r / total)),
+        }
+    }
+    let best = answers
+        .iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(f, _)| *f)
+        .unwrap_or(*logistic);
+    let mut model_weights = PerModel::default();
+    let mut model_radii = PerModel::default();
+    let mut radius = 0.0;
+    let mut answers_sigma = Vec::with_capacity(answers.len());
+    for (f, wt) in &answers {
+        model_weights.set(f.shape.model, model_weights.get(f.shape.model) + wt);
+        let sigma = if *wt > 1e-3 {
+            let k = f.shape.model.n_params();
+            let s2 = f.ss / n.saturating_sub(k).max(1) as f64;
+            let cov = inverse(&f.jtj, k).unwrap_or([[f64::NAN; NP]; NP]);
+            let se = (cov[2][2] * s2).max(0.0).sqrt();
+            let jack = jackknife_radius(f.shape, &f.p, px);
+            if jack.is_finite() {
+                se.max(jack)
+            } else {
+                se
+            }
+        } else {
+            0.0
+        };
+        answers_sigma.push(sigma);
+        radius += wt * f.radius();
+    }
+    for f in fits {
+        if f.shape.model != EdgeModel::AmplitudeTaper || f.admissible() {
+            let m = f.shape.model;
+            let better = answers
+                .iter()
+                .filter(|(g, _)| g.shape.model == m)
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+                .is_some_and(|(g, _)| g.shape == f.shape);
+            if better || model_radii.get(m) == 0.0 {
+                model_radii.set(m, f.radius());
+            }
+        }
+    }
+    let var: f64 = answers
+        .iter()
+        .zip(&answers_sigma)
+        .map(|((f, w), s)| w * (s * s + (f.radius() - radius).powi(2)))
+        .sum();
+    let taper_fit = answers
+        .iter()
+        .filter(|(f, _)| f.shape.model == EdgeModel::AmplitudeTaper)
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(f, _)| *f);
+    let p = best.p;
+    let k = best.shape.model.n_params();
+    let s2 = best.ss / n.saturating_sub(k).max(1) as f64;
+    let cov = inverse(&best.jtj, k).unwrap_or([[f64::NAN; NP]; NP]);
     let se = |k: usize| (cov[k][k] * s2).max(0.0).sqrt();
-    let w = p[5].exp();
-    let spread = LOGISTIC_TO_GAUSS * w;
-    let curvature = spread * spread / (2.0 * p[2]);
-    let jack = jackknife_radius(&p, px);
+    let step = p[6] - p[7];
+    let edge_w = logistic.p[5].exp();
     let eta = p[3].hypot(p[4]);
     // Axis ratio exp(2η): its uncertainty from those of η_c, η_s along the η direction.
     let se_eta = if eta > 1e-12 {
@@ -466,7 +903,7 @@ fn finish(
             let rho = u.hypot(v);
             if rho <= p[2] {
                 n_inside += 1;
-            } else if rho > p[2] + 2.0 * w {
+            } else if rho > p[2] + 2.0 * edge_w {
                 let q = if u.abs() >= v.abs() {
                     usize::from(u > 0.0)
                 } else {
@@ -476,13 +913,14 @@ fn finish(
             }
         }
     }
-    let _ = (values, rejected);
+    let taper_width_px = taper_fit.map_or(0.0, |f| f.p[8].exp());
+    let taper_subsamples = taper_fit.map_or(0, |f| f.shape.sub);
     Ok(DiskEdge {
         center_px: (p[0], p[1]),
         center_sigma_px: (se(0), se(1)),
-        radius_px: p[2] + curvature,
-        radius_sigma_px: se(2).max(jack),
-        radius_50_px: p[2],
+        radius_px: radius,
+        radius_sigma_px: var.max(0.0).sqrt(),
+        radius_50_px: logistic.p[2],
         axis_ratio: (2.0 * eta).exp(),
         axis_ratio_sigma: 2.0 * (2.0 * eta).exp() * se_eta,
         major_axis_rad: if major <= -std::f64::consts::FRAC_PI_2 + 1e-15 {
@@ -491,19 +929,25 @@ fn finish(
             major
         },
         to_circular,
-        edge_width_px: w,
+        edge_width_px: edge_w,
+        edge_model: best.shape.model,
+        model_weights,
+        model_radii_px: model_radii,
+        taper_width_px,
+        taper_subsamples,
         plateau: p[6],
         background: p[7],
         n_pixels_fit: n,
         n_pixels_rejected: n_rejected,
         n_pixels_inside: n_inside,
-        relative_rms: (ss / n.max(1) as f64).sqrt() / step,
+        relative_rms: (best.ss / n.max(1) as f64).sqrt() / step,
         edge_complete: reach.iter().all(|&b| b),
     })
 }
 
-/// Delete-one-sector jackknife standard error of R over 8 azimuthal sectors.
-fn jackknife_radius(p: &[f64; NP], px: &[Px]) -> f64 {
+/// Delete-one-sector jackknife standard error of the corrected radius over 8 azimuthal
+/// sectors.
+fn jackknife_radius(shape: Profile, p: &[f64; NP], px: &[Px]) -> f64 {
     const K: usize = 8;
     let sector = |q: &Px| {
         let a = (q.c - p[1]).atan2(q.r - p[0]) + std::f64::consts::PI;
@@ -515,8 +959,47 @@ fn jackknife_radius(p: &[f64; NP], px: &[Px]) -> f64 {
         if sub.len() < 2 * NP {
             return f64::NAN;
         }
-        rs.push(levenberg_marquardt(*p, &sub).0[2]);
+        let (q, jtj) = levenberg_marquardt(shape, *p, &sub);
+        rs.push(Fit::new(shape, q, jtj, &sub).radius());
     }
     let mean = rs.iter().sum::<f64>() / K as f64;
     ((K - 1) as f64 / K as f64 * rs.iter().map(|r| (r - mean).powi(2)).sum::<f64>()).sqrt()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{erfc, norm_cdf};
+
+    #[test]
+    fn erfc_matches_tabulated_values() {
+        // Abramowitz & Stegun / any table: erfc at 0.5, 1, 2, 3, 5.
+        for (x, want) in [
+            (0.0, 1.0),
+            (0.5, 0.479_500_122_186_953_5),
+            (1.0, 0.157_299_207_050_285_13),
+            (2.0, 0.004_677_734_981_047_266),
+            (3.0, 2.209_049_699_858_544e-5),
+            (5.0, 1.537_459_794_428_035e-12),
+            (-1.0, 1.842_700_792_949_715),
+        ] {
+            let got = erfc(x);
+            assert!(
+                (got - want).abs() < 1e-15 + 1e-12 * want,
+                "erfc({x}) = {got}, want {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_interpolated_normal_cdf_is_the_exact_one() {
+        let mut worst = 0.0f64;
+        for k in -12_000..12_000 {
+            let u = k as f64 * 0.000_773;
+            let exact = 0.5 * erfc(-u * std::f64::consts::FRAC_1_SQRT_2);
+            worst = worst.max((norm_cdf(u) - exact).abs());
+        }
+        assert!(worst < 1e-12, "{worst}");
+        assert_eq!(norm_cdf(10.0), 1.0);
+        assert_eq!(norm_cdf(-10.0), 0.0);
+    }
 }

@@ -3,6 +3,7 @@
 //! partial coherence makes it) edges, ellipses, off-centre and cut disks, Poisson noise from
 //! 10³ to 10⁶ e⁻/frame, bad pixels. The truth is the generator's radius, not the fit's.
 
+use qem_core::calibration::EdgeModel;
 use qem_core::{fit_disk_edge, Shape2};
 use std::f64::consts::PI;
 
@@ -77,6 +78,10 @@ struct Disk {
     angle: f64,
     /// Gaussian blur σ, pixels (0 = hard edge).
     blur: f64,
+    /// abTEM's soft aperture instead: the amplitude falls linearly from 1 to 0 over `taper`
+    /// pixels, ½ at the radius, the intensity is its square, sampled at pixel centres (0 =
+    /// off).
+    taper: f64,
     bg: f64,
 }
 
@@ -89,7 +94,17 @@ impl Disk {
             ratio: 1.0,
             angle: 0.0,
             blur,
+            taper: 0.0,
             bg: 0.01,
+        }
+    }
+
+    /// abTEM's default aperture edge: `A = clip((R − ρ)/τ + ½, 0, 1)`, intensity `A²` at each
+    /// pixel centre (point-sampled, as a multislice simulation's detector grid is).
+    fn tapered(n: usize, center: (f64, f64), radius: f64, taper: f64) -> Disk {
+        Disk {
+            taper,
+            ..Disk::circle(n, center, radius, 0.0)
         }
     }
 
@@ -109,6 +124,20 @@ impl Disk {
                 .collect();
         }
         let mut out = vec![0.0; self.shape.len()];
+        if self.taper > 0.0 {
+            for i in 0..self.shape.rows {
+                for j in 0..self.shape.cols {
+                    let y = i as f64 - self.center.0;
+                    let x = j as f64 - self.center.1;
+                    let u = ca * y + sa * x;
+                    let v = -sa * y + ca * x;
+                    let rho = self.radius * ((u / a).powi(2) + (v / b).powi(2)).sqrt();
+                    let amp = ((self.radius - rho) / self.taper + 0.5).clamp(0.0, 1.0);
+                    out[i * self.shape.cols + j] = self.bg + amp * amp;
+                }
+            }
+            return out;
+        }
         for i in 0..self.shape.rows {
             for j in 0..self.shape.cols {
                 let mut acc = 0.0;
@@ -186,7 +215,82 @@ fn hard_and_soft_edges_give_the_aperture_radius() {
             e.axis_ratio
         );
         assert!(e.edge_complete);
+        // A hard or blurred edge is not read as an amplitude taper.
+        assert!(
+            e.model_weights.amplitude_taper < 0.05,
+            "R {radius} blur {blur}: {:?}",
+            e.model_weights
+        );
     }
+}
+
+#[test]
+fn amplitude_tapered_edges_give_the_amplitude_midpoint() {
+    // abTEM's soft aperture: the intensity falls to 50 % where the amplitude is 0.707, τ(½ −
+    // 0.707) = 0.21 τ inside the aperture; the fit must report the amplitude midpoint.
+    for &radius in &[9.4, 18.68, 30.2] {
+        for &taper in &[0.5, 1.0, 1.5] {
+            let d = Disk::tapered(72, (35.3, 36.6), radius, taper);
+            let e = fit_disk_edge(&d.render(), d.shape).unwrap();
+            let err = rel(e.radius_px, radius);
+            assert!(
+                err.abs() < 0.0005,
+                "R {radius} taper {taper}: fitted {} ({:+.4} %), weights {:?}",
+                e.radius_px,
+                100.0 * err,
+                e.model_weights
+            );
+            assert_eq!(e.edge_model, EdgeModel::AmplitudeTaper, "{e:?}");
+            assert!(
+                (e.taper_width_px - taper).abs() < 0.1 * taper,
+                "taper {taper}: fitted {}",
+                e.taper_width_px
+            );
+            // The intensity edge alone is where the old rule put it: 0.21 τ inside.
+            assert!(
+                e.radius_50_px < radius - 0.15 * taper,
+                "R {radius} taper {taper}: 50 % contour {}",
+                e.radius_50_px
+            );
+        }
+    }
+}
+
+#[test]
+fn amplitude_tapered_edges_under_poisson_noise() {
+    // 1024 frames from 10^3 to 10^6 e-/frame, two radii and tapers: within 0.5 % and 4 σ.
+    for &(radius, taper) in &[(18.68, 1.0), (12.3, 0.7), (26.0, 1.4)] {
+        let d = Disk::tapered(64, (31.7, 32.4), radius, taper);
+        let clean = d.render();
+        for (k, &dose) in [1e3, 1e4, 1e5, 1e6].iter().enumerate() {
+            for seed in 0..2u64 {
+                let img = noisy(&clean, dose, 1024.0, 1000 + 100 * k as u64 + seed);
+                let e = fit_disk_edge(&img, d.shape).unwrap();
+                let err = e.radius_px - radius;
+                assert!(
+                    rel(e.radius_px, radius).abs() < 0.005,
+                    "R {radius} taper {taper} dose {dose}: {} ({:+.3} %)",
+                    e.radius_px,
+                    100.0 * err / radius
+                );
+                assert!(
+                    err.abs() < 4.0 * e.radius_sigma_px + 0.005,
+                    "R {radius} taper {taper} dose {dose} seed {seed}: error {err} px vs sigma {}",
+                    e.radius_sigma_px
+                );
+            }
+        }
+    }
+    // 16 frames at 10^3 e-: the taper is barely seen; the σ must cover the error.
+    let d = Disk::tapered(64, (31.7, 32.4), 18.68, 1.0);
+    let e = fit_disk_edge(&noisy(&d.render(), 1e3, 16.0, 9), d.shape).unwrap();
+    let err = e.radius_px - 18.68;
+    assert!(
+        err.abs() < 4.0 * e.radius_sigma_px && rel(e.radius_px, 18.68).abs() < 0.01,
+        "{} ± {}",
+        e.radius_px,
+        e.radius_sigma_px
+    );
 }
 
 #[test]
@@ -334,4 +438,65 @@ fn bad_input_is_a_typed_error() {
     }
     let err = fit_disk_edge(&v, s).unwrap_err().to_string();
     assert!(err.contains("too small"), "{err}");
+}
+
+/// A point-sampled disk drawn `b×` finer (centre `c`, radius `r` in binned pixels; taper `τ`
+/// fine pixels, 0 = hard) and summed over `b × b` blocks: a simulation's grid binned `b×`.
+fn binned_point_sampled(n: usize, b: usize, c: (f64, f64), r: f64, taper: f64) -> Vec<f64> {
+    let nf = n * b;
+    // Fine pixel i sits at binned coordinate (i − (b − 1)/2) / b.
+    let cf = (
+        c.0 * b as f64 + 0.5 * (b - 1) as f64,
+        c.1 * b as f64 + 0.5 * (b - 1) as f64,
+    );
+    let rf = r * b as f64;
+    let mut out = vec![0.0; n * n];
+    for i in 0..nf {
+        for j in 0..nf {
+            let rho = (i as f64 - cf.0).hypot(j as f64 - cf.1);
+            let v = if taper > 0.0 {
+                ((rf - rho) / taper + 0.5).clamp(0.0, 1.0).powi(2)
+            } else {
+                f64::from(u8::from(rho <= rf))
+            };
+            out[(i / b) * n + j / b] += (0.01 + v) / (b * b) as f64;
+        }
+    }
+    out
+}
+
+#[test]
+fn binned_point_sampled_tapers_and_hard_edges() {
+    // abTEM's one-pixel taper binned 2x and 3x: the taper is 1/b pixel wide and each pixel
+    // averages b x b point samples; the sub-grid taper finds the amplitude midpoint. The same
+    // grid with a hard aperture must not be read as a taper.
+    let s = Shape2::new(48, 48);
+    for &b in &[2usize, 3] {
+        for &r in &[9.34, 12.3] {
+            let soft = binned_point_sampled(48, b, (23.6, 24.2), r, 1.0);
+            let e = fit_disk_edge(&soft, s).unwrap();
+            assert!(
+                rel(e.radius_px, r).abs() < 0.002,
+                "bin {b} R {r}: soft {} ({:+.3} %) {:?}",
+                e.radius_px,
+                100.0 * rel(e.radius_px, r),
+                e.model_weights
+            );
+            assert_eq!(e.edge_model, EdgeModel::AmplitudeTaper, "{e:?}");
+            assert_eq!(e.taper_subsamples, b, "{e:?}");
+            let hard = binned_point_sampled(48, b, (23.6, 24.2), r, 0.0);
+            let e = fit_disk_edge(&hard, s).unwrap();
+            assert!(
+                rel(e.radius_px, r).abs() < 0.005,
+                "bin {b} R {r}: hard {} ({:+.3} %) {:?}",
+                e.radius_px,
+                100.0 * rel(e.radius_px, r),
+                e.model_weights
+            );
+            assert!(
+                e.model_weights.amplitude_taper < 0.05,
+                "bin {b} R {r}: {e:?}"
+            );
+        }
+    }
 }
