@@ -489,7 +489,8 @@ class SSB:
             the starts are then compared on the full loss and the best refined on it from a
             fresh simplex. Roughly 2.5× fewer pixel terms for the same minimum;
             ``provenance["params"]["fit"]`` says how many evaluations were coarse. Without
-            effect when the disk is too small (the sample would hold fewer than 256 pixels). ``False``: every loss over every pixel.
+            effect when the disk is too small (the sample would hold fewer than 256 pixels).
+            ``False``: every loss over every pixel.
 
         Notes
         -----
