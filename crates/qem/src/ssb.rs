@@ -730,9 +730,10 @@ impl Ssb {
     /// The loss `kind` at `ab` over every BF pixel (`Full`) or the fit's coarse sample
     /// (`Coarse`; every pixel when there is none).
     pub fn objective_at(&self, ab: &Aberrations, kind: Objective, fid: Fidelity) -> Result<f64> {
+        // The one place that decides which pixels a fidelity means.
         let used = match fid {
-            Fidelity::Coarse => self.coarse_used,
-            Fidelity::Full => 0,
+            Fidelity::Coarse if self.coarse_used > 0 => self.coarse_used,
+            _ => self.n_bf_pixels(),
         };
         match &self.prep {
             Prep::Cpu(p) => Ok(p.objective_over(ab, kind, used)),
@@ -743,7 +744,7 @@ impl Ssb {
         }
     }
 
-    /// Fit the aberrations (seeded global search, then Nelder–Mead; `qem_cpu::ssb::fit`).
+    /// Fit the aberrations (seeded global search, then Nelder–Mead; `qem_cpu::ssb::fit_with`).
     pub fn fit(&self, f: &FitParams) -> Result<SsbFit> {
         self.fit_with_progress(f, &|_, _| {})
     }
@@ -845,13 +846,14 @@ impl Ssb {
                     "seed": f.seed,
                     "objective": f.objective.name(),
                     "search": if spec.coarse {
-                        "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, on the coarse loss (the coarse sample of BF pixels); the starts compared on the full loss, the best on to 1e-4 on the full loss from a fresh 2 % simplex"
+                        "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, on the coarse loss (the coarse sample of BF pixels); the starts compared on the full loss; from the best, Newton steps on a quadratic model of the full loss (central differences, 2 % of the box down to 0.1 %) to a step below 1e-4 of the box, or, where the model fails, a fresh 2 % simplex to 1e-4"
                     } else {
                         "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, the best on to 1e-4"
                     },
                     "coarse": spec.coarse,
                     "coarse_pixels": if spec.coarse { self.coarse_used } else { 0 },
                     "coarse_evaluations": out.coarse_evaluations,
+                    "final_stage": out.final_stage,
                     "ranges": params.iter().map(|(n, r)| (n.clone(), json!({"lo": r.0, "hi": r.1,
                         "unit": Aberrations::unit(n)}))).collect::<serde_json::Map<_, _>>(),
                     "global_evals": f.global_evals,

@@ -607,20 +607,16 @@ impl GpuSsb {
 
     /// The CPU engine's coherence objective (`qem_cpu::ssb::Objective::Coherence`) at `ab`.
     pub fn coherence(&self, ab: &Aberrations) -> Result<f64> {
-        self.coherence_over(ab, 0)
+        self.coherence_over(ab, self.b)
     }
 
-    /// Pixels `0..used` of `0..b` (`used` 0 or past the end: all of them).
+    /// Pixels `0..used` of `0..b` (past the end: all of them).
     fn used(&self, used: usize) -> usize {
-        if used == 0 {
-            self.b
-        } else {
-            used.min(self.b)
-        }
+        used.min(self.b)
     }
 
     /// [`GpuSsb::coherence`] over the first `used` BF pixels only
-    /// (`qem_cpu::ssb::Prepared::objective_over`; 0: all of them).
+    /// (`qem_cpu::ssb::Prepared::objective_over`).
     pub fn coherence_over(&self, ab: &Aberrations, used: usize) -> Result<f64> {
         let used = self.used(used);
         let w = self.lock()?;
@@ -643,10 +639,10 @@ impl GpuSsb {
     /// `ab`: per BF pixel an inverse FFT, in batches (their buffers are allocated on the first
     /// call, within the budget).
     pub fn phase_variance(&self, ab: &Aberrations) -> Result<f64> {
-        self.phase_variance_over(ab, 0)
+        self.phase_variance_over(ab, self.b)
     }
 
-    /// [`GpuSsb::phase_variance`] over the first `used` BF pixels only (0: all of them).
+    /// [`GpuSsb::phase_variance`] over the first `used` BF pixels only.
     pub fn phase_variance_over(&self, ab: &Aberrations, used: usize) -> Result<f64> {
         let used = self.used(used);
         let mut w = self.lock()?;
