@@ -6,14 +6,17 @@
 //! ```text
 //! cargo run --release -p qem-bench --example ssb_cuda_bench -- MASTER OUT.json LABEL \
 //!     [--card-budget BYTES] [--cpu-check ROWS] [--fit-pv] [--repeats R] [--det-bin N]
-//!     [--host-data]
+//!     [--host-data] [--g16]
 //! ```
+//! `--g16` adds a run with G stored as complex f16 (`GStorage::C16`) beside the default f32
+//! one: the loss evaluation and the default fit timed on it, and its fitted values and its
+//! fitted point's f32 loss set against the f32 fit's (is f16 G accurate enough to fit on?).
 //! `--host-data` loads the acquisition with the CPU engine (dense in host memory) and runs
 //! SSB with `engine = Cuda`: the card holds G and the work buffers, not the dataset.
 //! Optics: 300 kV, 25 mrad, 0.4 Å steps (the reference acquisition is synthetic; the timings
 //! depend on the scan, the BF pixel count and the scan step only through the support of Γ).
 
-use qem::ssb::{Aberrations, Fidelity, FitParams, Objective, Ssb, SsbParams};
+use qem::ssb::{Aberrations, Fidelity, FitParams, GStorage, Objective, Ssb, SsbParams};
 use qem::{BackendRequest, Dataset, Region, Representation};
 use qem_bench::timing::time_p50;
 use serde_json::{json, Value};
@@ -139,10 +142,11 @@ fn bench_one(
         let secs = t.elapsed().as_secs_f64();
         let pf = &f.provenance.params["fit"];
         eprintln!(
-            "fit ({}, coarse {coarse}) {secs:.3} s, {} evaluations ({} coarse): {:?}",
+            "fit ({}, coarse {coarse}) {secs:.3} s, {} evaluations ({} coarse, last stage {}): {:?}",
             kind.name(),
             f.evaluations,
             pf["coarse_evaluations"],
+            pf["final_stage"],
             f.aberrations
         );
         fits.push(json!({
@@ -150,6 +154,7 @@ fn bench_one(
             "coarse": pf["coarse"],
             "coarse_pixels": pf["coarse_pixels"],
             "coarse_evaluations": pf["coarse_evaluations"],
+            "final_stage": pf["final_stage"],
             "seconds": secs,
             "evaluations": f.evaluations,
             "ms_per_evaluation": secs * 1e3 / f.evaluations as f64,
@@ -188,6 +193,85 @@ fn bench_one(
         "card_used_after_phase_variance": card_after_pv,
         "card_used_max_seen": card_peak_seen,
         "card_peak_bound": used_before + s.cuda_peak_bytes().unwrap_or(0),
+    }))
+}
+
+/// The default coherence fit on f32 G and on f16 G, side by side (same seed and search).
+fn g16_compare(ds: &Dataset, r: usize) -> qem::Result<Value> {
+    let s32 = Ssb::new(
+        ds,
+        &SsbParams {
+            g_storage: Some(GStorage::C32),
+            ..params(None)
+        },
+    )?;
+    let s16 = Ssb::new(
+        ds,
+        &SsbParams {
+            g_storage: Some(GStorage::C16),
+            ..params(None)
+        },
+    )?;
+    let ab = probe_ab();
+    let mut side = serde_json::Map::new();
+    let mut fitted = Vec::new();
+    for (name, s) in [("f32", &s32), ("f16", &s16)] {
+        let (coh, _) = time(r, || s.objective(&ab, Objective::Coherence))?;
+        let (coarse, _) = time(r, || {
+            s.objective_at(&ab, Objective::Coherence, Fidelity::Coarse)
+        })?;
+        let (obj, _) = time(r, || s.reconstruct(&ab))?;
+        let t = Instant::now();
+        let f = s.fit(&FitParams::default())?;
+        let secs = t.elapsed().as_secs_f64();
+        eprintln!(
+            "g16 compare {name}: coherence {:.2} ms, coarse {:.2} ms, fit {secs:.3} s ({} evaluations): {:?}",
+            coh * 1e3,
+            coarse * 1e3,
+            f.evaluations,
+            f.aberrations
+        );
+        side.insert(
+            name.into(),
+            json!({
+                "g_storage": s.cuda_stats().map(|st| st.storage.name()),
+                "g_bytes": s.cuda_stats().map(|st| st.g_bytes),
+                "coherence_p50_s": coh,
+                "coherence_coarse_p50_s": coarse,
+                "object_p50_s": obj,
+                "fit_seconds": secs,
+                "fit_evaluations": f.evaluations,
+                "fit_final_stage": f.provenance.params["fit"]["final_stage"],
+                "fitted": f.aberrations.to_map(),
+                "loss": f.loss,
+            }),
+        );
+        fitted.push(f);
+    }
+    // Both fitted points on the f32 loss, and the fitted values' differences.
+    let l32_at_32 = s32.objective(&fitted[0].aberrations, Objective::Coherence)?;
+    let l32_at_16 = s32.objective(&fitted[1].aberrations, Objective::Coherence)?;
+    let l16_at_probe = s16.objective(&ab, Objective::Coherence)?;
+    let l32_at_probe = s32.objective(&ab, Objective::Coherence)?;
+    let (a, b) = (&fitted[0].aberrations, &fitted[1].aberrations);
+    let diff = json!({
+        "C10_a": b.c10 - a.c10,
+        "C12_a": b.c12 - a.c12,
+        "phi12_rad": b.phi12 - a.phi12,
+    });
+    let re16 = s16.reconstruct(&ab)?;
+    let re32 = s32.reconstruct(&ab)?;
+    Ok(json!({
+        "what": "default coherence fit (C10, C12, phi12) with G as complex f32 and as complex f16, same seed",
+        "runs": side,
+        "fitted_f16_minus_f32": diff,
+        "f32_loss_at_f32_fit": l32_at_32,
+        "f32_loss_at_f16_fit": l32_at_16,
+        "f32_loss_relative_excess": (l32_at_16 - l32_at_32) / l32_at_32.abs(),
+        "coherence_at_probe": {"f32": l32_at_probe, "f16": l16_at_probe,
+            "relative_difference": (l16_at_probe - l32_at_probe) / l32_at_probe.abs()},
+        "object_rel_l2_f16_vs_f32": {"re": rel_l2(&re16.object_re, &re32.object_re),
+            "im": rel_l2(&re16.object_im, &re32.object_im)},
     }))
 }
 
@@ -272,7 +356,7 @@ fn main() -> qem::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 3 {
         eprintln!(
-            "usage: ssb_cuda_bench MASTER OUT.json LABEL [--card-budget B] [--cpu-check ROWS] [--fit-pv] [--repeats R] [--det-bin N] [--host-data]"
+            "usage: ssb_cuda_bench MASTER OUT.json LABEL [--card-budget B] [--cpu-check ROWS] [--fit-pv] [--repeats R] [--det-bin N] [--host-data] [--g16]"
         );
         std::process::exit(2);
     }
@@ -287,6 +371,7 @@ fn main() -> qem::Result<()> {
     let fit_pv = flag("--fit-pv").is_some();
     let det_bin: usize = value("--det-bin").and_then(|v| v.parse().ok()).unwrap_or(1);
     let host_data = flag("--host-data").is_some();
+    let g16 = flag("--g16").is_some();
     let used0 = card_used()?;
     let t = Instant::now();
     let backend = if host_data {
@@ -324,6 +409,11 @@ fn main() -> qem::Result<()> {
         runs.push(json!({"budget": format!("card {cb} bytes = dataset + context {used_data} + SSB {ssb_budget}"),
                          "card_budget_bytes": cb, "result": r}));
     }
+    let g16_record = if g16 {
+        g16_compare(&ds, repeats)?
+    } else {
+        Value::Null
+    };
     let check = match cpu_rows {
         Some(rows) => cpu_check(master, rows)?,
         None => Value::Null,
@@ -353,6 +443,7 @@ fn main() -> qem::Result<()> {
         "timing": "wall of the whole call, p50 after one warm-up",
         "runs": runs,
         "cpu_check": check,
+        "g16_compare": g16_record,
     });
     std::fs::write(out, serde_json::to_string_pretty(&rec).unwrap_or_default())
         .map_err(|e| qem::Error::io("write", std::path::Path::new(out), &e))?;
