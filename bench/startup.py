@@ -13,8 +13,9 @@ Each child times: ``import quantem.gpu``; the first ``io.load(SOURCE)`` (CUDA, t
 ENCODED) and the time from the import's start to its end; a second load; the first
 ``detector.products(["bf", "abf", "adf", "sum_dp", "com"])`` and a second one; the first
 ``dpc.run``; and, through ``QEM_KERNEL_LOG``, every kernel module loaded with where it came from
-(shipped / disk / compiled) and its milliseconds. Usage (on the device, see bench/device.sh
-``startup``):
+(shipped / disk / compiled) and its milliseconds. A fifth process imports the package under
+``python -X importtime`` and records the modules whose import took longest (cumulative). Usage
+(on the device, see bench/device.sh ``startup``):
 
     python3 bench/startup.py /tmp/ref/scan_master.h5 --out startup.json
 """
@@ -91,6 +92,32 @@ def child(source: str, env: dict, log: Path) -> dict:
     return rec
 
 
+def import_profile(top: int = 15) -> dict:
+    """`python -X importtime -c "import quantem.gpu"`: the wall time and the `top` modules by
+    cumulative microseconds (self, cumulative), the package's own and its dependencies'."""
+    t = time.perf_counter()
+    p = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import quantem.gpu"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    wall = time.perf_counter() - t
+    rows = []
+    for line in p.stderr.splitlines():
+        parts = line.split("|")
+        if len(parts) == 3 and parts[0].startswith("import time:") and parts[1].strip().isdigit():
+            rows.append((parts[2].strip(), int(parts[0].split(":")[1]), int(parts[1])))
+    rows.sort(key=lambda r: -r[2])
+    return {
+        "process_wall_s": wall,
+        "rc": p.returncode,
+        "top_cumulative_us": [
+            {"module": m, "self_us": s_, "cumulative_us": c} for m, s_, c in rows[:top]
+        ],
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("source")
@@ -127,6 +154,8 @@ def main() -> int:
             r["rc"],
             flush=True,
         )
+    runs["import_profile"] = import_profile()
+    print("import_profile", runs["import_profile"]["top_cumulative_us"][:5], flush=True)
     rec = {
         "what": "first-use costs in fresh processes through the Python API (issue 23 item 1)",
         "command": f"python3 bench/startup.py {a.source} --out {a.out}",
