@@ -42,6 +42,7 @@
 
 use crate::error::{Error, Result};
 use crate::geometry::Shape2;
+use rayon::prelude::*;
 
 const OP: &str = "calibration disk edge";
 
@@ -670,26 +671,15 @@ pub fn fit_disk_edge(values: &[f64], shape: Shape2) -> Result<DiskEdge> {
     check_disk(shape, &p)?;
     let logistic = Fit::new(Profile::of(EdgeModel::Logistic), p, jtj, &px);
     // The other profiles on the same pixels, from the logistic's geometry; the lowest cost of
-    // a few starts of the shape parameters (the taper's cost has local minima).
+    // a few starts of the shape parameters (the taper's cost has local minima). Every start is
+    // an independent fit: they run in parallel and are collected in this order, so the result
+    // is the serial one.
     let w = p[5].exp();
-    let best_of = |shape: Profile, starts: &[(f64, f64)]| {
-        starts
+    let mut starts: Vec<(Profile, f64, f64)> =
+        [(0.05, 1.0), ((LOGISTIC_TO_GAUSS * w).max(0.05), 1.0)]
             .iter()
-            .map(|&(s, tau)| {
-                let mut q = p;
-                q[5] = s.ln();
-                q[8] = tau.ln();
-                let (q, jtj) = levenberg_marquardt(shape, q, &px);
-                Fit::new(shape, q, jtj, &px)
-            })
-            .min_by(|a, b| a.ss.total_cmp(&b.ss))
-    };
-    let pixel = best_of(
-        Profile::of(EdgeModel::PixelStep),
-        &[(0.05, 1.0), ((LOGISTIC_TO_GAUSS * w).max(0.05), 1.0)],
-    );
-    let mut fits: Vec<Fit> = vec![logistic];
-    fits.extend(pixel);
+            .map(|&(s, tau)| (Profile::of(EdgeModel::PixelStep), s, tau))
+            .collect();
     // The taper point-sampled at the pixel centre, and on 2×2 and 3×3 sub-grids (a
     // simulation's grid binned 2× or 3×: its one-pixel taper is then 1/b pixel wide).
     for sub in 1..=MAX_SUB {
@@ -699,7 +689,7 @@ pub fn fit_disk_edge(values: &[f64], shape: Shape2) -> Result<DiskEdge> {
             sub,
         };
         // Fewer starts on the sub-grids (each costs sub² evaluations per pixel).
-        let starts: &[(f64, f64)] = if sub == 1 {
+        let taper_starts: &[(f64, f64)] = if sub == 1 {
             &[
                 (0.02, tau),
                 (0.02, 0.05),
@@ -709,7 +699,29 @@ pub fn fit_disk_edge(values: &[f64], shape: Shape2) -> Result<DiskEdge> {
         } else {
             &[(0.02, tau), (0.02, 0.05)]
         };
-        fits.extend(best_of(taper, starts));
+        starts.extend(taper_starts.iter().map(|&(s, tau)| (taper, s, tau)));
+    }
+    let tried: Vec<Fit> = starts
+        .par_iter()
+        .map(|&(prof, s, tau)| {
+            let mut q = p;
+            q[5] = s.ln();
+            q[8] = tau.ln();
+            let (q, jtj) = levenberg_marquardt(prof, q, &px);
+            Fit::new(prof, q, jtj, &px)
+        })
+        .collect();
+    let mut fits: Vec<Fit> = vec![logistic];
+    // The best start of each profile, in the order the profiles were listed.
+    for (i, f) in tried.iter().enumerate() {
+        if i > 0 && tried[i - 1].shape == f.shape {
+            continue;
+        }
+        let best = tried[i..]
+            .iter()
+            .take_while(|g| g.shape == f.shape)
+            .min_by(|a, b| a.ss.total_cmp(&b.ss));
+        fits.extend(best.copied());
     }
     fits.retain(|f| check_disk(shape, &f.p).is_ok() && f.ss.is_finite());
     finish(shape, &fits, &logistic, &px, n_rejected)
@@ -953,15 +965,21 @@ fn jackknife_radius(shape: Profile, p: &[f64; NP], px: &[Px]) -> f64 {
         let a = (q.c - p[1]).atan2(q.r - p[0]) + std::f64::consts::PI;
         ((a / (2.0 * std::f64::consts::PI) * K as f64) as usize).min(K - 1)
     };
-    let mut rs = Vec::with_capacity(K);
-    for s in 0..K {
-        let sub: Vec<Px> = px.iter().copied().filter(|q| sector(q) != s).collect();
-        if sub.len() < 2 * NP {
-            return f64::NAN;
-        }
-        let (q, jtj) = levenberg_marquardt(shape, *p, &sub);
-        rs.push(Fit::new(shape, q, jtj, &sub).radius());
-    }
+    // The K refits are independent: in parallel, collected in sector order.
+    let rs: Option<Vec<f64>> = (0..K)
+        .into_par_iter()
+        .map(|s| {
+            let sub: Vec<Px> = px.iter().copied().filter(|q| sector(q) != s).collect();
+            if sub.len() < 2 * NP {
+                return None;
+            }
+            let (q, jtj) = levenberg_marquardt(shape, *p, &sub);
+            Some(Fit::new(shape, q, jtj, &sub).radius())
+        })
+        .collect();
+    let Some(rs) = rs else {
+        return f64::NAN;
+    };
     let mean = rs.iter().sum::<f64>() / K as f64;
     ((K - 1) as f64 / K as f64 * rs.iter().map(|r| (r - mean).powi(2)).sum::<f64>()).sqrt()
 }
