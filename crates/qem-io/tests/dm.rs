@@ -135,7 +135,8 @@ fn image(
     // The array holds what `bytes` holds, whatever the dimensions claim.
     let width = match elem {
         2 | 4 => 2,
-        10 => 1,
+        8..=10 => 1,
+        7 | 11 | 12 => 8,
         _ => 4,
     };
     let count = bytes.len() as u64 / width;
@@ -351,13 +352,29 @@ fn malformed_dm_files_give_typed_errors() {
         "{e}"
     );
 
-    // A signed type is refused by name.
+    // Complex and RGB images are not counts: refused by name.
+    for (code, name) in [(3, "complex"), (13, "complex"), (23, "RGB")] {
+        let e = one_image(
+            dir.path(),
+            "complex.dm4",
+            image(&[2, 2, 2], code, 6, vec![0; 32], vec![]),
+        );
+        assert_eq!(e.kind, ErrorKind::Source);
+        assert!(
+            e.to_string().contains(&format!("DataType {code} ({name})")),
+            "{e}"
+        );
+    }
+    // An unlisted DataType over an array that is not 64-bit integers: refused.
     let e = one_image(
         dir.path(),
-        "signed.dm4",
-        image(&[2, 2, 2], 1, 2, vec![0; 16], vec![]),
+        "unknown.dm4",
+        image(&[2, 2, 2], 39, 5, vec![0; 32], vec![]),
     );
-    assert!(e.to_string().contains("int16"), "{e}");
+    assert!(
+        e.to_string().contains("DataType 39 (an unknown type)"),
+        "{e}"
+    );
 
     // Only a 2-D image: says what it found.
     let e = one_image(
@@ -399,4 +416,143 @@ fn malformed_dm_files_give_typed_errors() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("version 5"), "{e}");
+}
+
+/// The source of a DM4 holding one 3-D image of 2 × 2 frames, 3 frames (dimensions `[2, 2,
+/// 3]`), DataType `code`, an array of value type `elem`.
+fn open_frames(
+    dir: &Path,
+    name: &str,
+    code: u32,
+    elem: u64,
+    bytes: Vec<u8>,
+    little: bool,
+) -> Source {
+    let p = dir.join(name);
+    write_dm(
+        &p,
+        true,
+        little,
+        &[(
+            "ImageList",
+            T::Group(vec![("", image(&[2, 2, 3], code, elem, bytes, vec![]))]),
+        )],
+    );
+    let opts = OpenOptions {
+        scan_shape: Some(Shape2::new(1, 3)),
+        float_scale: Some(FloatScale(0.5)),
+        ..OpenOptions::default()
+    };
+    Source::open(&p, &opts).unwrap()
+}
+
+/// The decode error of the first record that fails.
+fn first_error(src: &Source) -> qem_core::Error {
+    let mut buf = Vec::new();
+    src.chunks
+        .iter()
+        .find_map(|rec| src.read_chunk(rec, &mut buf).err())
+        .expect("a record that fails")
+}
+
+#[test]
+fn signed_images_load_as_unsigned_counts_and_negatives_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    // int16 (DataType 1), little-endian: the counts as u16.
+    let v: Vec<i16> = (0..12).map(|i| i * 1000).collect();
+    let src = open_frames(
+        dir.path(),
+        "i16.dm4",
+        1,
+        2,
+        v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        true,
+    );
+    assert_eq!(src.dtype, qem_core::DType::U16);
+    let want: Vec<u8> = v.iter().flat_map(|&x| (x as u16).to_le_bytes()).collect();
+    assert_eq!(frames_of(&src), want);
+    // int32 (7), big-endian values: swapped, as u32.
+    let v: Vec<i32> = (0..12).map(|i| i * 100_003).collect();
+    let src = open_frames(
+        dir.path(),
+        "i32.dm4",
+        7,
+        3,
+        v.iter().flat_map(|x| x.to_be_bytes()).collect(),
+        false,
+    );
+    assert_eq!(src.dtype, qem_core::DType::U32);
+    let want: Vec<u8> = v.iter().flat_map(|&x| (x as u32).to_le_bytes()).collect();
+    assert_eq!(frames_of(&src), want);
+    // int8 (9): one negative value, frame 2 pixel 1.
+    let mut v = [3u8; 12];
+    v[9] = (-5i8) as u8;
+    let src = open_frames(dir.path(), "i8.dm4", 9, 9, v.to_vec(), true);
+    assert_eq!(src.dtype, qem_core::DType::U8);
+    let e = first_error(&src);
+    assert_eq!(e.kind, ErrorKind::Decode);
+    assert_eq!(e.frame, Some(2));
+    assert_eq!(e.found.as_deref(), Some("-5"));
+    assert!(e.to_string().contains("pixel 1"), "{e}");
+    assert!(e.to_string().contains("i8.dm4"), "{e}");
+}
+
+#[test]
+fn float64_and_64_bit_integer_images() {
+    let dir = tempfile::tempdir().unwrap();
+    // float64 (12): through float_scale (0.5 here), like float32.
+    let v: Vec<f64> = (0..12).map(|i| f64::from(i) * 1.5 + 0.2).collect();
+    let src = open_frames(
+        dir.path(),
+        "f64.dm4",
+        12,
+        7,
+        v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        true,
+    );
+    assert_eq!(src.dtype, qem_core::DType::U32);
+    let want: Vec<u8> = (0..12u32)
+        .flat_map(|i| (i * 3 + (0.4f64).round() as u32).to_le_bytes())
+        .collect();
+    assert_eq!(frames_of(&src), want);
+    // 64-bit integers: recognised by the array's value type under an unlisted DataType code.
+    let v: Vec<u64> = (0..12).map(|i| i * 300_000_007 % 4_294_967_296).collect();
+    let src = open_frames(
+        dir.path(),
+        "u64.dm4",
+        40,
+        12,
+        v.iter().flat_map(|x| x.to_be_bytes()).collect(),
+        false,
+    );
+    assert_eq!(src.dtype, qem_core::DType::U32);
+    let want: Vec<u8> = v.iter().flat_map(|&x| (x as u32).to_le_bytes()).collect();
+    assert_eq!(frames_of(&src), want);
+    // A value past u32::MAX (frame 1) and a negative int64 (frame 0): errors naming them.
+    let mut big = v.clone();
+    big[6] = 1 << 32;
+    let src = open_frames(
+        dir.path(),
+        "big.dm4",
+        40,
+        12,
+        big.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        true,
+    );
+    let e = first_error(&src);
+    assert_eq!((e.kind, e.frame), (ErrorKind::Decode, Some(1)));
+    assert_eq!(e.found.as_deref(), Some("4294967296"));
+    let neg: Vec<i64> = (0..12).map(|i| if i == 3 { -1 } else { i }).collect();
+    let src = open_frames(
+        dir.path(),
+        "neg.dm4",
+        39,
+        11,
+        neg.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        true,
+    );
+    let e = first_error(&src);
+    assert_eq!((e.kind, e.frame), (ErrorKind::Decode, Some(0)));
+    assert_eq!(e.found.as_deref(), Some("-1"));
+    assert!(e.to_string().contains("pixel 3"), "{e}");
 }
