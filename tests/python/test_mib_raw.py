@@ -185,19 +185,17 @@ def test_raw_words_by_hand(tmp_path):
 
 
 def test_raw_mib_errors(tmp_path):
-    data = _counts((4, 64, 64), 12)
-    p = tmp_path / "cut.mib"
-    write_raw_mib(p, data, 12)
-    p.write_bytes(p.read_bytes()[:-100])
-    with pytest.raises(qg.SourceError, match="whole number of frames") as e:
-        io.load(p, backend="cpu", scan_shape=(2, 2))
-    assert "3 whole frames" in str(e.value)
-    quad = tmp_path / "quad24.mib"
-    write_raw_mib(quad, _counts((3, 128, 128), 24), 24, "2x2")
-    quad.write_bytes(quad.read_bytes()[:-8])
-    with pytest.raises(qg.SourceError, match="whole number of frames") as e:
-        io.load(quad, backend="cpu", scan_shape=(1, 2))
-    assert "2 whole frames" in str(e.value)
+    # Truncated files: a 12-bit single chip and a 24-bit quad, cut inside their last frame.
+    for name, frames, bits, layout in [
+        ("cut.mib", _counts((4, 64, 64), 12), 12, "1x1"),
+        ("quad24.mib", _counts((4, 128, 128), 24), 24, "2x2"),
+    ]:
+        p = tmp_path / name
+        write_raw_mib(p, frames, bits, layout)
+        p.write_bytes(p.read_bytes()[:-100])
+        with pytest.raises(qg.SourceError, match="whole number of frames") as e:
+            io.load(p, backend="cpu", scan_shape=(2, 2))
+        assert "3 whole frames" in str(e.value) and name in str(e.value)
     # A partial quad: three chips in a 2x2 layout.
     part = tmp_path / "partial.mib"
     write_raw_mib(part, _counts((1, 128, 128), 12), 12, "2x2")

@@ -418,16 +418,22 @@ fn malformed_dm_files_give_typed_errors() {
     assert!(e.to_string().contains("version 5"), "{e}");
 }
 
-/// The source of a DM4 holding one 3-D image of 2 × 2 frames, 3 frames (dimensions `[2, 2,
-/// 3]`), DataType `code`, an array of value type `elem`.
-fn open_frames(
+/// Every value of `v` as bytes, by `f` (`to_le_bytes`, `to_be_bytes`).
+macro_rules! bytes {
+    ($v:expr, $f:ident) => {
+        $v.iter().flat_map(|x| x.$f()).collect::<Vec<u8>>()
+    };
+}
+
+/// A DM4 holding one 3-D image of 3 frames of 2 × 2 (dimensions `[2, 2, 3]`), DataType `code`,
+/// an array of value type `elem`, values in the given byte order, opened with
+/// `float_scale = 0.5`: its dtype and its frames decoded, or the first record's error.
+fn decode_frames(
     dir: &Path,
     name: &str,
-    code: u32,
-    elem: u64,
+    (code, elem, little): (u32, u64, bool),
     bytes: Vec<u8>,
-    little: bool,
-) -> Source {
+) -> (qem_core::DType, Result<Vec<u8>, qem_core::Error>) {
     let p = dir.join(name);
     write_dm(
         &p,
@@ -443,116 +449,104 @@ fn open_frames(
         float_scale: Some(FloatScale(0.5)),
         ..OpenOptions::default()
     };
-    Source::open(&p, &opts).unwrap()
-}
-
-/// The decode error of the first record that fails.
-fn first_error(src: &Source) -> qem_core::Error {
+    let src = Source::open(&p, &opts).unwrap();
+    let mut out = Vec::new();
     let mut buf = Vec::new();
-    src.chunks
-        .iter()
-        .find_map(|rec| src.read_chunk(rec, &mut buf).err())
-        .expect("a record that fails")
+    for rec in &src.chunks {
+        if let Err(e) = src.read_chunk(rec, &mut buf) {
+            return (src.dtype, Err(e));
+        }
+        out.extend_from_slice(&buf);
+    }
+    (src.dtype, Ok(out))
 }
 
+/// Signed integers load as the unsigned counts of their width, float64 through float_scale,
+/// 64-bit integers (recognised by the array's value type under an unlisted DataType code) as
+/// u32 — byte for byte, either byte order.
 #[test]
-fn signed_images_load_as_unsigned_counts_and_negatives_are_errors() {
+fn signed_float64_and_64_bit_images_decode() {
+    use qem_core::DType;
     let dir = tempfile::tempdir().unwrap();
-    // int16 (DataType 1), little-endian: the counts as u16.
-    let v: Vec<i16> = (0..12).map(|i| i * 1000).collect();
-    let src = open_frames(
-        dir.path(),
-        "i16.dm4",
-        1,
-        2,
-        v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        true,
-    );
-    assert_eq!(src.dtype, qem_core::DType::U16);
-    let want: Vec<u8> = v.iter().flat_map(|&x| (x as u16).to_le_bytes()).collect();
-    assert_eq!(frames_of(&src), want);
-    // int32 (7), big-endian values: swapped, as u32.
-    let v: Vec<i32> = (0..12).map(|i| i * 100_003).collect();
-    let src = open_frames(
-        dir.path(),
-        "i32.dm4",
-        7,
-        3,
-        v.iter().flat_map(|x| x.to_be_bytes()).collect(),
-        false,
-    );
-    assert_eq!(src.dtype, qem_core::DType::U32);
-    let want: Vec<u8> = v.iter().flat_map(|&x| (x as u32).to_le_bytes()).collect();
-    assert_eq!(frames_of(&src), want);
-    // int8 (9): one negative value, frame 2 pixel 1.
-    let mut v = [3u8; 12];
-    v[9] = (-5i8) as u8;
-    let src = open_frames(dir.path(), "i8.dm4", 9, 9, v.to_vec(), true);
-    assert_eq!(src.dtype, qem_core::DType::U8);
-    let e = first_error(&src);
-    assert_eq!(e.kind, ErrorKind::Decode);
-    assert_eq!(e.frame, Some(2));
-    assert_eq!(e.found.as_deref(), Some("-5"));
-    assert!(e.to_string().contains("pixel 1"), "{e}");
-    assert!(e.to_string().contains("i8.dm4"), "{e}");
+    let i16s: Vec<i16> = (0..12).map(|i| i * 1000).collect();
+    let i32s: Vec<i32> = (0..12).map(|i| i * 100_003).collect();
+    let f64s: Vec<f64> = (0..12).map(|i| f64::from(i) * 1.5 + 0.2).collect();
+    let u64s: Vec<u64> = (0..12).map(|i| i * 300_000_007 % 4_294_967_296).collect();
+    let as_u16: Vec<u16> = i16s.iter().map(|&x| x as u16).collect();
+    let as_u32: Vec<u32> = i32s.iter().map(|&x| x as u32).collect();
+    // round((1.5 i + 0.2) / 0.5) = 3 i
+    let thirds: Vec<u32> = (0..12).map(|i| 3 * i).collect();
+    let narrowed: Vec<u32> = u64s.iter().map(|&x| x as u32).collect();
+    let i8s = vec![0, 1, 127, 3, 4, 5, 6, 7, 8, 9, 10, 11];
+    let (i16_le, i32_be) = (bytes!(i16s, to_le_bytes), bytes!(i32s, to_be_bytes));
+    let (f64_le, u64_be) = (bytes!(f64s, to_le_bytes), bytes!(u64s, to_be_bytes));
+    let (u16_want, u32_want) = (bytes!(as_u16, to_le_bytes), bytes!(as_u32, to_le_bytes));
+    let (f64_want, u64_want) = (bytes!(thirds, to_le_bytes), bytes!(narrowed, to_le_bytes));
+    let cases = [
+        ("i16.dm4", (1, 2, true), i16_le, DType::U16, u16_want),
+        ("i32.dm4", (7, 3, false), i32_be, DType::U32, u32_want),
+        ("i8.dm4", (9, 9, true), i8s.clone(), DType::U8, i8s),
+        ("f64.dm4", (12, 7, true), f64_le, DType::U32, f64_want),
+        ("u64.dm4", (40, 12, false), u64_be, DType::U32, u64_want),
+    ];
+    for (name, kind, stored, dtype, want) in cases {
+        let (got_dtype, frames) = decode_frames(dir.path(), name, kind, stored);
+        assert_eq!(got_dtype, dtype, "{name}");
+        assert_eq!(frames.unwrap(), want, "{name}");
+    }
 }
 
+/// A value that is not a count (negative, or past u32::MAX for 64-bit values): a decode error
+/// naming the file, frame, pixel and value.
 #[test]
-fn float64_and_64_bit_integer_images() {
+fn values_that_are_not_counts_are_decode_errors_naming_them() {
     let dir = tempfile::tempdir().unwrap();
-    // float64 (12): through float_scale (0.5 here), like float32.
-    let v: Vec<f64> = (0..12).map(|i| f64::from(i) * 1.5 + 0.2).collect();
-    let src = open_frames(
-        dir.path(),
-        "f64.dm4",
-        12,
-        7,
-        v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        true,
-    );
-    assert_eq!(src.dtype, qem_core::DType::U32);
-    let want: Vec<u8> = (0..12u32)
-        .flat_map(|i| (i * 3 + (0.4f64).round() as u32).to_le_bytes())
-        .collect();
-    assert_eq!(frames_of(&src), want);
-    // 64-bit integers: recognised by the array's value type under an unlisted DataType code.
-    let v: Vec<u64> = (0..12).map(|i| i * 300_000_007 % 4_294_967_296).collect();
-    let src = open_frames(
-        dir.path(),
-        "u64.dm4",
-        40,
-        12,
-        v.iter().flat_map(|x| x.to_be_bytes()).collect(),
-        false,
-    );
-    assert_eq!(src.dtype, qem_core::DType::U32);
-    let want: Vec<u8> = v.iter().flat_map(|&x| (x as u32).to_le_bytes()).collect();
-    assert_eq!(frames_of(&src), want);
-    // A value past u32::MAX (frame 1) and a negative int64 (frame 0): errors naming them.
-    let mut big = v.clone();
-    big[6] = 1 << 32;
-    let src = open_frames(
-        dir.path(),
-        "big.dm4",
-        40,
-        12,
-        big.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        true,
-    );
-    let e = first_error(&src);
-    assert_eq!((e.kind, e.frame), (ErrorKind::Decode, Some(1)));
-    assert_eq!(e.found.as_deref(), Some("4294967296"));
+    let mut i8s = [3u8; 12];
+    i8s[9] = (-5i8) as u8; // frame 2, pixel 1
+    let mut big: Vec<u64> = (0..12).collect();
+    big[6] = 1 << 32; // frame 1, pixel 2
     let neg: Vec<i64> = (0..12).map(|i| if i == 3 { -1 } else { i }).collect();
-    let src = open_frames(
-        dir.path(),
-        "neg.dm4",
-        39,
-        11,
-        neg.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        true,
-    );
-    let e = first_error(&src);
-    assert_eq!((e.kind, e.frame), (ErrorKind::Decode, Some(0)));
-    assert_eq!(e.found.as_deref(), Some("-1"));
-    assert!(e.to_string().contains("pixel 3"), "{e}");
+    let mut i16s: Vec<i16> = (0..12).collect();
+    i16s[11] = -300; // frame 2, pixel 3, big-endian
+    let cases = [
+        ("i8.dm4", (9, 9, true), i8s.to_vec(), 2, 1, "-5"),
+        (
+            "big.dm4",
+            (40, 12, true),
+            bytes!(big, to_le_bytes),
+            1,
+            2,
+            "4294967296",
+        ),
+        (
+            "neg.dm4",
+            (39, 11, true),
+            bytes!(neg, to_le_bytes),
+            0,
+            3,
+            "-1",
+        ),
+        (
+            "i16.dm4",
+            (1, 2, false),
+            bytes!(i16s, to_be_bytes),
+            2,
+            3,
+            "-300",
+        ),
+    ];
+    for (name, kind, stored, frame, pixel, found) in cases {
+        let e = decode_frames(dir.path(), name, kind, stored).1.unwrap_err();
+        assert_eq!(
+            (e.kind, e.frame),
+            (ErrorKind::Decode, Some(frame)),
+            "{name}"
+        );
+        assert_eq!(e.found.as_deref(), Some(found), "{name}");
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("pixel {pixel}")) && text.contains(name),
+            "{text}"
+        );
+    }
 }

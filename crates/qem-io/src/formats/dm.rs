@@ -360,50 +360,24 @@ fn image_dtype(code: i64, array: u64, little: bool, path: &Path) -> Result<(DTyp
             ElemConv::Same
         }
     };
+    let signed = |size| ElemConv::Signed { size, big_endian };
+    let float = |wide: bool| {
+        let scale = 1.0;
+        if wide {
+            ElemConv::Float64 { scale, big_endian }
+        } else {
+            ElemConv::Float32 { scale, big_endian }
+        }
+    };
     Ok(match (code, array) {
         (6, _) => (DType::U8, ElemConv::Same, 1),
         (10, _) => (DType::U16, swap(2), 2),
         (11, _) => (DType::U32, swap(4), 4),
-        (9, _) => (
-            DType::U8,
-            ElemConv::Signed {
-                size: 1,
-                big_endian,
-            },
-            1,
-        ),
-        (1, _) => (
-            DType::U16,
-            ElemConv::Signed {
-                size: 2,
-                big_endian,
-            },
-            2,
-        ),
-        (7, _) => (
-            DType::U32,
-            ElemConv::Signed {
-                size: 4,
-                big_endian,
-            },
-            4,
-        ),
-        (2, _) => (
-            DType::U32,
-            ElemConv::Float32 {
-                scale: 1.0,
-                big_endian,
-            },
-            4,
-        ),
-        (12, _) => (
-            DType::U32,
-            ElemConv::Float64 {
-                scale: 1.0,
-                big_endian,
-            },
-            8,
-        ),
+        (9, _) => (DType::U8, signed(1), 1),
+        (1, _) => (DType::U16, signed(2), 2),
+        (7, _) => (DType::U32, signed(4), 4),
+        (2, _) => (DType::U32, float(false), 4),
+        (12, _) => (DType::U32, float(true), 8),
         (_, 11 | 12) if !matches!(code, 3 | 4 | 5 | 8 | 13 | 14 | 23 | 27 | 28) => (
             DType::U32,
             ElemConv::Int64 {

@@ -411,10 +411,10 @@ impl HostDecode {
                 self.float_counts(file, first_frame, part, out, (8, scale), f)?
             }
             ElemConv::Signed { size, big_endian } => {
-                self.nonnegative(file, first_frame, part, out, size, big_endian)?
+                self.checked_integers(file, first_frame, part, out, (size, true, big_endian))?
             }
             ElemConv::Int64 { signed, big_endian } => {
-                self.int64_counts(file, first_frame, part, out, signed, big_endian)?
+                self.checked_integers(file, first_frame, part, out, (8, signed, big_endian))?
             }
             ElemConv::MerlinRaw(r) => r.convert(part, out),
         }
@@ -474,64 +474,39 @@ impl HostDecode {
         Ok(())
     }
 
-    /// Signed integers of `es` bytes → the unsigned integers of that width (little-endian),
-    /// refusing a negative value.
-    fn nonnegative(
+    /// Integers of `es` bytes (1, 2, 4 or 8; signed or not; either byte order) → little-endian
+    /// unsigned counts of the same width, or `u32` for 8-byte values; a value that does not fit
+    /// (negative, or past `u32::MAX` for 8 bytes) is an error naming its frame and pixel.
+    fn checked_integers(
         &self,
         file: &Path,
         first_frame: u64,
         part: &[u8],
         out: &mut Vec<u8>,
-        es: usize,
-        big_endian: bool,
+        (es, signed, big_endian): (usize, bool, bool),
     ) -> Result<()> {
-        out.extend_from_slice(part);
-        for (i, e) in out.chunks_exact_mut(es.max(1)).enumerate() {
+        let out_es = es.min(4);
+        let max = (1u64 << (8 * out_es)) - 1;
+        out.reserve(part.len() / es.max(1) * out_es);
+        for (i, b) in part.chunks_exact(es.max(1)).enumerate() {
+            let mut w = [0u8; 8];
+            w[..es].copy_from_slice(b);
             if big_endian {
-                e.reverse();
+                w[..es].reverse();
             }
-            if e[es - 1] & 0x80 != 0 {
-                let mut w = [0xffu8; 8];
-                w[..es].copy_from_slice(e);
+            let v = if signed {
+                let shift = 64 - 8 * es as u32;
+                i128::from((i64::from_le_bytes(w) << shift) >> shift)
+            } else {
+                i128::from(u64::from_le_bytes(w))
+            };
+            if v < 0 || v > i128::from(max) {
                 return Err(self
                     .value_error(file, first_frame, i, es)
-                    .with_expected(format!("int{} counts >= 0", es * 8))
-                    .with_found(i64::from_le_bytes(w).to_string()));
-            }
-        }
-        Ok(())
-    }
-
-    /// 64-bit integers → `u32` counts, refusing values outside `0..=u32::MAX`.
-    fn int64_counts(
-        &self,
-        file: &Path,
-        first_frame: u64,
-        part: &[u8],
-        out: &mut Vec<u8>,
-        signed: bool,
-        big_endian: bool,
-    ) -> Result<()> {
-        out.reserve(part.len() / 2);
-        for (i, b) in part.chunks_exact(8).enumerate() {
-            let a: [u8; 8] = b.try_into().unwrap_or([0; 8]);
-            let raw = if big_endian {
-                u64::from_be_bytes(a)
-            } else {
-                u64::from_le_bytes(a)
-            };
-            let v = if signed {
-                i128::from(raw as i64)
-            } else {
-                i128::from(raw)
-            };
-            let Ok(n) = u32::try_from(v) else {
-                return Err(self
-                    .value_error(file, first_frame, i, 8)
-                    .with_expected(format!("counts in 0..={}", u32::MAX))
+                    .with_expected(format!("counts in 0..={max}"))
                     .with_found(v.to_string()));
-            };
-            out.extend_from_slice(&n.to_le_bytes());
+            }
+            out.extend_from_slice(&(v as u64).to_le_bytes()[..out_es]);
         }
         Ok(())
     }
