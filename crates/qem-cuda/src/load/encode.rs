@@ -16,8 +16,8 @@ use crate::mem::{DevBuf, MemCounter};
 use crate::rans::{self, DeviceEncoded, DeviceModel, EncoderScratch, RansKernels};
 
 /// A u16 copy of a u8 array on the device (the region/bin kernel's u8 → u16 pass with an
-/// identity plan: every value is kept).
-fn widen_u8(e: &Engine, array: &DeviceArray) -> Result<DevBuf> {
+/// identity plan: every value is kept), counted in `counter`.
+fn widen_u8(e: &Engine, array: &DeviceArray, counter: &Arc<MemCounter>) -> Result<DevBuf> {
     let [r, c, kr, kc] = array.shape();
     let n = r * c;
     if n >= u32::MAX as usize {
@@ -29,7 +29,7 @@ fn widen_u8(e: &Engine, array: &DeviceArray) -> Result<DevBuf> {
     let shape = Shape2::new(kr, kc);
     let plan = DetectorPlan::new(shape, None, 1)?;
     let ctx = e.gpu.ctx();
-    let out = DevBuf::alloc(ctx, n * shape.len() * 2, None, "u16 frames")?;
+    let out = DevBuf::alloc(ctx, n * shape.len() * 2, Some(counter), "u16 frames")?;
     let ids: Vec<u32> = (0..n as u32).collect();
     let map = DevBuf::alloc(ctx, (4 * n).max(4), None, "frame map")?;
     map.write(0, bytemuck::cast_slice(&ids))?;
@@ -70,9 +70,10 @@ pub fn encode_device_array(array: &DeviceArray, enc: &EncodeOptions) -> Result<G
     let t0 = Instant::now();
     let op = "encode (cuda)";
     let e = engine()?;
+    let counter = Arc::new(MemCounter::default());
     let widened = match array.dtype() {
         DType::U16 => None,
-        DType::U8 => Some(widen_u8(e, array)?),
+        DType::U8 => Some(widen_u8(e, array, &counter)?),
         other => {
             return Err(Error::invalid(
                 op,
@@ -106,7 +107,6 @@ pub fn encode_device_array(array: &DeviceArray, enc: &EncodeOptions) -> Result<G
         .result()
         .map_err(|err| driver_error("gather fit sample", err))?;
     }
-    let counter = Arc::new(MemCounter::default());
     let fitted = fit_and_size(e, k, sample, pick.len() as u64, frame_len, n, enc, &counter)?;
     let (dmodel, per_frame, mut capacity) = (fitted.model, fitted.per_frame, fitted.capacity);
     let (free0, total) = e.gpu.mem_info()?;
