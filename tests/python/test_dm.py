@@ -18,9 +18,32 @@ from quantem.gpu import device, io
 
 BACKENDS = ["cpu"] + (["cuda"] if "cuda" in device.available() else [])
 
-# DM value type codes and the numpy type of each; ImageData/DataType codes.
-SIMPLE = {"<i2": 2, "<u2": 4, "<u4": 5, "<f4": 6, "u1": 10}
-DATA_TYPE = {"uint16": 10, "uint32": 11, "float32": 2, "uint8": 6, "int16": 1}
+# DM value type codes and the numpy type of each; ImageData/DataType codes (docs/formats.md
+# §7.10; the DataType codes as rosettasciio lists them: it has none for 64-bit integers).
+SIMPLE = {
+    "<i2": 2,
+    "<i4": 3,
+    "<u2": 4,
+    "<u4": 5,
+    "<f4": 6,
+    "<f8": 7,
+    "i1": 9,
+    "u1": 10,
+    "<i8": 11,
+    "<u8": 12,
+}
+DATA_TYPE = {
+    "uint16": 10,
+    "uint32": 11,
+    "float32": 2,
+    "uint8": 6,
+    "int16": 1,
+    "int8": 9,
+    "int32": 7,
+    "float64": 12,
+    "complex64": 3,
+    "complex128": 13,
+}
 
 
 class _Writer:
@@ -64,11 +87,18 @@ class _Writer:
         elif isinstance(value, str):
             self._head([20, 4, len(value)])
             self.out += value.encode("utf-16-le" if self.little else "utf-16-be")
+        elif np.iscomplexobj(value):
+            # An array of structs of two floats (real, imaginary): how complex data is held.
+            arr = np.ascontiguousarray(value)
+            part = SIMPLE[np.dtype(arr.real.dtype).newbyteorder("<").str]
+            self._head([20, 15, 0, 2, 0, part, 0, part, arr.size])
+            self.out += arr.astype(arr.dtype.newbyteorder(e)).tobytes()
         else:
             arr = np.ascontiguousarray(value)
-            code = SIMPLE[arr.dtype.newbyteorder("<").str if arr.itemsize > 1 else "u1"]
+            one = arr.itemsize == 1
+            code = SIMPLE[arr.dtype.str[1:] if one else arr.dtype.newbyteorder("<").str]
             self._head([20, code, arr.size])
-            self.out += arr.astype(arr.dtype.newbyteorder(e if arr.itemsize > 1 else "|")).tobytes()
+            self.out += arr.astype(arr.dtype.newbyteorder("|" if one else e)).tobytes()
         if self.v4:
             self.out[at : at + 8] = struct.pack(">Q", len(self.out) - start)
 
@@ -175,9 +205,6 @@ def test_malformed_dm_files_are_source_errors(tmp_path):
     with pytest.raises(qg.SourceError, match="truncated") as e:
         io.load(cut, backend="cpu")
     assert "cut.dm4" in str(e.value)
-    signed = write_dm(tmp_path / "signed.dm4", [_image(data.astype(np.int16), data_type=1)])
-    with pytest.raises(qg.SourceError, match="int16"):
-        io.load(signed, backend="cpu")
     flat = write_dm(tmp_path / "flat.dm4", [_image(data[0, 0])])
     with pytest.raises(qg.SourceError, match="no 3-D or 4-D image"):
         io.load(flat, backend="cpu")
@@ -190,3 +217,96 @@ def test_dm_is_recognised_and_inspected(tmp_path):
     assert info["source_kind"].lower().startswith("gatan"), info
     assert info["scan_shape"] == {"rows": 3, "cols": 4}, info["scan_shape"]
     assert info["detector_shape"] == {"rows": 5, "cols": 6}, info["detector_shape"]
+
+
+# --- Signed, 64-bit and complex images (issue 21 item 1) -----------------------------------
+
+
+def _tagged(data, **kw):
+    """An image with the ImageTags group rosettasciio's reader expects."""
+    return _image(data, tags=[("Microscope Info", [("Voltage", 300000.0)])], **kw)
+
+
+def _theirs(p):
+    """The array rosettasciio reads from ``p``."""
+    dm = pytest.importorskip("rsciio.digitalmicrograph")
+    return np.asarray(dm.file_reader(str(p))[0]["data"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32"])
+@pytest.mark.parametrize("little", [True, False], ids=["le", "be"])
+def test_signed_images_load_as_unsigned_counts(tmp_path, backend, dtype, little):
+    """int8/int16/int32 with no negative value load losslessly as uint8/16/32 (counts are
+    unsigned); rosettasciio reads the little-endian file as the same signed array (it reads
+    image data little-endian whatever the header says, so big-endian values are checked as in
+    ``test_dm3_big_endian_u32_frames``)."""
+    data = (_frames((2, 3, 5, 6), np.int64, seed=4) * 9).astype(dtype)
+    data.flat[0] = np.iinfo(dtype).max  # the largest value below the sign bit
+    p = write_dm(tmp_path / "s.dm4", [_tagged(data)], little=little)
+    if little:
+        np.testing.assert_array_equal(_theirs(p), data)
+    unsigned = data.astype(dtype.replace("int", "uint"))
+    with io.load(p, backend=backend, representation="dense") as ds:
+        got = ds.to_numpy()
+    assert got.dtype == unsigned.dtype
+    np.testing.assert_array_equal(got, unsigned)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_signed_negative_value_is_a_decode_error_naming_frame_and_value(tmp_path, backend):
+    data = _frames((2, 3, 5, 6), np.int16, seed=5)
+    data[1, 0, 2, 3] = -7  # frame 3, pixel 2·6 + 3 = 15
+    p = write_dm(tmp_path / "neg.dm4", [_tagged(data)])
+    np.testing.assert_array_equal(_theirs(p), data)
+    with pytest.raises(qg.DecodeError, match="pixel 15") as e:
+        io.load(p, backend=backend, representation="dense").to_numpy()
+    text = str(e.value)
+    assert "frame 3 of neg.dm4" in text and "found -7" in text, text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("representation", ["dense", "encoded"])
+def test_float64_images_go_through_float_scale(tmp_path, backend, representation):
+    counts = _frames((2, 3, 8, 8), np.uint16, seed=6)
+    values = counts * 2.0 - 0.4  # round(value / 2) = counts
+    p = write_dm(tmp_path / "f64.dm4", [_tagged(values)])
+    np.testing.assert_array_equal(_theirs(p), values)
+    with pytest.raises(qg.InvalidArgumentError, match="float_scale"):
+        io.load(p, backend="cpu")
+    kw = {"float_scale": 2.0, "dtype": "u16"}
+    with io.load(p, backend=backend, representation=representation, **kw) as ds:
+        got = ds.to_numpy()
+    np.testing.assert_array_equal(got, counts)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["uint64", "int64"])
+def test_64_bit_integer_images_load_when_every_value_fits_u32(tmp_path, backend, dtype):
+    """No DataType code for 64-bit integers is known to the readers checked (rosettasciio,
+    ncempy, nionswift-io list none), so the loader recognises them by the array's value type
+    under any DataType code it does not list (39 here, an unlisted code): values that fit u32
+    load as uint32; one that does not is a decode error naming the frame and the value."""
+    data = (_frames((2, 3, 4, 4), np.int64, seed=7) * 100_000_007).astype(dtype)
+    p = write_dm(tmp_path / "w.dm4", [_tagged(data, data_type=39)])
+    with io.load(p, backend=backend, representation="dense") as ds:
+        got = ds.to_numpy()
+    assert got.dtype == np.uint32
+    np.testing.assert_array_equal(got, data.astype(np.uint32))
+    bad = data.copy()
+    bad[0, 2, 1, 1] = 2**32 if dtype == "uint64" else -2
+    q = write_dm(tmp_path / "bad.dm4", [_tagged(bad, data_type=39)])
+    with pytest.raises(qg.DecodeError, match="pixel 5") as e:
+        io.load(q, backend=backend, representation="dense").to_numpy()
+    found = 2**32 if dtype == "uint64" else -2
+    assert "frame 2 of bad.dm4" in str(e.value) and f"found {found}" in str(e.value)
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+def test_complex_images_are_refused_by_name(tmp_path, dtype):
+    data = (_frames((2, 3, 4, 4), np.float64, seed=8) + 1j).astype(dtype)
+    p = write_dm(tmp_path / "c.dm4", [_tagged(data)])
+    np.testing.assert_array_equal(_theirs(p), data)
+    with pytest.raises(qg.SourceError, match="complex") as e:
+        io.load(p, backend="cpu")
+    assert f"DataType {DATA_TYPE[dtype]}" in str(e.value)

@@ -25,10 +25,9 @@ def _frames(shape, dtype=np.uint16, seed=0):
 
 def _check(path, expected, backend, representation, **kw):
     exp4 = expected if expected.ndim == 4 else expected.reshape((-1,) + expected.shape[-2:])
-    if backend == "cuda" and representation == "encoded" and exp4.dtype != np.uint16:
-        # ENCODED on the card holds u16 counts: other dtypes load DENSE by default, and an
-        # explicit ENCODED request is refused with the reason (the CPU engine encodes u8 too).
-        with pytest.raises(qg.InvalidArgumentError, match="holds u16 counts"):
+    if representation == "encoded" and exp4.dtype == np.uint32:
+        # ENCODED holds counts up to 65535 (u8 counts are coded widened, on both engines).
+        with pytest.raises(qg.InvalidArgumentError, match="u16|65535"):
             io.load(path, backend=backend, representation=representation, **kw)
         return
     with io.load(path, backend=backend, representation=representation, **kw) as ds:
@@ -345,12 +344,13 @@ def test_qem_stays_encoded_by_default(acquisition, tmp_path, backend):
 # --- Merlin .mib (processed U08/U16/U32 modes) ---------------------------------------------
 
 
-def _write_mib(path, data, pixel="U16", header_bytes=384, chips=1):
+def _write_mib(path, data, pixel="U16", header_bytes=384, chips=1, layout=None):
     """Frames in the documented Merlin layout: an ASCII header padded to ``header_bytes``, then
-    the frame as big-endian unsigned integers."""
+    the frame as big-endian unsigned integers (processed modes: the frame already assembled,
+    whatever the chip layout)."""
     rows, cols = data.shape[-2:]
     dt = {"U08": ">u1", "U16": ">u2", "U32": ">u4"}[pixel]
-    layout = "2x2" if chips == 4 else "1x1"
+    layout = layout or ("2x2" if chips == 4 else "1x1")
     with open(path, "wb") as f:
         for i, frame in enumerate(data.reshape(-1, rows, cols)):
             h = (
@@ -368,27 +368,35 @@ def _write_mib(path, data, pixel="U16", header_bytes=384, chips=1):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("representation", REPS)
 @pytest.mark.parametrize(
-    "pixel,chips,det",
-    [("U16", 1, 256), ("U08", 1, 256), ("U32", 4, 512)],
-    ids=["u16", "u8", "quad-u32"],
+    "pixel,chips,det,layout",
+    [
+        ("U16", 1, (256, 256), "1x1"),
+        ("U08", 1, (256, 256), "1x1"),
+        ("U32", 4, (512, 512), "2x2"),
+        ("U16", 4, (256, 1024), "Nx1"),
+    ],
+    ids=["u16", "u8", "quad-u32", "row4-u16"],
 )
-def test_merlin_mib_processed_modes(tmp_path, backend, representation, pixel, chips, det):
+def test_merlin_mib_processed_modes(tmp_path, backend, representation, pixel, chips, det, layout):
     dtype = {"U08": np.uint8, "U16": np.uint16, "U32": np.uint32}[pixel]
     if representation == "encoded" and dtype == np.uint32:
         pytest.skip("ENCODED holds u16 counts; u32 is refused by design")
-    data = _frames((2, 3, det, det), dtype)
+    data = _frames((2, 3, *det), dtype)
     p = tmp_path / "scan.mib"
-    _write_mib(p, data, pixel, 768 if chips == 4 else 384, chips)
+    _write_mib(p, data, pixel, 256 + 128 * chips, chips, layout)
     _check(p, data, backend, representation, scan_shape=(2, 3))
 
 
-def test_merlin_layout_matches_rosettasciio(tmp_path):
+@pytest.mark.parametrize(
+    "chips,det,layout", [(1, (256, 256), "1x1"), (4, (256, 1024), "Nx1")], ids=["1x1", "Nx1"]
+)
+def test_merlin_layout_matches_rosettasciio(tmp_path, chips, det, layout):
     """rosettasciio's reader reads the file we write as the same frames (it flips rows: its
-    orientation convention; we keep the stored row order)."""
+    orientation convention; we keep the stored row order); chips in a row included."""
     qd = pytest.importorskip("rsciio.quantumdetector")
-    data = _frames((2, 3, 256, 256))
+    data = _frames((2, 3, *det))
     p = tmp_path / "scan.mib"
-    _write_mib(p, data)
+    _write_mib(p, data, "U16", 256 + 128 * chips, chips, layout)
     theirs = np.asarray(qd.file_reader(str(p), navigation_shape=(3, 2))[0]["data"]).reshape(
         data.shape
     )
@@ -468,3 +476,84 @@ def test_truncated_empad_is_a_source_error(tmp_path):
     with pytest.raises(qg.SourceError, match="truncated") as e:
         io.load(xml, backend="cpu", float_scale=1.0)
     assert "5 whole frames" in str(e.value)
+
+
+# --- ENCODED u8 on CUDA: the CPU engine's streams (issue 21 item 1) ---------------------------
+
+
+def _qem_sections(path):
+    """``{kind: bytes}`` of a ``.qem`` file's sections (docs/formats.md §6.1-6.2)."""
+    import struct
+
+    b = path.read_bytes()
+    count, table = struct.unpack_from("<I", b, 16)[0], struct.unpack_from("<Q", b, 24)[0]
+    out = {}
+    for i in range(count):
+        kind, _, at, n = struct.unpack_from("<IIQQ", b, table + 32 * i)
+        out[kind] = b[at : at + n]
+    return out
+
+
+def _u8_sources(tmp_path):
+    """u8 counts reaching the card by each route: read from the file by the GPU pipeline
+    (``.npy``, Merlin U08), decoded on the host and uploaded (raw 6-bit Merlin), a NumPy array,
+    and u16 counts narrowed by a saturating ``dtype="u8"``."""
+    from test_mib_raw import write_raw_mib
+
+    u8 = _frames((3, 4, 64, 64), np.uint8, seed=11)
+    npy = tmp_path / "u8.npy"
+    np.save(npy, u8)
+    mib = tmp_path / "u8.mib"
+    _write_mib(mib, u8, "U08")
+    raw6 = tmp_path / "raw6.mib"
+    six = np.minimum(u8, 63)
+    write_raw_mib(raw6, six.reshape(-1, 64, 64), 6)
+    wide = _frames((3, 4, 64, 64), np.uint16, seed=12) * 90  # some values above 255
+    wnpy = tmp_path / "wide.npy"
+    np.save(wnpy, wide)
+    return {
+        "npy": (npy, u8, {}),
+        "mib-u08": (mib, u8, {"scan_shape": (3, 4)}),
+        "raw6-host-decoded": (raw6, six, {"scan_shape": (3, 4)}),
+        "array": (u8, u8, {}),
+        "saturating": (wnpy, np.minimum(wide, 255).astype(np.uint8), {"dtype": "u8"}),
+    }
+
+
+@pytest.mark.skipif("cuda" not in device.available(), reason="needs the CUDA backend")
+@pytest.mark.parametrize("route", ["npy", "mib-u08", "raw6-host-decoded", "array", "saturating"])
+def test_cuda_encoded_u8_equals_the_cpu_encoding(tmp_path, route):
+    """ENCODED u8 on the card: the same frames, sums and .qem codec bytes (model, index,
+    streams) as the CPU engine's ENCODED u8 load of the same source."""
+    import json
+
+    from quantem.gpu import detector
+
+    src, want, kw = _u8_sources(tmp_path)[route]
+    loaded = {}
+    for backend in ("cpu", "cuda"):
+        ds = io.load(src, backend=backend, representation="encoded", **kw)
+        assert ds.representation is io.DataRepresentation.ENCODED
+        got = ds.to_numpy()
+        assert got.dtype == np.uint8, backend
+        np.testing.assert_array_equal(got, want.reshape(got.shape))
+        np.testing.assert_array_equal(ds[2, 3], want.reshape(got.shape)[2, 3])
+        np.testing.assert_array_equal(
+            detector.sum_dp(ds), want.reshape(got.shape).sum(axis=(0, 1), dtype=np.uint64)
+        )
+        out = tmp_path / f"{route}-{backend}.qem"
+        io.save(ds, str(out))
+        loaded[backend] = (_qem_sections(out), ds.provenance)
+        ds.close()
+    (cpu, cpu_prov), (gpu, gpu_prov) = loaded["cpu"], loaded["cuda"]
+    for kind, name in [(2, "CodecTables"), (3, "StreamIndex"), (4, "Streams")]:
+        assert cpu[kind] == gpu[kind], f"{name} differs"
+    meta = [json.loads(m[1]) for m in (cpu, gpu)]
+    assert meta[0]["dtype"] == meta[1]["dtype"] == "u8"
+    assert meta[0]["shape"] == meta[1]["shape"]
+    if route == "saturating":
+        n_over = int((np.load(src) > 255).sum())
+        assert cpu_prov["saturated_values"] == gpu_prov["saturated_values"] == n_over
+    with io.load(tmp_path / f"{route}-cuda.qem", backend="cuda") as back:
+        assert back.representation is io.DataRepresentation.ENCODED
+        np.testing.assert_array_equal(back.to_numpy(), want.reshape(back.shape))

@@ -109,6 +109,10 @@ pub struct RegionBinArgs {
     pub dst: u64,
     /// Result dtype.
     pub dst_dtype: DType,
+    /// The dtype whose range the values must fit: `dst_dtype`, or `u8` when `u8` counts are
+    /// written widened to `u16` (the encoder's symbols). Larger values overflow (an error) or
+    /// are clipped (`saturate`) at its maximum.
+    pub value_dtype: DType,
     /// Source-sized `u8` bad-pixel lookup (1 = bad), or 0 for none.
     pub bad: u64,
     /// Clip to the result dtype instead of recording an overflow.
@@ -156,7 +160,13 @@ pub unsafe fn launch_region_bin(
     let bin = plan.bin as u32;
     let (orows, ocols) = (plan.output.rows as u32, plan.output.cols as u32);
     let has_bad = u32::from(a.bad != 0);
-    let t_max = a.dst_dtype.max_value();
+    if a.value_dtype.size() > a.dst_dtype.size() {
+        return Err(Error::internal(
+            "load (cuda)",
+            "region/bin values wider than the result dtype",
+        ));
+    }
+    let t_max = a.value_dtype.max_value();
     let saturate = u32::from(a.saturate);
     let mut b = stream.launch_builder(f);
     b.arg(&a.src)

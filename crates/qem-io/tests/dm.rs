@@ -135,7 +135,8 @@ fn image(
     // The array holds what `bytes` holds, whatever the dimensions claim.
     let width = match elem {
         2 | 4 => 2,
-        10 => 1,
+        8..=10 => 1,
+        7 | 11 | 12 => 8,
         _ => 4,
     };
     let count = bytes.len() as u64 / width;
@@ -351,13 +352,29 @@ fn malformed_dm_files_give_typed_errors() {
         "{e}"
     );
 
-    // A signed type is refused by name.
+    // Complex and RGB images are not counts: refused by name.
+    for (code, name) in [(3, "complex"), (13, "complex"), (23, "RGB")] {
+        let e = one_image(
+            dir.path(),
+            "complex.dm4",
+            image(&[2, 2, 2], code, 6, vec![0; 32], vec![]),
+        );
+        assert_eq!(e.kind, ErrorKind::Source);
+        assert!(
+            e.to_string().contains(&format!("DataType {code} ({name})")),
+            "{e}"
+        );
+    }
+    // An unlisted DataType over an array that is not 64-bit integers: refused.
     let e = one_image(
         dir.path(),
-        "signed.dm4",
-        image(&[2, 2, 2], 1, 2, vec![0; 16], vec![]),
+        "unknown.dm4",
+        image(&[2, 2, 2], 39, 5, vec![0; 32], vec![]),
     );
-    assert!(e.to_string().contains("int16"), "{e}");
+    assert!(
+        e.to_string().contains("DataType 39 (an unknown type)"),
+        "{e}"
+    );
 
     // Only a 2-D image: says what it found.
     let e = one_image(
@@ -399,4 +416,137 @@ fn malformed_dm_files_give_typed_errors() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("version 5"), "{e}");
+}
+
+/// Every value of `v` as bytes, by `f` (`to_le_bytes`, `to_be_bytes`).
+macro_rules! bytes {
+    ($v:expr, $f:ident) => {
+        $v.iter().flat_map(|x| x.$f()).collect::<Vec<u8>>()
+    };
+}
+
+/// A DM4 holding one 3-D image of 3 frames of 2 × 2 (dimensions `[2, 2, 3]`), DataType `code`,
+/// an array of value type `elem`, values in the given byte order, opened with
+/// `float_scale = 0.5`: its dtype and its frames decoded, or the first record's error.
+fn decode_frames(
+    dir: &Path,
+    name: &str,
+    (code, elem, little): (u32, u64, bool),
+    bytes: Vec<u8>,
+) -> (qem_core::DType, Result<Vec<u8>, qem_core::Error>) {
+    let p = dir.join(name);
+    write_dm(
+        &p,
+        true,
+        little,
+        &[(
+            "ImageList",
+            T::Group(vec![("", image(&[2, 2, 3], code, elem, bytes, vec![]))]),
+        )],
+    );
+    let opts = OpenOptions {
+        scan_shape: Some(Shape2::new(1, 3)),
+        float_scale: Some(FloatScale(0.5)),
+        ..OpenOptions::default()
+    };
+    let src = Source::open(&p, &opts).unwrap();
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    for rec in &src.chunks {
+        if let Err(e) = src.read_chunk(rec, &mut buf) {
+            return (src.dtype, Err(e));
+        }
+        out.extend_from_slice(&buf);
+    }
+    (src.dtype, Ok(out))
+}
+
+/// Signed integers load as the unsigned counts of their width, float64 through float_scale,
+/// 64-bit integers (recognised by the array's value type under an unlisted DataType code) as
+/// u32 — byte for byte, either byte order.
+#[test]
+fn signed_float64_and_64_bit_images_decode() {
+    use qem_core::DType;
+    let dir = tempfile::tempdir().unwrap();
+    let i16s: Vec<i16> = (0..12).map(|i| i * 1000).collect();
+    let i32s: Vec<i32> = (0..12).map(|i| i * 100_003).collect();
+    let f64s: Vec<f64> = (0..12).map(|i| f64::from(i) * 1.5 + 0.2).collect();
+    let u64s: Vec<u64> = (0..12).map(|i| i * 300_000_007 % 4_294_967_296).collect();
+    let as_u16: Vec<u16> = i16s.iter().map(|&x| x as u16).collect();
+    let as_u32: Vec<u32> = i32s.iter().map(|&x| x as u32).collect();
+    // round((1.5 i + 0.2) / 0.5) = 3 i
+    let thirds: Vec<u32> = (0..12).map(|i| 3 * i).collect();
+    let narrowed: Vec<u32> = u64s.iter().map(|&x| x as u32).collect();
+    let i8s = vec![0, 1, 127, 3, 4, 5, 6, 7, 8, 9, 10, 11];
+    let (i16_le, i32_be) = (bytes!(i16s, to_le_bytes), bytes!(i32s, to_be_bytes));
+    let (f64_le, u64_be) = (bytes!(f64s, to_le_bytes), bytes!(u64s, to_be_bytes));
+    let (u16_want, u32_want) = (bytes!(as_u16, to_le_bytes), bytes!(as_u32, to_le_bytes));
+    let (f64_want, u64_want) = (bytes!(thirds, to_le_bytes), bytes!(narrowed, to_le_bytes));
+    let cases = [
+        ("i16.dm4", (1, 2, true), i16_le, DType::U16, u16_want),
+        ("i32.dm4", (7, 3, false), i32_be, DType::U32, u32_want),
+        ("i8.dm4", (9, 9, true), i8s.clone(), DType::U8, i8s),
+        ("f64.dm4", (12, 7, true), f64_le, DType::U32, f64_want),
+        ("u64.dm4", (40, 12, false), u64_be, DType::U32, u64_want),
+    ];
+    for (name, kind, stored, dtype, want) in cases {
+        let (got_dtype, frames) = decode_frames(dir.path(), name, kind, stored);
+        assert_eq!(got_dtype, dtype, "{name}");
+        assert_eq!(frames.unwrap(), want, "{name}");
+    }
+}
+
+/// A value that is not a count (negative, or past u32::MAX for 64-bit values): a decode error
+/// naming the file, frame, pixel and value.
+#[test]
+fn values_that_are_not_counts_are_decode_errors_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut i8s = [3u8; 12];
+    i8s[9] = (-5i8) as u8; // frame 2, pixel 1
+    let mut big: Vec<u64> = (0..12).collect();
+    big[6] = 1 << 32; // frame 1, pixel 2
+    let neg: Vec<i64> = (0..12).map(|i| if i == 3 { -1 } else { i }).collect();
+    let mut i16s: Vec<i16> = (0..12).collect();
+    i16s[11] = -300; // frame 2, pixel 3, big-endian
+    let cases = [
+        ("i8.dm4", (9, 9, true), i8s.to_vec(), 2, 1, "-5"),
+        (
+            "big.dm4",
+            (40, 12, true),
+            bytes!(big, to_le_bytes),
+            1,
+            2,
+            "4294967296",
+        ),
+        (
+            "neg.dm4",
+            (39, 11, true),
+            bytes!(neg, to_le_bytes),
+            0,
+            3,
+            "-1",
+        ),
+        (
+            "i16.dm4",
+            (1, 2, false),
+            bytes!(i16s, to_be_bytes),
+            2,
+            3,
+            "-300",
+        ),
+    ];
+    for (name, kind, stored, frame, pixel, found) in cases {
+        let e = decode_frames(dir.path(), name, kind, stored).1.unwrap_err();
+        assert_eq!(
+            (e.kind, e.frame),
+            (ErrorKind::Decode, Some(frame)),
+            "{name}"
+        );
+        assert_eq!(e.found.as_deref(), Some(found), "{name}");
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("pixel {pixel}")) && text.contains(name),
+            "{text}"
+        );
+    }
 }

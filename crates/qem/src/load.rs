@@ -524,7 +524,9 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
             }
         }
         (Backend::Cuda, Representation::Encoded) => {
-            let frame_bytes = planned.plan.output_len() * 2;
+            // The result dtype's bytes (u8 counts are coded widened, but sampled as the CPU
+            // engine samples them, so both engines fit the same model).
+            let frame_bytes = planned.plan.output_len() * planned.result_dtype.size();
             let opts = qem_cuda::EncodeOptions {
                 model: qem_cpu::model_params(),
                 // The CPU engine's sample rule, so both engines fit the same model.
@@ -546,7 +548,7 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
             );
             Loaded {
                 storage: Storage::CudaEncoded(g.encoded),
-                saturated: 0,
+                saturated: g.saturated,
                 memory: Some(g.memory),
                 timings: g.timings,
                 codec: Some(codec),
@@ -645,14 +647,14 @@ fn cuda_loaded(
             codec: None,
         });
     }
-    let frame_bytes = planned.plan.output_len() * 2;
+    let frame_bytes = planned.plan.output_len() * planned.result_dtype.size();
     let opts = qem_cuda::EncodeOptions {
         model: qem_cpu::model_params(),
         sample_frames: crate::encode::sample_count(frame_bytes) as u64,
         ..qem_cuda::EncodeOptions::default()
     };
     let en = qem_cuda::encode_device_array(&g.array, &opts)?;
-    let dense_bytes = g.array.nbytes();
+    let dense_bytes = (planned.scan_region.shape().len() * frame_bytes) as u64;
     drop(g.array);
     let codec = crate::encode::codec_info(
         en.encoded.model(),

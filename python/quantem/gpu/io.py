@@ -139,7 +139,8 @@ def load(
         uint16 (else DENSE). ENCODED holds every frame rANS-coded (``ds.nbytes_resident`` is
         the coded size; on CUDA it lives on the GPU, built batch by batch so the dense
         acquisition never exists there) and decodes on access; it holds counts up to 65535,
-        so a uint32 result is refused (use ``dtype="u16"``); on CUDA also uint8. A CuPy view
+        so a uint32 result is refused (use ``dtype="u16"``); uint8 is coded widened (the same
+        streams on both engines). A CuPy view
         (``__cuda_array_interface__``) needs ``representation="dense"``.
     apply_mask : bool
         Set the detector's bad pixels (``pixel_mask & 0xFFFF != 0``) to 0.
@@ -170,9 +171,9 @@ def load(
         ``"<u2"``, ``">u2"``, ``"float32"``...; ``dtype`` stays the result policy), bytes
         before the first frame and around each frame. The file size must match exactly.
     float_scale : float, optional
-        Consent to read float32 frames (gain-corrected, EMPAD) as counts:
+        Consent to read float32 (or Gatan float64) frames (gain-corrected, EMPAD) as counts:
         ``round(value / float_scale)``; values rounding below 0 read 0 (their number is in
-        ``ds.metadata``); NaN/inf raise DecodeError. A float32 source without it is refused.
+        ``ds.metadata``); NaN/inf raise DecodeError. A float source without it is refused.
 
     Returns
     -------

@@ -184,6 +184,7 @@ pub fn load_array(
                 dst: dst.ptr(),
             },
             params.result_dtype,
+            params.result_dtype,
             params.saturate,
             bad.as_ref(),
             &errs,

@@ -5,30 +5,83 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::sys;
-use qem_core::{DType, Error, MemoryReport, Result, Shape2, StageTiming};
+use qem_core::{DType, DetectorPlan, Error, MemoryReport, Result, Shape2, StageTiming};
 
-use super::records::{EncoderRead, EncoderRecords};
+use super::pipeline::{region_bin_batch, RegionBinBatch};
+use super::records::{EncoderRead, EncoderRecords, ErrorRecords};
 use super::{DeviceArray, EncodeOptions, GpuEncodedLoad};
 use crate::device::driver_error;
 use crate::engine::{engine, Engine};
 use crate::mem::{DevBuf, MemCounter};
 use crate::rans::{self, DeviceEncoded, DeviceModel, EncoderScratch, RansKernels};
 
-/// Encode a dense u16 array already on the GPU (e.g. an uploaded NumPy array): fit on an
-/// evenly spread sample of its frames, then encode every frame. The array is left as it is.
+/// A u16 copy of a u8 array on the device (the region/bin kernel's u8 → u16 pass with an
+/// identity plan: every value is kept), counted in `counter`.
+fn widen_u8(e: &Engine, array: &DeviceArray, counter: &Arc<MemCounter>) -> Result<DevBuf> {
+    let [r, c, kr, kc] = array.shape();
+    let n = r * c;
+    if n >= u32::MAX as usize {
+        return Err(Error::invalid(
+            "encode (cuda)",
+            "too many frames for one widening pass",
+        ));
+    }
+    let shape = Shape2::new(kr, kc);
+    let plan = DetectorPlan::new(shape, None, 1)?;
+    let ctx = e.gpu.ctx();
+    let out = DevBuf::alloc(ctx, n * shape.len() * 2, Some(counter), "u16 frames")?;
+    let ids: Vec<u32> = (0..n as u32).collect();
+    let map = DevBuf::alloc(ctx, (4 * n).max(4), None, "frame map")?;
+    map.write(0, bytemuck::cast_slice(&ids))?;
+    let errs = ErrorRecords::new(ctx, None)?;
+    let stream = e.gpu.stream();
+    // SAFETY: the array holds n u8 frames of `shape`, the map n words naming frames < n,
+    // `out` n u16 frames; all alive until the synchronize below.
+    unsafe {
+        region_bin_batch(
+            e,
+            stream,
+            &plan,
+            &RegionBinBatch {
+                src: array.device_ptr(),
+                src_dtype: DType::U8,
+                n_frames: n as u64,
+                dst_frame: map.ptr(),
+                dst: out.ptr(),
+            },
+            DType::U16,
+            DType::U16,
+            false,
+            None,
+            &errs,
+        )
+    }?;
+    stream
+        .synchronize()
+        .map_err(|err| driver_error("synchronize widen", err))?;
+    Ok(out)
+}
+
+/// Encode a dense u16 or u8 array already on the GPU (e.g. an uploaded NumPy array): fit on an
+/// evenly spread sample of its frames, then encode every frame. The array is left as it is; a
+/// u8 array is widened to a u16 copy first (u8 counts are coded as u16 symbols, as the CPU
+/// engine widens them).
 pub fn encode_device_array(array: &DeviceArray, enc: &EncodeOptions) -> Result<GpuEncodedLoad> {
     let t0 = Instant::now();
     let op = "encode (cuda)";
-    if array.dtype() != DType::U16 {
-        return Err(Error::invalid(
-            op,
-            format!(
-                "the encoded representation holds u16 counts; the array is {}",
-                array.dtype()
-            ),
-        ));
-    }
     let e = engine()?;
+    let counter = Arc::new(MemCounter::default());
+    let widened = match array.dtype() {
+        DType::U16 => None,
+        DType::U8 => Some(widen_u8(e, array, &counter)?),
+        other => {
+            return Err(Error::invalid(
+                op,
+                format!("the encoded representation holds u16 counts; the array is {other}"),
+            ))
+        }
+    };
+    let frames_ptr = widened.as_ref().map_or(array.device_ptr(), DevBuf::ptr);
     let k = e.rans()?;
     let [r, c, kr, kc] = array.shape();
     let n = (r * c) as u64;
@@ -46,7 +99,7 @@ pub fn encode_device_array(array: &DeviceArray, enc: &EncodeOptions) -> Result<G
         unsafe {
             sys::cuMemcpyDtoDAsync_v2(
                 sample.ptr() + (i * frame_bytes) as u64,
-                array.device_ptr() + f * frame_bytes as u64,
+                frames_ptr + f * frame_bytes as u64,
                 frame_bytes,
                 stream.cu_stream(),
             )
@@ -54,7 +107,6 @@ pub fn encode_device_array(array: &DeviceArray, enc: &EncodeOptions) -> Result<G
         .result()
         .map_err(|err| driver_error("gather fit sample", err))?;
     }
-    let counter = Arc::new(MemCounter::default());
     let fitted = fit_and_size(e, k, sample, pick.len() as u64, frame_len, n, enc, &counter)?;
     let (dmodel, per_frame, mut capacity) = (fitted.model, fitted.per_frame, fitted.capacity);
     let (free0, total) = e.gpu.mem_info()?;
@@ -69,15 +121,7 @@ pub fn encode_device_array(array: &DeviceArray, enc: &EncodeOptions) -> Result<G
         )?;
         let err = EncoderRecords::new(ctx, Some(&counter))?;
         let scratch = EncoderScratch::new(ctx, k, frame_len, Some(&counter))?;
-        let a = dense_args(
-            array.device_ptr(),
-            n,
-            &arena,
-            capacity,
-            &index,
-            &err,
-            &scratch,
-        );
+        let a = dense_args(frames_ptr, n, &arena, capacity, &index, &err, &scratch);
         let t = Instant::now();
         // SAFETY: the array holds n u16 frames of the model's length; the arena `capacity`
         // bytes (the kernel checks every write against it); index n entries; all alive until
@@ -121,6 +165,7 @@ pub fn encode_device_array(array: &DeviceArray, enc: &EncodeOptions) -> Result<G
             bytes_read: 0,
             batches: 1,
             retries,
+            saturated: 0,
             timings: vec![
                 StageTiming {
                     stage: format!("encode (wall; {per_frame:.0} B/frame predicted)"),

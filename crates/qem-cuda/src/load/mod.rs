@@ -139,7 +139,7 @@ pub struct GpuLoad {
 pub fn load_source(src: &Source, params: &GpuLoadParams<'_>) -> Result<GpuLoad> {
     params.scan_region.validate(src.scan_shape, "scan_region")?;
     let frames = region_frames(src.scan_shape, params.scan_region);
-    let out = pipeline(src, params, &frames, Sink::Dense)?;
+    let out = pipeline(src, params, &frames, Sink::Dense, params.result_dtype)?;
     let rs = params.scan_region.shape();
     let Some(buf) = out.dense else {
         return Err(Error::internal(
@@ -202,6 +202,8 @@ pub struct GpuEncodedLoad {
     pub batches: usize,
     /// Times the arena had to be enlarged and the frames re-encoded (0 normally).
     pub retries: u32,
+    /// Values clipped by a saturating u8 request (main pass).
+    pub saturated: u64,
     /// Stage timings: the sample pass, the fit, the main pass' stages.
     pub timings: Vec<StageTiming>,
     /// Device-memory accounting of the main pass (the sample pass' buffers are freed first).
@@ -211,7 +213,9 @@ pub struct GpuEncodedLoad {
 /// Load `params.scan_region` of `src` into the GPU **encoded**: the model is fitted on an
 /// evenly spread sample of frames (decoded densely on the GPU, then reduced by kernels), then
 /// every batch is decoded, transformed and rANS-encoded on the GPU, so the dense acquisition
-/// never exists in full on the device. The result dtype must be u16.
+/// never exists in full on the device. The result dtype must be u16 or u8: u8 counts are
+/// transformed straight into u16 frames (their values capped at 255, as a u8 result is) and
+/// coded as u16 symbols, as the CPU engine widens them, so both engines write the same streams.
 pub fn load_source_encoded(
     src: &Source,
     params: &GpuLoadParams<'_>,
@@ -220,7 +224,8 @@ pub fn load_source_encoded(
     let t0 = Instant::now();
     let op = "load encoded (cuda)";
     params.scan_region.validate(src.scan_shape, "scan_region")?;
-    if params.result_dtype != DType::U16 {
+    let value_dtype = params.result_dtype;
+    if !matches!(value_dtype, DType::U8 | DType::U16) {
         return Err(Error::invalid(
             op,
             format!(
@@ -229,6 +234,11 @@ pub fn load_source_encoded(
             ),
         ));
     }
+    let wide = GpuLoadParams {
+        result_dtype: DType::U16,
+        ..*params
+    };
+    let params = &wide;
     let e = engine()?;
     let k = e.rans()?;
     let frames = region_frames(src.scan_shape, params.scan_region);
@@ -240,7 +250,7 @@ pub fn load_source_encoded(
         progress: None,
         ..*params
     };
-    let s_out = pipeline(src, &quiet, &sample, Sink::Dense)?;
+    let s_out = pipeline(src, &quiet, &sample, Sink::Dense, value_dtype)?;
     let out_shape = s_out.output;
     let frame_len = out_shape.len();
     let Some(s_buf) = s_out.dense else {
@@ -274,6 +284,7 @@ pub fn load_source_encoded(
                 kernels: k,
                 capacity,
             },
+            value_dtype,
         )?;
         let Some(eo) = out.encoded else {
             return Err(Error::internal(op, "encode pass without streams"));
@@ -327,6 +338,7 @@ pub fn load_source_encoded(
             bytes_read: out.bytes_read + s_out.bytes_read,
             batches: out.batches,
             retries,
+            saturated: out.saturated,
             timings,
             memory: out.memory,
         });

@@ -87,12 +87,15 @@ pub(super) struct EncodedOut {
     pub(super) overflowed: u32,
 }
 
-/// The overlapped pipeline over source frames `frames` (result order).
+/// The overlapped pipeline over source frames `frames` (result order). Result frames are
+/// `params.result_dtype`; their values must fit `value_dtype` (the same dtype, or `u8` for `u8`
+/// counts written as `u16`, how the encoder takes them).
 pub(super) fn pipeline(
     src: &Source,
     params: &GpuLoadParams<'_>,
     frames: &[u64],
     sink: Sink<'_>,
+    value_dtype: DType,
 ) -> Result<PipelineOut> {
     let t_total = Instant::now();
     let op = "load (cuda)";
@@ -110,7 +113,12 @@ pub(super) fn pipeline(
                 .with_found(rplan.source.to_string()),
         );
     }
-    let identity = rplan.is_identity(src.dtype, params.result_dtype);
+    if value_dtype.size() > params.result_dtype.size() {
+        return Err(Error::internal(op, "values wider than the result dtype"));
+    }
+    // Frames whose values are capped below their dtype's range always pass the transform.
+    let identity =
+        rplan.is_identity(src.dtype, params.result_dtype) && value_dtype == params.result_dtype;
     let encode = match sink {
         Sink::Dense => None,
         Sink::Encode {
@@ -366,6 +374,7 @@ pub(super) fn pipeline(
             rplan: &rplan,
             src_dtype: src.dtype,
             result_dtype: params.result_dtype,
+            value_dtype,
             saturate: params.saturate,
             bad_buf: bad_buf.as_ref(),
             out_frame_elems,
@@ -417,7 +426,7 @@ pub(super) fn pipeline(
         .synchronize()
         .map_err(|err| driver_error("synchronize copy stream", err))?;
     let (saturated, enc_used, enc_overflowed) =
-        check_records(src, &plan, params.result_dtype, &errs, enc.as_ref())?;
+        check_records(src, &plan, value_dtype, &errs, enc.as_ref())?;
     let t_sync = t.elapsed().as_secs_f64();
     if let Some(p) = progress {
         p.end();
@@ -602,7 +611,7 @@ pub(super) struct RegionBinBatch {
 /// `b.src` holds `n_frames` frames of the plan's source shape and `src_dtype`, the map
 /// `n_frames` words naming frames of `b.dst` (which holds every result frame of
 /// `result_dtype`), `bad` (if any) is a source-sized lookup; all alive until the stream has
-/// passed the launch.
+/// passed the launch. Values must fit `value_dtype` (see [`RegionBinArgs::value_dtype`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn region_bin_batch(
     e: &Engine,
@@ -610,6 +619,7 @@ pub(super) unsafe fn region_bin_batch(
     rplan: &DetectorPlan,
     b: &RegionBinBatch,
     result_dtype: DType,
+    value_dtype: DType,
     saturate: bool,
     bad: Option<&DevBuf>,
     errs: &ErrorRecords,
@@ -621,6 +631,7 @@ pub(super) unsafe fn region_bin_batch(
         dst_frame: b.dst_frame,
         dst: b.dst,
         dst_dtype: result_dtype,
+        value_dtype,
         bad: bad.map_or(0, |x| x.ptr()),
         saturate,
         err: errs.overflow_ptr(),
@@ -742,6 +753,7 @@ struct QueueBatch<'a> {
     rplan: &'a DetectorPlan,
     src_dtype: DType,
     result_dtype: DType,
+    value_dtype: DType,
     saturate: bool,
     bad_buf: Option<&'a DevBuf>,
     out_frame_elems: usize,
@@ -849,6 +861,7 @@ fn queue_batch(q: &QueueBatch<'_>) -> Result<BatchEvents> {
                     dst: dst_ptr,
                 },
                 q.result_dtype,
+                q.value_dtype,
                 q.saturate,
                 q.bad_buf,
                 errs,

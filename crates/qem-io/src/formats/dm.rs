@@ -342,35 +342,66 @@ impl Parser<'_> {
     }
 }
 
-/// The element type of `ImageData/DataType`: the source dtype and the conversion.
-/// Read as the NumPy type string of the values (byte order from the header), through the same
-/// mapping `.npy` and raw files use.
-fn image_dtype(code: i64, little: bool, path: &Path) -> Result<(DType, ElemConv)> {
-    let order = if little { '<' } else { '>' };
-    let typestr = match code {
-        6 => "|u1".to_string(),
-        10 => format!("{order}u2"),
-        11 => format!("{order}u4"),
-        2 => format!("{order}f4"),
-        other => {
-            let name = match other {
-                1 => "int16",
-                7 => "int32",
-                9 => "int8",
-                12 => "float64",
-                3 | 13 | 27 | 28 => "complex",
+/// The element type of an image: the source dtype, the conversion and the stored bytes per
+/// value, from `ImageData/DataType` (`code`) and the value type of `ImageData/Data` (`array`).
+///
+/// Unsigned integers load as they are; signed integers as the unsigned counts of their width
+/// (a negative value is a decode error naming the frame); float32 and float64 through
+/// `float_scale` (docs/formats.md §7.4); 64-bit integers — no DataType code for them is known
+/// to the readers we checked, so they are recognised by the array's value type (11 i64,
+/// 12 u64) under any DataType code not listed here — as `u32` counts (a value that does not fit
+/// is a decode error). Complex, RGB and binary images are not counts and are refused by name.
+fn image_dtype(code: i64, array: u64, little: bool, path: &Path) -> Result<(DType, ElemConv, u64)> {
+    let big_endian = !little;
+    let swap = |n: usize| {
+        if big_endian {
+            ElemConv::Swap(n)
+        } else {
+            ElemConv::Same
+        }
+    };
+    let signed = |size| ElemConv::Signed { size, big_endian };
+    let float = |wide: bool| {
+        let scale = 1.0;
+        if wide {
+            ElemConv::Float64 { scale, big_endian }
+        } else {
+            ElemConv::Float32 { scale, big_endian }
+        }
+    };
+    Ok(match (code, array) {
+        (6, _) => (DType::U8, ElemConv::Same, 1),
+        (10, _) => (DType::U16, swap(2), 2),
+        (11, _) => (DType::U32, swap(4), 4),
+        (9, _) => (DType::U8, signed(1), 1),
+        (1, _) => (DType::U16, signed(2), 2),
+        (7, _) => (DType::U32, signed(4), 4),
+        (2, _) => (DType::U32, float(false), 4),
+        (12, _) => (DType::U32, float(true), 8),
+        (_, 11 | 12) if !matches!(code, 3 | 4 | 5 | 8 | 13 | 14 | 23 | 27 | 28) => (
+            DType::U32,
+            ElemConv::Int64 {
+                signed: array == 11,
+                big_endian,
+            },
+            8,
+        ),
+        _ => {
+            let name = match code {
+                3 | 5 | 13 | 27 | 28 => "complex",
+                8 | 23 => "RGB",
+                14 => "binary",
                 _ => "an unknown type",
             };
             return Err(Error::source(OP, "unsupported Gatan image data type")
                 .with_file(path)
                 .with_expected(
-                    "uint8 (6), uint16 (10), uint32 (11) or float32 (2, with float_scale)",
+                    "uint8 (6), uint16 (10), uint32 (11), int8 (9), int16 (1), int32 (7), \
+                     float32 (2) or float64 (12) with float_scale, or 64-bit integers",
                 )
-                .with_found(format!("DataType {other} ({name})")));
+                .with_found(format!("DataType {code} ({name})")));
         }
-    };
-    let (dtype, elem, _) = super::elem_from_typestr(&typestr, path)?;
-    Ok((dtype, elem))
+    })
 }
 
 /// One image of `ImageList`: its dimensions (fastest first), data type and data array.
@@ -378,7 +409,9 @@ struct Image<'g> {
     index: usize,
     dims: Vec<u64>,
     data_type: i64,
-    data: (u64, u64, u64),
+    /// `ImageData/Data` when it is an array of one simple type: offset, count, value type
+    /// (complex images hold arrays of structs).
+    data: Option<(u64, u64, u64)>,
     group: &'g Group,
 }
 
@@ -412,23 +445,23 @@ fn images<'g>(root: &'g Group, path: &Path) -> Result<Vec<Image<'g>>> {
                     .collect()
             })
             .unwrap_or_default();
-        let (
-            Some(data_type),
-            Some(Value::Array {
+        let (Some(data_type), Some(array)) = (data.int("DataType"), data.value("Data")) else {
+            continue;
+        };
+        let data = match array {
+            Value::Array {
                 offset,
                 count,
                 elem,
                 ..
-            }),
-        ) = (data.int("DataType"), data.value("Data"))
-        else {
-            continue;
+            } => Some((*offset, *count, *elem)),
+            _ => None,
         };
         out.push(Image {
             index,
             dims,
             data_type,
-            data: (*offset, *count, *elem),
+            data,
             group: g,
         });
     }
@@ -549,10 +582,8 @@ pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Source> {
                 format!("images of dimensions (fastest first) {}", shapes.join(", "))
             }));
     };
-    let (dtype, elem) = image_dtype(image.data_type, little, path)?;
-    // Every type read is stored at its loaded width (float32 as 4 bytes, loaded as u32).
-    let stored_size = dtype.size() as u64;
-    let (offset, count, elem_code) = image.data;
+    let (offset, count, elem_code) = image.data.unwrap_or((0, 0, 0));
+    let (dtype, elem, stored_size) = image_dtype(image.data_type, elem_code, little, path)?;
     let dims = &image.dims;
     let product = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
     let stored_bytes = simple_size(elem_code).and_then(|s| s.checked_mul(count));

@@ -114,6 +114,14 @@ pub(crate) enum ElemConv {
     Swap(usize),
     /// IEEE float32 (little- or big-endian): `round(value / scale)`, negatives to 0, as `u32`.
     Float32 { scale: f64, big_endian: bool },
+    /// IEEE float64, the same rule as [`ElemConv::Float32`].
+    Float64 { scale: f64, big_endian: bool },
+    /// Signed integers of `size` bytes (1, 2 or 4) read as the unsigned counts of that width; a
+    /// negative value is a decode error naming the frame, pixel and value.
+    Signed { size: usize, big_endian: bool },
+    /// 64-bit integers (signed or not) read as `u32` counts; a value outside `0..=u32::MAX` is a
+    /// decode error naming the frame, pixel and value.
+    Int64 { signed: bool, big_endian: bool },
     /// Merlin raw (`R64`) counters unpacked and assembled ([`super::mib_raw`]).
     MerlinRaw(super::mib_raw::RawMib),
 }
@@ -173,9 +181,12 @@ impl HostDecode {
         )
     }
 
-    /// True when the frames are float32 read as counts.
+    /// True when the frames are floats (float32 or float64) read as counts.
     pub fn is_float(&self) -> bool {
-        matches!(self.elem, ElemConv::Float32 { .. })
+        matches!(
+            self.elem,
+            ElemConv::Float32 { .. } | ElemConv::Float64 { .. }
+        )
     }
 
     /// A short description for provenance, e.g. `"hdf5 filters [shuffle, deflate]; float32 / 1"`.
@@ -196,6 +207,18 @@ impl HostDecode {
             ElemConv::Swap(n) => parts.push(format!("big-endian {}-byte integers", n)),
             ElemConv::Float32 { scale, .. } => parts.push(format!(
                 "float32 counts: round(value / {scale}), values below -0.5 read as 0"
+            )),
+            ElemConv::Float64 { scale, .. } => parts.push(format!(
+                "float64 counts: round(value / {scale}), values below -0.5 read as 0"
+            )),
+            ElemConv::Signed { size, .. } => parts.push(format!(
+                "int{} read as uint{} (negative values are errors)",
+                size * 8,
+                size * 8
+            )),
+            ElemConv::Int64 { signed, .. } => parts.push(format!(
+                "{} read as uint32 (values outside 0..=4294967295 are errors)",
+                if signed { "int64" } else { "uint64" }
             )),
             ElemConv::MerlinRaw(r) => parts.push(format!(
                 "Merlin raw R64 {}-bit counters{}",
@@ -366,41 +389,32 @@ impl HostDecode {
                 }
             }
             ElemConv::Float32 { scale, big_endian } => {
-                out.reserve(part.len());
-                let per_frame = self.stored_frame_bytes / 4;
-                let mut neg = 0u64;
-                for (i, b) in part.chunks_exact(4).enumerate() {
+                let f = |b: &[u8]| {
                     let a = [b[0], b[1], b[2], b[3]];
-                    let v = if big_endian {
+                    f64::from(if big_endian {
                         f32::from_be_bytes(a)
                     } else {
                         f32::from_le_bytes(a)
-                    };
-                    let c = (f64::from(v) / scale).round();
-                    let n = if c.is_nan() || c > f64::from(u32::MAX) {
-                        let frame = first_frame + (i / per_frame.max(1)) as u64;
-                        return Err(Error::decode(
-                            OP,
-                            format!(
-                                "float32 value at pixel {} is not a count",
-                                i % per_frame.max(1)
-                            ),
-                        )
-                        .with_file(file)
-                        .with_frame(frame)
-                        .with_expected(format!("finite, round(value / {scale}) <= {}", u32::MAX))
-                        .with_found(format!("{v}")));
-                    } else if c < 0.0 {
-                        neg += 1;
-                        0
+                    })
+                };
+                self.float_counts(file, first_frame, part, out, (4, scale), f)?
+            }
+            ElemConv::Float64 { scale, big_endian } => {
+                let f = |b: &[u8]| {
+                    let a: [u8; 8] = b.try_into().unwrap_or([0; 8]);
+                    if big_endian {
+                        f64::from_be_bytes(a)
                     } else {
-                        c as u32
-                    };
-                    out.extend_from_slice(&n.to_le_bytes());
-                }
-                if neg > 0 {
-                    self.negatives.fetch_add(neg, Ordering::Relaxed);
-                }
+                        f64::from_le_bytes(a)
+                    }
+                };
+                self.float_counts(file, first_frame, part, out, (8, scale), f)?
+            }
+            ElemConv::Signed { size, big_endian } => {
+                self.checked_integers(file, first_frame, part, out, (size, true, big_endian))?
+            }
+            ElemConv::Int64 { signed, big_endian } => {
+                self.checked_integers(file, first_frame, part, out, (8, signed, big_endian))?
             }
             ElemConv::MerlinRaw(r) => r.convert(part, out),
         }
@@ -410,6 +424,89 @@ impl HostDecode {
                     .with_file(file)
                     .with_frame(first_frame),
             );
+        }
+        Ok(())
+    }
+
+    /// The error for stored value `found` at element `i` of `part` (frames from `first_frame`).
+    fn value_error(&self, file: &Path, first_frame: u64, i: usize, es: usize) -> Error {
+        let per_frame = (self.stored_frame_bytes / es.max(1)).max(1);
+        Error::decode(
+            OP,
+            format!("the value at pixel {} is not a count", i % per_frame),
+        )
+        .with_file(file)
+        .with_frame(first_frame + (i / per_frame) as u64)
+    }
+
+    /// Floats of `es` bytes (read by `read`) → `u32` counts `round(value / scale)`; values that
+    /// round below zero read 0 (counted), NaN, infinities and counts past `u32::MAX` are errors.
+    fn float_counts(
+        &self,
+        file: &Path,
+        first_frame: u64,
+        part: &[u8],
+        out: &mut Vec<u8>,
+        (es, scale): (usize, f64),
+        read: impl Fn(&[u8]) -> f64,
+    ) -> Result<()> {
+        out.reserve(part.len() / es * 4);
+        let mut neg = 0u64;
+        for (i, b) in part.chunks_exact(es).enumerate() {
+            let v = read(b);
+            let c = (v / scale).round();
+            let n = if c.is_nan() || c > f64::from(u32::MAX) {
+                return Err(self
+                    .value_error(file, first_frame, i, es)
+                    .with_expected(format!("finite, round(value / {scale}) <= {}", u32::MAX))
+                    .with_found(format!("{v}")));
+            } else if c < 0.0 {
+                neg += 1;
+                0
+            } else {
+                c as u32
+            };
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+        if neg > 0 {
+            self.negatives.fetch_add(neg, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Integers of `es` bytes (1, 2, 4 or 8; signed or not; either byte order) → little-endian
+    /// unsigned counts of the same width, or `u32` for 8-byte values; a value that does not fit
+    /// (negative, or past `u32::MAX` for 8 bytes) is an error naming its frame and pixel.
+    fn checked_integers(
+        &self,
+        file: &Path,
+        first_frame: u64,
+        part: &[u8],
+        out: &mut Vec<u8>,
+        (es, signed, big_endian): (usize, bool, bool),
+    ) -> Result<()> {
+        let out_es = es.min(4);
+        let max = (1u64 << (8 * out_es)) - 1;
+        out.reserve(part.len() / es.max(1) * out_es);
+        for (i, b) in part.chunks_exact(es.max(1)).enumerate() {
+            let mut w = [0u8; 8];
+            w[..es].copy_from_slice(b);
+            if big_endian {
+                w[..es].reverse();
+            }
+            let v = if signed {
+                let shift = 64 - 8 * es as u32;
+                i128::from((i64::from_le_bytes(w) << shift) >> shift)
+            } else {
+                i128::from(u64::from_le_bytes(w))
+            };
+            if v < 0 || v > i128::from(max) {
+                return Err(self
+                    .value_error(file, first_frame, i, es)
+                    .with_expected(format!("counts in 0..={max}"))
+                    .with_found(v.to_string()));
+            }
+            out.extend_from_slice(&(v as u64).to_le_bytes()[..out_es]);
         }
         Ok(())
     }

@@ -4,11 +4,13 @@
 //! counter depth's width — 64 lanes of 1 bit, 8 lanes of 8 bits (6-bit counters), 4 lanes of
 //! 16 bits (12-bit counters) — and lane `j` (counted from the least significant end) is pixel
 //! `w · lanes + j` of that row. A 24-bit frame is two 12-bit frames one after the other, the
-//! first holding the high 12 bits: count = (first << 12) + second. A quad (2×2 chips) stores
-//! each raw row as four chip rows side by side, `[4 | 3 | 2 | 1]`: chips 1 and 2 are the top
-//! half of the assembled frame as stored, chips 3 and 4 the bottom half turned by 180°
-//! (raw row `y` is assembled row `2H − 1 − y`, columns reversed). docs/formats.md §7.8 has the
-//! layout and how it was checked against LiberTEM's reader.
+//! first holding the high 12 bits: count = (first << 12) + second (for a quad, two whole 12-bit
+//! quad frames). A quad (2×2 chips) stores each raw row as four chip rows side by side,
+//! `[4 | 3 | 2 | 1]`: chips 1 and 2 are the top half of the assembled frame as stored, chips 3
+//! and 4 the bottom half turned by 180° (raw row `y` is assembled row `2H − 1 − y`, columns
+//! reversed). Chips in a row (`Nx1`) are refused: no source we could read gives their raw chip
+//! order. docs/formats.md §7.8 has the layouts and how each was checked against LiberTEM's
+//! reader.
 //!
 //! Written by hand: no maintained Rust crate reads Medipix raw words, and the unpacking is a
 //! few shifts per word.
@@ -49,6 +51,11 @@ impl RawMib {
                 .with_expected("1, 6, 12 or 24 (the header's last field)")
                 .with_found(bits.to_string()));
         }
+        if bits == 24 && header_cols % 2 != 0 {
+            return Err(refuse("a 24-bit frame is two 12-bit halves".into())
+                .with_expected("an even header width (it counts both halves)")
+                .with_found(format!("{header_cols} columns")));
+        }
         let cols = if bits == 24 {
             header_cols / 2
         } else {
@@ -62,15 +69,25 @@ impl RawMib {
                 rows: header_rows,
                 cols,
             },
-            (4, "2x2") if bits != 24 && cols % 4 == 0 => RawMib {
+            (4, "2x2") if cols % 4 == 0 => RawMib {
                 bits,
                 quad: true,
                 rows: header_rows * 2,
                 cols: cols / 2,
             },
+            (_, l) if l.ends_with("x1") => {
+                return Err(refuse(
+                    "chips in a row (Nx1) are not read: their raw chip order is not \
+                     documented (LiberTEM 0.16 refuses them too); record in a processed mode \
+                     (U08/U16/U32), which is read"
+                        .into(),
+                )
+                .with_expected("one chip or a 2x2 quad (raw); any layout (processed)")
+                .with_found(format!("{chips} chips, layout {layout}, {bits}-bit")))
+            }
             _ => {
                 return Err(refuse("this chip arrangement is not read".into())
-                    .with_expected("one chip (1-, 6-, 12-, 24-bit) or a 2x2 quad (1-, 6-, 12-bit)")
+                    .with_expected("one chip or a 2x2 quad, 1-, 6-, 12- or 24-bit")
                     .with_found(format!(
                         "{chips} chips, layout {layout}, {bits}-bit, {header_cols} columns"
                     )))
@@ -221,5 +238,62 @@ mod tests {
     fn twelve_bit_word_by_hand() {
         let out = one_row(12, 4, [0x0F, 0xFF, 0x00, 0x03, 0x00, 0x02, 0x00, 0x01]);
         assert_eq!(out, [1, 0, 2, 0, 3, 0, 0xFF, 0x0F]);
+    }
+
+    fn layout(bits: u32, chips: u32, field: &str, rows: usize, cols: usize) -> Result<RawMib> {
+        RawMib::new(bits, chips, field, rows, cols, Path::new("x.mib"))
+    }
+
+    /// The header's frame size → the assembled frame: a 24-bit quad's header counts the four
+    /// chips' columns of both 12-bit halves.
+    #[test]
+    fn quad_24_bit_from_the_header() {
+        let q = layout(24, 4, "   2x2G", 256, 2048).unwrap();
+        assert_eq!((q.quad, q.rows, q.cols), (true, 512, 512));
+        assert_eq!(q.stored_frame_bytes(), 2 * (256 * 1024 * 2));
+        assert_eq!(q.dtype(), DType::U32);
+    }
+
+    #[test]
+    fn other_arrangements_are_refused_by_name() {
+        for field in ["Nx1", "Nx1G", "4x1"] {
+            let e = layout(12, 4, field, 256, 1024).unwrap_err();
+            assert_eq!(e.kind, qem_core::ErrorKind::Source);
+            assert!(e.to_string().contains("chips in a row (Nx1)"), "{e}");
+        }
+        let e = layout(12, 3, "2x2", 256, 768).unwrap_err();
+        assert!(
+            e.to_string().contains("chip arrangement is not read"),
+            "{e}"
+        );
+        let e = layout(24, 1, "1x1", 256, 255).unwrap_err();
+        assert!(e.to_string().contains("two 12-bit halves"), "{e}");
+    }
+
+    /// A 24-bit quad by hand: chips of 4 × 4 pixels (one 12-bit word a chip row), one frame
+    /// whose assembled pixel (0, 0) (chip 1) is 0x123456 and pixel (7, 7) (chip 4, turned) is
+    /// 0xABCDEF. Raw row 0 is `[4 | 3 | 2 | 1]`: chip 4's first word holds its assembled
+    /// bottom-right pixel at the row's start turned, i.e. lane 0.
+    #[test]
+    fn quad_24_bit_by_hand() {
+        let q = layout(24, 4, "2x2", 4, 32).unwrap();
+        assert_eq!((q.rows, q.cols), (8, 8));
+        let half = 4 * 4 * 8; // 4 raw rows × 4 chips × one 8-byte word
+        let mut raw = vec![0u8; 2 * half];
+        // Word for chip 4 (first in raw row 0), lane 0 → the last byte pair (least significant).
+        raw[6..8].copy_from_slice(&0xABCu16.to_be_bytes());
+        raw[half + 6..half + 8].copy_from_slice(&0xDEFu16.to_be_bytes());
+        // Chip 1 is last in raw row 0: word 3, lane 0.
+        raw[3 * 8 + 6..3 * 8 + 8].copy_from_slice(&0x123u16.to_be_bytes());
+        raw[half + 3 * 8 + 6..half + 3 * 8 + 8].copy_from_slice(&0x456u16.to_be_bytes());
+        let mut out = Vec::new();
+        q.convert(&raw, &mut out);
+        let px = |r: usize, c: usize| {
+            let i = 4 * (r * 8 + c);
+            u32::from_le_bytes([out[i], out[i + 1], out[i + 2], out[i + 3]])
+        };
+        assert_eq!(px(0, 0), 0x123456);
+        assert_eq!(px(7, 7), 0xABCDEF);
+        assert_eq!((0..64).filter(|&i| px(i / 8, i % 8) != 0).count(), 2);
     }
 }

@@ -111,18 +111,21 @@ impl Eq for FloatScale {}
 pub(crate) fn require_float_scale(path: &Path, opts: &OpenOptions) -> Result<f64> {
     match opts.float_scale {
         Some(FloatScale(s)) if s.is_finite() && s > 0.0 => Ok(s),
-        Some(FloatScale(s)) => Err(Error::invalid(OP, "float_scale must be finite and positive")
-            .with_file(path)
-            .with_expected("float_scale > 0")
-            .with_found(s.to_string())),
+        Some(FloatScale(s)) => Err(
+            Error::invalid(OP, "float_scale must be finite and positive")
+                .with_file(path)
+                .with_expected("float_scale > 0")
+                .with_found(s.to_string()),
+        ),
         None => Err(Error::invalid(
             OP,
-            "the frames are float32; counts are integers, so pass float_scale (e.g. 1.0: \
-             counts = round(value / float_scale), negatives read 0; docs/formats.md \"Float32 counts\")",
+            "the frames are floating point (float32 or float64); counts are integers, so pass \
+             float_scale (e.g. 1.0: counts = round(value / float_scale), negatives read 0; \
+             docs/formats.md \"Float32 counts\")",
         )
         .with_file(path)
-        .with_expected("float_scale for a float32 source")
-        .with_found("float32 frames, no float_scale")),
+        .with_expected("float_scale for a float source")
+        .with_found("float frames, no float_scale")),
     }
 }
 
@@ -387,11 +390,20 @@ pub(crate) fn build(path: &Path, opts: &OpenOptions, found: Found) -> Result<Sou
             );
         }
     }
-    if let host::ElemConv::Float32 { big_endian, .. } = elem {
-        elem = host::ElemConv::Float32 {
-            scale: require_float_scale(path, opts)?,
-            big_endian,
-        };
+    match elem {
+        host::ElemConv::Float32 { big_endian, .. } => {
+            elem = host::ElemConv::Float32 {
+                scale: require_float_scale(path, opts)?,
+                big_endian,
+            };
+        }
+        host::ElemConv::Float64 { big_endian, .. } => {
+            elem = host::ElemConv::Float64 {
+                scale: require_float_scale(path, opts)?,
+                big_endian,
+            };
+        }
+        _ => {}
     }
     if let Some(s) = opts.scan_shape {
         s.try_len(qem_core::ErrorKind::InvalidArgument, OP, "given scan_shape")
