@@ -227,11 +227,11 @@ pub fn download_image(v: &DeviceVec) -> Result<VirtualImage> {
     match v.to_host()? {
         HostVec::U64(x) => Ok(VirtualImage::U64(x)),
         HostVec::F64(x) => Ok(VirtualImage::F64(x)),
-        HostVec::U32(_) => Err(Error::internal(
+        HostVec::U32(_) | HostVec::F32(_) => Err(Error::internal(
             "device result download",
-            "an image holds u32 values",
+            "an image holds neither u64 nor f64 values",
         )
         .with_expected("uint64 or float64")
-        .with_found("uint32")),
+        .with_found(v.dtype().numpy_name())),
     }
 }
