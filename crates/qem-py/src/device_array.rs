@@ -180,6 +180,17 @@ impl PyDeviceArray {
         }
     }
 
+    /// ``a * factor`` as a new ``float64`` DeviceArray computed on the card (one IEEE multiply
+    /// per value, as NumPy's): a calibration applied after the engine's pass
+    /// (``calibration.dpc_rescale``). Private: results are not general arrays.
+    fn _scaled(&self, py: Python<'_>, factor: f64) -> PyResult<Py<PyAny>> {
+        let vec = self.vec.clone();
+        let out = py
+            .detach(move || qem::detector::scale_on_device(&vec, factor))
+            .map_err(to_pyerr)?;
+        PyDeviceArray::wrap(py, out, &self.shape)
+    }
+
     /// ``np.asarray(a)`` is refused: the values are in GPU memory and copying them must be
     /// asked for (``to_numpy()``).
     #[pyo3(signature = (dtype = None, copy = None))]
