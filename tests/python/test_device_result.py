@@ -434,7 +434,7 @@ def test_device_com_takes_a_user_calibration_on_the_card(data):
 def _consumer_views(source):
     """``(consumer, view, capsule name)`` for CuPy and PyTorch where installed: each
     consumer's ``from_dlpack`` of ``source``, with the capsule it chose by its own
-    ``max_version`` (versioned from CuPy 13.x / PyTorch 2.9 on, legacy before) and took
+    ``max_version`` (recent releases ask for the versioned one, older ones the legacy) and took
     (renamed ``used_...``)."""
     from test_dlpack_versioned import _Handing, _name
 
