@@ -20,6 +20,9 @@ done
 # scheduler and pandas (the acquisition-batch table).
 "$PY" -c "import distributed" >/dev/null 2>&1 || need+=("dask[distributed]")
 "$PY" -c "import pandas" >/dev/null 2>&1 || need+=("pandas")
+# JAX on the CPU (tests/python/test_jax.py: jax.dlpack.from_dlpack of datasets and results);
+# the package does not need it.
+"$PY" -c "import jax" >/dev/null 2>&1 || need+=("jax")
 # Result files and the documentation site (tests/python/test_outputs.py, test_docs.py): TIFF
 # writing, the EMD readers of py4DSTEM (emdfile) and hyperspy (rosettasciio), mypy for the
 # type stubs, mkdocs + mkdocstrings for `mkdocs build --strict`, ruff for `make lint`'s Python

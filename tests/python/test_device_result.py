@@ -12,13 +12,14 @@ consumer case skips without its library; on the GPU machine:
 from __future__ import annotations
 
 import gc
+import importlib
 
 import numpy as np
 import pytest
 from disk_data import disk_data
 
 import quantem.gpu as qg
-from quantem.gpu import _native, detector, device, io, results
+from quantem.gpu import _native, detector, device, dpc, io, results
 
 CPU_REFUSAL = "device_result=True needs a CUDA dataset; this dataset is on the CPU"
 
@@ -37,9 +38,11 @@ DEVICE_CALLS = [
         ),
     ),
     ("sum_dp", lambda ds: detector.sum_dp(ds, device_result=True)),
+    ("mean_dp", lambda ds: detector.mean_dp(ds, device_result=True)),
     ("max_dp", lambda ds: detector.max_dp(ds, device_result=True)),
     ("moments", lambda ds: detector.moments(ds, device_result=True)),
     ("products", lambda ds: detector.products(ds, ["bf", "sum_dp"], device_result=True)),
+    ("center_of_mass", lambda ds: dpc.center_of_mass(ds, device_result=True)),
 ]
 
 
@@ -144,6 +147,15 @@ def _ptr(a) -> int:
     return a.__cuda_array_interface__["data"][0]
 
 
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal dtype, shape and bits (float64 compared as uint64: -0.0 and NaNs included)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    view = {4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
+    return np.array_equal(a.view(view), b.view(view))
+
+
 def _torch_numpy(t) -> np.ndarray:
     """A host NumPy copy of a torch tensor (uint64 through an int64 view where the torch
     release cannot convert uint64 itself)."""
@@ -215,7 +227,7 @@ def test_device_patterns_and_virtual_images_are_exact(gpu_ds, data):
 
 @cuda
 def test_device_products_equal_the_host_products(gpu_ds, data):
-    names = ["bf", "adf", "sum_dp", "max_dp", "moments"]
+    names = ["bf", "adf", "sum_dp", "mean_dp", "max_dp", "moments", "com"]
     host = detector.products(gpu_ds, names)
     dev = detector.products(gpu_ds, names, device_result=True)
     assert list(dev) == names
@@ -226,12 +238,18 @@ def test_device_products_equal_the_host_products(gpu_ds, data):
     assert np.array_equal(dev["max_dp"].to_numpy(), host["max_dp"])
     for k in ("sum", "m_row", "m_col"):
         assert np.array_equal(dev["moments"][k].to_numpy(), host["moments"][k]), k
+    # The mean and the CoM are finished on the card: the host values bit for bit.
+    mean = dev["mean_dp"]
+    assert isinstance(mean, results.DeviceArray) and mean.dtype == np.float32
+    assert np.array_equal(mean.to_numpy().view(np.uint32), host["mean_dp"].view(np.uint32))
+    com, hcom = dev["com"], host["com"]
+    assert isinstance(com, dpc.CoM) and isinstance(com.com_row, results.DeviceArray)
+    for k in ("com_row", "com_col"):
+        assert _same_bits(getattr(com, k).to_numpy(), getattr(hcom, k)), k
+    assert (com.zero_frames, com.unit, com.centered) == (hcom.zero_frames, hcom.unit, True)
+    assert com.provenance["params"]["result_device"] == f"cuda:{_ordinal(gpu_ds)}"
     assert dev.disk == host.disk and dev.axes == host.axes and dev.units == host.units
     assert dev.provenance["params"]["result_device"] == f"cuda:{_ordinal(gpu_ds)}"
-    for host_only in ("mean_dp", "com"):
-        with pytest.raises(qg.InvalidArgumentError, match="computed on the host") as e:
-            detector.products(gpu_ds, ["sum_dp", host_only], device_result=True)
-        assert e.value.found == host_only
 
 
 @cuda
@@ -347,3 +365,141 @@ def test_device_array_arguments_and_display(gpu_ds):
     assert (a.ndim, a.size, a.nbytes, len(a)) == (2, SCAN[0] * SCAN[1], SCAN[0] * SCAN[1] * 8, 13)
     assert f"cuda:{ordinal}" in repr(a) and f"cuda:{ordinal}" in repr(dev)
     assert f"cuda:{ordinal}" in a._repr_html_() and f"cuda:{ordinal}" in dev._repr_html_()
+
+
+@cuda
+def test_device_mean_dp_is_the_host_mean_bit_for_bit(gpu_ds, data):
+    dev = detector.mean_dp(gpu_ds, device_result=True)
+    assert isinstance(dev, results.DeviceArray)
+    assert dev.dtype == np.float32 and dev.shape == data.shape[2:]
+    assert dev.__cuda_array_interface__["typestr"] == "<f4"
+    got = dev.to_numpy()
+    assert _same_bits(got, detector.mean_dp(gpu_ds))
+    # NumPy, independent of the engine: the exact sum over the frame count in float64.
+    n = data.shape[0] * data.shape[1]
+    want = (data.astype(np.uint64).sum(axis=(0, 1)).astype(np.float64) / n).astype(np.float32)
+    assert _same_bits(got, want)
+
+
+def _numpy_com(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """``μ = m / S`` per frame in float64 from NumPy's exact moments (0 where S = 0)."""
+    wide = data.astype(np.uint64)
+    kr = np.arange(data.shape[2], dtype=np.uint64)[:, None]
+    kc = np.arange(data.shape[3], dtype=np.uint64)[None, :]
+    s = wide.sum(axis=(2, 3))
+    mr, mc = (wide * kr).sum(axis=(2, 3)), (wide * kc).sum(axis=(2, 3))
+    safe = np.where(s == 0, 1, s).astype(np.float64)
+    row = np.where(s == 0, 0.0, mr.astype(np.float64) / safe)
+    col = np.where(s == 0, 0.0, mc.astype(np.float64) / safe)
+    return row, col, int((s == 0).sum())
+
+
+@cuda
+def test_device_com_is_the_host_com_bit_for_bit(gpu_ds, data):
+    ordinal = _ordinal(gpu_ds)
+    row, col, zeros = _numpy_com(data)
+    for centered in (True, False):
+        host = dpc.center_of_mass(gpu_ds, centered=centered)
+        dev = dpc.center_of_mass(gpu_ds, centered=centered, device_result=True)
+        assert isinstance(dev.com_row, results.DeviceArray) and dev.com_row.dtype == np.float64
+        assert dev.com_row.shape == SCAN and dev.com_col.device == ordinal
+        for k in ("com_row", "com_col"):
+            assert _same_bits(getattr(dev, k).to_numpy(), getattr(host, k)), (k, centered)
+        assert (dev.zero_frames, dev.unit, dev.centered) == (zeros, host.unit, centered)
+        assert dev.provenance["params"]["result_device"] == f"cuda:{ordinal}"
+        assert dev.axes == host.axes and dev.units == host.units
+        if not centered:  # one IEEE division per value: NumPy's bits exactly
+            assert _same_bits(dev.com_row.to_numpy(), row)
+            assert _same_bits(dev.com_col.to_numpy(), col)
+        else:
+            np.testing.assert_allclose(dev.com_row.to_numpy(), row - row.mean(), atol=1e-12)
+    with pytest.raises(qg.DLPackUnavailableError, match="two arrays"):
+        dev.__dlpack__()
+
+
+@cuda
+def test_device_com_takes_a_user_calibration_on_the_card(data):
+    ds = io.load(data, backend="cuda", representation="dense")
+    ds.calibration = ds.calibration.replace(det_sampling_mrad=(0.37, 0.37))
+    host = dpc.center_of_mass(ds)
+    dev = dpc.center_of_mass(ds, device_result=True)
+    assert host.unit == dev.unit == "mrad"
+    for k in ("com_row", "com_col"):
+        assert _same_bits(getattr(dev, k).to_numpy(), getattr(host, k)), k
+    applied = dev.provenance["calibration_applied"]
+    assert applied == host.provenance["calibration_applied"]
+    ds.close()
+
+
+def _consumer_views(source):
+    """``(consumer, view, capsule name)`` for CuPy and PyTorch where installed: each
+    consumer's ``from_dlpack`` of ``source``, with the capsule it chose by its own
+    ``max_version`` (recent releases ask for the versioned one, older ones the legacy) and took
+    (renamed ``used_...``)."""
+    from test_dlpack_versioned import _Handing, _name
+
+    for consumer in ("cupy", "torch"):
+        try:
+            lib = importlib.import_module(consumer)
+        except ImportError:
+            continue
+        producer = _Handing(source)
+        v = lib.from_dlpack(producer)
+        name = _name(producer.capsule)
+        print(f"{consumer} {lib.__version__} took {name}")
+        yield consumer, v, name
+
+
+def _view_ptr(v) -> int:
+    """The device address of a CuPy array or a torch tensor."""
+    return v.data_ptr() if hasattr(v, "data_ptr") else v.data.ptr
+
+
+@cuda
+def test_device_arrays_export_versioned_dlpack(gpu_ds):
+    from test_dlpack_versioned import _name, _shape, _versioned
+
+    ordinal = _ordinal(gpu_ds)
+    a = detector.mean_dp(gpu_ds, device_result=True)
+    capsule = a.__dlpack__(max_version=(1, 0))
+    assert _name(capsule) == "dltensor_versioned"
+    m = _versioned(capsule)
+    assert (m.version.major, m.version.minor) == (1, 0)
+    assert m.flags == 0, "a device result is the caller's memory: writable, not a copy"
+    t = m.dl_tensor
+    assert t.data == _ptr(a) and _shape(t) == a.shape
+    assert (t.device.device_type, t.device.device_id) == (2, ordinal)
+    assert (t.dtype.code, t.dtype.bits, t.dtype.lanes) == (2, 32, 1)
+    del m, capsule
+    assert _name(a.__dlpack__()) == "dltensor"
+    # NumPy: an explicit host copy only (copy=True, device="cpu"), marked as a copy.
+    host = np.from_dlpack(a, device="cpu", copy=True)
+    assert host.flags.writeable and _same_bits(host, a.to_numpy())
+    assert _versioned(a.__dlpack__(max_version=(1, 0), dl_device=(1, 0), copy=True)).flags == 2
+    with pytest.raises(BufferError, match="copy=True with dl_device=\\(1, 0\\) makes a host"):
+        a.__dlpack__(max_version=(1, 0), dl_device=(1, 0))
+    with pytest.raises(BufferError, match="makes a host copy only"):
+        a.__dlpack__(max_version=(1, 0), copy=True)
+    with pytest.raises((BufferError, RuntimeError)):  # NumPy: "Unsupported device"
+        np.from_dlpack(a)
+    for consumer, v, name in _consumer_views(a):
+        assert name in ("used_dltensor", "used_dltensor_versioned"), (consumer, name)
+        assert _view_ptr(v) == _ptr(a), consumer
+        v[0, 0] = 2.5  # writable: the result's own memory
+        assert a.to_numpy()[0, 0] == np.float32(2.5), consumer
+
+
+@cuda
+def test_consumers_take_a_cuda_dataset_through_either_capsule(data):
+    ds = io.load(data, backend="cuda", representation="dense")
+    from test_dlpack_versioned import _versioned
+
+    assert _versioned(ds.__dlpack__(max_version=(1, 0))).flags == 1  # read-only
+    for consumer, v, name in _consumer_views(ds):
+        assert name in ("used_dltensor", "used_dltensor_versioned"), (consumer, name)
+        assert _view_ptr(v) == ds.__cuda_array_interface__["data"][0], consumer
+        host = v.cpu().numpy() if consumer == "torch" else v.get()
+        assert np.array_equal(host.astype(data.dtype), data), consumer
+    with pytest.raises(BufferError, match="copy=True of a CUDA dataset"):
+        ds.__dlpack__(max_version=(1, 0), copy=True)
+    ds.close()

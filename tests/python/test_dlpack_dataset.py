@@ -70,8 +70,8 @@ def test_encoded_dataset_refuses_with_the_reason():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"copy": True}, "found copy=True"),
         ({"dl_device": (2, 0)}, r"expected dl_device=\(1, 0\), found dl_device=\(2, 0\)"),
+        ({"dl_device": (2, 0), "copy": True}, r"found dl_device=\(2, 0\)"),
         ({"stream": 1}, "expected stream=None"),
     ],
 )

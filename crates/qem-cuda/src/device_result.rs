@@ -25,31 +25,34 @@ pub enum ResultDType {
     U32,
     /// `u64` (exact sums: integer images, the sum DP, the moments).
     U64,
-    /// `f64` (images of float masks).
+    /// `f64` (images of float masks, the centre of mass).
     F64,
+    /// `f32` (the mean DP).
+    F32,
 }
 
 impl ResultDType {
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
-            ResultDType::U32 => 4,
+            ResultDType::U32 | ResultDType::F32 => 4,
             ResultDType::U64 | ResultDType::F64 => 8,
         }
     }
 
-    /// NumPy's name (`"uint32"`, `"uint64"`, `"float64"`).
+    /// NumPy's name (`"uint32"`, `"uint64"`, `"float64"`, `"float32"`).
     pub fn numpy_name(self) -> &'static str {
         match self {
             ResultDType::U32 => "uint32",
             ResultDType::U64 => "uint64",
             ResultDType::F64 => "float64",
+            ResultDType::F32 => "float32",
         }
     }
 
     /// True for floating-point elements.
     pub fn is_float(self) -> bool {
-        self == ResultDType::F64
+        matches!(self, ResultDType::F64 | ResultDType::F32)
     }
 }
 
@@ -62,6 +65,8 @@ pub enum HostVec {
     U64(Vec<u64>),
     /// `f64` values.
     F64(Vec<f64>),
+    /// `f32` values.
+    F32(Vec<f32>),
 }
 
 /// One result array in device memory: `len` values of `dtype` from byte `offset` of a device
@@ -162,6 +167,7 @@ impl DeviceVec {
             ResultDType::U32 => HostVec::U32(read(self)?),
             ResultDType::U64 => HostVec::U64(read(self)?),
             ResultDType::F64 => HostVec::F64(read(self)?),
+            ResultDType::F32 => HostVec::F32(read(self)?),
         })
     }
 }
@@ -221,7 +227,7 @@ impl DeviceReduceResult {
                 Ok(match im.to_host()? {
                     HostVec::U64(v) => VirtualImage::U64(v),
                     HostVec::F64(v) => VirtualImage::F64(v),
-                    HostVec::U32(_) => {
+                    HostVec::U32(_) | HostVec::F32(_) => {
                         return Err(kind_error("an image", ResultDType::U64, im.dtype))
                     }
                 })

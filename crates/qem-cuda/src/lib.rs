@@ -14,7 +14,8 @@
 //! * [`load`]: the overlapped load pipeline (reader threads → pinned slots → H2D on a copy
 //!   stream → decode/region/bin on a compute stream) producing a [`DeviceArray`];
 //! * [`products`]: the fused detector reductions, their results on the host or left on the
-//!   device ([`device_result`]);
+//!   device ([`device_result`]), and the steps that finish a device result on the card
+//!   ([`device_forms`]: the mean DP, the centre of mass);
 //! * [`transform`]: region/bin/dtype and mask kernels; [`mem`]: raw device and pinned buffers;
 //!   [`engine`]: the process-wide context with its compiled kernels.
 //!
@@ -26,6 +27,7 @@
 
 pub mod bslz4;
 pub mod device;
+pub mod device_forms;
 pub mod device_result;
 pub mod engine;
 pub mod fault;
@@ -41,6 +43,7 @@ pub mod transform;
 
 pub use bslz4::{Bslz4Batch, Bslz4Kernels, DeviceBatch, LaunchShape};
 pub use device::{check_alive, describe, probe, DeviceInfo, Gpu};
+pub use device_forms::DeviceCom;
 pub use device_result::{DeviceMoments, DeviceReduceResult, DeviceVec, HostVec, ResultDType};
 pub use engine::{engine, engine_info, Engine};
 pub use load::{

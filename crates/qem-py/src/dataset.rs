@@ -11,6 +11,7 @@
 //! `&mut self`), so PyO3's borrow flag (`RuntimeError: Already borrowed`) never comes into it.
 
 use crate::convert::{dense_to_numpy, to_py};
+use crate::dlpack::Capsule;
 use crate::errors::{to_pyerr, IntoPyResult};
 use crate::watch::{run_watched, Watch};
 use numpy::PyArrayDescr;
@@ -366,21 +367,20 @@ impl PyDataset {
     /// DLPack: a zero-copy view of the dense array for ``torch.from_dlpack``,
     /// ``cupy.from_dlpack``, ``jax.dlpack`` or (CPU datasets) ``np.from_dlpack``.
     ///
-    /// The view keeps the data alive: ``close()`` while a tensor made from it exists releases
-    /// the memory only when that tensor is deleted. ENCODED datasets have no dense array and
-    /// raise ``BufferError``; so do ``copy=True`` and a ``dl_device`` other than the dataset's.
-    #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
-    fn __dlpack__<'py>(
-        &self,
-        py: Python<'py>,
-        stream: Option<Bound<'py, PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(i32, i32)>,
-        copy: Option<bool>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        // Any version the consumer accepts takes the legacy "dltensor" capsule (DLPack 0.8).
-        let _ = max_version;
-        crate::dlpack::export(py, self, stream.as_ref(), dl_device, copy)
+    /// Keywords as the array API has them (``stream``, ``max_version``, ``dl_device``,
+    /// ``copy``). ``max_version`` of 1.0 or later gives a versioned capsule marked read-only
+    /// (the counts are the dataset's: NumPy's array is not writeable); otherwise the legacy
+    /// capsule. The view keeps the data alive: ``close()`` while a tensor made from it exists
+    /// releases the memory only when that tensor is deleted. ``copy=True`` on a CPU dataset
+    /// exports a writable copy of the counts (decoded if ENCODED); a view of an ENCODED
+    /// dataset, ``copy=True`` on the GPU and a ``dl_device`` other than the dataset's raise
+    /// ``BufferError``.
+    #[pyo3(
+        signature = (**kw),
+        text_signature = "($self, *, stream=None, max_version=None, dl_device=None, copy=None)"
+    )]
+    fn __dlpack__<'py>(&self, py: Python<'py>, kw: Option<&Bound<'py, PyDict>>) -> Capsule<'py> {
+        crate::dlpack::export(py, crate::dlpack::Source::Dataset(self), kw)
     }
 
     /// ``(device_type, device_id)`` as DLPack numbers them: ``(1, 0)`` CPU, ``(2, k)`` CUDA

@@ -6,6 +6,7 @@
 //! caller's back.
 
 use crate::convert::array;
+use crate::dlpack::{Capsule, Source};
 use crate::errors::to_pyerr;
 use numpy::PyArrayDescr;
 use pyo3::exceptions::PyTypeError;
@@ -88,6 +89,7 @@ fn numpy_dtype(py: Python<'_>, d: ResultDType) -> Bound<'_, PyArrayDescr> {
         ResultDType::U32 => numpy::dtype::<u32>(py),
         ResultDType::U64 => numpy::dtype::<u64>(py),
         ResultDType::F64 => numpy::dtype::<f64>(py),
+        ResultDType::F32 => numpy::dtype::<f32>(py),
     }
 }
 
@@ -117,8 +119,8 @@ impl PyDeviceArray {
         self.vec.nbytes()
     }
 
-    /// NumPy dtype of the values (``uint64`` sums, ``float64`` float-mask images, ``uint32``
-    /// max DP).
+    /// NumPy dtype of the values (``uint64`` sums, ``float64`` float-mask images and CoM,
+    /// ``float32`` mean DP, ``uint32`` max DP).
     #[getter]
     fn dtype<'py>(&self, py: Python<'py>) -> Bound<'py, PyArrayDescr> {
         numpy_dtype(py, self.vec.dtype())
@@ -140,27 +142,24 @@ impl PyDeviceArray {
             ResultDType::U32 => "<u4",
             ResultDType::U64 => "<u8",
             ResultDType::F64 => "<f8",
+            ResultDType::F32 => "<f4",
         };
         cuda_array_interface(py, &self.shape, typestr, self.vec.device_ptr())
     }
 
     /// DLPack: a zero-copy view for ``torch.from_dlpack``, ``cupy.from_dlpack``,
     /// ``jax.dlpack``. The tensor keeps the device memory alive after this object (and the
-    /// dataset) are gone. Any ``stream`` is accepted (the values are complete for every
-    /// stream); ``copy=True`` and a ``dl_device`` other than ``(2, device)`` raise
-    /// ``BufferError``.
-    #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
-    fn __dlpack__<'py>(
-        &self,
-        py: Python<'py>,
-        stream: Option<Bound<'py, PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(i32, i32)>,
-        copy: Option<bool>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        // Any version the consumer accepts takes the legacy "dltensor" capsule (DLPack 0.8).
-        let _ = max_version;
-        crate::dlpack::export_result(py, &self.vec, &self.shape, stream.as_ref(), dl_device, copy)
+    /// dataset) are gone. ``max_version`` of 1.0 or later gives a versioned capsule (writable:
+    /// the memory is the caller's), otherwise the legacy one. Any ``stream`` is accepted (the
+    /// values are complete for every stream). ``copy=True`` with ``dl_device=(1, 0)`` exports
+    /// a host copy (``np.from_dlpack(a, device="cpu", copy=True)``); any other ``copy=True``
+    /// and a ``dl_device`` other than ``(2, device)`` raise ``BufferError``.
+    #[pyo3(
+        signature = (**kw),
+        text_signature = "($self, *, stream=None, max_version=None, dl_device=None, copy=None)"
+    )]
+    fn __dlpack__<'py>(&self, py: Python<'py>, kw: Option<&Bound<'py, PyDict>>) -> Capsule<'py> {
+        crate::dlpack::export(py, Source::Result(&self.vec, &self.shape), kw)
     }
 
     /// ``(2, device)``: kDLCUDA and the CUDA ordinal.
@@ -177,7 +176,19 @@ impl PyDeviceArray {
             HostVec::U32(v) => array(py, v, &self.shape),
             HostVec::U64(v) => array(py, v, &self.shape),
             HostVec::F64(v) => array(py, v, &self.shape),
+            HostVec::F32(v) => array(py, v, &self.shape),
         }
+    }
+
+    /// ``a * factor`` as a new ``float64`` DeviceArray computed on the card (one IEEE multiply
+    /// per value, as NumPy's): a calibration applied after the engine's pass
+    /// (``calibration.dpc_rescale``). Private: results are not general arrays.
+    fn _scaled(&self, py: Python<'_>, factor: f64) -> PyResult<Py<PyAny>> {
+        let vec = self.vec.clone();
+        let out = py
+            .detach(move || qem::detector::scale_on_device(&vec, factor))
+            .map_err(to_pyerr)?;
+        PyDeviceArray::wrap(py, out, &self.shape)
     }
 
     /// ``np.asarray(a)`` is refused: the values are in GPU memory and copying them must be

@@ -133,13 +133,32 @@ fn moments_fields<'py, V>(
 }
 
 fn com_dict<'py>(py: Python<'py>, c: CenterOfMass) -> PyResult<Bound<'py, PyDict>> {
+    let s = c.scan_shape;
+    com_fields(py, c, |v| grid(py, v, s))
+}
+
+/// [`com_dict`] of a centre of mass left on the device: `DeviceArray`s.
+fn device_com_dict<'py>(
+    py: Python<'py>,
+    c: CenterOfMass<DeviceVec>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let s = [c.scan_shape.rows, c.scan_shape.cols];
+    com_fields(py, c, |v| PyDeviceArray::wrap(py, v, &s))
+}
+
+/// The dict of a centre of mass, each array converted by `array`.
+fn com_fields<'py, V>(
+    py: Python<'py>,
+    c: CenterOfMass<V>,
+    array: impl Fn(V) -> PyResult<Py<PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
     let out = PyDict::new(py);
     out.set_item("zero_frames", c.zero_frames)?;
     out.set_item("centered", c.centered)?;
     out.set_item("unit", &c.unit)?;
     out.set_item("provenance", to_py(py, &c.provenance)?)?;
-    out.set_item("com_row", grid(py, c.com_row, c.scan_shape)?)?;
-    out.set_item("com_col", grid(py, c.com_col, c.scan_shape)?)?;
+    out.set_item("com_row", array(c.com_row)?)?;
+    out.set_item("com_col", array(c.com_col)?)?;
     Ok(out)
 }
 
@@ -257,10 +276,11 @@ detector_pattern_fn!(
 );
 
 detector_pattern_fn!(
-    /// Mean DP, `f32` `(k_r, k_c)`.
+    /// Mean DP, `f32` `(k_r, k_c)` (a `DeviceArray` with `device_result`).
     detector_mean_dp,
     "detector.mean_dp",
-    detector::mean_dp
+    detector::mean_dp,
+    detector::mean_dp_on_device
 );
 
 detector_pattern_fn!(
@@ -548,8 +568,7 @@ fn detector_moments<'py>(
 
 /// Several products in one pass: dict `images` (list of image dicts), `sum_dp`, `mean_dp`,
 /// `max_dp`, `moments`, `com`, `disk` (each `None` unless asked), `provenance`; `geometry` as
-/// for [`Geometry`]. With `device_result` the arrays are `DeviceArray`s and `mean_dp`, `com`
-/// always `None` (the façade refuses them).
+/// for [`Geometry`]. With `device_result` the arrays are `DeviceArray`s.
 #[pyfunction]
 #[pyo3(signature = (dataset, names, geometry, progress = None, device_result = false))]
 fn detector_products<'py>(
@@ -602,8 +621,7 @@ fn products_dict(
     Ok(out)
 }
 
-/// The dict of [`detector_products`] with `device_result`: `DeviceArray`s for the arrays,
-/// `mean_dp` and `com` `None`.
+/// The dict of [`detector_products`] with `device_result`: `DeviceArray`s for the arrays.
 fn device_products_dict(
     py: Python<'_>,
     r: detector::DeviceProducts,
@@ -619,11 +637,11 @@ fn device_products_dict(
         device_image_dict,
     )?;
     out.set_item("sum_dp", r.sum_dp.map(pattern).transpose()?)?;
-    out.set_item("mean_dp", py.None())?;
+    out.set_item("mean_dp", r.mean_dp.map(pattern).transpose()?)?;
     out.set_item("max_dp", r.max_dp.map(pattern).transpose()?)?;
     let moments = r.moments.map(|m| device_moments_dict(py, m, scan));
     out.set_item("moments", moments.transpose()?)?;
-    out.set_item("com", py.None())?;
+    out.set_item("com", r.com.map(|c| device_com_dict(py, c)).transpose()?)?;
     Ok(out)
 }
 
@@ -647,24 +665,28 @@ fn products_fields<'py, I>(
     Ok(out)
 }
 
-/// Centre of mass as a dict (`com_row`, `com_col` `f64` `(R_r, R_c)`, `zero_frames`,
-/// `centered`, `unit`, `provenance`).
+/// Centre of mass as a dict (`com_row`, `com_col` `f64` `(R_r, R_c)`, `DeviceArray`s with
+/// `device_result`; `zero_frames`, `centered`, `unit`, `provenance`).
 #[pyfunction]
-#[pyo3(signature = (dataset, centered = true, progress = None))]
+#[pyo3(signature = (dataset, centered = true, progress = None, device_result = false))]
 fn dpc_center_of_mass<'py>(
     py: Python<'py>,
     dataset: PyRef<'py, PyDataset>,
     centered: bool,
     progress: Option<Py<PyAny>>,
+    device_result: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let c = run_on_progress(
+    host_or_device(
         py,
         &dataset,
-        "dpc.center_of_mass",
-        progress,
-        move |ds, _| dpc::center_of_mass(ds, centered),
-    )?;
-    com_dict(py, c)
+        ("dpc.center_of_mass", progress),
+        (device_result, centered),
+        (|ds, c| dpc::center_of_mass(ds, *c), |r| com_dict(py, r)),
+        (
+            |ds, c| dpc::center_of_mass_on_device(ds, *c),
+            |r| device_com_dict(py, r),
+        ),
+    )
 }
 
 /// A DPC result as the dict the Python layer wraps (also the merged result of the distributed

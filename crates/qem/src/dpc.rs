@@ -26,13 +26,18 @@ use std::time::Instant;
 
 pub use qem_cpu::dpc::{EdgeMode, SIGN_MIN_ADF_CORRELATION, SIGN_MIN_SKEWNESS};
 
-/// Centre of mass per scan position.
+#[path = "dpc_device.rs"]
+mod device;
+pub use device::center_of_mass_on_device;
+
+/// Centre of mass per scan position: host arrays, or `DeviceVec`s from
+/// [`center_of_mass_on_device`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct CenterOfMass {
+pub struct CenterOfMass<V = Vec<f64>> {
     /// `μ_r` per scan position, row-major `[R_r, R_c]`, in [`CenterOfMass::unit`].
-    pub com_row: Vec<f64>,
+    pub com_row: V,
     /// `μ_c` per scan position.
-    pub com_col: Vec<f64>,
+    pub com_col: V,
     /// Scan grid.
     pub scan_shape: Shape2,
     /// Whether the scan mean of each component was subtracted (zero frames included in it).
@@ -136,36 +141,7 @@ impl Calibration {
 /// detector in one pass, `μ = m / S`, zero frames counted, centred by default; pixels, or mrad
 /// when the metadata gives the detector angular sampling.
 pub fn center_of_mass(ds: &Dataset, centered: bool) -> Result<CenterOfMass> {
-    let t0 = Instant::now();
-    let m = detector::moments(ds).map_err(|e| e.with_op("dpc center_of_mass"))?;
-    let t_reduce = t0.elapsed().as_secs_f64();
-    let shape = ds.scan_shape();
-    let (mut com_row, mut com_col, zero_frames) = com_from_moments(&m, shape, centered);
-    let cal = Calibration::of(ds);
-    cal.apply(&mut com_row, &mut com_col);
-    let mut provenance = ResultProvenance::new(
-        ds,
-        "dpc.center_of_mass",
-        json!({
-            "centered": centered,
-            "unit": cal.unit(),
-            "origin": "detector pixel (0, 0)",
-            "zero_frames": zero_frames,
-            "det_bin": ds.provenance().det_bin,
-            "calibration": cal.json(),
-        }),
-    );
-    provenance.stage("reduce (moments)", t_reduce);
-    provenance.stage("total (wall)", t0.elapsed().as_secs_f64());
-    Ok(CenterOfMass {
-        com_row,
-        com_col,
-        scan_shape: shape,
-        centered,
-        zero_frames,
-        unit: cal.unit().to_string(),
-        provenance,
-    })
+    device::center_of_mass_in::<crate::detector::target::Host>(ds, centered)
 }
 
 /// Options of [`run`]. `Default`: rotation and transpose found from the data, periodic edges.

@@ -11,7 +11,10 @@ use qem::detector::{
     self, DetectorKind, DetectorMask, DetectorParams, Product, ReduceRequest, ResultDType,
     VirtualImage,
 };
-use qem::{BackendRequest, Dataset, DenseArray, ErrorKind, LoadParams, Representation, Shape2};
+use qem::dpc;
+use qem::{
+    BackendRequest, DType, Dataset, DenseArray, ErrorKind, LoadParams, Representation, Shape2,
+};
 
 /// A rectangular scan and an odd detector.
 const SCAN: Shape2 = Shape2::new(7, 11);
@@ -102,6 +105,11 @@ fn cpu_datasets_refuse_every_device_result() {
         );
         assert_cpu_refusal("sum_dp", detector::sum_dp_on_device(&ds).unwrap_err());
         assert_cpu_refusal("max_dp", detector::max_dp_on_device(&ds).unwrap_err());
+        assert_cpu_refusal("mean_dp", detector::mean_dp_on_device(&ds).unwrap_err());
+        assert_cpu_refusal(
+            "center_of_mass",
+            dpc::center_of_mass_on_device(&ds, true).unwrap_err(),
+        );
         assert_cpu_refusal("moments", detector::moments_on_device(&ds).unwrap_err());
         for kind in DetectorKind::ALL {
             if kind == DetectorKind::Annular {
@@ -305,14 +313,13 @@ fn products_on_the_device_match_products() {
             detector::HostVec::U64(hm.m_col)
         );
         assert_eq!(dev.disk, host.disk);
+        assert!(
+            dev.mean_dp.is_none() && dev.com.is_none(),
+            "{repr:?}: not asked for"
+        );
         assert!(dev.provenance.params["result_device"]
             .as_str()
             .is_some_and(|s| s.starts_with("cuda:")));
-        for host_only in [Product::MeanDp, Product::Com] {
-            let e = detector::products_on_device(ds, &[Product::SumDp, host_only], &p).unwrap_err();
-            assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
-            assert_eq!(e.found.as_deref(), Some(host_only.name()), "{e}");
-        }
     }
 }
 
@@ -354,6 +361,151 @@ fn device_results_outlive_their_dataset_and_each_other() {
             detector::download_image(&adf.image).unwrap(),
             VirtualImage::U64(adf_host),
             "{repr:?}: the ADF image changed"
+        );
+    }
+}
+
+/// The bits of `f64` values (equal bits: equal values, signed zeros and NaNs included).
+fn bits64(v: &[f64]) -> Vec<u64> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn f64s(v: &detector::DeviceVec) -> Vec<f64> {
+    match v.to_host().unwrap() {
+        detector::HostVec::F64(x) => x,
+        other => panic!("expected float64 values, found {other:?}"),
+    }
+}
+
+fn f32_bits(v: &detector::DeviceVec) -> Vec<u32> {
+    match v.to_host().unwrap() {
+        detector::HostVec::F32(x) => x.iter().map(|x| x.to_bits()).collect(),
+        other => panic!("expected float32 values, found {other:?}"),
+    }
+}
+
+/// A device CoM against the host's: the same bits, counts, unit and calibration.
+fn assert_same_com(
+    what: &str,
+    dev: &dpc::CenterOfMass<detector::DeviceVec>,
+    host: &dpc::CenterOfMass,
+) {
+    assert_eq!(dev.com_row.dtype(), ResultDType::F64, "{what}");
+    assert_eq!(
+        bits64(&f64s(&dev.com_row)),
+        bits64(&host.com_row),
+        "{what}: com_row"
+    );
+    assert_eq!(
+        bits64(&f64s(&dev.com_col)),
+        bits64(&host.com_col),
+        "{what}: com_col"
+    );
+    assert_eq!(
+        (dev.zero_frames, &dev.unit, dev.centered, dev.scan_shape),
+        (host.zero_frames, &host.unit, host.centered, host.scan_shape),
+        "{what}"
+    );
+    for key in [
+        "calibration",
+        "detector_angular_sampling_mrad",
+        "zero_frames",
+        "unit",
+    ] {
+        assert_eq!(
+            dev.provenance.params.get(key),
+            host.provenance.params.get(key),
+            "{what}: {key}"
+        );
+    }
+    assert!(
+        dev.provenance.params["result_device"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("cuda:")),
+        "{what}"
+    );
+}
+
+#[test]
+fn mean_dp_and_com_on_the_device_are_the_host_values_bit_for_bit() {
+    let Some(sets) = cuda_datasets() else { return };
+    for (repr, ds) in &sets {
+        let mean = detector::mean_dp_on_device(ds).unwrap();
+        assert_eq!((mean.dtype(), mean.len()), (ResultDType::F32, DET.len()));
+        let want: Vec<u32> = detector::mean_dp(ds)
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        assert_eq!(f32_bits(&mean), want, "{repr:?}: mean DP");
+        for centered in [true, false] {
+            let host = dpc::center_of_mass(ds, centered).unwrap();
+            let dev = dpc::center_of_mass_on_device(ds, centered).unwrap();
+            assert_same_com(&format!("{repr:?} centered={centered}"), &dev, &host);
+        }
+    }
+}
+
+/// A scan of more than one ordered chunk (8192 frames) with empty frames and a detector
+/// sampling that differs along rows and columns (the CoM in mrad): the device CoM must add its
+/// chunk sums as the CPU does, and scale each component by its own factor.
+#[test]
+fn com_on_the_device_matches_over_several_chunks_with_a_calibration() {
+    use qem_io::writer::{Calibration, WriteParams};
+    if qem::resolve_backend(BackendRequest::Cuda).is_err() {
+        eprintln!("no usable CUDA device: device CoM not exercised");
+        return;
+    }
+    let (scan, det) = (Shape2::new(96, 97), Shape2::new(6, 7));
+    let mut data: Vec<u32> = common::disk_counts(scan, det)
+        .into_iter()
+        .map(u32::from)
+        .collect();
+    for f in (0..scan.len()).step_by(37) {
+        data[f * det.len()..(f + 1) * det.len()].fill(0);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let params = WriteParams {
+        calibration: Calibration {
+            angular_sampling_mrad: Some((0.25, 0.3)),
+            ..Calibration::default()
+        },
+        ..common::write_params(dir.path(), scan, det, DType::U16)
+    };
+    let master = common::write_data(&params, &data);
+    for repr in [Representation::Dense, Representation::Encoded] {
+        let load = LoadParams {
+            backend: BackendRequest::Cuda,
+            representation: Some(repr),
+            ..LoadParams::default()
+        };
+        let ds = common::load_path(&master, &load).unwrap();
+        for centered in [true, false] {
+            let host = dpc::center_of_mass(&ds, centered).unwrap();
+            assert_eq!(host.unit, "mrad");
+            assert_eq!(host.zero_frames, scan.len().div_ceil(37) as u64);
+            let dev = dpc::center_of_mass_on_device(&ds, centered).unwrap();
+            assert_same_com(&format!("{repr:?} centered={centered}"), &dev, &host);
+        }
+        let which = [Product::MeanDp, Product::Com, Product::SumDp];
+        let p = DetectorParams::default();
+        let host = detector::products(&ds, &which, &p).unwrap();
+        let dev = detector::products_on_device(&ds, &which, &p).unwrap();
+        let want: Vec<u32> = host.mean_dp.unwrap().iter().map(|x| x.to_bits()).collect();
+        assert_eq!(
+            f32_bits(&dev.mean_dp.unwrap()),
+            want,
+            "{repr:?}: products mean_dp"
+        );
+        assert_same_com(
+            &format!("{repr:?} products"),
+            &dev.com.unwrap(),
+            &host.com.unwrap(),
+        );
+        assert!(dev.moments.is_none(), "moments were not asked for");
+        assert_eq!(
+            dev.provenance.params["com_centered"],
+            host.provenance.params["com_centered"]
         );
     }
 }

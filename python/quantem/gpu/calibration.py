@@ -347,6 +347,14 @@ def _pair_or_none(v: Any) -> tuple[float, float] | None:
     return None if v is None else (float(v[0]), float(v[1]))
 
 
+def _times(v: Any, a: float) -> Any:
+    """``v * a``; a device result (``device_result=True``) is multiplied on the card, one IEEE
+    multiply per value as NumPy's, so both forms keep the same values."""
+    if isinstance(v, _native.DeviceArray):
+        return v._scaled(a)
+    return np.asarray(v) * a
+
+
 def dpc_rescale(native: dict[str, Any], cal: Calibration, op: str) -> dict[str, Any]:
     """The native CoM/DPC dict in the units of ``cal`` where the user set a detector
     sampling, voltage or scan step the engine (which reads the file) did not use.
@@ -401,7 +409,7 @@ def dpc_rescale(native: dict[str, Any], cal: Calibration, op: str) -> dict[str, 
     out = dict(native)
     for n in ("com_row", "com_col", "dpc_row", "dpc_col"):
         if n in out:
-            out[n] = np.asarray(out[n]) * a
+            out[n] = _times(out[n], a)
     unit = "mrad" if det_u is not None else "px"
     out["unit"] = unit
     if "phase" in out:

@@ -264,7 +264,7 @@ class Products(dict):
     Values: :class:`DetectorImage` for detectors, ``numpy.ndarray`` for ``sum_dp`` (uint64),
     ``mean_dp`` (float32) and ``max_dp`` (uint32), a dict of uint64 arrays for ``moments``, a
     :class:`quantem.gpu.dpc.CoM` for ``com``. With ``device_result=True`` every array is a
-    :class:`~quantem.gpu.results.DeviceArray` (``mean_dp`` and ``com`` are not available).
+    :class:`~quantem.gpu.results.DeviceArray` (the CoM's two included).
 
     Attributes
     ----------
@@ -316,7 +316,8 @@ def _device_flag(op: str, device_result) -> bool:
 
 def _whole_scan(op: str, native, ds, device_result):
     """``native(ds, device_result=...)`` for a reduction over every frame (``sum_dp``,
-    ``max_dp``, ``moments``): ``device_result`` and then ``ds`` checked, errors naming ``op``."""
+    ``mean_dp``, ``max_dp``, ``moments``): ``device_result`` and then ``ds`` checked, errors
+    naming ``op``."""
     on_device = _device_flag(op, device_result)
     return native(_args.dataset(op, ds), device_result=on_device)
 
@@ -333,10 +334,18 @@ def sum_dp(ds, *, device_result: bool = False) -> np.ndarray | DeviceArray:
     return _whole_scan("detector.sum_dp", _native.detector_sum_dp, ds, device_result)
 
 
-def mean_dp(ds) -> np.ndarray:
+def mean_dp(ds, *, device_result: bool = False) -> np.ndarray | DeviceArray:
     """Mean diffraction pattern: the exact uint64 sum divided by the frame count in float64,
-    returned as ``float32`` ``(k_r, k_c)``."""
-    return _native.detector_mean_dp(_args.dataset("detector.mean_dp", ds))
+    returned as ``float32`` ``(k_r, k_c)``.
+
+    Parameters
+    ----------
+    device_result : bool
+        ``True`` leaves the mean in GPU memory as a ``float32``
+        :class:`~quantem.gpu.results.DeviceArray`, divided on the card: the host values bit
+        for bit (CUDA datasets only; see the module notes).
+    """
+    return _whole_scan("detector.mean_dp", _native.detector_mean_dp, ds, device_result)
 
 
 def max_dp(ds, *, device_result: bool = False) -> np.ndarray | DeviceArray:
@@ -668,9 +677,9 @@ def products(
     device_result : bool
         ``True`` leaves every array in GPU memory (CUDA datasets only): detector images as
         :class:`DetectorImage` with a :class:`~quantem.gpu.results.DeviceArray` image,
-        ``sum_dp``/``max_dp`` and the ``moments`` arrays as ``DeviceArray``. ``mean_dp`` and
-        ``com`` are computed on the host from the exact sums, so asking for them with it raises
-        ``InvalidArgumentError`` (as does a CPU dataset).
+        ``sum_dp``/``mean_dp``/``max_dp``, the ``moments`` arrays and the ``com`` components
+        as ``DeviceArray`` (the mean and the CoM finished on the card from the pass's exact
+        sums, the host values bit for bit). A CPU dataset raises ``InvalidArgumentError``.
 
     Returns
     -------

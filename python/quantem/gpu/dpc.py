@@ -70,8 +70,9 @@ class CoM(_Arrays):
 
     Attributes
     ----------
-    com_row, com_col : numpy.ndarray
-        ``float64`` ``(R_r, R_c)``: the CoM components, in ``unit``.
+    com_row, com_col : numpy.ndarray or DeviceArray
+        ``float64`` ``(R_r, R_c)``: the CoM components, in ``unit`` (``DeviceArray`` s with
+        ``device_result=True``).
     zero_frames : int
         Frames whose counts sum to 0 (their CoM is 0).
     centered : bool
@@ -156,7 +157,7 @@ def _edge(edge: str, op: str = "dpc") -> str:
     return _args.text(op, "edge", edge, _EDGES)
 
 
-def center_of_mass(ds, centered: bool = True, progress=None) -> CoM:
+def center_of_mass(ds, centered: bool = True, progress=None, *, device_result: bool = False) -> CoM:
     """Centre of mass of every frame, in detector pixels (mrad with a detector sampling in
     ``ds.calibration``: the file's, or the one the user set).
 
@@ -167,6 +168,10 @@ def center_of_mass(ds, centered: bool = True, progress=None) -> CoM:
     progress : None, True or callable
         ``True`` draws a tqdm bar of frames (rate, ETA; ``tqdm.auto``); a callable gets
         ``(stage, done, total)`` on the calling thread.
+    device_result : bool
+        ``True`` leaves ``com_row``/``com_col`` in GPU memory as ``float64``
+        :class:`~quantem.gpu.results.DeviceArray` s, computed on the card from the exact
+        moments: the host values bit for bit (CUDA datasets only; docs/interop.md).
 
     Returns
     -------
@@ -175,7 +180,9 @@ def center_of_mass(ds, centered: bool = True, progress=None) -> CoM:
     op = "dpc.center_of_mass"
     _args.dataset(op, ds)
     flag = _args.flag(op, "centered", centered)
-    d = _progress.run(op, progress, lambda cb: _native.dpc_center_of_mass(ds, flag, progress=cb))
+    dev = _args.flag(op, "device_result", device_result)
+    native = _native.dpc_center_of_mass
+    d = _progress.run(op, progress, lambda cb: native(ds, flag, progress=cb, device_result=dev))
     com = CoM._from_native(calibration.dpc_rescale(d, ds.calibration, op))
     scan, _ = results.dataset_axes(ds)
     return results.with_axes(com, scan, {"com_row": com.unit, "com_col": com.unit})

@@ -84,6 +84,10 @@ fn the_manifest_names_every_define_its_sources_read() {
         ("ssb.cu", include_str!("../kernels/ssb.cu")),
         ("dpc.cu", include_str!("../kernels/dpc.cu")),
         ("fault.cu", include_str!("../kernels/fault.cu")),
+        (
+            "device_forms.cu",
+            include_str!("../kernels/device_forms.cu"),
+        ),
         ("products.cu", include_str!("../kernels/products.cu")),
     ];
     let lines = manifest_lines();

@@ -1,5 +1,5 @@
 //! Detector products whose arrays stay in GPU memory: [`reduce_on_device`] and the `_on_device`
-//! forms of the virtual images, named detectors, sum/max DP, moments and [`products`]. The
+//! forms of the virtual images, named detectors, sum/mean/max DP, moments and [`products`]. The
 //! arrays are [`DeviceVec`]s (a range of a device allocation held by an `Arc`), for handing on
 //! to other GPU code without a copy (DLPack, the CUDA Array Interface); everything else about a
 //! result (bounds, disk, provenance) is as on the host path.
@@ -8,20 +8,22 @@
 //! * only a CUDA dataset has device results: on a CPU dataset every function here is an
 //!   `InvalidArgument` error naming the backend, never a host array in disguise (contract 2);
 //! * the values are those of the host path, bit for bit: the same kernels run, only the
-//!   download is left out (the tests compare them);
-//! * `mean_dp` and `com` are computed on the host from the exact sums, so [`products_on_device`]
-//!   refuses them (the error names what it takes instead);
+//!   download is left out (the tests compare them); the mean DP and the centre of mass are
+//!   finished on the card from the exact sums (`qem_cuda::device_forms`), with the host form's
+//!   `f64` operations in the host form's order;
 //! * with a progress observer installed the pass is still one engine call (merging blocks would
 //!   need device-side adds); it is reported as one block of every frame, and cannot be
 //!   cancelled part-way.
 
 use super::images::{moments_in, virtual_image_in};
 use super::named::detector_image_in;
-use super::products::products_pass;
+use super::patterns::check_frames;
+use super::products::{finish, products_pass, Finished};
 use super::target::{one_product, Device};
 use super::{live, DetectorImage, DetectorKind, DetectorMask, DetectorParams, DiskFit, Product};
 use super::{ReduceRequest, VirtualImage};
 use crate::dataset::{Dataset, Storage};
+use crate::dpc::CenterOfMass;
 use crate::result::ResultProvenance;
 use qem_core::{Error, Result};
 
@@ -140,6 +142,25 @@ pub fn sum_dp_on_device(ds: &Dataset) -> Result<DeviceVec> {
     one_product::<Device, _>(ds, "detector sum_dp", &req, |r| r.sum_dp, "sum")
 }
 
+/// [`super::mean_dp`] on the device: the `u64` sum DP of one pass divided by the frame count in
+/// `f64`, as `f32` per pixel — the host's values bit for bit (the host cache of the sum is not
+/// uploaded: the sum is the engine's own).
+pub fn mean_dp_on_device(ds: &Dataset) -> Result<DeviceVec> {
+    const OP: &str = "detector mean_dp";
+    let req = ReduceRequest {
+        sum_dp: true,
+        ..Default::default()
+    };
+    let sum = one_product::<Device, _>(ds, OP, &req, |r| r.sum_dp, "sum")?;
+    mean_on_device(&sum, ds.scan_shape.len() as u64, OP)
+}
+
+/// The mean DP of a device sum DP over `n_frames` frames (errors carry `op`).
+pub(super) fn mean_on_device(sum: &DeviceVec, n_frames: u64, op: &str) -> Result<DeviceVec> {
+    check_frames(n_frames, op)?;
+    qem_cuda::device_forms::mean_dp(sum, n_frames).map_err(|e| e.with_op(op))
+}
+
 /// [`super::max_dp`] on the device: the `u32` maximum per detector pixel.
 pub fn max_dp_on_device(ds: &Dataset) -> Result<DeviceVec> {
     let req = ReduceRequest {
@@ -164,18 +185,22 @@ pub fn detector_image_on_device(
     detector_image_in::<Device>(ds, kind, p)
 }
 
-/// What [`products_on_device`] returns: the fields of [`super::Products`] that have device
-/// results (no `mean_dp`, no `com`), each `Some` (or `images` non-empty) exactly when asked.
+/// What [`products_on_device`] returns: the fields of [`super::Products`] with device arrays,
+/// each `Some` (or `images` non-empty) exactly when asked.
 #[derive(Debug, Clone)]
 pub struct DeviceProducts {
     /// One image per requested detector kind, in the order first requested.
     pub images: Vec<DetectorImage<DeviceVec>>,
     /// Exact `u64` sum DP.
     pub sum_dp: Option<DeviceVec>,
+    /// `f32` mean DP.
+    pub mean_dp: Option<DeviceVec>,
     /// `u32` max DP.
     pub max_dp: Option<DeviceVec>,
     /// Exact per-frame moments.
     pub moments: Option<DeviceMoments>,
+    /// Centred centre of mass (`f64` arrays).
+    pub com: Option<CenterOfMass<DeviceVec>>,
     /// The BF disk, when a detector image was asked.
     pub disk: Option<DiskFit>,
     /// How it was computed (as [`super::Products`]'s, with `"result_device": "cuda:N"`).
@@ -183,42 +208,39 @@ pub struct DeviceProducts {
 }
 
 /// [`super::products`] with every array left on the device: one pass for every detector image,
-/// the sum DP, the max DP and the moments. `mean_dp` and `com` are computed on the host from
-/// the exact sums and have no device result: asking for them is an `InvalidArgument` error.
+/// the sum DP, the max DP and the moments; the mean DP and the centre of mass finished on the
+/// card from that pass's sum and moments.
 pub fn products_on_device(
     ds: &Dataset,
     which: &[Product],
     p: &DetectorParams,
 ) -> Result<DeviceProducts> {
     const OP: &str = "detector products";
-    check_on_gpu(ds, OP)?;
-    let host_only: Vec<&str> = which
-        .iter()
-        .filter(|w| matches!(w, Product::MeanDp | Product::Com))
-        .map(|w| w.name())
-        .collect();
-    if !host_only.is_empty() {
-        return Err(Error::invalid(
-            OP,
-            "mean_dp and com are computed on the host from the exact sums, so they have no device result",
-        )
-        .with_expected(
-            "with device_result: bf, abf, adf, haadf, df, annular, sum_dp, max_dp, moments \
-             (divide sum_dp by the frame count on the device for the mean)",
-        )
-        .with_found(host_only.join(", ")));
-    }
     // The device never serves the sum DP from the host cache: the result is the engine's own.
     let mut pass = products_pass::<Device>(ds, which, p, OP, None)?;
-    let provenance = pass.provenance(ds, which, p);
+    let sum = pass.reduced.sum_dp.take();
+    let Finished {
+        mean_dp,
+        moments,
+        com,
+        provenance,
+    } = finish(ds, which, p, &mut pass, sum.as_ref(), OP)?;
     Ok(DeviceProducts {
         images: pass.images,
-        sum_dp: pass.reduced.sum_dp,
+        sum_dp: sum.filter(|_| which.contains(&Product::SumDp)),
+        mean_dp,
         max_dp: pass.reduced.max_dp,
-        moments: pass.reduced.moments,
+        moments,
+        com,
         disk: pass.g.map(|g| g.disk),
         provenance,
     })
+}
+
+/// `v · factor` as a new `f64` device result, on the card (one IEEE multiply per value): a
+/// factor applied after a pass (the Python layer's calibration rescale of a device CoM).
+pub fn scale_on_device(v: &DeviceVec, factor: f64) -> Result<DeviceVec> {
+    qem_cuda::device_forms::scale(v, factor)
 }
 
 /// The values of a device image as the host path's [`VirtualImage`] (a download; for tests and
@@ -227,11 +249,11 @@ pub fn download_image(v: &DeviceVec) -> Result<VirtualImage> {
     match v.to_host()? {
         HostVec::U64(x) => Ok(VirtualImage::U64(x)),
         HostVec::F64(x) => Ok(VirtualImage::F64(x)),
-        HostVec::U32(_) => Err(Error::internal(
+        HostVec::U32(_) | HostVec::F32(_) => Err(Error::internal(
             "device result download",
-            "an image holds u32 values",
+            "an image holds neither u64 nor f64 values",
         )
         .with_expected("uint64 or float64")
-        .with_found("uint32")),
+        .with_found(v.dtype().numpy_name())),
     }
 }

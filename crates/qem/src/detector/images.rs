@@ -31,7 +31,7 @@ pub fn moments(ds: &Dataset) -> Result<Moments> {
 }
 
 /// [`moments`] with its arrays on target `T` (host or device).
-pub(super) fn moments_in<T: Target>(ds: &Dataset) -> Result<T::Moments> {
+pub(crate) fn moments_in<T: Target>(ds: &Dataset) -> Result<T::Moments> {
     let req = ReduceRequest {
         moments: true,
         ..Default::default()

@@ -37,13 +37,15 @@ mod images;
 mod named;
 mod patterns;
 mod products;
-mod target;
+pub(crate) mod target;
 
 pub use device::{
-    detector_image_on_device, download_image, max_dp_on_device, moments_on_device,
-    products_on_device, reduce_on_device, sum_dp_on_device, virtual_image_on_device, DeviceMoments,
-    DeviceProducts, DeviceReduceResult, DeviceVec, HostVec, ResultDType,
+    detector_image_on_device, download_image, max_dp_on_device, mean_dp_on_device,
+    moments_on_device, products_on_device, reduce_on_device, scale_on_device, sum_dp_on_device,
+    virtual_image_on_device, DeviceMoments, DeviceProducts, DeviceReduceResult, DeviceVec, HostVec,
+    ResultDType,
 };
+pub(crate) use images::moments_in;
 pub use images::{annulus_mask, fit_disk, fit_disk_from_mean, moments, virtual_image, DiskFit};
 pub use named::{detector_image, DetectorImage, DetectorKind, DetectorParams, Unit};
 pub use patterns::{frames, max_dp, mean_dp, roi_dp, sum_dp, RoiDp, ScanRoi};

@@ -40,12 +40,18 @@ pub fn sum_dp(ds: &Dataset) -> Result<Vec<u64>> {
     Ok(cached_sum_dp(ds)?.to_vec())
 }
 
-pub(super) fn mean_from_sum(sum: &[u64], n_frames: u64, op: &str) -> Result<Vec<f32>> {
+/// Refuse the mean over no frames (both forms of the mean DP).
+pub(super) fn check_frames(n_frames: u64, op: &str) -> Result<()> {
     if n_frames == 0 {
         return Err(Error::invalid(op, "the mean over no frames is undefined")
             .with_expected("at least one frame")
             .with_found("0 frames"));
     }
+    Ok(())
+}
+
+pub(super) fn mean_from_sum(sum: &[u64], n_frames: u64, op: &str) -> Result<Vec<f32>> {
+    check_frames(n_frames, op)?;
     let n = n_frames as f64;
     Ok(sum.iter().map(|&s| (s as f64 / n) as f32).collect())
 }

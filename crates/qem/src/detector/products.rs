@@ -3,7 +3,6 @@
 //! `qem-cli`'s `products` command, `dpc` and the Python bindings.
 
 use super::geometry::{bounds, disk_json, geometry, sampling_json, Geometry};
-use super::patterns::mean_from_sum;
 use super::target::{Host, Reduced, Target};
 use super::{
     annulus_mask, DetectorImage, DetectorKind, DetectorMask, DetectorParams, DiskFit, Moments,
@@ -121,14 +120,47 @@ pub fn products(ds: &Dataset, which: &[Product], p: &DetectorParams) -> Result<P
         (None, Some(s)) if want_sum => Some(s.clone()),
         _ => None,
     };
-    let n_frames = ds.scan_shape.len() as u64;
-    let mean_dp = match (&sum, wants(Product::MeanDp)) {
-        (Some(s), true) => Some(mean_from_sum(s, n_frames, OP)?),
+    let f = finish(ds, which, p, &mut pass, sum.as_ref(), OP)?;
+    Ok(Products {
+        images: pass.images,
+        sum_dp: sum.filter(|_| wants(Product::SumDp)),
+        mean_dp: f.mean_dp,
+        max_dp: pass.reduced.max_dp,
+        moments: f.moments,
+        com: f.com,
+        disk: pass.g.map(|g| g.disk),
+        provenance: f.provenance,
+    })
+}
+
+/// What [`products`] and [`super::products_on_device`] make alike after their pass, on target
+/// `T`: the mean DP (of `sum`) and the moments and centred CoM, each when asked, and the
+/// provenance of the whole call.
+pub(super) struct Finished<T: Target> {
+    pub(super) mean_dp: Option<T::MeanDp>,
+    pub(super) moments: Option<T::Moments>,
+    pub(super) com: Option<crate::dpc::CenterOfMass<T::Field>>,
+    pub(super) provenance: ResultProvenance,
+}
+
+/// The [`Finished`] part of a products call whose pass is `pass` and whose sum DP (from the
+/// pass or the cache) is `sum`; errors carry `op`.
+pub(super) fn finish<T: Target>(
+    ds: &Dataset,
+    which: &[Product],
+    p: &DetectorParams,
+    pass: &mut ProductsPass<T>,
+    sum: Option<&T::SumDp>,
+    op: &str,
+) -> Result<Finished<T>> {
+    let wants = |x: Product| which.contains(&x);
+    let mean_dp = match (sum, wants(Product::MeanDp)) {
+        (Some(s), true) => Some(T::mean_dp(s, ds.scan_shape.len() as u64, op)?),
         _ => None,
     };
     let moments = pass.reduced.moments.take();
     let com = match (&moments, wants(Product::Com)) {
-        (Some(m), true) => Some(com_of(ds, m, pass.t0, pass.reduce_secs)),
+        (Some(m), true) => Some(com_of::<T>(ds, m, pass.t0, pass.reduce_secs)?),
         _ => None,
     };
     let mut provenance = pass.provenance(ds, which, p);
@@ -138,18 +170,10 @@ pub fn products(ds: &Dataset, which: &[Product], p: &DetectorParams) -> Result<P
             json!(wants(Product::Com).then_some(true)),
         );
     }
-    Ok(Products {
-        images: pass.images,
-        sum_dp: if wants(Product::SumDp) { sum } else { None },
+    Ok(Finished {
         mean_dp,
-        max_dp: pass.reduced.max_dp,
-        moments: if wants(Product::Moments) {
-            moments
-        } else {
-            None
-        },
+        moments: moments.filter(|_| wants(Product::Moments)),
         com,
-        disk: pass.g.map(|g| g.disk),
         provenance,
     })
 }
@@ -353,20 +377,20 @@ fn plan(ds: &Dataset, which: &[Product], p: &DetectorParams, op: &str) -> Result
     })
 }
 
-/// The centred CoM of `m`, in detector pixels or, when the metadata gives the detector angular
-/// sampling (per source pixel, times `det_bin`), in mrad — the rule of
+/// The centred CoM of `m` on target `T`, in detector pixels or, when the metadata gives the
+/// detector angular sampling (per source pixel, times `det_bin`), in mrad — the rule of
 /// [`crate::dpc::center_of_mass`], which the tests hold this to.
-fn com_of(ds: &Dataset, m: &Moments, t0: Instant, reduce_secs: f64) -> crate::dpc::CenterOfMass {
-    let shape = ds.scan_shape;
-    let (mut com_row, mut com_col, zero_frames) = crate::dpc::com_from_moments(m, shape, true);
+fn com_of<T: Target>(
+    ds: &Dataset,
+    m: &T::Moments,
+    t0: Instant,
+    reduce_secs: f64,
+) -> Result<crate::dpc::CenterOfMass<T::Field>> {
     let det_mrad = ds
         .metadata()
         .angular_sampling_mrad
         .filter(|&(r, c)| r.is_finite() && c.is_finite() && r > 0.0 && c > 0.0);
-    if let Some((sr, sc)) = det_mrad {
-        com_row.iter_mut().for_each(|v| *v *= sr);
-        com_col.iter_mut().for_each(|v| *v *= sc);
-    }
+    let (com_row, com_col, zero_frames) = T::com(m, true, det_mrad)?;
     let unit = if det_mrad.is_some() { "mrad" } else { "px" };
     let mut provenance = ResultProvenance::new(
         ds,
@@ -381,15 +405,16 @@ fn com_of(ds: &Dataset, m: &Moments, t0: Instant, reduce_secs: f64) -> crate::dp
             "computed_by": "detector.products (one pass)",
         }),
     );
+    T::mark(&mut provenance, ds);
     provenance.stage("reduce (moments, shared pass)", reduce_secs);
     provenance.stage("total (wall)", t0.elapsed().as_secs_f64());
-    crate::dpc::CenterOfMass {
+    Ok(crate::dpc::CenterOfMass {
         com_row,
         com_col,
-        scan_shape: shape,
+        scan_shape: ds.scan_shape,
         centered: true,
         zero_frames,
         unit: unit.to_string(),
         provenance,
-    }
+    })
 }
