@@ -187,7 +187,7 @@ fn rel(a: f64, b: f64) -> f64 {
 /// [`fit_disk_edge`] of `img`, checked to read `radius` within the relative `tol`; `case` names
 /// the input in the failure message.
 fn fit_within(img: &[f64], shape: Shape2, radius: f64, tol: f64, case: &str) -> DiskEdge {
-    let e = fit_disk_edge(img, shape).unwrap();
+    let e = fit_disk_edge(img, shape).unwrap_or_else(|err| panic!("{case}: {err}"));
     let err = rel(e.radius_px, radius);
     assert!(
         err.abs() < tol,
