@@ -231,33 +231,58 @@ pub struct SsbArgs {
     /// first stage use a quarter of them, the last stage all).
     #[arg(long)]
     pub no_coarse: bool,
-    /// Defocus C10, Å (positive = overfocus; abTEM's defocus is −C10).
-    #[arg(long, allow_negative_numbers = true)]
-    pub c10: Option<f64>,
-    /// Two-fold astigmatism C12, Å.
-    #[arg(long, allow_negative_numbers = true)]
-    pub c12: Option<f64>,
-    /// Angle of C12, rad.
-    #[arg(long, allow_negative_numbers = true)]
-    pub phi12: Option<f64>,
-    /// Axial coma C21, Å.
-    #[arg(long, allow_negative_numbers = true)]
-    pub c21: Option<f64>,
-    /// Angle of C21, rad.
-    #[arg(long, allow_negative_numbers = true)]
-    pub phi21: Option<f64>,
-    /// Three-fold astigmatism C23, Å.
-    #[arg(long, allow_negative_numbers = true)]
-    pub c23: Option<f64>,
-    /// Angle of C23, rad.
-    #[arg(long, allow_negative_numbers = true)]
-    pub phi23: Option<f64>,
-    /// Spherical aberration C30, Å.
-    #[arg(long, allow_negative_numbers = true)]
-    pub c30: Option<f64>,
+    #[command(flatten)]
+    pub aberrations: AberrationArgs,
     /// Print ssb.json to stdout instead of a summary.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Declares [`AberrationArgs`] (one optional flag per coefficient) and its [`given`] list
+/// from one table, so that a flag and the coefficient name it sets cannot drift apart.
+///
+/// [`given`]: AberrationArgs::given
+macro_rules! aberration_args {
+    ($($(#[doc = $doc:literal])+ $field:ident => $name:literal,)+) => {
+        /// The aberration flags of `quantem-gpu ssb` (Å / rad; unset = 0, or the fit's start).
+        #[derive(Debug, Args)]
+        pub struct AberrationArgs {
+            $(
+                $(#[doc = $doc])+
+                #[arg(long, allow_negative_numbers = true)]
+                pub $field: Option<f64>,
+            )+
+        }
+
+        impl AberrationArgs {
+            /// The coefficients given, by their names in [`qem::ssb::ABERRATION_NAMES`].
+            pub fn given(&self) -> Vec<(&'static str, f64)> {
+                [$(($name, self.$field)),+]
+                    .into_iter()
+                    .filter_map(|(name, v)| Some((name, v?)))
+                    .collect()
+            }
+        }
+    };
+}
+
+aberration_args! {
+    /// Defocus C10, Å (positive = overfocus; abTEM's defocus is −C10).
+    c10 => "C10",
+    /// Two-fold astigmatism C12, Å.
+    c12 => "C12",
+    /// Angle of C12, rad.
+    phi12 => "phi12",
+    /// Axial coma C21, Å.
+    c21 => "C21",
+    /// Angle of C21, rad.
+    phi21 => "phi21",
+    /// Three-fold astigmatism C23, Å.
+    c23 => "C23",
+    /// Angle of C23, rad.
+    phi23 => "phi23",
+    /// Spherical aberration C30, Å.
+    c30 => "C30",
 }
 
 /// `quantem-gpu demo`

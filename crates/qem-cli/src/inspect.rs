@@ -18,11 +18,14 @@ pub fn run(a: &InspectArgs) -> anyhow::Result<()> {
     }
     let opt = |v: Option<String>| v.unwrap_or_else(|| "unknown".into());
     let mut s = format!("{}\n", ins.path.display());
-    if ins.ready {
+    if ins.verdict.ready {
         s.push_str("  ready: yes\n");
     } else {
-        s.push_str(&format!("  ready: NO: {}\n", opt(ins.reason.clone())));
-        if let Some(action) = &ins.action {
+        s.push_str(&format!(
+            "  ready: NO: {}\n",
+            opt(ins.verdict.reason.clone())
+        ));
+        if let Some(action) = &ins.verdict.action {
             s.push_str(&format!("  what to do: {action}\n"));
         }
     }
@@ -59,11 +62,11 @@ pub fn run(a: &InspectArgs) -> anyhow::Result<()> {
             ins.missing_shards.len()
         ));
     }
-    if ins.n_missing_frames > 0 {
+    if ins.unwritten.n_missing_frames > 0 {
         s.push_str(&format!(
             "  frames never written: {} (first: {:?})\n",
-            ins.n_missing_frames,
-            &ins.missing_frames[..ins.missing_frames.len().min(10)]
+            ins.unwritten.n_missing_frames,
+            &ins.unwritten.missing_frames[..ins.unwritten.missing_frames.len().min(10)]
         ));
     }
     if let Some(b) = ins.bad_pixels {

@@ -156,19 +156,8 @@ pub fn run(a: &SsbArgs, command_line: &str) -> anyhow::Result<()> {
     // Bad calibration fails before the (possibly long) load, exit 3.
     params.validate()?;
     let mut start = Aberrations::default();
-    for (name, v) in [
-        ("C10", a.c10),
-        ("C12", a.c12),
-        ("phi12", a.phi12),
-        ("C21", a.c21),
-        ("phi21", a.phi21),
-        ("C23", a.c23),
-        ("phi23", a.phi23),
-        ("C30", a.c30),
-    ] {
-        if let Some(v) = v {
-            start.set(name, v)?;
-        }
+    for (name, v) in a.aberrations.given() {
+        start.set(name, v)?;
     }
     let job = if a.fit {
         let d = FitParams::default();

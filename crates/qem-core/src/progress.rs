@@ -19,6 +19,14 @@ pub trait Progress: Send + Sync {
     }
 }
 
+/// A receiver shows as its role only (implementations need not be `Debug`), so that the
+/// parameter structs holding one can derive `Debug`.
+impl std::fmt::Debug for dyn Progress + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Progress")
+    }
+}
+
 /// A [`Progress`] that ignores everything.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NoProgress;
@@ -27,4 +35,17 @@ impl Progress for NoProgress {
     fn begin(&self, _what: &str, _total: u64) {}
     fn advance(&self, _n: u64) {}
     fn end(&self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_receiver_debugs_as_its_role() {
+        let p: &dyn Progress = &NoProgress;
+        assert_eq!(format!("{:?}", Some(p)), "Some(Progress)");
+        let shared: std::sync::Arc<dyn Progress> = std::sync::Arc::new(NoProgress);
+        assert_eq!(format!("{shared:?}"), "Progress");
+    }
 }

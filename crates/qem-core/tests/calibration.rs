@@ -4,7 +4,7 @@
 //! 10³ to 10⁶ e⁻/frame, bad pixels. The truth is the generator's radius, not the fit's.
 
 use qem_core::calibration::EdgeModel;
-use qem_core::{fit_disk_edge, Shape2};
+use qem_core::{fit_disk_edge, DiskEdge, Shape2};
 use std::f64::consts::PI;
 
 /// splitmix64 uniform in [0, 1).
@@ -184,6 +184,20 @@ fn rel(a: f64, b: f64) -> f64 {
     (a - b) / b
 }
 
+/// [`fit_disk_edge`] of `img`, checked to read `radius` within the relative `tol`; `case` names
+/// the input in the failure message.
+fn fit_within(img: &[f64], shape: Shape2, radius: f64, tol: f64, case: &str) -> DiskEdge {
+    let e = fit_disk_edge(img, shape).unwrap_or_else(|err| panic!("{case}: {err}"));
+    let err = rel(e.radius_px, radius);
+    assert!(
+        err.abs() < tol,
+        "{case}: fitted {} for {radius} ({:+.4} %): {e:?}",
+        e.radius_px,
+        100.0 * err
+    );
+    e
+}
+
 #[test]
 fn hard_and_soft_edges_give_the_aperture_radius() {
     // (radius, blur σ): hard edges and Gaussian blurs up to 2.5 px, small and large disks.
@@ -196,15 +210,7 @@ fn hard_and_soft_edges_give_the_aperture_radius() {
         (9.4, 0.0),
     ] {
         let d = Disk::circle(64, (32.3, 31.6), radius, blur);
-        let e = fit_disk_edge(&d.render(), d.shape).unwrap();
-        let err = rel(e.radius_px, radius);
-        assert!(
-            err.abs() < 0.001,
-            "R {radius} blur {blur}: fitted {} ({:+.4} %), 50 % contour {}",
-            e.radius_px,
-            100.0 * err,
-            e.radius_50_px
-        );
+        let e = fit_within(&d.render(), d.shape, radius, 0.001, &format!("blur {blur}"));
         assert!(
             (e.center_px.0 - 32.3).abs() < 0.02 && (e.center_px.1 - 31.6).abs() < 0.02,
             "{e:?}"
@@ -231,14 +237,12 @@ fn amplitude_tapered_edges_give_the_amplitude_midpoint() {
     for &radius in &[9.4, 18.68, 30.2] {
         for &taper in &[0.5, 1.0, 1.5] {
             let d = Disk::tapered(72, (35.3, 36.6), radius, taper);
-            let e = fit_disk_edge(&d.render(), d.shape).unwrap();
-            let err = rel(e.radius_px, radius);
-            assert!(
-                err.abs() < 0.0005,
-                "R {radius} taper {taper}: fitted {} ({:+.4} %), weights {:?}",
-                e.radius_px,
-                100.0 * err,
-                e.model_weights
+            let e = fit_within(
+                &d.render(),
+                d.shape,
+                radius,
+                0.0005,
+                &format!("taper {taper}"),
             );
             assert_eq!(e.edge_model, EdgeModel::AmplitudeTaper, "{e:?}");
             assert!(
@@ -474,25 +478,11 @@ fn binned_point_sampled_tapers_and_hard_edges() {
     for &b in &[2usize, 3] {
         for &r in &[9.34, 12.3] {
             let soft = binned_point_sampled(48, b, (23.6, 24.2), r, 1.0);
-            let e = fit_disk_edge(&soft, s).unwrap();
-            assert!(
-                rel(e.radius_px, r).abs() < 0.002,
-                "bin {b} R {r}: soft {} ({:+.3} %) {:?}",
-                e.radius_px,
-                100.0 * rel(e.radius_px, r),
-                e.model_weights
-            );
+            let e = fit_within(&soft, s, r, 0.002, &format!("bin {b}, soft"));
             assert_eq!(e.edge_model, EdgeModel::AmplitudeTaper, "{e:?}");
             assert_eq!(e.taper_subsamples, b, "{e:?}");
             let hard = binned_point_sampled(48, b, (23.6, 24.2), r, 0.0);
-            let e = fit_disk_edge(&hard, s).unwrap();
-            assert!(
-                rel(e.radius_px, r).abs() < 0.005,
-                "bin {b} R {r}: hard {} ({:+.3} %) {:?}",
-                e.radius_px,
-                100.0 * rel(e.radius_px, r),
-                e.model_weights
-            );
+            let e = fit_within(&hard, s, r, 0.005, &format!("bin {b}, hard"));
             assert!(
                 e.model_weights.amplitude_taper < 0.05,
                 "bin {b} R {r}: {e:?}"

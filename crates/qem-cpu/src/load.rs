@@ -25,16 +25,10 @@ pub struct DenseLoad {
 }
 
 /// Progress and cancellation for a load.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct LoadHooks<'a> {
     /// Receives progress in frames.
     pub progress: &'a dyn Progress,
-}
-
-impl std::fmt::Debug for LoadHooks<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("LoadHooks")
-    }
 }
 
 /// Reports progress in steps of about 0.5 % so callbacks stay cheap.

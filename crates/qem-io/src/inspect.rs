@@ -2,7 +2,7 @@
 
 use crate::guard;
 use crate::open::{self, Located};
-use crate::{h5, OpenOptions, Source, SourceKind};
+use crate::{h5, MissingFrames, OpenOptions, Source, SourceKind};
 use qem_core::{DType, Error, ErrorKind, Metadata, Result, ScanShapeOrigin, Shape2};
 use std::path::{Path, PathBuf};
 
@@ -24,15 +24,58 @@ pub struct ShardReport {
     pub compressed_bytes: Option<u64>,
 }
 
-/// What [`inspect`] found: whether the source can be loaded, and if not why and what to do.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Inspection {
+/// Whether a source can be loaded, and if not why and what to do.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Verdict {
     /// True when [`Source::open`] succeeds and every frame has a written chunk.
     pub ready: bool,
     /// Why the source is not ready.
     pub reason: Option<String>,
     /// What the user can do about it.
     pub action: Option<String>,
+}
+
+impl Verdict {
+    /// Not ready: why, and what to do about it.
+    fn not_ready(reason: String, action: impl Into<String>) -> Verdict {
+        Verdict {
+            ready: false,
+            reason: Some(reason),
+            action: Some(action.into()),
+        }
+    }
+}
+
+/// The frames of a source whose chunk was never written.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct UnwrittenFrames {
+    /// The first [`UnwrittenFrames::LISTED`] of them.
+    pub missing_frames: Vec<u64>,
+    /// How many there are.
+    pub n_missing_frames: u64,
+}
+
+impl UnwrittenFrames {
+    /// How many frames the report lists at most.
+    pub const LISTED: usize = 100;
+
+    fn of(missing: &MissingFrames) -> UnwrittenFrames {
+        UnwrittenFrames {
+            missing_frames: missing.iter().take(Self::LISTED).collect(),
+            n_missing_frames: missing.len(),
+        }
+    }
+}
+
+/// What [`inspect`] found: whether the source can be loaded, and if not why and what to do.
+///
+/// The verdict's and the unwritten frames' fields serialise at the top level (`ready`,
+/// `reason`, `action`, ..., `missing_frames`, `n_missing_frames`, ...), in this order.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Inspection {
+    /// Whether the source can be loaded, and if not why and what to do.
+    #[serde(flatten)]
+    pub verdict: Verdict,
     /// Kind of source, once recognised.
     pub source_kind: Option<SourceKind>,
     /// The path inspected.
@@ -53,10 +96,9 @@ pub struct Inspection {
     pub shards: Vec<ShardReport>,
     /// Shard files that do not exist.
     pub missing_shards: Vec<PathBuf>,
-    /// The first 100 frames whose chunk was never written.
-    pub missing_frames: Vec<u64>,
-    /// Number of frames whose chunk was never written.
-    pub n_missing_frames: u64,
+    /// Frames whose chunk was never written.
+    #[serde(flatten)]
+    pub unwritten: UnwrittenFrames,
     /// Metadata read from the master.
     pub metadata: Option<Metadata>,
     /// Pixels the pixel mask marks bad (low-16-bit rule).
@@ -68,9 +110,7 @@ pub struct Inspection {
 impl Inspection {
     fn empty(path: &Path) -> Inspection {
         Inspection {
-            ready: false,
-            reason: None,
-            action: None,
+            verdict: Verdict::default(),
             source_kind: None,
             path: path.to_path_buf(),
             dtype: None,
@@ -81,8 +121,7 @@ impl Inspection {
             scan_shape_origin: None,
             shards: Vec::new(),
             missing_shards: Vec::new(),
-            missing_frames: Vec::new(),
-            n_missing_frames: 0,
+            unwritten: UnwrittenFrames::default(),
             metadata: None,
             bad_pixels: None,
             compressed_bytes: None,
@@ -238,32 +277,34 @@ fn report_open(ins: &mut Inspection, path: &Path, opts: &OpenOptions) {
             ins.actual_frames = Some(src.n_frames);
             ins.scan_shape = Some(src.scan_shape);
             ins.scan_shape_origin = src.metadata.scan_shape_origin;
-            ins.n_missing_frames = src.missing_frames.len();
-            ins.missing_frames = src.missing_frames.iter().take(100).collect();
+            ins.unwritten = UnwrittenFrames::of(&src.missing_frames);
             ins.bad_pixels = src
                 .bad_pixel_mask()
                 .map(|m| m.iter().filter(|&&b| b).count());
             ins.compressed_bytes = Some(src.compressed_bytes());
             ins.metadata = Some(src.metadata.clone());
-            if let Some(first) = src.missing_frames.first() {
-                ins.reason = Some(format!(
-                    "{} of {} frames were never written (first: {first})",
-                    src.missing_frames.len(),
-                    src.n_frames
-                ));
-                ins.action = Some("load a scan region that excludes the missing frames".into());
-            } else {
-                ins.ready = true;
-            }
+            ins.verdict = match src.missing_frames.first() {
+                Some(first) => Verdict::not_ready(
+                    format!(
+                        "{} of {} frames were never written (first: {first})",
+                        src.missing_frames.len(),
+                        src.n_frames
+                    ),
+                    "load a scan region that excludes the missing frames",
+                ),
+                None => Verdict {
+                    ready: true,
+                    ..Verdict::default()
+                },
+            };
         }
         Err(e) => {
-            ins.ready = false;
-            ins.action = Some(if ins.missing_shards.is_empty() {
+            let action = if ins.missing_shards.is_empty() {
                 action_for(&e)
             } else {
                 "copy the missing shard files next to the master file".into()
-            });
-            ins.reason = Some(e.to_string());
+            };
+            ins.verdict = Verdict::not_ready(e.to_string(), action);
         }
     }
 }
@@ -314,4 +355,56 @@ pub fn discover(folder: &Path) -> Result<Vec<PathBuf>> {
     }
     out.sort();
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_serialises_flat_in_its_field_order() {
+        let mut ins = Inspection::empty(Path::new("x_master.h5"));
+        ins.verdict = Verdict::not_ready("why".into(), "do this");
+        ins.unwritten = UnwrittenFrames::of(&MissingFrames::from_sorted([3..5, 200..300]));
+        let text = serde_json::to_string(&ins).unwrap();
+        let keys = [
+            "ready",
+            "reason",
+            "action",
+            "source_kind",
+            "path",
+            "dtype",
+            "detector_shape",
+            "expected_frames",
+            "actual_frames",
+            "scan_shape",
+            "scan_shape_origin",
+            "shards",
+            "missing_shards",
+            "missing_frames",
+            "n_missing_frames",
+            "metadata",
+            "bad_pixels",
+            "compressed_bytes",
+        ];
+        let at: Vec<usize> = keys
+            .iter()
+            .map(|k| text.find(&format!("\"{k}\":")).unwrap_or(usize::MAX))
+            .collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "{text}");
+        assert!(
+            !text.contains("verdict") && !text.contains("unwritten"),
+            "{text}"
+        );
+        assert!(text.starts_with(r#"{"ready":false,"reason":"why","action":"do this","#));
+    }
+
+    #[test]
+    fn unwritten_frames_list_the_first_hundred_and_count_all() {
+        let u = UnwrittenFrames::of(&MissingFrames::from_sorted([3..5, 200..300]));
+        assert_eq!(u.n_missing_frames, 102);
+        assert_eq!(u.missing_frames.len(), UnwrittenFrames::LISTED);
+        assert_eq!(&u.missing_frames[..3], &[3, 4, 200]);
+        assert_eq!(u.missing_frames.last(), Some(&297));
+    }
 }

@@ -32,7 +32,7 @@ pub mod writer;
 
 pub use formats::{FloatScale, Format, HostDecode, RawLayout};
 pub use guard::{check_regular_file, open_regular, read_up_to, ALLOW_EXTERNAL_LINKS_ENV};
-pub use inspect::{discover, inspect, Inspection, ShardReport};
+pub use inspect::{discover, inspect, Inspection, ShardReport, UnwrittenFrames, Verdict};
 
 use qem_core::{fnv1a64, DType, Error, FileIdentity, Metadata, Region, Result, Shape2, FNV_OFFSET};
 use std::ops::Range;

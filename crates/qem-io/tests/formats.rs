@@ -215,7 +215,7 @@ fn inspect_reports_non_hdf5_formats() {
     let p = dir.path().join("scan.npy");
     write_npy(&p, &[3, 5, 6, 4], &counts(3 * 5 * 6 * 4), None);
     let ins = qem_io::inspect(&p, None).unwrap();
-    assert!(ins.ready, "{ins:?}");
+    assert!(ins.verdict.ready, "{ins:?}");
     assert_eq!(ins.source_kind, Some(SourceKind::Npy));
     assert_eq!(ins.scan_shape, Some(Shape2::new(3, 5)));
     assert_eq!(ins.detector_shape, Some(Shape2::new(6, 4)));
@@ -225,8 +225,8 @@ fn inspect_reports_non_hdf5_formats() {
     let bytes = std::fs::read(&p).unwrap();
     std::fs::write(&cut, &bytes[..bytes.len() - 10]).unwrap();
     let ins = qem_io::inspect(&cut, None).unwrap();
-    assert!(!ins.ready);
-    let why = ins.reason.unwrap();
+    assert!(!ins.verdict.ready);
+    let why = ins.verdict.reason.unwrap();
     assert!(why.contains("frame") && !why.contains("HDF5"), "{why}");
 
     let q = dir.path().join("x.qem");

@@ -218,7 +218,7 @@ fn rectangular_scan_over_uneven_shards_round_trips() {
     assert!(src.chunk_of_frame(35).is_err());
 
     let ins = inspect(&w.master, None).unwrap_or_else(|e| panic!("{e}"));
-    assert!(ins.ready, "{:?}", ins.reason);
+    assert!(ins.verdict.ready, "{:?}", ins.verdict.reason);
     assert_eq!(ins.shards.len(), 5);
     assert_eq!(ins.shards[4].frames, Some(3));
     assert_eq!(
@@ -343,13 +343,14 @@ fn scan_shape_inference_and_errors() {
     assert!(e.to_string().contains("scan_shape"), "{e}");
     assert!(names_file(&e, "rect_master.h5"));
     let ins = inspect(&w.master, None).unwrap_or_else(|e| panic!("{e}"));
-    assert!(!ins.ready);
+    assert!(!ins.verdict.ready);
     assert!(
-        ins.action
+        ins.verdict
+            .action
             .as_deref()
             .is_some_and(|a| a.contains("scan_shape")),
         "{:?}",
-        ins.action
+        ins.verdict.action
     );
     // ... and passing it works, with origin Argument
     let opts = OpenOptions {
@@ -362,7 +363,7 @@ fn scan_shape_inference_and_errors() {
         src.metadata.scan_shape_origin,
         Some(ScanShapeOrigin::Argument)
     );
-    assert!(inspect(&w.master, Some(Shape2::new(3, 10))).is_ok_and(|i| i.ready));
+    assert!(inspect(&w.master, Some(Shape2::new(3, 10))).is_ok_and(|i| i.verdict.ready));
 }
 
 #[test]
@@ -392,11 +393,12 @@ fn missing_shard_is_named() {
     assert!(names_file(&e, "ms_data_000003.h5"), "{e}");
     assert!(e.to_string().contains("ms_data_000003.h5"), "{e}");
     let ins = inspect(&w.master, None).unwrap_or_else(|e| panic!("{e}"));
-    assert!(!ins.ready);
+    assert!(!ins.verdict.ready);
     assert_eq!(ins.missing_shards.len(), 1);
     assert!(ins.missing_shards[0].ends_with("ms_data_000003.h5"));
     assert!(!ins.shards[2].exists && ins.shards[1].exists);
     assert!(ins
+        .verdict
         .reason
         .as_deref()
         .is_some_and(|r| r.contains("ms_data_000003.h5")));
@@ -437,9 +439,9 @@ fn unwritten_chunks_are_missing_frames() {
     assert!(src.chunk_of_frame(8).is_ok());
     assert_frames_match(&src);
     let ins = inspect(&w.master, None).unwrap_or_else(|e| panic!("{e}"));
-    assert!(!ins.ready);
-    assert_eq!(ins.n_missing_frames, 3);
-    assert_eq!(ins.missing_frames, vec![3, 9, 19]);
+    assert!(!ins.verdict.ready);
+    assert_eq!(ins.unwritten.n_missing_frames, 3);
+    assert_eq!(ins.unwritten.missing_frames, vec![3, 9, 19]);
 }
 
 #[test]
@@ -788,7 +790,7 @@ fn reads_make_dectris_output() {
     let want = std::fs::read(&raw).unwrap_or_default();
     assert_eq!(frames[17].as_deref(), Some(want.as_slice()));
     let ins = inspect(&master, None).unwrap_or_else(|e| panic!("{e}"));
-    assert!(ins.ready, "{:?}", ins.reason);
+    assert!(ins.verdict.ready, "{:?}", ins.verdict.reason);
     assert_eq!(ins.shards.len(), 5);
 }
 

@@ -361,8 +361,8 @@ impl Catalog {
 fn inspect_into(p: &Path, v: &mut Value) {
     match qem::inspect(p, None) {
         Ok(ins) => {
-            v["ready"] = json!(ins.ready);
-            v["reason"] = json!(ins.reason);
+            v["ready"] = json!(ins.verdict.ready);
+            v["reason"] = json!(ins.verdict.reason);
             if let (Some(s), Some(d)) = (ins.scan_shape, ins.detector_shape) {
                 v["shape"] = json!([s.rows, s.cols, d.rows, d.cols]);
             }

@@ -33,7 +33,7 @@ pub enum SourceArg {
 }
 
 /// Options of [`load`]; `Default` is "everything, native dtype, auto backend".
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct LoadParams {
     /// Which engine.
     pub backend: BackendRequest,
@@ -64,26 +64,6 @@ pub struct LoadParams {
     pub float_scale: Option<f64>,
     /// Progress receiver.
     pub progress: Option<Arc<dyn Progress>>,
-}
-
-impl std::fmt::Debug for LoadParams {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoadParams")
-            .field("backend", &self.backend)
-            .field("scan_shape", &self.scan_shape)
-            .field("scan_region", &self.scan_region)
-            .field("detector_region", &self.detector_region)
-            .field("det_bin", &self.det_bin)
-            .field("dtype", &self.dtype)
-            .field("representation", &self.representation)
-            .field("apply_mask", &self.apply_mask)
-            .field("memory_budget", &self.memory_budget)
-            .field("dataset_path", &self.dataset_path)
-            .field("format", &self.format)
-            .field("raw", &self.raw)
-            .field("float_scale", &self.float_scale)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Default for LoadParams {

@@ -272,14 +272,14 @@ pub fn run(a: &BenchLoadArgs, command_line: &str) -> anyhow::Result<()> {
 
     // 1. The source and the machine.
     let inspection = qem::inspect(&source, scan_shape).context("inspecting --source")?;
-    if !inspection.ready {
+    if !inspection.verdict.ready {
         return Err(anyhow::Error::new(
             qem::Error::source(
                 "bench load",
                 format!(
                     "{} is not ready: {}",
                     source.display(),
-                    inspection.reason.clone().unwrap_or_default()
+                    inspection.verdict.reason.clone().unwrap_or_default()
                 ),
             )
             .with_file(&source),

@@ -3,7 +3,7 @@
 //! `convert` killed mid-write, and bit flips of a `.qem` file.
 
 use crate::fixtures::write_acq;
-use crate::{code, qg, stderr};
+use crate::{assert_fails, code, qg, stderr};
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -85,8 +85,7 @@ fn inspect_of_a_directory_fifo_loop_or_non_hdf5_file_exits_3_saying_why() {
     std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
     if std::fs::File::open(&locked).is_err() {
         let o = qg_limited(&["inspect", locked.to_str().unwrap()], &[], 30);
-        assert_eq!(code(&o), 3, "{}", stderr(&o));
-        assert!(stderr(&o).contains("ermission denied"), "{}", stderr(&o));
+        assert_fails(&o, 3, "ermission denied");
     }
 }
 

@@ -47,6 +47,13 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// Assert that the command exited with `expected` and that its standard error says `says`.
+fn assert_fails(o: &Output, expected: i32, says: &str) {
+    let e = stderr(o);
+    assert_eq!(code(o), expected, "{e}");
+    assert!(e.contains(says), "expected {says:?} in: {e}");
+}
+
 fn json_stdout(o: &Output) -> Value {
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
         panic!(

@@ -5,7 +5,7 @@ use crate::fixtures::{
     disk_acquisition, disk_frames, naive_disk, naive_ring, npy_f64, npy_u64, read_npy, write_acq,
     P_DET, P_SCAN,
 };
-use crate::{code, json_stdout, png_size, qg, qg_job, stderr};
+use crate::{assert_fails, code, json_stdout, png_size, qg, qg_job, stderr};
 use serde_json::Value;
 
 #[test]
@@ -249,12 +249,10 @@ fn products_and_dpc_exit_codes() {
             "mrad",
         ],
     );
-    assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert!(stderr(&o).contains("mrad"), "{}", stderr(&o));
+    assert_fails(&o, 2, "mrad");
     // A missing source: 3, naming it.
     let o = qg(&["products", "/not/here_master.h5", "--out", out_s]);
-    assert_eq!(code(&o), 3, "{}", stderr(&o));
-    assert!(stderr(&o).contains("here_master.h5"));
+    assert_fails(&o, 3, "here_master.h5");
     let o = qg(&["dpc", "/not/here_master.h5", "--out", out_s]);
     assert_eq!(code(&o), 3, "{}", stderr(&o));
     // An unusable explicit backend: 4, before anything is written.

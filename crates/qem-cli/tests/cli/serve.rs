@@ -1,7 +1,7 @@
 //! `quantem-gpu serve`: prints its URL, answers with the token it printed, stops on Ctrl-C
 //! (SIGINT) with exit 0; refused options exit 2.
 
-use super::{code, qg, stderr};
+use super::{assert_fails, code, qg, stderr};
 use crate::fixtures::disk_acquisition;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
@@ -93,8 +93,7 @@ fn serve_refuses_a_public_host_without_a_token() {
         "--backend",
         "cpu",
     ]);
-    assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert!(stderr(&o).contains("without a token"), "{}", stderr(&o));
+    assert_fails(&o, 2, "without a token");
     let o = qg(&["serve", p, "--token", "x", "--no-token"]);
     assert_eq!(code(&o), 2);
     let o = qg(&["serve"]);

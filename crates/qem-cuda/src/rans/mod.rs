@@ -352,24 +352,32 @@ pub fn fault_from_words(v: &[u32]) -> Option<RansFaultRecord> {
     })
 }
 
+/// What a stream-integrity code (2..=14) of the decode kernel means; the fault's `a` and `b`
+/// are then the expected and the found value.
+fn stream_fault(code: u32) -> Option<&'static str> {
+    Some(match code {
+        2 => "stream length",
+        3 => "word/extra-bit counts larger than the frame allows",
+        4 => "table set out of range",
+        5 => "reserved header word",
+        6 => "initial state below L (lane a)",
+        7 => "non-zero pad word",
+        8 => "non-zero unused extra bits",
+        9 => "renormalisation word needed past the stream's words",
+        10 => "extra bits needed past the stream's bits",
+        11 => "final state != L (lane a)",
+        12 => "words left unread",
+        13 => "extra bits left unread",
+        14 => "table set does not match the decoded frame",
+        _ => return None,
+    })
+}
+
 /// The typed error of a kernel fault (`frame` maps the index entry to the acquisition's frame).
 pub fn fault_error(f: &RansFaultRecord, frame: u64) -> Error {
     let op = "rANS decode (GPU)";
     let (what, exp, found) = match f.code {
         1 => ("index entry outside the stream arena", None, None),
-        2 => ("stream length", Some(f.a), Some(f.b)),
-        3 => ("word/extra-bit counts larger than the frame allows", Some(f.a), Some(f.b)),
-        4 => ("table set out of range", Some(f.a), Some(f.b)),
-        5 => ("reserved header word", Some(f.a), Some(f.b)),
-        6 => ("initial state below L (lane a)", Some(f.a), Some(f.b)),
-        7 => ("non-zero pad word", Some(f.a), Some(f.b)),
-        8 => ("non-zero unused extra bits", Some(f.a), Some(f.b)),
-        9 => ("renormalisation word needed past the stream's words", Some(f.a), Some(f.b)),
-        10 => ("extra bits needed past the stream's bits", Some(f.a), Some(f.b)),
-        11 => ("final state != L (lane a)", Some(f.a), Some(f.b)),
-        12 => ("words left unread", Some(f.a), Some(f.b)),
-        13 => ("extra bits left unread", Some(f.a), Some(f.b)),
-        14 => ("table set does not match the decoded frame", Some(f.a), Some(f.b)),
         17 => ("a decoded value above 65535", Some(f.a), None),
         15 => {
             return Error::invalid(
@@ -381,9 +389,13 @@ pub fn fault_error(f: &RansFaultRecord, frame: u64) -> Error {
             )
             .with_frame(frame)
         }
-        c => {
-            return Error::internal(op, format!("unknown rANS kernel code {c}")).with_frame(frame)
-        }
+        c => match stream_fault(c) {
+            Some(what) => (what, Some(f.a), Some(f.b)),
+            None => {
+                return Error::internal(op, format!("unknown rANS kernel code {c}"))
+                    .with_frame(frame)
+            }
+        },
     };
     let mut e = Error::decode(
         op,

@@ -1,6 +1,7 @@
 //! Host-side tests of the wrapper (tables, interleaving, records; the CUDA paths where a GPU is present).
 
 use super::*;
+use qem_core::ErrorKind;
 
 fn model(freq_row: &[u16], literals: u8) -> CountsModel {
     CountsModel::from_parts(
@@ -127,8 +128,80 @@ fn fault_records_name_the_frame() {
     assert_eq!(f.frame, 7);
     let e = fault_error(&f, 1234);
     assert_eq!(e.frame, Some(1234));
-    assert_eq!(e.kind, qem_core::ErrorKind::Decode);
+    assert_eq!(e.kind, ErrorKind::Decode);
     assert!(fault_from_words(&[0u32; 8]).is_none());
+}
+
+#[test]
+fn fault_codes_give_their_reason_and_values() {
+    let fault = |code| RansFaultRecord {
+        code,
+        frame: 0,
+        a: 40,
+        b: 41,
+        count: 1,
+        overflowed: 0,
+    };
+    // (code, kind, words the message holds, expected, found)
+    let cases = [
+        (
+            1,
+            ErrorKind::Decode,
+            "index entry outside the stream arena",
+            None,
+            None,
+        ),
+        (
+            2,
+            ErrorKind::Decode,
+            "corrupt stream: stream length",
+            Some("40"),
+            Some("41"),
+        ),
+        (
+            9,
+            ErrorKind::Decode,
+            "needed past the stream's words",
+            Some("40"),
+            Some("41"),
+        ),
+        (
+            14,
+            ErrorKind::Decode,
+            "table set does not match",
+            Some("40"),
+            Some("41"),
+        ),
+        (
+            17,
+            ErrorKind::Decode,
+            "a decoded value above 65535",
+            Some("40"),
+            None,
+        ),
+        (
+            15,
+            ErrorKind::InvalidArgument,
+            "value 41 at pixel 40 has no symbol",
+            None,
+            None,
+        ),
+        (
+            16,
+            ErrorKind::Internal,
+            "unknown rANS kernel code 16",
+            None,
+            None,
+        ),
+    ];
+    for (code, kind, says, expected, found) in cases {
+        let e = fault_error(&fault(code), 5);
+        assert_eq!(e.kind, kind, "code {code}: {e}");
+        assert!(e.detail.contains(says), "code {code}: {e}");
+        assert_eq!(e.expected.as_deref(), expected, "code {code}");
+        assert_eq!(e.found.as_deref(), found, "code {code}");
+        assert_eq!(e.frame, Some(5), "code {code}");
+    }
 }
 
 #[test]
