@@ -18,6 +18,12 @@ pub const MAX_INT_WEIGHT: u32 = 65535;
 /// images of `u32` data below 2^64 (see [`MAX_INT_WEIGHT`]).
 pub const MAX_FRAME_PIXELS: usize = 1 << 16;
 
+/// Frames per chunk of a deterministic scan sum (a scan mean, a centring): each chunk summed
+/// serially, then the chunk sums in chunk order, so the bits do not depend on the thread count.
+/// One value for both engines: the CPU's `ordered_sums` and the CUDA centre-of-mass mean use it,
+/// which keeps their means equal bit for bit.
+pub const ORDERED_CHUNK: usize = 8192;
+
 /// Weights over the detector (`k_r · k_c` values, row-major) for one virtual image.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DetectorMask {

@@ -483,8 +483,9 @@ pub fn align(
         .unzip()
 }
 
-/// The chunk of [`ordered_sums`] (and of [`com_from_moments`]' centring sums).
-const ORDERED_CHUNK: usize = 8192;
+/// The chunk of [`ordered_sums`] (and of [`com_from_moments`]' centring sums): the vocabulary's,
+/// shared with the CUDA engine's centre of mass.
+use qem_core::reduce::ORDERED_CHUNK;
 
 /// `Σ_i f(i)` for `i < n`, K sums at once, in parallel but in a fixed order (chunks of 8192
 /// indices summed serially, then the chunk sums in chunk order): the same bits whatever the

@@ -20,11 +20,10 @@ use crate::nvrtc::load_module;
 
 const KERNEL_SOURCE: &str = include_str!("kernels/device_forms.cu");
 
-/// Frames per ordered chunk of the CoM's scan mean: `qem_cpu::dpc`'s `ORDERED_CHUNK` (chunks
-/// summed serially, then the chunk sums in chunk order). The CPU and GPU means agree bit for
-/// bit only while the two are equal; `crates/qem/tests/device_result.rs` compares them on a
-/// scan of several chunks.
-pub const COM_CHUNK: usize = 8192;
+/// Frames per ordered chunk of the CoM's scan mean (chunks summed serially, then the chunk sums
+/// in chunk order): the vocabulary's [`ORDERED_CHUNK`], the CPU engine's too, so the two means
+/// agree bit for bit (`crates/qem/tests/device_result.rs` compares them over several chunks).
+pub use qem_core::reduce::ORDERED_CHUNK as COM_CHUNK;
 
 const THREADS: u32 = 256;
 
