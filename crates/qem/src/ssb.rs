@@ -816,25 +816,19 @@ impl Ssb {
             let d = done.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
             progress(d, estimate.max(d));
         };
-        // The same batches as `cpu::fit` (CPU) and the per-point objective (CUDA), counted.
-        let out = match &self.prep {
-            Prep::Cpu(_) => cpu::fit_with(&spec, &|abs: &[Aberrations], fid| {
-                let losses = abs
-                    .par_iter()
-                    .map(|ab| self.objective_at(ab, spec.objective, fid))
-                    .collect::<Result<Vec<f64>>>();
-                report(abs.len());
-                losses
-            })?,
-            Prep::Cuda(_) => cpu::fit_with(&spec, &|abs: &[Aberrations], fid| {
-                let losses = abs
-                    .iter()
-                    .map(|ab| self.objective_at(ab, f.objective, fid))
-                    .collect::<Result<Vec<f64>>>();
-                report(abs.len());
-                losses
-            })?,
-        };
+        // One search on either engine: a batch's losses in parallel on the CPU, one after the
+        // other on the GPU (one device, one queue), counted for the progress.
+        let on_cpu = matches!(self.prep, Prep::Cpu(_));
+        let out = cpu::fit_with(&spec, &|abs: &[Aberrations], fid| {
+            let one = |ab: &Aberrations| self.objective_at(ab, spec.objective, fid);
+            let losses = if on_cpu {
+                abs.par_iter().map(one).collect::<Result<Vec<f64>>>()
+            } else {
+                abs.iter().map(one).collect::<Result<Vec<f64>>>()
+            };
+            report(abs.len());
+            losses
+        })?;
         let t_fit = t0.elapsed().as_secs_f64();
         let result = self.reconstruct(&out.aberrations)?;
         let mut provenance = self.provenance.clone();

@@ -580,6 +580,14 @@ mod tests {
         }
     }
 
+    /// The fitted C10 and C12 within their tolerances of the expected values.
+    fn assert_fits(a: &Aberrations, (c10, tol10): (f64, f64), (c12, tol12): (f64, f64)) {
+        assert!(
+            (a.c10 - c10).abs() < tol10 && (a.c12 - c12).abs() < tol12,
+            "{a:?}"
+        );
+    }
+
     /// A quadratic bowl with its minimum at C10 = `c10`, C12 = 21 Å, φ12 = 0.3 rad.
     fn bowl_at(a: &Aberrations, c10: f64) -> f64 {
         ((a.c10 - c10) / 400.0).powi(2)
@@ -631,16 +639,7 @@ mod tests {
             Ok(abs.iter().map(|a| bowl_at(a, c10)).collect())
         };
         let out = fit_with(&spec, &bowl).unwrap();
-        assert!(
-            (out.aberrations.c10 - 57.0).abs() < 0.5,
-            "{:?}",
-            out.aberrations
-        );
-        assert!(
-            (out.aberrations.c12 - 21.0).abs() < 0.2,
-            "{:?}",
-            out.aberrations
-        );
+        assert_fits(&out.aberrations, (57.0, 0.5), (21.0, 0.2));
         let asked = asked.into_inner().unwrap_or_default();
         assert_eq!(asked.len(), out.evaluations);
         let n_coarse = asked.iter().take_while(|&&f| f == Fidelity::Coarse).count();
@@ -730,17 +729,8 @@ mod tests {
     fn fit_with_coarse_refines_on_the_full_loss_with_model_steps() {
         let spec = |coarse| FitSpec {
             seed: 11,
-            params: vec![
-                ("C10".into(), (-400.0, 400.0)),
-                ("C12".into(), (0.0, 100.0)),
-                ("phi12".into(), (-1.5, 1.5)),
-            ],
-            objective: Objective::Coherence,
             global_evals: 100,
-            local_max_iter: 200,
-            local_starts: 2,
-            start: Aberrations::default(),
-            coarse,
+            ..three_parameter_spec(2, coarse)
         };
         let loss = |a: &Aberrations, off: f64| {
             let (x, y, z) = (
@@ -815,16 +805,7 @@ mod tests {
                 .collect())
         };
         let out = fit_with(&spec, &bowl).unwrap();
-        assert!(
-            (out.aberrations.c10 - 123.0).abs() < 0.2,
-            "{:?}",
-            out.aberrations
-        );
-        assert!(
-            (out.aberrations.c12 - 37.0).abs() < 0.05,
-            "{:?}",
-            out.aberrations
-        );
+        assert_fits(&out.aberrations, (123.0, 0.2), (37.0, 0.05));
         assert_eq!(out.evaluations, out.loss_curve.len());
         let b = batches.into_inner().unwrap_or_default();
         assert_eq!(
