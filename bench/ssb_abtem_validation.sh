@@ -8,6 +8,12 @@
 #   PY=/tmp/abtem-venv/bin/python  (venv from $ANCHOR_TOOLS/requirements-abtem.lock.txt)
 #   WORK=/tmp/ssbval               (scratch)
 #   SKIP_SIM=1                     (reuse simulations already in $WORK)
+#   CASES="name:cells:dose ..."     (a subset; default the four below)
+#   OBJECTIVES=coherence            (default phase_variance,coherence)
+#   OUT=bench/results/x.json       (default cpu_ssb_abtem_validation.json)
+# The 1-cell coherence subset (the default fit against the all-pixel fit) is
+#   CASES="sto_t1_d1e6:1:1e6 sto_t1_d1e5:1:1e5" OBJECTIVES=coherence \
+#   OUT=bench/results/cpu_ssb_abtem_coarse_fit.json bash bench/ssb_abtem_validation.sh
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 TOOLS="$(cd "$ROOT" && cd "${ANCHOR_TOOLS:-tests/tools}" && pwd)"
@@ -19,7 +25,8 @@ mkdir -p "$WORK"
 # 48x48 scan over 3x3 unit cells -> 0.2441 A step; 64x64 detector at 1.0704 mrad/px.
 COMMON="--structure sto --scan 48 --scan-cells 3 --det 64 --defocus -100 --C12 30 --phi12 0.5 --seed 0 --workers 2"
 # name  thickness(cells)  dose(e/A^2): 1e6 -> 59,567 e/frame ("high"); 1e5 -> 5,957 e/frame ("realistic")
-CASES="sto_d1e6:5:1e6 sto_d1e5:5:1e5 sto_t1_d1e6:1:1e6 sto_t1_d1e5:1:1e5"
+CASES="${CASES:-sto_d1e6:5:1e6 sto_d1e5:5:1e5 sto_t1_d1e6:1:1e6 sto_t1_d1e5:1:1e5}"
+OBJECTIVES="${OBJECTIVES:-phase_variance,coherence}"
 cd "$ROOT"
 cargo build --release -p qem-bench --example ssb_validation
 for c in $CASES; do
@@ -33,7 +40,8 @@ for c in $CASES; do
   # 200 Halton points + Nelder-Mead (200 iterations) from the 3 best.
   ./target/release/examples/ssb_validation "$WORK/dec_$name/sto_master.h5" "$WORK/$name.json" \
     "$WORK/val_$name.json" --truth "$WORK/truth_$name.f64" --seed 0 --global 200 --local-iter 200 --starts 3 \
-    --c10-range -400,400 --c12-range 0,100 --phi12-range -1.5707963267948966,1.5707963267948966
+    --c10-range -400,400 --c12-range 0,100 --phi12-range -1.5707963267948966,1.5707963267948966 \
+    --objectives "$OBJECTIVES"
 done
 "$PY" - "$WORK" "$OUT" "$COMMON" "$CASES" <<'PYEOF'
 import json, sys, os, platform
