@@ -142,11 +142,10 @@ fn bench_one(
         let secs = t.elapsed().as_secs_f64();
         let pf = &f.provenance.params["fit"];
         eprintln!(
-            "fit ({}, coarse {coarse}) {secs:.3} s, {} evaluations ({} coarse, last stage {}): {:?}",
+            "fit ({}, coarse {coarse}) {secs:.3} s, {} evaluations ({} coarse): {:?}",
             kind.name(),
             f.evaluations,
             pf["coarse_evaluations"],
-            pf["final_stage"],
             f.aberrations
         );
         fits.push(json!({
@@ -154,7 +153,6 @@ fn bench_one(
             "coarse": pf["coarse"],
             "coarse_pixels": pf["coarse_pixels"],
             "coarse_evaluations": pf["coarse_evaluations"],
-            "final_stage": pf["final_stage"],
             "seconds": secs,
             "evaluations": f.evaluations,
             "ms_per_evaluation": secs * 1e3 / f.evaluations as f64,
@@ -241,7 +239,6 @@ fn g16_compare(ds: &Dataset, r: usize) -> qem::Result<Value> {
                 "object_p50_s": obj,
                 "fit_seconds": secs,
                 "fit_evaluations": f.evaluations,
-                "fit_final_stage": f.provenance.params["fit"]["final_stage"],
                 "fitted": f.aberrations.to_map(),
                 "loss": f.loss,
             }),

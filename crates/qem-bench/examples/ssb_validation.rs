@@ -262,7 +262,6 @@ fn main() -> Res<()> {
                 "coarse": coarse,
                 "coarse_pixels": fit.provenance.params["fit"]["coarse_pixels"],
                 "coarse_evaluations": fit.provenance.params["fit"]["coarse_evaluations"],
-                "final_stage": fit.provenance.params["fit"]["final_stage"],
                 "fitted": a.to_map(),
                 "true": truth_ab.to_map(),
                 "C10_rel_err": c10_err,

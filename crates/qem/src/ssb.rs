@@ -840,14 +840,13 @@ impl Ssb {
                     "seed": f.seed,
                     "objective": f.objective.name(),
                     "search": if spec.coarse {
-                        "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, on the coarse loss (the coarse sample of BF pixels); the starts compared on the full loss; from the best, Newton steps on a quadratic model of the full loss (central differences, 2 % of the box down to 0.1 %) to a step below 1e-4 of the box, or, where the model fails, a fresh 2 % simplex to 1e-4"
+                        "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, on the coarse loss (the coarse sample of BF pixels); the starts compared on the full loss, the best on to 1e-4 on the full loss from a fresh 2 % simplex"
                     } else {
                         "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, the best on to 1e-4"
                     },
                     "coarse": spec.coarse,
                     "coarse_pixels": if spec.coarse { self.coarse_used } else { 0 },
                     "coarse_evaluations": out.coarse_evaluations,
-                    "final_stage": out.final_stage,
                     "ranges": params.iter().map(|(n, r)| (n.clone(), json!({"lo": r.0, "hi": r.1,
                         "unit": Aberrations::unit(n)}))).collect::<serde_json::Map<_, _>>(),
                     "global_evals": f.global_evals,

@@ -411,9 +411,9 @@ fn coarse_fit_lands_where_the_full_fit_does() {
         .unwrap();
     let fit = &fc.provenance.params["fit"];
     println!(
-        "coarse fit: C10 {:.3} C12 {:.3} phi12 {:.4}, {} evaluations ({} coarse, last stage {}); all-pixel fit: C10 {:.3} C12 {:.3} phi12 {:.4}, {} evaluations",
+        "coarse fit: C10 {:.3} C12 {:.3} phi12 {:.4}, {} evaluations ({} coarse); all-pixel fit: C10 {:.3} C12 {:.3} phi12 {:.4}, {} evaluations",
         fc.aberrations.c10, fc.aberrations.c12, fc.aberrations.phi12, fc.evaluations,
-        fit["coarse_evaluations"], fit["final_stage"], ff.aberrations.c10, ff.aberrations.c12, ff.aberrations.phi12,
+        fit["coarse_evaluations"], ff.aberrations.c10, ff.aberrations.c12, ff.aberrations.phi12,
         ff.evaluations
     );
     assert_eq!(fit["coarse"], true);

@@ -57,10 +57,6 @@ pub struct FitOutcome {
     /// How many of the evaluations used the coarse loss (they come first in `loss_curve`
     /// together with the full-loss ones that picked the winning start).
     pub coarse_evaluations: usize,
-    /// How the last stage ended: `"nelder-mead"` (no coarse stage), `"model steps (N)"` (the
-    /// Newton steps on a quadratic model converged after N steps) or `"model steps (N), then
-    /// nelder-mead"` (the model gave up after N steps: not convex, no descent, or the box edge).
-    pub final_stage: String,
 }
 
 /// SplitMix64: a small, fully specified generator so the seed → points map is reproducible.
@@ -189,7 +185,6 @@ pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOut
     }
     let coarse_evaluations = if spec.coarse { curve.len() } else { 0 };
     let mut best = (points[order[0]].clone(), global_best_loss);
-    let mut final_stage = "nelder-mead".to_string();
     if spec.coarse {
         // The starts' best vertices compared on the full loss (one batch), so a start that the
         // coarse loss ranks a little low is not lost; from the winner's best vertex a fresh
@@ -207,28 +202,11 @@ pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOut
         curve.extend(&full);
         let w = (0..runs.len()).reduce(|a, b| if full[b] < full[a] { b } else { a });
         if let Some(w) = w {
-            // Newton steps on a quadratic model of the full loss (about 10 evaluations a step
-            // for 3 parameters, ~3 steps, where the fresh simplex took ~170); where the model
-            // does not hold (not convex, no descent, the box edge) a fresh simplex from the
-            // best point seen runs to the end instead.
-            let eval_points = |us: &[Vec<f64>]| -> Result<Vec<f64>> {
-                let abs: Vec<Aberrations> = us.iter().map(|u| to_ab(u)).collect::<Result<_>>()?;
-                batch(&abs, Fidelity::Full)
-            };
             let u0 = runs[w].best().0.to_vec();
-            best = match newton_refine(&eval_points, &u0, full[w], &mut curve)? {
-                Refined::Converged(u, l, steps) => {
-                    final_stage = format!("model steps ({steps})");
-                    (u, l)
-                }
-                Refined::Gave(u, l, steps) => {
-                    final_stage = format!("model steps ({steps}), then nelder-mead");
-                    let mut nm = NelderMead::new(&eval_full, &u, l, RESTART_STEP, &mut curve)?;
-                    nm.run(&eval_full, FINAL_SPREAD, spec.local_max_iter, &mut curve)?;
-                    let (u, l) = nm.best();
-                    (u.to_vec(), l)
-                }
-            };
+            let mut nm = NelderMead::new(&eval_full, &u0, full[w], RESTART_STEP, &mut curve)?;
+            nm.run(&eval_full, FINAL_SPREAD, spec.local_max_iter, &mut curve)?;
+            let (u, l) = nm.best();
+            best = (u.to_vec(), l);
         }
     } else {
         // The best at the rough stage (the earlier start on a tie).
@@ -250,7 +228,6 @@ pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOut
         loss_curve: curve,
         global_best_loss,
         coarse_evaluations,
-        final_stage,
     })
 }
 
@@ -267,161 +244,6 @@ const RESTART_STEP: f64 = 2e-2;
 /// (1,592 evaluations instead of ~600 on the reference acquisition).
 const FINAL_SPREAD: f64 = 1e-4;
 
-/// Smallest step of the quadratic model's difference quotients (box units): the losses at
-/// ±1e-3 of the box differ by ~1e-7 of the loss near the minimum on the reference data, well
-/// above the f32 loss's rounding, while the model's own error stays below [`FINAL_SPREAD`].
-const MODEL_MIN_STEP: f64 = 1e-3;
-/// Newton steps at most before [`newton_refine`] hands over to Nelder–Mead.
-const MODEL_MAX_STEPS: usize = 8;
-
-/// What [`newton_refine`] ended with.
-enum Refined {
-    /// The last Newton step was below [`FINAL_SPREAD`] of every box side: the point, its loss
-    /// and the steps taken.
-    Converged(Vec<f64>, f64, usize),
-    /// The model failed (not positive definite, no descent, the design left the box, or
-    /// [`MODEL_MAX_STEPS`] were used): the best point seen, its loss, to go on from, and the
-    /// steps taken.
-    Gave(Vec<f64>, f64, usize),
-}
-
-/// Newton's method on a quadratic model of the loss around `x0` (box coordinates; `f0` its
-/// loss): the gradient and Hessian from central differences on the design `x ± h·e_i`,
-/// `x + h·(e_i + e_j)` (`2d + d(d−1)/2` points, one batch), the step `−H⁻¹g` limited to 4h and
-/// to the box; then the model is rebuilt at the new point with `h` shrunk towards the step's
-/// size (not below [`MODEL_MIN_STEP`]). Every loss goes to `curve`. Why: near the minimum the
-/// loss is smooth and close to quadratic, so a few model steps place the minimum as closely
-/// as Nelder–Mead's ~170 evaluations did (the fit's last stage was most of its time).
-fn newton_refine(
-    eval: &PointsLoss<'_>,
-    x0: &[f64],
-    f0: f64,
-    curve: &mut Vec<f64>,
-) -> Result<Refined> {
-    let d = x0.len();
-    let (mut x, mut fx) = (x0.to_vec(), f0);
-    let mut h = RESTART_STEP;
-    let mut best = (x.clone(), fx);
-    for steps in 0..MODEL_MAX_STEPS {
-        if x.iter().any(|&v| v - h < 0.0 || v + h > 1.0) {
-            return Ok(Refined::Gave(best.0, best.1, steps));
-        }
-        let shifted = |steps: &[(usize, f64)]| {
-            let mut y = x.clone();
-            for &(i, t) in steps {
-                y[i] += t;
-            }
-            y
-        };
-        let mut design = Vec::with_capacity(2 * d + d * (d - 1) / 2);
-        for i in 0..d {
-            design.push(shifted(&[(i, h)]));
-            design.push(shifted(&[(i, -h)]));
-        }
-        for i in 0..d {
-            for j in i + 1..d {
-                design.push(shifted(&[(i, h), (j, h)]));
-            }
-        }
-        let f = eval(&design)?;
-        curve.extend(&f);
-        for (y, &fy) in design.iter().zip(&f) {
-            if fy < best.1 {
-                best = (y.clone(), fy);
-            }
-        }
-        let (fp, fm) = (|i: usize| f[2 * i], |i: usize| f[2 * i + 1]);
-        let g: Vec<f64> = (0..d).map(|i| (fp(i) - fm(i)) / (2.0 * h)).collect();
-        // The mixed points follow the axis pairs in (i, j > i) order.
-        let mut mixed = f[2 * d..].iter();
-        let mut hess = vec![vec![0.0; d]; d];
-        for (i, j) in (0..d).flat_map(|i| (i..d).map(move |j| (i, j))) {
-            let v = if i == j {
-                (fp(i) - 2.0 * fx + fm(i)) / (h * h)
-            } else {
-                let fij = mixed.next().copied().unwrap_or(f64::NAN);
-                (fij - fp(i) - fp(j) + fx) / (h * h)
-            };
-            hess[i][j] = v;
-            hess[j][i] = v;
-        }
-        let Some(mut step) = cholesky_solve(&hess, &g) else {
-            return Ok(Refined::Gave(best.0, best.1, steps));
-        };
-        step.iter_mut().for_each(|v| *v = -*v);
-        let len = step.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        if len > 4.0 * h {
-            step.iter_mut().for_each(|v| *v *= 4.0 * h / len);
-        }
-        let x1: Vec<f64> = x
-            .iter()
-            .zip(&step)
-            .map(|(a, s)| (a + s).clamp(0.0, 1.0))
-            .collect();
-        let f1 = eval(std::slice::from_ref(&x1))?[0];
-        curve.push(f1);
-        if f1 < best.1 {
-            best = (x1.clone(), f1);
-        }
-        let small = len < FINAL_SPREAD;
-        if small && h <= 2.0 * MODEL_MIN_STEP {
-            // The model's minimum and the centre lie within the final spread, on a model
-            // whose differences are fine enough not to bias it: the better of the two.
-            return Ok(if f1 <= fx {
-                Refined::Converged(x1, f1, steps + 1)
-            } else {
-                Refined::Converged(x, fx, steps + 1)
-            });
-        }
-        if f1 < fx && !small {
-            // Descent: the model again at the new point, its differences as fine as the step.
-            (x, fx) = (x1, f1);
-            h = (2.0 * len).clamp(MODEL_MIN_STEP, h);
-            continue;
-        }
-        if f1 < fx {
-            (x, fx) = (x1, f1);
-        }
-        // A small step, or no descent (the loss is not quadratic over the design: higher
-        // terms bias the differences): the same place, a design at least four times finer,
-        // as fine as the step.
-        if h <= MODEL_MIN_STEP {
-            return Ok(Refined::Gave(best.0, best.1, steps + 1));
-        }
-        h = (2.0 * len).min(0.25 * h).max(MODEL_MIN_STEP);
-    }
-    Ok(Refined::Gave(best.0, best.1, MODEL_MAX_STEPS))
-}
-
-/// `x` with `a x = b` for a symmetric positive definite `a` (Cholesky); `None` when `a` is not
-/// positive definite (or not finite).
-fn cholesky_solve(a: &[Vec<f64>], b: &[f64]) -> Option<Vec<f64>> {
-    let n = b.len();
-    let mut l = vec![vec![0.0; n]; n];
-    for i in 0..n {
-        for j in 0..=i {
-            let s: f64 = a[i][j] - (0..j).map(|k| l[i][k] * l[j][k]).sum::<f64>();
-            if i == j {
-                if !(s > 0.0 && s.is_finite()) {
-                    return None;
-                }
-                l[i][i] = s.sqrt();
-            } else {
-                l[i][j] = s / l[j][j];
-            }
-        }
-    }
-    let mut y = vec![0.0; n];
-    for i in 0..n {
-        y[i] = (b[i] - (0..i).map(|k| l[i][k] * y[k]).sum::<f64>()) / l[i][i];
-    }
-    let mut x = vec![0.0; n];
-    for i in (0..n).rev() {
-        x[i] = (y[i] - (i + 1..n).map(|k| l[k][i] * x[k]).sum::<f64>()) / l[i][i];
-    }
-    x.iter().all(|v| v.is_finite()).then_some(x)
-}
-
 /// Nelder–Mead (reflection 1, expansion 2, contraction ½, shrink ½) in box coordinates,
 /// vertices clamped to [0, 1], run in stages by [`NelderMead::run`]. Every evaluation's loss
 /// is appended to the loss curve.
@@ -433,8 +255,6 @@ struct NelderMead {
 }
 
 type BoxLoss<'a> = dyn Fn(&[f64]) -> Result<f64> + 'a;
-/// The losses of a batch of points in box coordinates, in order.
-type PointsLoss<'a> = dyn Fn(&[Vec<f64>]) -> Result<Vec<f64>> + 'a;
 
 impl NelderMead {
     /// The start simplex: `x0` and one vertex `step` along each axis (inwards when `x0` lies
@@ -652,81 +472,10 @@ mod tests {
         );
     }
 
-    /// A coupled quadratic bowl (not axis-aligned) in 3 box coordinates, minimum inside.
-    fn bowl3(u: &[f64]) -> f64 {
-        let (a, b, c) = (u[0] - 0.43, u[1] - 0.61, u[2] - 0.37);
-        2.0 * a * a + b * b + 0.5 * c * c + 0.8 * a * b - 0.3 * b * c - 1.25
-    }
-
+    /// On a loss that is not quadratic, whose coarse form has its minimum a little apart, the
+    /// coarse path ends at the full loss's minimum as the all-pixel path does.
     #[test]
-    fn newton_refine_lands_on_a_quadratic_minimum_in_a_few_steps() {
-        let eval =
-            |us: &[Vec<f64>]| -> Result<Vec<f64>> { Ok(us.iter().map(|u| bowl3(u)).collect()) };
-        let x0 = [0.45, 0.58, 0.40];
-        let mut curve = Vec::new();
-        let Refined::Converged(x, f, _) =
-            newton_refine(&eval, &x0, bowl3(&x0), &mut curve).unwrap()
-        else {
-            panic!("a quadratic bowl must converge");
-        };
-        for (got, want) in x.iter().zip([0.43, 0.61, 0.37]) {
-            assert!((got - want).abs() < 1e-9, "{x:?}");
-        }
-        assert!((f + 1.25).abs() < 1e-15, "{f}");
-        // 2d + d(d-1)/2 = 9 design points and one model point a step.
-        assert_eq!(curve.len() % 10, 0, "{}", curve.len());
-        assert!(curve.len() <= 30, "{} evaluations", curve.len());
-    }
-
-    #[test]
-    fn newton_refine_gives_up_on_a_saddle_and_at_the_box_edge() {
-        let saddle = |us: &[Vec<f64>]| -> Result<Vec<f64>> {
-            Ok(us
-                .iter()
-                .map(|u| (u[0] - 0.5).powi(2) - (u[1] - 0.5).powi(2))
-                .collect())
-        };
-        let x0 = [0.52, 0.47];
-        let mut curve = Vec::new();
-        let r = newton_refine(&saddle, &x0, 0.0, &mut curve).unwrap();
-        assert!(matches!(r, Refined::Gave(..)));
-        assert_eq!(curve.len(), 5, "one design (4 + 1 points), no model step");
-        let bowl = |us: &[Vec<f64>]| -> Result<Vec<f64>> {
-            Ok(us.iter().map(|u| (u[0] - 0.005).powi(2)).collect())
-        };
-        let mut curve = Vec::new();
-        let r = newton_refine(&bowl, &[0.01], 2.5e-5, &mut curve).unwrap();
-        assert!(matches!(r, Refined::Gave(..)));
-        assert!(
-            curve.is_empty(),
-            "the design would leave the box: nothing evaluated"
-        );
-    }
-
-    #[test]
-    fn cholesky_solve_solves_and_refuses_indefinite_matrices() {
-        let a = vec![
-            vec![4.0, 2.0, 0.4],
-            vec![2.0, 2.0, -0.3],
-            vec![0.4, -0.3, 1.0],
-        ];
-        let x_true = [1.5, -2.0, 0.25];
-        let b: Vec<f64> = a
-            .iter()
-            .map(|row| row.iter().zip(&x_true).map(|(p, q)| p * q).sum())
-            .collect();
-        let x = cholesky_solve(&a, &b).unwrap();
-        for (got, want) in x.iter().zip(x_true) {
-            assert!((got - want).abs() < 1e-12, "{x:?}");
-        }
-        assert!(cholesky_solve(&[vec![1.0, 2.0], vec![2.0, 1.0]], &[1.0, 1.0]).is_none());
-        assert!(cholesky_solve(&[vec![f64::NAN]], &[1.0]).is_none());
-    }
-
-    /// The coarse path ends with model steps on the full loss: the full loss's minimum (which
-    /// the coarse loss misplaces a little), in far fewer evaluations than the all-pixel path.
-    #[test]
-    fn fit_with_coarse_refines_on_the_full_loss_with_model_steps() {
+    fn fit_with_coarse_ends_at_the_full_minimum_of_a_non_quadratic_loss() {
         let spec = |coarse| FitSpec {
             seed: 11,
             global_evals: 100,
@@ -752,22 +501,6 @@ mod tests {
             assert!((a.c12 - 37.0).abs() < 0.02, "{a:?}");
             assert!((a.phi12 - 0.4).abs() < 1e-3, "{a:?}");
         }
-        assert!(
-            fast.final_stage.starts_with("model steps ("),
-            "{}",
-            fast.final_stage
-        );
-        assert!(
-            !fast.final_stage.ends_with("nelder-mead"),
-            "{}",
-            fast.final_stage
-        );
-        assert_eq!(slow.final_stage, "nelder-mead");
-        let full_evals = fast.evaluations - fast.coarse_evaluations;
-        assert!(
-            full_evals <= 60,
-            "{full_evals} full-loss evaluations after the coarse stage"
-        );
         assert!(
             fast.loss <= slow.loss + 1e-9,
             "{} vs {}",
