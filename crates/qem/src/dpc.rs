@@ -107,14 +107,6 @@ impl Calibration {
         }
     }
 
-    /// Scale CoM from pixels into [`Calibration::unit`].
-    fn apply(&self, com_row: &mut [f64], com_col: &mut [f64]) {
-        if let Some((sr, sc)) = self.det_mrad {
-            com_row.iter_mut().for_each(|v| *v *= sr);
-            com_col.iter_mut().for_each(|v| *v *= sc);
-        }
-    }
-
     /// Factors turning the aligned field (in [`Calibration::unit`]) into a phase gradient per
     /// scan step, and the phase unit they give: `2π · 10⁻³ · step / λ` (rad) when fully
     /// calibrated, else 1.
@@ -326,9 +318,14 @@ pub fn run_on_moments(
 
     let shape = scan_shape;
     let t_c = Instant::now();
-    let (mut com_row, mut com_col, zero_frames) = com_from_moments(moments, shape, true);
     let cal = Calibration::of(ds);
-    cal.apply(&mut com_row, &mut com_col);
+    // The centre of mass as `center_of_mass` computes it (centred, then in mrad when calibrated).
+    let (com_row, com_col, zero_frames) =
+        <crate::detector::target::Host as crate::detector::target::Target>::com(
+            moments,
+            true,
+            cal.det_mrad,
+        )?;
     let t_com = t_c.elapsed().as_secs_f64();
 
     // Rotation and transpose.
