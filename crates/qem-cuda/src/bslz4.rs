@@ -610,7 +610,7 @@ pub struct DeviceBatch {
     out_len: u64,
     errors: CudaSlice<u32>,
     status: CudaSlice<u32>,
-    smem_per_warp: u32,
+    max_block_bytes: usize,
 }
 
 /// The first error a launch recorded, as the kernel wrote it.
@@ -747,7 +747,6 @@ impl DeviceBatch {
         let block_meta = (0..batch.n_blocks())
             .filter_map(|i| batch.block(i).map(|b| (b.4, b.5)))
             .collect();
-        let smem_per_warp = (batch.max_block_bytes.div_ceil(16) * 16).max(16);
         Ok(DeviceBatch {
             elem_size: batch.elem_size,
             chunks: batch.chunks.clone(),
@@ -766,7 +765,7 @@ impl DeviceBatch {
             status: s
                 .alloc_zeros::<u32>((2 * n_items).max(2))
                 .map_err(|e| driver_error("allocate status", e))?,
-            smem_per_warp: u32::try_from(smem_per_warp).map_err(|_| too_many())?,
+            max_block_bytes: batch.max_block_bytes,
         })
     }
 
@@ -801,40 +800,34 @@ impl DeviceBatch {
     /// Queue the decode of the whole batch on `gpu`'s stream (asynchronous). Call
     /// [`DeviceBatch::check_errors`] after it to learn whether every block decoded.
     pub fn launch(&mut self, gpu: &Gpu, kernels: &Bslz4Kernels, shape: LaunchShape) -> Result<()> {
-        let op = "launch GPU decode";
-        let n_items = self.n_blocks as u64 + self.n_copies as u64;
-        if n_items == 0 {
-            return Ok(());
-        }
-        let f = kernels.func(self.elem_size)?;
-        let cfg = decode_launch_config(
-            f,
-            self.smem_per_warp,
-            kernels.max_smem_optin,
-            n_items,
-            shape,
-        )?;
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
         let s = gpu.stream();
-        let mut b = s.launch_builder(f);
-        b.arg(&self.input)
-            .arg(&self.in_len)
-            .arg(&self.blocks)
-            .arg(&self.n_blocks)
-            .arg(&self.copies)
-            .arg(&self.n_copies)
-            .arg(&mut self.out)
-            .arg(&self.out_len)
-            .arg(&mut self.errors)
-            .arg(&mut self.status)
-            .arg(&self.smem_per_warp);
-        // SAFETY: the argument list matches the kernel signature in bslz4_decode.cu
-        // (const u8*, u64, const u32*, u32, const u32*, u32, u8*, u64, u32*, u32*, u32); the
-        // buffers are this batch's allocations with the lengths passed (input `in_len` bytes,
-        // tables 8 words per item, output `out_len` bytes, status 2 words per item, error
-        // record 8 words), and the kernel validates every descriptor against `in_len`,
-        // `out_len` and `smem_per_warp` (= the dynamic shared memory per warp) before use.
-        unsafe { b.launch(cfg) }.map_err(|e| driver_error(op, e))?;
-        Ok(())
+        // The guards record the buffers' use on this stream; they live past the launch.
+        let (input, _g1) = self.input.device_ptr(s);
+        let (blocks, _g2) = self.blocks.device_ptr(s);
+        let (copies, _g3) = self.copies.device_ptr(s);
+        let (out, _g4) = self.out.device_ptr_mut(s);
+        let (errors, _g5) = self.errors.device_ptr_mut(s);
+        let (status, _g6) = self.status.device_ptr_mut(s);
+        let raw = RawDecode {
+            elem_size: self.elem_size,
+            input,
+            in_len: self.in_len,
+            blocks,
+            n_blocks: self.n_blocks,
+            copies,
+            n_copies: self.n_copies,
+            out,
+            out_len: self.out_len,
+            errors,
+            status,
+            max_block_bytes: self.max_block_bytes,
+        };
+        // SAFETY: the addresses are this batch's allocations with the lengths `raw` states
+        // (input `in_len` bytes, tables 8 words per item, output `out_len` bytes, status 2
+        // words per item, error record 8 words, all made in `upload`), and `self` outlives the
+        // launch on this stream (the caller reads the error record before dropping it).
+        unsafe { kernels.launch_raw(s, &raw, shape) }
     }
 
     /// Wait for the stream, then read the error record: `Ok` when every item decoded, else the
@@ -853,18 +846,7 @@ impl DeviceBatch {
             .clone_dtoh(&self.errors)
             .map_err(|e| driver_error("read error record", e))?;
         gpu.synchronize()?;
-        if v[0] == 0 {
-            return Ok(None);
-        }
-        Ok(Some(KernelFault {
-            code: v[1],
-            chunk: v[2],
-            block: v[3],
-            position: v[4],
-            a: v[5],
-            b: v[6],
-            count: v[7],
-        }))
+        Ok(fault_from_record(&v))
     }
 
     /// The typed error for a kernel fault.

@@ -402,6 +402,18 @@ __device__ __forceinline__ void quad_terms(QuadState& st, const void* __restrict
 // `gen_blocks` blocks take them, from the list `hlist` (n_list entries, ssb.rs
 // `general_pairs`), and the quadratic blocks x ≥ gen_blocks skip them: every block does
 // uniform work. Without QUAD every thread takes the general terms (gen_blocks = 0).
+// Σ of `v` over the block's threads (a power of two, ≤ 256) by a fixed tree in `red`, so the
+// per-block partial is the same on every launch; the result is valid in thread 0.
+__device__ double block_sum(double* red, double v) {
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (u32 w = blockDim.x / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+        __syncthreads();
+    }
+    return red[0];
+}
+
 template <bool G16, bool QUAD>
 __device__ void accumulate(const void* __restrict__ g, const float* __restrict__ gscale, u32 nb,
                            u32 nb_used, u32 per_slice, const float2* __restrict__ kb,
@@ -478,13 +490,8 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
         out[(u64)p.r * nc + p.c] = t.s1;
         if (p.two) out[(u64)p.rm * nc + p.cm] = t.s2;
     }
-    red[threadIdx.x] = (double)power;
-    __syncthreads();
-    for (u32 w = blockDim.x / 2; w > 0; w >>= 1) {
-        if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) pow_part[(u64)blockIdx.y * gridDim.x + blockIdx.x] = red[0];
+    const double block_power = block_sum(red, (double)power);
+    if (threadIdx.x == 0) pow_part[(u64)blockIdx.y * gridDim.x + blockIdx.x] = block_power;
 }
 
 #define SSB_ACCUMULATE(NAME, G16, QUAD)                                                         \
@@ -536,13 +543,8 @@ qem_ssb_finish(float2* __restrict__ s, u64 n, float inv_b, float dc, double* __r
         }
         s[i] = v;
     }
-    red[threadIdx.x] = acc;
-    __syncthreads();
-    for (u32 w = blockDim.x / 2; w > 0; w >>= 1) {
-        if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) part[blockIdx.x] = red[0];
+    const double block_acc = block_sum(red, acc);
+    if (threadIdx.x == 0) part[blockIdx.x] = block_acc;
 }
 
 // The corrected spectra C_b(ν) of BF pixels [b0, b0 + gridDim.y) over the full plane, DC = dc,
@@ -624,13 +626,8 @@ qem_ssb_phase_var(const double* __restrict__ s1, const double* __restrict__ s2, 
         const double m = s1[i] * inv_b;
         acc += s2[i] * inv_b - m * m;
     }
-    red[threadIdx.x] = acc;
-    __syncthreads();
-    for (u32 w = blockDim.x / 2; w > 0; w >>= 1) {
-        if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) part[blockIdx.x] = red[0];
+    const double block_acc = block_sum(red, acc);
+    if (threadIdx.x == 0) part[blockIdx.x] = block_acc;
 }
 
 // Images of BF pixels pix[0..np) from frames [0, nf) of a dense chunk (frame_len elements per
