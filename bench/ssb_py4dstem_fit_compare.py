@@ -11,7 +11,7 @@ One command (reference venv with py4DSTEM, numpy < 2; our engine in the system p
 
 Simulations: noise-free 'intensity' npz from tests/tools/simulate_abtem.py (SIMS below: 32x32
 scans over 2x2 cells, 64x64 detector, 6x6 tiles, 256 gpts, --dose 0). A case is read from
---foc-dir (the foc_* cases of bench/calibration_validation.sh, same arguments) or --sim-dir;
+--foc-dir (the foc_* cases of bench/calibration_validation.py, same arguments) or --sim-dir;
 one found in neither is simulated into --sim-dir with --abtem-python (~25 s each on 2 cores).
 The counts both codes get are Poisson(intensity * dose) with numpy default_rng(--seed), clipped
 to uint16; py4DSTEM gets the same counts as float32. A case that cannot be loaded or fitted by
