@@ -128,11 +128,17 @@ impl Calibration {
     }
 }
 
-/// The BF disk edge of `ds`'s mean DP (the sum DP is cached on the dataset).
+/// The BF disk edge of `ds`'s mean DP, fitted once per dataset and cached with its sum DP (a
+/// failed fit is not cached: it is tried again, and fails again, on the next call).
 pub fn disk_edge(ds: &Dataset) -> Result<DiskEdge> {
+    if let Some(e) = ds.detector_cache.disk_edge.get() {
+        return Ok(*e);
+    }
     let mean = detector::mean_dp(ds).map_err(|e| e.with_op("calibration disk edge"))?;
     let v: Vec<f64> = mean.iter().map(|&x| f64::from(x)).collect();
-    fit_disk_edge(&v, ds.detector_shape())
+    let e = fit_disk_edge(&v, ds.detector_shape())?;
+    // Another thread may have fitted it meanwhile: the same pattern gives the same edge.
+    Ok(*ds.detector_cache.disk_edge.get_or_init(|| e))
 }
 
 /// Relative systematic uncertainty of `α / r_edge`, added in quadrature to the edge fit's

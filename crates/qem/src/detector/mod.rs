@@ -58,11 +58,13 @@ use std::sync::OnceLock;
 pub use qem_core::{DetectorMask, Moments, ReduceRequest, ReduceResult, VirtualImage};
 
 /// Results a dataset keeps for later detector operations: the exact sum DP over all frames
-/// (the disk fit, [`sum_dp`] and [`mean_dp`] are then free). Data does not change after a
-/// load, so the cache never goes stale.
+/// (the disk fit, [`sum_dp`] and [`mean_dp`] are then free) and the BF disk edge fitted to it
+/// (`crate::calibration::disk_edge`: every module that converts with the detector sampling
+/// asks for it). Data does not change after a load, so the cache never goes stale.
 #[derive(Default)]
 pub(crate) struct DetectorCache {
     sum_dp: OnceLock<Vec<u64>>,
+    pub(crate) disk_edge: OnceLock<qem_core::DiskEdge>,
 }
 
 impl std::fmt::Debug for DetectorCache {
@@ -70,6 +72,7 @@ impl std::fmt::Debug for DetectorCache {
         // Not the pattern itself: a dataset's Debug output stays short.
         f.debug_struct("DetectorCache")
             .field("sum_dp_cached", &self.sum_dp.get().is_some())
+            .field("disk_edge_cached", &self.disk_edge.get().is_some())
             .finish()
     }
 }
