@@ -413,6 +413,10 @@ def test_device_com_is_the_host_com_bit_for_bit(gpu_ds, data):
             assert _same_bits(dev.com_col.to_numpy(), col)
         else:
             np.testing.assert_allclose(dev.com_row.to_numpy(), row - row.mean(), atol=1e-12)
+    page = dev._repr_html_()  # the arrays are listed where they live (no thumbnail)
+    assert f"cuda:{ordinal} (device_result=True)" in page and "<img" not in page
+    for k in ("com_row", "com_col"):
+        assert f">{k}</th><td style='text-align:left'>{SCAN} float64<" in page
     with pytest.raises(qg.DLPackUnavailableError, match="two arrays"):
         dev.__dlpack__()
 

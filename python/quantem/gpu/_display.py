@@ -188,6 +188,15 @@ def _arrays(result) -> list[tuple[str, np.ndarray]]:
     return out
 
 
+def _device_arrays(result) -> list[tuple[str, Any]]:
+    """Every field of a result that holds a :class:`~quantem.gpu.results.DeviceArray`
+    (``device_result=True``), in field order."""
+    from quantem.gpu.results import DeviceArray
+
+    names = getattr(result, "__dataclass_fields__", None) or {}
+    return [(n, v) for n in names if isinstance(v := getattr(result, n, None), DeviceArray)]
+
+
 def _where(prov: dict[str, Any] | None) -> list[tuple[str, str]]:
     """``backend`` and ``device`` rows from a result's provenance (where it ran)."""
     if not isinstance(prov, dict):
@@ -221,13 +230,21 @@ def result_html(result) -> str:
     image."""
     name, a = _main_array(result)
     arrays = _arrays(result)
+    on_card = _device_arrays(result)
     rows: list[tuple[str, Any]] = [(f"{n}", f"{v.shape} {v.dtype}") for n, v in arrays]
+    rows += [(n, f"{tuple(v.shape)} {v.dtype}") for n, v in on_card]
     prov = getattr(result, "provenance", None)
     rows += _where(prov)
     if arrays:
         rows += [
             ("arrays on", "host (numpy)"),
             ("resident", _bytes_text(int(sum(v.nbytes for _, v in arrays)))),
+        ]
+    if on_card:
+        # No thumbnail of these: drawing one would copy the image to the host.
+        rows += [
+            ("arrays on", f"cuda:{on_card[0][1].device} (device_result=True)"),
+            ("resident on the card", _bytes_text(int(sum(v.nbytes for _, v in on_card)))),
         ]
     rows += units_axes_summary_rows(result)
     rows += [(k, v) for k, v in _provenance_rows(prov) if k != "provenance.backend"]
