@@ -102,7 +102,7 @@ def test_cuda_default_is_encoded_and_decodes_the_cpu_load(acquisition, options, 
         assert ds.representation is io.DataRepresentation.ENCODED
         # Resident = streams + index + model tables; on these few tiny frames the tables
         # (~80 KB) outweigh the dense array, so no size comparison here: the size claim is
-        # checked on the reference acquisition (bench/results/rans_load_h200_*.json).
+        # checked on the reference acquisition (bench/results/h200_load_encoded.json).
         assert ds.nbytes_resident > 0
         assert not hasattr(ds, "__cuda_array_interface__")
         assert np.array_equal(ds.to_numpy(), expected)
