@@ -27,7 +27,7 @@ from helpers import (
 )
 
 import quantem.gpu as qg
-from quantem.gpu import detector, device, dpc, io
+from quantem.gpu import detector, device, dpc, io, ssb
 
 # ----------------------------------------------------------------------------- references
 
@@ -353,10 +353,30 @@ def test_mrad_units(case):
     res = detector.adf(ds, inner=1.0, outer=2.5, center=center, unit="mrad", det_sampling_mrad=0.5)
     _assert_exact(res.image, ref_virtual(a, ring(det, center, 2.0, 5.0)), np.uint64)
     assert (res.inner_px, res.outer_px) == pytest.approx((2.0, 5.0))
-    # Without the sampling: the semi-angle and the (fitted) disk radius, alpha mrad = r px.
-    _, radius, _, _ = ref_fit_disk(a)
-    res = detector.adf(ds, inner=10.0, outer=20.0, center=center, unit="mrad", semiangle_mrad=20.0)
-    lo, hi = 0.5 * radius, 1.0 * radius
+    # Without the sampling: the semi-angle over the BF disk *edge*, alpha mrad = r_edge px — the
+    # one calibration rule, so the sampling is the one SSB takes from the same data (not the
+    # masks' threshold radius). A disk too small for an edge (binned 2x: r ~ 1.7 px) falls back
+    # to the threshold radius.
+    alpha = 20.0
+    _, threshold_radius, _, _ = ref_fit_disk(a)
+    res = detector.adf(ds, inner=10.0, outer=20.0, center=center, unit="mrad", semiangle_mrad=alpha)
+    source = res.provenance["params"]["calibration"]["sampling_source"]
+
+    def prepare():
+        return ssb.SSB(ds, voltage_kv=300, semiangle_mrad=alpha, scan_step_a=1.0)
+
+    # The property: the detector takes SSB's sampling wherever SSB can measure the edge, and
+    # the threshold radius, saying so, exactly where SSB refuses the disk as too small.
+    try:
+        edge = alpha / prepare().info["det_sampling_mrad"]
+    except qg.InvalidArgumentError as e:
+        assert "too small to measure its edge" in str(e), e
+        edge = threshold_radius
+        assert "threshold disk radius" in source and "no disk edge" in source, source
+    else:
+        assert abs(edge - threshold_radius) > 0.01, (edge, threshold_radius)
+        assert "BF disk edge radius" in source, source
+    lo, hi = 0.5 * edge, 1.0 * edge
     _assert_exact(res.image, ref_virtual(a, ring(det, center, lo, hi)), np.uint64)
     assert (res.inner_px, res.outer_px) == pytest.approx((lo, hi), abs=1e-9)
 

@@ -544,7 +544,8 @@ fn overrides_units_and_calibration() {
     assert_eq!((im.inner_px, im.outer_px), (2.0, 2.0 * r0));
     assert_eq!(im.image, nv.image(&nv.annulus(c0, 2.0, 2.0 * r0)));
     assert_eq!(im.provenance.params["detector"]["inner_mrad"], 1.0);
-    // mrad with the semi-angle: the disk edge is the aperture edge.
+    // mrad with the semi-angle: the disk edge is the aperture edge, by the one rule SSB uses
+    // (the sub-pixel edge of qem::calibration, not the masks' threshold radius r0).
     let p = DetectorParams {
         inner: Some(10.0),
         outer: Some(20.0),
@@ -553,7 +554,39 @@ fn overrides_units_and_calibration() {
         ..DetectorParams::default()
     };
     let im = detector::detector_image(&ds, DetectorKind::Annular, &p).unwrap();
-    assert!((im.inner_px - r0).abs() < 1e-12 && (im.outer_px - 2.0 * r0).abs() < 1e-12);
+    let edge = qem::calibration::disk_edge(&ds).unwrap().radius_px;
+    let ssb = qem::calibration::detector_sampling(&ds, None, Some(10.0)).unwrap();
+    assert!((im.inner_px - edge).abs() < 1e-12 && (im.outer_px - 2.0 * edge).abs() < 1e-12);
+    assert!((10.0 / im.inner_px - ssb.mrad_per_px).abs() < 1e-12);
+    assert!(
+        (edge - r0).abs() > 0.01,
+        "the edge {edge} differs from the threshold {r0}"
+    );
+    let source = im.provenance.params["calibration"]["sampling_source"]
+        .as_str()
+        .unwrap();
+    assert!(source.contains("BF disk edge radius"), "{source}");
+    // A radius the user gives is the disk's: no edge fit.
+    let given = DetectorParams {
+        radius: Some(4.0),
+        ..p.clone()
+    };
+    let im = detector::detector_image(&ds, DetectorKind::Annular, &given).unwrap();
+    assert_eq!((im.inner_px, im.outer_px), (4.0, 8.0));
+    // A pattern with no edge to fit (flat) falls back to the threshold radius, and says so.
+    let flat = vec![7u32; SCAN.len() * DET.len()];
+    let fds = load_cpu(&flat, SCAN, DET, DType::U16, Representation::Dense, 1);
+    assert!(qem::calibration::disk_edge(&fds).is_err());
+    let im = detector::detector_image(&fds, DetectorKind::Annular, &p).unwrap();
+    let r_flat = DET.rows.min(DET.cols) as f64 / 4.0; // the threshold fit of a flat pattern
+    assert!((im.inner_px - r_flat).abs() < 1e-12, "{}", im.inner_px);
+    let source = im.provenance.params["calibration"]["sampling_source"]
+        .as_str()
+        .unwrap();
+    assert!(
+        source.contains("threshold disk radius") && source.contains("no disk edge"),
+        "{source}"
+    );
     // mrad without any calibration is an error naming what is missing.
     let p = DetectorParams {
         inner: Some(10.0),

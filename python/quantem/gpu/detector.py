@@ -572,8 +572,11 @@ _DETECTOR_DOC = """{title} image: the exact ``uint64`` sum over {what} per frame
     unit : {{"px", "mrad"}}
         Unit of ``inner`` and ``outer``. ``"mrad"`` converts with the detector's angular
         sampling (``det_sampling_mrad``, else ``ds.calibration``'s: the one the user set, else
-        the file's), else with ``semiangle_mrad`` (argument, ``ds.calibration``) over the disk
-        radius; with neither it raises ``InvalidArgumentError``.
+        the file's), else with ``semiangle_mrad`` (argument, ``ds.calibration``) over the BF
+        disk radius: ``radius`` when given, else the sub-pixel disk edge that SSB also uses
+        (docs/calibration.md; fitted once per dataset), or the threshold radius where the disk
+        is too small for an edge (the provenance's ``sampling_source`` says which); with
+        neither it raises ``InvalidArgumentError``.
     semiangle_mrad, det_sampling_mrad : float, optional
         Convergence semi-angle and detector sampling (mrad per pixel) for ``unit="mrad"``.
     progress : None, True or callable

@@ -19,8 +19,18 @@ pub(super) struct Sampling {
 /// The sampling `unit = mrad` converts with: the argument, else the metadata's (per loaded
 /// pixel: [`qem_core::Metadata::for_loaded_grid`] has applied `det_bin`; must be the same along
 /// rows and columns, since a mask is a circle in pixels), else the semi-angle (argument, else
-/// metadata) over the disk radius.
-pub(super) fn sampling(ds: &Dataset, p: &DetectorParams, radius_px: f64) -> Result<Sampling> {
+/// metadata) over the BF disk radius — the radius the user gave, else the disk *edge*
+/// ([`crate::calibration::disk_edge`], the rule SSB follows, fitted once per dataset) when
+/// `fit_edge`; a pattern whose edge cannot be fitted falls back to the threshold fit's
+/// equal-area radius `threshold_radius_px`, and the source says so. Without `fit_edge` (a
+/// detector in pixels only records the sampling) the edge is not fitted for it: the semi-angle
+/// rule then applies only to a given radius or an edge already fitted.
+pub(super) fn sampling(
+    ds: &Dataset,
+    p: &DetectorParams,
+    threshold_radius_px: f64,
+    fit_edge: bool,
+) -> Result<Sampling> {
     const OP: &str = "detector (unit mrad)";
     if let Some(s) = p.det_sampling_mrad {
         return Ok(Sampling {
@@ -57,10 +67,43 @@ pub(super) fn sampling(ds: &Dataset, p: &DetectorParams, radius_px: f64) -> Resu
         .map(|s| (s, "argument"))
         .or(md.semiangle_mrad.map(|s| (s, "metadata")));
     match semi {
-        Some((s, from)) if s.is_finite() && s > 0.0 => Ok(Sampling {
-            mrad_per_px: s / radius_px,
-            source: format!("semiangle_mrad ({from}) {s} / disk radius {radius_px} px"),
-        }),
+        Some((s, from)) if s.is_finite() && s > 0.0 => {
+            let (radius_px, what) = if let Some(r) = p.radius {
+                (r, format!("the given disk radius {r} px"))
+            } else {
+                let cached = ds.detector_cache.disk_edge.get().copied();
+                let edge = match (cached, fit_edge) {
+                    (Some(e), _) => Some(Ok(e)),
+                    (None, true) => Some(crate::calibration::disk_edge(ds)),
+                    (None, false) => None,
+                };
+                match edge {
+                    Some(Ok(e)) => (
+                        e.radius_px,
+                        format!(
+                            "BF disk edge radius {} ± {:.4} px",
+                            e.radius_px, e.radius_sigma_px
+                        ),
+                    ),
+                    Some(Err(err)) => (
+                        threshold_radius_px,
+                        format!(
+                            "threshold disk radius {threshold_radius_px} px (no disk edge: {err})"
+                        ),
+                    ),
+                    None => {
+                        return Err(Error::invalid(
+                            OP,
+                            "the semi-angle rule needs the disk edge, not fitted for a detector in pixels",
+                        ))
+                    }
+                }
+            };
+            Ok(Sampling {
+                mrad_per_px: s / radius_px,
+                source: format!("semiangle_mrad ({from}) {s} / {what}"),
+            })
+        }
         _ => Err(Error::invalid(
             OP,
             "cannot convert mrad to pixels: no detector angular sampling and no convergence semi-angle",
@@ -107,8 +150,8 @@ pub(super) fn geometry(ds: &Dataset, p: &DetectorParams) -> Result<Geometry> {
     };
     let disk_secs = t.elapsed().as_secs_f64();
     let sampling = match p.unit {
-        Unit::Mrad => Some(sampling(ds, p, disk.radius_px)?),
-        Unit::Px => sampling(ds, p, disk.radius_px).ok(),
+        Unit::Mrad => Some(sampling(ds, p, disk.radius_px, true)?),
+        Unit::Px => sampling(ds, p, disk.radius_px, false).ok(),
     };
     Ok(Geometry {
         disk,
