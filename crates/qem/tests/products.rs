@@ -569,7 +569,7 @@ fn overrides_units_and_calibration() {
     // A radius the user gives is the disk's: no edge fit.
     let given = DetectorParams {
         radius: Some(4.0),
-        ..p.clone()
+        ..p
     };
     let im = detector::detector_image(&ds, DetectorKind::Annular, &given).unwrap();
     assert_eq!((im.inner_px, im.outer_px), (4.0, 8.0));
