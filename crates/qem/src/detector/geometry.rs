@@ -5,7 +5,7 @@
 
 use super::{fit_disk, DetectorKind, DetectorParams, DiskFit, Unit};
 use crate::dataset::Dataset;
-use qem_core::{Error, Result};
+use qem_core::{Error, ErrorKind, Result};
 use serde_json::json;
 use std::time::Instant;
 
@@ -21,8 +21,9 @@ pub(super) struct Sampling {
 /// rows and columns, since a mask is a circle in pixels), else the semi-angle (argument, else
 /// metadata) over the BF disk radius — the radius the user gave, else the disk *edge*
 /// ([`crate::calibration::disk_edge`], the rule SSB follows, fitted once per dataset) when
-/// `fit_edge`; a pattern whose edge cannot be fitted falls back to the threshold fit's
-/// equal-area radius `threshold_radius_px`, and the source says so. Without `fit_edge` (a
+/// `fit_edge`; a pattern whose edge the fit refuses (an `InvalidArgument`: too small, flat, no
+/// convergence) falls back to the threshold fit's equal-area radius `threshold_radius_px`, and
+/// the source says so. Without `fit_edge` (a
 /// detector in pixels only records the sampling) the edge is not fitted for it: the semi-angle
 /// rule then applies only to a given radius or an edge already fitted.
 pub(super) fn sampling(
@@ -85,6 +86,11 @@ pub(super) fn sampling(
                             e.radius_px, e.radius_sigma_px
                         ),
                     ),
+                    // The fit's refusals (too small, flat, no convergence) fall back; anything
+                    // else (a closed dataset, a lost device) is the caller's error.
+                    Some(Err(err)) if err.kind != ErrorKind::InvalidArgument => {
+                        return Err(err.with_op(OP))
+                    }
                     Some(Err(err)) => (
                         threshold_radius_px,
                         format!(
