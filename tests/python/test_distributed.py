@@ -27,6 +27,7 @@ from quantem.gpu import (  # noqa: E402  # noqa: E402
     dpc,
     io,
     lazy,
+    ssb,
 )
 from quantem.gpu import distributed as qd  # noqa: E402
 
@@ -147,6 +148,25 @@ def test_bf_pixels_match_the_data(acquisitions, client):
     assert got["images"].shape == SCAN + (got["pixels"].size,)
     assert np.array_equal(got["images"], flat[:, :, got["pixels"]])
     assert got["pixels"].size > 20  # the disk of radius 4
+
+
+@pytest.mark.parametrize("bf_threshold", [0.0, 0.5])
+def test_bf_pixels_are_the_pixels_ssb_selects(acquisitions, client, bf_threshold):
+    # The distributed selection is written in numpy over the merged mean DP; it must pick
+    # exactly the pixels the engine's SSB preparation picks from the same data.
+    _, acq = acquisitions
+    master, _ = acq[2]
+    got = qd.bf_pixels(
+        master, client, load=_scan(master), rows_per_block=4, bf_threshold=bf_threshold
+    )
+    with io.load(master, backend="cpu", scan_shape=SCAN) as ds:
+        info = ssb.SSB(
+            ds, voltage_kv=300, semiangle_mrad=20, scan_step_a=0.5, bf_threshold=bf_threshold
+        ).info
+    rows_cols = np.asarray(info["bf_pixels"], dtype=np.int64)
+    want = np.sort(rows_cols[:, 0] * DET[1] + rows_cols[:, 1])
+    assert np.array_equal(np.sort(got["pixels"]), want)
+    assert got["disk"]["radius_px"] == pytest.approx(info["bf_radius_px"], abs=1e-12)
 
 
 def test_batch_of_three_with_one_failure(acquisitions, client, tmp_path):
