@@ -195,6 +195,71 @@ impl Shape {
     fn shared(&self) -> bool {
         self.sum == 1 || self.max == 1
     }
+
+    /// The module of `part`'s launch for `req` over frames of `kc` columns (ENCODED or dense)
+    /// with the shared-memory `plan`: what decides whether a request finds its module in the
+    /// shipped pack (src/kernels/shipped.txt; `tests::common_requests_ship_their_modules`).
+    fn of(part: &Part, req: &ReduceRequest, encoded: bool, kc: usize, plan: &SmemPlan) -> Shape {
+        let rest = part.carries_rest;
+        let mode = |want: bool, shared: bool| match (want, shared) {
+            (false, _) => 0,
+            (true, true) => 1,
+            (true, false) => 2,
+        };
+        Shape {
+            nbin: part.bin.len() as u32,
+            nwint: part.wint.len() as u32,
+            nflt: part.flt.len() as u32,
+            mom: rest && req.moments,
+            sum: if rest {
+                mode(req.sum_dp, plan.sum_shared)
+            } else {
+                0
+            },
+            max: if rest {
+                mode(req.max_dp, plan.max_shared)
+            } else {
+                0
+            },
+            wide: !plan.small_values,
+            rowacc: plan.small_values && kc <= 1024,
+            // At most one row change per lane in a group of four steps (128 pixels on).
+            group4: !(rest && req.moments) || kc >= 128,
+            rowflag: encoded && rest && req.moments && kc >= 128 && part.bin.len() <= 6,
+            warps: if rest && (plan.sum_shared || plan.max_shared) {
+                WARPS_SHARED
+            } else {
+                WARPS_PLAIN
+            },
+        }
+    }
+}
+
+/// Where a launch keeps its sum and max DP: in shared u32 per CTA for u8/u16 values when they
+/// fit beside the model tables (the max too when there is room left), else global atomics.
+#[derive(Debug, Clone, Copy)]
+struct SmemPlan {
+    /// u8/u16 values (or ENCODED, always u16): u32 sums per CTA cannot overflow.
+    small_values: bool,
+    sum_shared: bool,
+    max_shared: bool,
+    /// Dynamic shared memory of a launch: the model tables and the shared DP buffers, bytes.
+    smem: u32,
+}
+
+impl SmemPlan {
+    fn of(req: &ReduceRequest, n: usize, table_smem: u32, small_values: bool, budget: u32) -> Self {
+        let frame_smem = (n * 4) as u32;
+        let sum_shared = req.sum_dp && small_values && table_smem + frame_smem <= budget;
+        let max_shared =
+            req.max_dp && table_smem + frame_smem * (1 + u32::from(sum_shared)) <= budget;
+        SmemPlan {
+            small_values,
+            sum_shared,
+            max_shared,
+            smem: table_smem + frame_smem * (u32::from(sum_shared) + u32::from(max_shared)),
+        }
+    }
 }
 
 /// The kernels of one [`Shape`].
@@ -454,17 +519,9 @@ fn launch(
         Data::Encoded(enc) => (enc.kernel_view().4, true),
         Data::Dense { dtype, .. } => (0u32, *dtype != DType::U32),
     };
-    let frame_smem = (n * 4) as u32;
-    let budget = k.max_smem_optin;
-    let sum_shared = req.sum_dp && small_values && table_smem + frame_smem <= budget;
-    let max_shared = req.max_dp && table_smem + frame_smem * (1 + u32::from(sum_shared)) <= budget;
-    let smem = table_smem + frame_smem * (u32::from(sum_shared) + u32::from(max_shared));
+    let plan = SmemPlan::of(req, n, table_smem, small_values, k.max_smem_optin);
+    let smem = plan.smem;
     let (p_lo, p_hi) = pixel_range(req, n);
-    let mode = |want: bool, shared: bool| match (want, shared) {
-        (false, _) => 0,
-        (true, true) => 1,
-        (true, false) => 2,
-    };
     let sum_dp = if req.sum_dp {
         Some(zeroed(gpu, n * 8, "sum DP")?)
     } else {
@@ -506,36 +563,8 @@ fn launch(
             ..Default::default()
         };
         let rest = part.carries_rest;
-        let shape = Shape {
-            nbin: part.bin.len() as u32,
-            nwint: part.wint.len() as u32,
-            nflt: part.flt.len() as u32,
-            mom: rest && req.moments,
-            sum: if rest {
-                mode(req.sum_dp, sum_shared)
-            } else {
-                0
-            },
-            max: if rest {
-                mode(req.max_dp, max_shared)
-            } else {
-                0
-            },
-            wide: !small_values,
-            rowacc: small_values && kc <= 1024,
-            // At most one row change per lane in a group of four steps (128 pixels on).
-            group4: !(rest && req.moments) || kc >= 128,
-            rowflag: matches!(data, Data::Encoded(_))
-                && rest
-                && req.moments
-                && kc >= 128
-                && part.bin.len() <= 6,
-            warps: if rest && (sum_shared || max_shared) {
-                WARPS_SHARED
-            } else {
-                WARPS_PLAIN
-            },
-        };
+        let encoded = matches!(data, Data::Encoded(_));
+        let shape = Shape::of(&part, req, encoded, kc, &plan);
         let var = k.variant(gpu, shape)?;
         let kernel = match &data {
             Data::Encoded(_) => &var.encoded,

@@ -287,3 +287,112 @@ fn kernels_compile_with_nvrtc_when_present() {
         }
     }
 }
+
+/// The `products.cu` modules of src/kernels/shipped.txt, each as its sorted `NAME=VALUE`
+/// defines, with the `{a,b,...}` lists expanded.
+fn shipped_products_modules() -> std::collections::HashSet<Vec<String>> {
+    let mut out = std::collections::HashSet::new();
+    for line in include_str!("../kernels/shipped.txt").lines() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        let t: Vec<&str> = line.split_whitespace().collect();
+        if t.first() != Some(&"products.cu") {
+            continue;
+        }
+        let mut sets: Vec<Vec<String>> = vec![Vec::new()];
+        for d in &t[2..] {
+            let (name, value) = d.split_once('=').unwrap_or((d, ""));
+            let values: Vec<&str> = match value.strip_prefix('{').and_then(|v| v.strip_suffix('}'))
+            {
+                Some(list) => list.split(',').collect(),
+                None => vec![value],
+            };
+            sets = sets
+                .iter()
+                .flat_map(|s| {
+                    values.iter().map(move |v| {
+                        let mut s = s.clone();
+                        s.push(format!("{name}={v}"));
+                        s
+                    })
+                })
+                .collect();
+        }
+        for mut s in sets {
+            s.sort();
+            out.insert(s);
+        }
+    }
+    out
+}
+
+/// The requests the public API makes most find their module in the shipped pack, on dense u16
+/// and ENCODED data, for 192² frames (sum DP in shared memory) and 256² (global atomics): a
+/// change to the shape rules or to the manifest that would silently send them back to NVRTC
+/// (1.7 s on first use, docs/performance.md "First use") fails here.
+#[test]
+fn common_requests_ship_their_modules() {
+    let shipped = shipped_products_modules();
+    assert!(
+        shipped.len() > 20,
+        "{} products modules in the manifest",
+        shipped.len()
+    );
+    let budget = 232_448; // the H100/H200 opt-in shared memory per block
+    for kc in [192usize, 256] {
+        let n = kc * kc;
+        let mask = || DetectorMask::Int((0..n).map(|i| u32::from(i % 3 == 0)).collect());
+        let masks = |k: usize| (0..k).map(|_| mask()).collect::<Vec<_>>();
+        let req = |k: usize, sum_dp: bool, max_dp: bool, moments: bool| ReduceRequest {
+            masks: masks(k),
+            sum_dp,
+            max_dp,
+            moments,
+            frames: None,
+        };
+        let requests = [
+            ("sum DP / mean DP", req(0, true, false, false)),
+            ("max DP", req(0, false, true, false)),
+            ("moments / CoM", req(0, false, false, true)),
+            ("one virtual detector", req(1, false, false, false)),
+            ("three virtual detectors", req(3, false, false, false)),
+            ("dpc.run (ADF + moments)", req(1, false, false, true)),
+            ("three detectors + moments", req(3, false, false, true)),
+            ("fused: bf, adf, sum DP, CoM", req(2, true, false, true)),
+            (
+                "fused: bf, abf, adf, sum DP, CoM",
+                req(3, true, false, true),
+            ),
+            (
+                "integer virtual_image",
+                ReduceRequest {
+                    masks: vec![DetectorMask::Int(vec![2; n])],
+                    ..Default::default()
+                },
+            ),
+            (
+                "float virtual_image",
+                ReduceRequest {
+                    masks: vec![DetectorMask::Float(vec![0.5; n])],
+                    ..Default::default()
+                },
+            ),
+        ];
+        for (encoded, table_smem) in [(false, 0u32), (true, 40 * 1024)] {
+            for (what, r) in &requests {
+                let plan = SmemPlan::of(r, n, table_smem, true, budget);
+                for part in partition(r) {
+                    let mut defs: Vec<String> = Shape::of(&part, r, encoded, kc, &plan)
+                        .defines()
+                        .into_iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect();
+                    defs.sort();
+                    assert!(
+                        shipped.contains(&defs),
+                        "{what} ({kc}², encoded {encoded}) needs a module the pack lacks: {defs:?}"
+                    );
+                }
+            }
+        }
+    }
+}
