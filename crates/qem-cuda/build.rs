@@ -193,29 +193,10 @@ struct Module {
     defines: Vec<(String, String)>,
 }
 
-/// Expand `{a,b,c}` tokens into one define list per combination.
+/// Expand `{a,b,c}` tokens into one define list per combination ([`expand_defines`]).
 fn expand(tokens: &[&str]) -> Vec<Vec<(String, String)>> {
-    let mut out: Vec<Vec<(String, String)>> = vec![Vec::new()];
-    for t in tokens {
-        let (k, v) = t
-            .split_once('=')
-            .unwrap_or_else(|| panic!("shipped.txt: `{t}` is not NAME=VALUE"));
-        let values: Vec<&str> = match v.strip_prefix('{').and_then(|v| v.strip_suffix('}')) {
-            Some(list) => list.split(',').map(str::trim).collect(),
-            None => vec![v],
-        };
-        out = out
-            .into_iter()
-            .flat_map(|d| {
-                values.iter().map(move |v| {
-                    let mut d = d.clone();
-                    d.push((k.to_string(), v.to_string()));
-                    d
-                })
-            })
-            .collect();
-    }
-    out
+    expand_defines(tokens)
+        .unwrap_or_else(|| panic!("shipped.txt: a define of {tokens:?} is not NAME=VALUE"))
 }
 
 /// The manifest's modules: `NAME SOURCES [DEFINE ...]`, SOURCES being `+`-joined files of

@@ -298,26 +298,9 @@ fn shipped_products_modules() -> std::collections::HashSet<Vec<String>> {
         if t.first() != Some(&"products.cu") {
             continue;
         }
-        let mut sets: Vec<Vec<String>> = vec![Vec::new()];
-        for d in &t[2..] {
-            let (name, value) = d.split_once('=').unwrap_or((d, ""));
-            let values: Vec<&str> = match value.strip_prefix('{').and_then(|v| v.strip_suffix('}'))
-            {
-                Some(list) => list.split(',').collect(),
-                None => vec![value],
-            };
-            sets = sets
-                .iter()
-                .flat_map(|s| {
-                    values.iter().map(move |v| {
-                        let mut s = s.clone();
-                        s.push(format!("{name}={v}"));
-                        s
-                    })
-                })
-                .collect();
-        }
-        for mut s in sets {
+        let sets = crate::shipped::expand_defines(&t[2..]).expect("NAME=VALUE defines");
+        for d in sets {
+            let mut s: Vec<String> = d.iter().map(|(k, v)| format!("{k}={v}")).collect();
             s.sort();
             out.insert(s);
         }

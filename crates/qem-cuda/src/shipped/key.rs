@@ -21,3 +21,29 @@ pub fn shipped_key(name: &str, src: &str, defines: &[(&str, &str)]) -> u64 {
     }
     h
 }
+
+/// A manifest line's `NAME=VALUE` tokens (src/kernels/shipped.txt) with the `{a,b,...}` value
+/// lists expanded: one define list per combination, in token order; `None` when a token is not
+/// `NAME=VALUE`. The build compiles these lists; the crate's tests check requests against them.
+#[allow(dead_code)] // the library itself uses it only in its tests
+pub fn expand_defines(tokens: &[&str]) -> Option<Vec<Vec<(String, String)>>> {
+    let mut out: Vec<Vec<(String, String)>> = vec![Vec::new()];
+    for t in tokens {
+        let (k, v) = t.split_once('=')?;
+        let values: Vec<&str> = match v.strip_prefix('{').and_then(|v| v.strip_suffix('}')) {
+            Some(list) => list.split(',').map(str::trim).collect(),
+            None => vec![v],
+        };
+        out = out
+            .into_iter()
+            .flat_map(|d| {
+                values.iter().map(move |v| {
+                    let mut d = d.clone();
+                    d.push((k.to_string(), v.to_string()));
+                    d
+                })
+            })
+            .collect();
+    }
+    Some(out)
+}
