@@ -204,13 +204,8 @@ fn expand(tokens: &[&str]) -> Vec<Vec<(String, String)>> {
 fn manifest(dir: &Path) -> Vec<Module> {
     let text = std::fs::read_to_string(dir.join("shipped.txt")).expect("src/kernels/shipped.txt");
     let mut mods = Vec::new();
-    for line in text.lines() {
-        let line = line.split('#').next().unwrap_or("").trim();
-        if line.is_empty() {
-            continue;
-        }
-        let tok: Vec<&str> = line.split_whitespace().collect();
-        assert!(tok.len() >= 2, "shipped.txt: `{line}` needs NAME SOURCES");
+    for tok in manifest_tokens(&text) {
+        assert!(tok.len() >= 2, "shipped.txt: `{tok:?}` needs NAME SOURCES");
         let src = tok[1]
             .split('+')
             .map(|f| std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}")))

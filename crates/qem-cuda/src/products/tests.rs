@@ -292,9 +292,7 @@ fn kernels_compile_with_nvrtc_when_present() {
 /// defines, with the `{a,b,...}` lists expanded.
 fn shipped_products_modules() -> std::collections::HashSet<Vec<String>> {
     let mut out = std::collections::HashSet::new();
-    for line in include_str!("../kernels/shipped.txt").lines() {
-        let line = line.split('#').next().unwrap_or("").trim();
-        let t: Vec<&str> = line.split_whitespace().collect();
+    for t in crate::shipped::manifest_tokens(include_str!("../kernels/shipped.txt")) {
         if t.first() != Some(&"products.cu") {
             continue;
         }

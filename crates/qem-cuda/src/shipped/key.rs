@@ -47,3 +47,14 @@ pub fn expand_defines(tokens: &[&str]) -> Option<Vec<Vec<(String, String)>>> {
     }
     Some(out)
 }
+
+/// The manifest's module lines (src/kernels/shipped.txt) as their whitespace-separated tokens,
+/// `NAME SOURCES [DEFINE ...]`: comments (`#` to the end of the line) and blank lines dropped.
+#[allow(dead_code)] // the library itself uses it only in its tests
+pub fn manifest_tokens(text: &str) -> Vec<Vec<&str>> {
+    text.lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .collect()
+}

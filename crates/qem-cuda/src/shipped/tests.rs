@@ -36,12 +36,9 @@ fn the_key_ignores_define_order_and_sees_everything_else() {
 
 /// The `NAME=VALUE` defines of every manifest line, with `{a,b}` lists unexpanded.
 fn manifest_lines() -> Vec<(String, Vec<String>, Vec<String>)> {
-    include_str!("../kernels/shipped.txt")
-        .lines()
-        .map(|l| l.split('#').next().unwrap_or("").trim())
-        .filter(|l| !l.is_empty())
-        .map(|l| {
-            let t: Vec<&str> = l.split_whitespace().collect();
+    manifest_tokens(include_str!("../kernels/shipped.txt"))
+        .into_iter()
+        .map(|t| {
             let defs = t[2..]
                 .iter()
                 .map(|d| d.split('=').next().unwrap_or("").to_string())
