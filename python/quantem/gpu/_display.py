@@ -211,7 +211,7 @@ def _where(prov: dict[str, Any] | None) -> list[tuple[str, str]]:
 
 def units_axes_summary_rows(result) -> list[tuple[str, str]]:
     """The ``units`` and ``axes`` rows of a result (where it has them) and its ``summary`` (the
-    repr), as :func:`result_html` and ``results.device_result_html`` show them."""
+    repr), as :func:`result_html` shows them."""
     rows = []
     units = getattr(result, "units", None)
     if isinstance(units, dict) and units:

@@ -238,9 +238,7 @@ class DetectorImage:
         return self.image.shape
 
     def _repr_html_(self) -> str:
-        if not self.on_device:
-            return _display.result_html(self)
-        return results.device_result_html(self, "image")
+        return _display.result_html(self)  # a device image: listed where it lives, no thumbnail
 
     def show(self, *args, **kwargs):
         """Plot the image with matplotlib (a device image is copied to the host for it, as

@@ -274,22 +274,6 @@ def _number_text(v: float) -> str:
 # --- device results ------------------------------------------------------------------------
 
 
-def device_result_html(result: Any, name: str) -> str:
-    """``_repr_html_`` of a result whose array ``name`` is a :class:`DeviceArray`: its shape,
-    dtype and device, where it ran, its units, axes and repr (no thumbnail: drawing one would
-    copy the image to the host)."""
-    from quantem.gpu import _display
-
-    a = getattr(result, name)
-    rows: list[tuple[str, Any]] = [
-        (name, f"{tuple(a.shape)} {a.dtype}"),
-        ("arrays on", f"cuda:{a.device} (device_result=True)"),
-        ("resident", f"{a.nbytes} B"),
-    ]
-    rows += _display.units_axes_summary_rows(result)
-    return _display.table_html(type(result).__name__, rows)
-
-
 def _host(v: Any) -> np.ndarray:
     """``v`` as a host array: a :class:`DeviceArray` copied (``to_numpy()``), anything else
     through ``np.asarray``."""
