@@ -205,9 +205,15 @@ pub fn detector_sampling(
         .with_found("none of them"));
     };
     let e = disk_edge(ds).map_err(|err| err.with_op(OP))?;
+    Ok(edge_sampling(alpha, e))
+}
+
+/// `α / r_edge` with its uncertainty (the edge fit's and [`EDGE_SYSTEMATIC_REL`]) and source:
+/// rule 3 of [`detector_sampling`], also the detector functions' for `unit="mrad"`.
+pub fn edge_sampling(alpha: f64, e: DiskEdge) -> DetectorSampling {
     let s = alpha / e.radius_px;
     let stat = e.radius_sigma_px / e.radius_px;
-    Ok(DetectorSampling {
+    DetectorSampling {
         mrad_per_px: s,
         sigma_mrad_per_px: s * stat.hypot(EDGE_SYSTEMATIC_REL),
         sigma_stat_mrad_per_px: s * stat,
@@ -216,7 +222,7 @@ pub fn detector_sampling(
             e.radius_px, e.radius_sigma_px
         ),
         edge: Some(e),
-    })
+    }
 }
 
 /// The disk edge as provenance JSON.

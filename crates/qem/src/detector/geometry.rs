@@ -79,13 +79,13 @@ pub(super) fn sampling(
                     (None, false) => None,
                 };
                 match edge {
-                    Some(Ok(e)) => (
-                        e.radius_px,
-                        format!(
-                            "BF disk edge radius {} ± {:.4} px",
-                            e.radius_px, e.radius_sigma_px
-                        ),
-                    ),
+                    Some(Ok(e)) => {
+                        let d = crate::calibration::edge_sampling(s, e);
+                        return Ok(Sampling {
+                            mrad_per_px: d.mrad_per_px,
+                            source: format!("{} (semi-angle: {from})", d.source),
+                        });
+                    }
                     // The fit's refusals (too small, flat, no convergence) fall back; anything
                     // else (a closed dataset, a lost device) is the caller's error.
                     Some(Err(err)) if err.kind != ErrorKind::InvalidArgument => {
