@@ -110,7 +110,7 @@ fn cholesky_solve(hm: &[f64], mu: f64, g: &[f64]) -> Option<Vec<f64>> {
                 v -= l[i * d + k] * l[j * d + k];
             }
             if i == j {
-                if !(v > 0.0) || !v.is_finite() {
+                if !(v.is_finite() && v > 0.0) {
                     return None;
                 }
                 l[i * d + i] = v.sqrt();

@@ -56,6 +56,8 @@ pub(super) struct Buffers<'m> {
     pub(super) status: DevBuf,
     pub(super) errs: ErrorRecords,
     pub(super) bad_buf: Option<DevBuf>,
+    /// Seconds spent taking the pinned slots (allocations when the engine's pool had none).
+    pub(super) pinned_s: f64,
 }
 
 /// Allocate a pipeline's buffers (after admission), each counted in `counter`.
@@ -115,6 +117,7 @@ pub(super) fn allocate<'m>(
     let mut d_tab = Vec::with_capacity(z.slots);
     let mut h_in = Vec::with_capacity(z.slots);
     let mut h_tab = Vec::with_capacity(z.slots);
+    let mut pinned_s = 0.0;
     for _ in 0..z.slots {
         d_in.push(DevBuf::alloc(
             &ctx,
@@ -128,8 +131,10 @@ pub(super) fn allocate<'m>(
             c,
             "block table",
         )?);
+        let t = std::time::Instant::now();
         h_in.push(e.take_pinned(z.plan.max_in_bytes as usize, "batch slot")?);
         h_tab.push(e.take_pinned(z.table_cap_words * 4, "table slot")?);
+        pinned_s += t.elapsed().as_secs_f64();
     }
     let scratch = if z.direct {
         None
@@ -168,6 +173,7 @@ pub(super) fn allocate<'m>(
         status,
         errs,
         bad_buf,
+        pinned_s,
     })
 }
 

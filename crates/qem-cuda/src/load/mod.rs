@@ -239,8 +239,10 @@ pub fn load_source_encoded(
         ..*params
     };
     let params = &wide;
+    let t = Instant::now();
     let e = engine()?;
     let k = e.rans()?;
+    let t_engine = t.elapsed().as_secs_f64();
     let frames = region_frames(src.scan_shape, params.scan_region);
     let n = frames.len() as u64;
     // 1. Sample pass: dense, masked, transformed frames of the sample.
@@ -251,6 +253,16 @@ pub fn load_source_encoded(
         ..*params
     };
     let s_out = pipeline(src, &quiet, &sample, Sink::Dense, value_dtype)?;
+    // The sample pass's own stages (its first-use costs: pinned slots, device buffers, reader
+    // pool), reported under its name.
+    let sample_stages: Vec<StageTiming> = s_out
+        .timings
+        .iter()
+        .map(|st| StageTiming {
+            stage: format!("sample pass: {}", st.stage),
+            seconds: st.seconds,
+        })
+        .collect();
     let out_shape = s_out.output;
     let frame_len = out_shape.len();
     let Some(s_buf) = s_out.dense else {
@@ -305,6 +317,10 @@ pub fn load_source_encoded(
         }
         let mut timings = vec![
             StageTiming {
+                stage: "engine and rANS kernels (module loads on first use)".into(),
+                seconds: t_engine,
+            },
+            StageTiming {
                 stage: format!(
                     "sample pass (wall; {} frames decoded densely)",
                     sample.len()
@@ -318,6 +334,7 @@ pub fn load_source_encoded(
                 seconds: t_fit,
             },
         ];
+        timings.extend(sample_stages.iter().cloned());
         timings.extend(out.timings);
         timings.push(StageTiming {
             stage: "encoded load (wall, all passes)".into(),

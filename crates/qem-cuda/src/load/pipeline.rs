@@ -229,6 +229,7 @@ pub(super) fn pipeline(
         mut status,
         errs,
         bad_buf,
+        pinned_s,
     } = allocate(
         e,
         &ctx,
@@ -249,6 +250,7 @@ pub(super) fn pipeline(
         &bad_idx,
         params.bad_mask,
     )?;
+    let t_buffers = t.elapsed().as_secs_f64();
     let (free_peak, _) = e.gpu.mem_info()?;
     let copy_stream = ctx
         .new_stream()
@@ -445,6 +447,8 @@ pub(super) fn pipeline(
         host: HostSeconds {
             plan: t_plan,
             allocate: t_alloc,
+            alloc_pinned: pinned_s,
+            alloc_device: t_buffers - pinned_s,
             read_threads: read_thread_s,
             table_threads: table_thread_s,
             read_wall: read_wall_s,

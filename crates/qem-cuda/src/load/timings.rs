@@ -54,6 +54,9 @@ impl BatchEvents {
 pub(super) struct HostSeconds {
     pub(super) plan: f64,
     pub(super) allocate: f64,
+    /// Of `allocate`: taking the pinned slots, and the device buffers.
+    pub(super) alloc_pinned: f64,
+    pub(super) alloc_device: f64,
     pub(super) read_threads: f64,
     pub(super) table_threads: f64,
     pub(super) read_wall: f64,
@@ -96,8 +99,16 @@ pub(super) fn stage_timings(t: &StageInputs<'_>) -> Vec<StageTiming> {
             seconds: t.host.plan,
         },
         StageTiming {
-            stage: "allocate (device + pinned)".into(),
+            stage: "allocate (device + pinned, streams, files, reader pool)".into(),
             seconds: t.host.allocate,
+        },
+        StageTiming {
+            stage: "of which pinned host slots (the engine's pool, else allocated)".into(),
+            seconds: t.host.alloc_pinned,
+        },
+        StageTiming {
+            stage: "of which device buffers".into(),
+            seconds: t.host.alloc_device,
         },
         StageTiming {
             stage: format!(
