@@ -1,7 +1,8 @@
 //! The aberration fit (module docs of `ssb`, step 8): a seeded global search, Nelder–Mead
 //! from the best distinct starts, optionally on a coarse loss first, and then (after a coarse
-//! stage) Newton steps on quadratic models of the full loss (`refine`). The search sees only a batch objective
-//! ([`BatchObjective`]), so the CPU and the GPU engines fit the same way.
+//! stage, for the coherence) Newton steps on quadratic models of the full loss (`refine`). The
+//! search sees only a batch objective ([`BatchObjective`]), so the CPU and the GPU engines fit
+//! the same way.
 
 use super::refine::{refine_quadratic, Refined, START_STEP};
 use super::{Aberrations, Objective};
@@ -190,9 +191,9 @@ pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOut
         // The starts' best vertices compared on the full loss (one batch), so a start that the
         // coarse loss ranks a little low is not lost; from the winner's best vertex the
         // quadratic-model refinement (`refine`; a fresh simplex for the phase variance) runs
-        // on the full loss to the end, its first design (simplex) 2 % of the box, twice the rough simplex the coarse stage stopped at, so the
-        // full loss's minimum lies within reach even where the coarse loss's lies a little
-        // apart. Not the coarse simplex carried over: it is shaped by the other function and
+        // on the full loss to the end, its first design (simplex) 2 % of the box, twice the
+        // rough simplex the coarse stage stopped at, so the full loss's minimum lies within
+        // reach even where the coarse loss's lies a little apart. Not the coarse simplex carried over: it is shaped by the other function and
         // may have collapsed along a flat direction, and continued on the full loss it stopped
         // short (abTEM 1-cell cases: C12 off by 1 % with a worse full loss than the all-pixel
         // fit). The coarse global losses are not comparable with full ones, so the result is
