@@ -62,15 +62,6 @@ pub struct Aberrations {
     pub c30: f64,
 }
 
-/// ε² of the coherence loss's correction `C̃ = G Γ* / √(|Γ|² + ε²)`: ε = 0.1, where `|Γ| ≤ 2`
-/// (`|P| ≤ 1`). With the phase-only `Γ*/|Γ|` every term keeps unit weight as `Γ` passes
-/// through 0, where the double-overlap transfer vanishes (`sin χ(ν)` = 0 for the pixels inside
-/// both discs), and flips sign there: the loss jumps (docs/science.md) and the fit ended on
-/// such a cliff. With ε the terms fade out and back in through 0, so the loss is continuous and
-/// smooth, and frequencies that carry no signal for a pixel weigh little. The object keeps the
-/// phase-only correction.
-pub const COHERENCE_EPS2: f64 = 1e-2;
-
 /// Names of the [`Aberrations`] fields, in the order of [`Aberrations::to_map`].
 pub const ABERRATION_NAMES: [&str; 8] =
     ["C10", "C12", "phi12", "C21", "phi21", "C23", "phi23", "C30"];

@@ -295,23 +295,14 @@ pub struct FitParams {
 }
 
 impl FitParams {
-    /// About how many objective evaluations the fit makes (the progress total of
-    /// [`Ssb::fit_with_progress`]; typical counts, not bounds): the start point and the global
-    /// points; for each Nelder–Mead start its simplex and ~12 evaluations per parameter to the
-    /// 1 % simplex (39–42 for three on the reference data and abTEM cases); then with the coarse
-    /// coherence the starts' comparison and four quadratic designs of 2d + d(d−1)/2 points and
-    /// a Newton point each (measured 43–53 for three), else Nelder–Mead to 1e-4, ~50 per
-    /// parameter (70–180 for three). Each stage is capped by `local_max_iter`.
+    /// About how many objective evaluations the fit makes: the start point and the global
+    /// points, then for each Nelder–Mead start its simplex and about one evaluation per
+    /// iteration, and the best start continued (the progress total of
+    /// [`Ssb::fit_with_progress`]).
     pub fn evaluation_estimate(&self) -> usize {
-        let d = self.fit.len();
+        let simplex = self.fit.len() + 1;
         let starts = self.local_starts.max(1);
-        let rough = (12 * d).min(self.local_max_iter);
-        let last = if self.coarse && self.objective == Objective::Coherence {
-            starts + 4 * (2 * d + d * d.saturating_sub(1) / 2 + 1)
-        } else {
-            (50 * d).min(self.local_max_iter)
-        };
-        1 + self.global_evals + starts * (d + 1 + rough) + last
+        1 + self.global_evals + starts * (simplex + self.local_max_iter) + self.local_max_iter
     }
 }
 
@@ -760,8 +751,8 @@ impl Ssb {
 
     /// [`Ssb::fit`], calling `progress(done, total)` after each batch of objective evaluations
     /// (the global points are one batch, then each Nelder–Mead step). `done` counts evaluations
-    /// so far; `total` is [`FitParams::evaluation_estimate`], a typical count the fit may pass
-    /// or not reach (`done` is then shown against the larger of the two). The fit
+    /// so far; `total` is [`FitParams::evaluation_estimate`], an estimate the Nelder–Mead part
+    /// may pass or not reach (`done` is then shown against the larger of the two). The fit
     /// itself is the same as [`Ssb::fit`]'s: the same losses in the same order.
     pub fn fit_with_progress(
         &self,
@@ -848,9 +839,7 @@ impl Ssb {
                 json!({
                     "seed": f.seed,
                     "objective": f.objective.name(),
-                    "search": if spec.coarse && f.objective == Objective::Coherence {
-                        "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, on the coarse loss (the coarse sample of BF pixels); the starts compared on the full loss, the best refined on the full loss by Newton steps on quadratic models (designs from 2 % of the box down to 5e-4)"
-                    } else if spec.coarse {
+                    "search": if spec.coarse {
                         "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, on the coarse loss (the coarse sample of BF pixels); the starts compared on the full loss, the best on to 1e-4 on the full loss from a fresh 2 % simplex"
                     } else {
                         "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, the best on to 1e-4"

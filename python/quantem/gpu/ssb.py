@@ -445,7 +445,7 @@ class SSB:
         progress=None,
         coarse: bool = True,
     ) -> SSBFit:
-        """Fit aberrations: a seeded global search, Nelder–Mead, then Newton refinement.
+        """Fit aberrations: a seeded global search, then Nelder–Mead refinement.
 
         Deterministic for a given seed (and backend).
 
@@ -486,10 +486,8 @@ class SSB:
         coarse : bool
             ``True`` (default): the global points and each start's first stage use the coarse
             loss over about a quarter of the BF pixels (whole detector rows, every fourth),
-            the starts are then compared on the full loss and the best refined on it: by
-            Newton steps on quadratic models of the (smooth) coherence, ~40 evaluations, or
-            from a fresh simplex for the phase variance. Roughly 2.5× fewer pixel terms for the
-            same minimum;
+            the starts are then compared on the full loss and the best refined on it from a
+            fresh simplex. Roughly 2.5× fewer pixel terms for the same minimum;
             ``provenance["params"]["fit"]`` says how many evaluations were coarse. Without
             effect when the disk is too small (the sample would hold fewer than 256 pixels).
             ``False``: every loss over every pixel.

@@ -24,11 +24,9 @@
 //!    `G_b Γ_b* 10⁸` where `|Γ|² ≤ 10⁻¹⁶`), DC replaced by `d = mean_b G_b(0)`.
 //! 6. [`Prepared::object`]: `O = IFFT(mean_b C_b)` (normalised by 1/N), phase `arg O`.
 //! 7. Objectives ([`Objective`]): the anchor's mean per-position variance of the per-pixel
-//!    phases, and the spectral coherence (see [`Objective::Coherence`]) of the corrected
-//!    spectra with the regularised `G_b Γ_b* / √(|Γ_b|² + ε²)` ([`COHERENCE_EPS2`]).
+//!    phases, and the spectral coherence (see [`Objective::Coherence`]).
 //! 8. [`fit_with`]: seeded scrambled-Halton global search, then Nelder–Mead from the best few
-//!    candidates (on the coarse loss by default), then quadratic-model Newton steps on the
-//!    full loss.
+//!    candidates.
 //!
 //! [`Aberrations`], [`Optics`], [`chi`] and [`chi_polynomial`] live in `qem_core::optics`
 //! (shared with the CUDA engine) and are re-exported here.
@@ -43,7 +41,6 @@ use std::sync::Arc;
 use crate::EncodedFrames;
 
 mod fit;
-mod refine;
 pub use fit::{fit_with, BatchObjective, Fidelity, FitOutcome, FitSpec};
 
 /// Below this `|Γ|²` the phase-only correction is not defined; the anchor then multiplies by
@@ -51,7 +48,7 @@ pub use fit::{fit_with, BatchObjective, Fidelity, FitOutcome, FitSpec};
 pub const GAMMA_FLOOR_SQ: f64 = 1e-16;
 
 pub use qem_core::optics::{
-    chi, chi_from_polynomial, chi_polynomial, Aberrations, Optics, ABERRATION_NAMES, COHERENCE_EPS2,
+    chi, chi_from_polynomial, chi_polynomial, Aberrations, Optics, ABERRATION_NAMES,
 };
 
 /// Probe in reciprocal space `P(v) = A(v) exp(−iχ(v))` ([`Optics::aperture`], [`chi`]).
@@ -321,18 +318,16 @@ impl Fft2 {
 }
 
 /// SSB loss functions. The default is [`Objective::Coherence`]: on abTEM multislice data at a
-/// realistic dose (6k e⁻/frame) only it recovers C10 within 2.5 % and C12 within 5 % on one
-/// unit cell (bench/results/cpu_ssb_abtem_validation.json), and on the GPU it costs a fraction
-/// of the phase variance (no per-pixel inverse FFT).
+/// realistic dose (6k e⁻/frame) only it recovers C10 within 2 % and C12 within 20 %
+/// (bench/results/ssb_abtem_validation_2026-12-03.json), and on the GPU it costs a quarter of
+/// the phase variance (no per-pixel inverse FFT).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Objective {
     /// The anchor's loss: `mean_R var_b φ_b(R)`, the per-position variance over BF pixels of
     /// the per-pixel phases `φ_b = arg O_b` (no unwrapping), B counting every BF pixel.
     PhaseVariance,
     /// Spectral coherence, negated so that lower is better:
-    /// `L = −Σ_{ν≠0} |Σ_b C̃_b(ν)|² / (B Σ_{ν≠0} Σ_b |C̃_b(ν)|²)` ∈ [−1, 0] with
-    /// `C̃_b = G_b Γ_b* / √(|Γ_b|² + ε²)` ([`COHERENCE_EPS2`]: continuous where `Γ` passes
-    /// through 0, unlike the phase-only correction, so the loss has no cliffs). With the right
+    /// `L = −Σ_{ν≠0} |Σ_b C_b(ν)|² / (B Σ_{ν≠0} Σ_b |C_b(ν)|²)` ∈ [−1, 0]. With the right
     /// aberrations every pixel's corrected spectrum carries the same object spectrum, so they
     /// add in phase. Why it is more robust: it never takes `arg`, so strong (thick-sample)
     /// phases that wrap past ±π do not scramble it, and each term is weighted by its own signal
@@ -434,12 +429,6 @@ impl Prepared {
 
     /// Corrected spectrum `C_b(ν)` of pixel `b` (module docs, step 5).
     pub fn corrected(&self, b: usize, ab: &Aberrations) -> Vec<Complex64> {
-        self.corrected_with(b, ab, 0.0)
-    }
-
-    /// `C_b(ν)` with the phase-only correction (`eps2` = 0) or the coherence loss's
-    /// regularised one, `G Γ* / √(|Γ|² + eps2)` ([`COHERENCE_EPS2`]).
-    fn corrected_with(&self, b: usize, ab: &Aberrations, eps2: f64) -> Vec<Complex64> {
         let k = self.k[b];
         let o = &self.optics;
         let pk = probe(o, ab, k.0, k.1);
@@ -459,9 +448,7 @@ impl Prepared {
             let gam = probe(o, ab, k.0 - nu.0, k.1 - nu.1) * pk.conj()
                 - pk * probe(o, ab, k.0 + nu.0, k.1 + nu.1).conj();
             let n2 = gam.norm_sqr();
-            out.push(if eps2 > 0.0 {
-                gv * gam.conj() / (n2 + eps2).sqrt()
-            } else if n2 > GAMMA_FLOOR_SQ {
+            out.push(if n2 > GAMMA_FLOOR_SQ {
                 gv * gam.conj() / n2.sqrt()
             } else {
                 gv * gam.conj() * 1e8
@@ -529,7 +516,7 @@ impl Prepared {
         let n = self.scan.len();
         // acc[0..n] = Σ_b C_b, acc[n].re = Σ_b Σ_{ν≠0} |C_b|².
         let acc = ordered_sum(b, n + 1, Complex64::new(0.0, 0.0), |j, acc| {
-            let c = self.corrected_with(j, ab, COHERENCE_EPS2);
+            let c = self.corrected(j, ab);
             acc[n].re += c.iter().skip(1).map(|v| v.norm_sqr()).sum::<f64>();
             acc[..n].iter_mut().zip(&c).for_each(|(x, y)| *x += y);
         });

@@ -93,11 +93,10 @@ __device__ __forceinline__ float2 probe(float x, float y, const SsbOptics& o, co
     return make_float2(amp * e.x, amp * e.y);
 }
 
-// C = G Γ*/|Γ| (or G Γ* 10⁸ where |Γ|² ≤ 10⁻¹⁶), or the coherence loss's G Γ*/√(|Γ|² + ε²)
-// where eps2 = ε² > 0 (qem_cpu::ssb::COHERENCE_EPS2); adds |C|² to `power`.
-__device__ __forceinline__ float2 correct(float2 g, float2 gam, float eps2, float& power) {
+// C = G Γ*/|Γ| (or G Γ* 10⁸ where |Γ|² ≤ 10⁻¹⁶); adds |C|² to `power`.
+__device__ __forceinline__ float2 correct(float2 g, float2 gam, float& power) {
     const float n2 = gam.x * gam.x + gam.y * gam.y;
-    const float w = eps2 > 0.f ? rsqrtf(n2 + eps2) : (n2 > GAMMA_FLOOR_SQ ? rsqrtf(n2) : 1e8f);
+    const float w = n2 > GAMMA_FLOOR_SQ ? rsqrtf(n2) : 1e8f;
     const float2 c = cmulc(g, gam);
     const float2 out = make_float2(c.x * w, c.y * w);
     power += out.x * out.x + out.y * out.y;
@@ -194,15 +193,15 @@ struct Sums {
 // P(k)P*(k−ν) = −Γ(k, ν)* for any χ, and G(−ν) = G(ν)*, so C(−ν) = −C(ν)*.
 __device__ __forceinline__ bool pair_terms(float2 gv, float2 k, float2 pkb, float vr, float vc,
                                            float vr2, float vc2, const Pair& p,
-                                           const SsbOptics& o, const SsbAb& ab, float eps2,
-                                           float2& c1, float2& c2, float& power) {
+                                           const SsbOptics& o, const SsbAb& ab, float2& c1,
+                                           float2& c2, float& power) {
     const float2 pm = probe(k.x - vr, k.y - vc, o, ab);
     const float2 pp = probe(k.x + vr, k.y + vc, o, ab);
     const bool none = pm.x == 0.f && pm.y == 0.f && pp.x == 0.f && pp.y == 0.f;
     if (none && (!p.two || p.sym)) return false;
     const float2 g1 = make_float2(cmulc(pm, pkb).x - cmulc(pkb, pp).x,
                                   cmulc(pm, pkb).y - cmulc(pkb, pp).y);
-    c1 = correct(gv, g1, eps2, power);
+    c1 = correct(gv, g1, power);
     if (p.sym) {
         c2 = make_float2(-c1.x, c1.y);
         power += c1.x * c1.x + c1.y * c1.y;
@@ -211,7 +210,7 @@ __device__ __forceinline__ bool pair_terms(float2 gv, float2 k, float2 pkb, floa
         const float2 qp = probe(k.x + vr2, k.y + vc2, o, ab);
         const float2 g2 = make_float2(cmulc(qm, pkb).x - cmulc(pkb, qp).x,
                                       cmulc(qm, pkb).y - cmulc(pkb, qp).y);
-        c2 = correct(make_float2(gv.x, -gv.y), g2, eps2, power);
+        c2 = correct(make_float2(gv.x, -gv.y), g2, power);
     } else {
         c2 = make_float2(0.f, 0.f);
     }
@@ -224,8 +223,7 @@ template <bool G16>
 __device__ __forceinline__ void general_terms(Sums& t, const void* __restrict__ g, u32 c0, u32 cn,
                                               const PixelTables& tb, u32 nb, u32 h,
                                               const Pair& p, float vr, float vc, float vr2,
-                                              float vc2, const SsbOptics& o, const SsbAb& ab,
-                                              float eps2) {
+                                              float vc2, const SsbOptics& o, const SsbAb& ab) {
     // Software pipelining: the next pixel's G is loaded while this one is computed.
     const u64 off = g_at(0, nb, h);
     float2 g_nx = load_g_off<G16>(g, tb.gs[0], off, c0);
@@ -236,7 +234,7 @@ __device__ __forceinline__ void general_terms(Sums& t, const void* __restrict__ 
         const float2 k = make_float2(kq.x, kq.y), pkb = tb.pk[j];
         if (pkb.x == 0.f && pkb.y == 0.f) continue;  // zero-aperture pixel: Γ ≡ 0
         float2 c1, c2;
-        if (!pair_terms(gv, k, pkb, vr, vc, vr2, vc2, p, o, ab, eps2, c1, c2, t.power)) continue;
+        if (!pair_terms(gv, k, pkb, vr, vc, vr2, vc2, p, o, ab, c1, c2, t.power)) continue;
         t.s1.x += c1.x;
         t.s1.y += c1.y;
         t.s2.x += c2.x;
@@ -321,8 +319,7 @@ __device__ __forceinline__ QuadState quad_start(float vr, float vc, const SsbQua
 // warp's time is its slowest lane's anyway.
 template <bool SOFT>
 __device__ __forceinline__ void quad_pixel(QuadState& st, float2 gv, float4 kq, float vr,
-                                           float vc, const SsbOptics& o, const SsbQuad& q,
-                                           float eps2) {
+                                           float vc, const SsbOptics& o, const SsbQuad& q) {
     if (kq.w == 0.f) {
         st.e = expmi(-2.f * quad_form(q, kq.x, kq.y, vr, vc));
     } else {
@@ -338,12 +335,10 @@ __device__ __forceinline__ void quad_pixel(QuadState& st, float2 gv, float4 kq, 
         am = aperture_q(kq.x - vr, kq.y - vc, o, q);
         ap = aperture_q(kq.x + vr, kq.y + vc, o, q);
     }
-    // W1 = am U − ap U*; C1 = G · E* · W1* · f1 (|Γ|² = A_k² |W1|²; with ε: f1 =
-    // A_k / √(A_k² |W1|² + ε²), `correct`)
+    // W1 = am U − ap U*; C1 = G · E* · W1* · f1
     const float2 w1 = make_float2((am - ap) * st.u.x, (am + ap) * st.u.y);
     const float n1 = w1.x * w1.x + w1.y * w1.y;
-    const float f1 = eps2 > 0.f ? a_k * rsqrt_ftz(fmaf(a_k * a_k, n1, eps2))
-                     : (n1 * a_k * a_k > GAMMA_FLOOR_SQ ? rsqrt_ftz(n1) : a_k * 1e8f);
+    const float f1 = n1 * a_k * a_k > GAMMA_FLOOR_SQ ? rsqrt_ftz(n1) : a_k * 1e8f;
     const float2 c1 = cmulc(cmulc(gv, st.e), w1);
     const float2 c = make_float2(c1.x * f1, c1.y * f1);
     st.s.x += c.x;
@@ -365,8 +360,7 @@ __device__ __forceinline__ void quad_pixel(QuadState& st, float2 gv, float4 kq, 
 template <bool G16, bool SOFT>
 __device__ __forceinline__ void quad_terms(QuadState& st, const void* __restrict__ g, u32 c0,
                                            u32 cn, const PixelTables& tb, u64 off, float vr,
-                                           float vc, const SsbOptics& o, const SsbQuad& q,
-                                           float eps2) {
+                                           float vc, const SsbOptics& o, const SsbQuad& q) {
     // One pointer per thread, stepped a group of pixels at a time (constant offsets inside).
     const u64 first = off + (u64)c0 * G_TILE;
     const float2* g32 = reinterpret_cast<const float2*>(g) + first;
@@ -383,13 +377,13 @@ __device__ __forceinline__ void quad_terms(QuadState& st, const void* __restrict
         for (u32 i = 0; i < QUAD_DEPTH; ++i) gq[i] = gv(i, j);
 #pragma unroll
         for (u32 i = 0; i < QUAD_DEPTH; ++i) {
-            quad_pixel<SOFT>(st, gq[i], tb.kq[j + i], vr, vc, o, q, eps2);
+            quad_pixel<SOFT>(st, gq[i], tb.kq[j + i], vr, vc, o, q);
         }
         g32 += QUAD_DEPTH * G_TILE;
         g16 += QUAD_DEPTH * G_TILE;
     }
     for (; j < cn; ++j) {
-        quad_pixel<SOFT>(st, gv(0u, j), tb.kq[j], vr, vc, o, q, eps2);
+        quad_pixel<SOFT>(st, gv(0u, j), tb.kq[j], vr, vc, o, q);
         g32 += G_TILE;
         g16 += G_TILE;
     }
@@ -426,8 +420,7 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
                            const float2* __restrict__ pk, const float* __restrict__ ak,
                            const unsigned char* __restrict__ cont, const float* __restrict__ fr,
                            const float* __restrict__ fc, u32 nr, u32 nc, u32 half, SsbOptics o,
-                           SsbAb ab, SsbQuad q, float eps2, const u32* __restrict__ hlist,
-                           u32 n_list,
+                           SsbAb ab, SsbQuad q, const u32* __restrict__ hlist, u32 n_list,
                            u32 gen_blocks, float2* __restrict__ s_part,
                            double* __restrict__ pow_part) {
     __shared__ double red[256];
@@ -477,12 +470,12 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
         if (quad) {
             const u64 off = g_at(0, nb, h);
             if (q.soft) {
-                quad_terms<G16, true>(qs, g, b_lo, cn, tb, off, vr, vc, o, q, eps2);
+                quad_terms<G16, true>(qs, g, b_lo, cn, tb, off, vr, vc, o, q);
             } else {
-                quad_terms<G16, false>(qs, g, b_lo, cn, tb, off, vr, vc, o, q, eps2);
+                quad_terms<G16, false>(qs, g, b_lo, cn, tb, off, vr, vc, o, q);
             }
         } else if (active) {
-            general_terms<G16>(t, g, b_lo, cn, tb, nb, h, p, vr, vc, vr2, vc2, o, ab, eps2);
+            general_terms<G16>(t, g, b_lo, cn, tb, nb, h, p, vr, vc, vr2, vc2, o, ab);
         }
     }
     float power = 0.f;
@@ -506,11 +499,10 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
         NAME(const void* g, const float* gscale, u32 nb, u32 nb_used, u32 per_slice,            \
              const float2* kb, const float2* pk, const float* ak, const unsigned char* cont,    \
              const float* fr, const float* fc, u32 nr, u32 nc, u32 half, SsbOptics o, SsbAb ab, \
-             SsbQuad q, float eps2, const u32* hlist, u32 n_list, u32 gen_blocks,               \
-             float2* s_part, double* pow_part) {                                                \
+             SsbQuad q, const u32* hlist, u32 n_list, u32 gen_blocks, float2* s_part,           \
+             double* pow_part) {                                                                \
         accumulate<G16, QUAD>(g, gscale, nb, nb_used, per_slice, kb, pk, ak, cont, fr, fc, nr,  \
-                              nc, half, o, ab, q, eps2, hlist, n_list, gen_blocks, s_part,      \
-                              pow_part);                                                        \
+                              nc, half, o, ab, q, hlist, n_list, gen_blocks, s_part, pow_part); \
     }
 SSB_ACCUMULATE(qem_ssb_accumulate_g32, false, false)
 SSB_ACCUMULATE(qem_ssb_accumulate_g16, true, false)
@@ -582,8 +574,7 @@ __device__ void corrected(const void* __restrict__ g, const float* __restrict__ 
         if (!zero) {
             const float vr = fr[p.r], vc = fc[p.c];
             const float2 gv = load_g<G16>(g, gscale, b, nb, h);
-            if (!pair_terms(gv, k, pkb, vr, vc, fr[p.rm], fc[p.cm], p, o, ab, 0.f, c1, c2,
-                            unused)) {
+            if (!pair_terms(gv, k, pkb, vr, vc, fr[p.rm], fc[p.cm], p, o, ab, c1, c2, unused)) {
                 c1 = c2 = make_float2(0.f, 0.f);
             }
         }

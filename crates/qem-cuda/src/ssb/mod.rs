@@ -30,7 +30,7 @@ use cudarc::cufft::{result as cufft, sys as cufft_sys};
 use cudarc::driver::{
     sys, CudaEvent, CudaFunction, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
 };
-use qem_core::optics::{chi_polynomial, Aberrations, Optics, COHERENCE_EPS2};
+use qem_core::optics::{chi_polynomial, Aberrations, Optics};
 use qem_core::{DType, Error, Result, Shape2};
 
 use crate::device::{driver_error, Gpu};
@@ -489,15 +489,13 @@ impl GpuSsb {
     }
 
     /// Queue P(k_b), the accumulate launch over pixels `0..used` and the slice sum; returns the
-    /// accumulate grid's x size (its blocks' power partials are `slices` × that). `eps2`: 0 for
-    /// the phase-only correction (the object), [`COHERENCE_EPS2`] for the coherence loss.
+    /// accumulate grid's x size (its blocks' power partials are `slices` × that).
     fn queue_mean_spectrum(
         &self,
         w: &Work,
         ab: &AbArg,
         quad: Option<QuadArg>,
         used: usize,
-        eps2: f32,
     ) -> Result<u32> {
         let stream = self.gpu.stream();
         let (kb, pk, nb) = (self.kb.ptr(), w.pk.ptr(), self.b as u32);
@@ -538,7 +536,6 @@ impl GpuSsb {
         sa.push_scan(&mut lb);
         lb.arg(ab)
             .arg(&q)
-            .arg(&eps2)
             .arg(&hl)
             .arg(&n_list)
             .arg(&gen_blocks)
@@ -546,8 +543,8 @@ impl GpuSsb {
             .arg(&pp);
         // SAFETY: matches `qem_ssb_accumulate[_quad]_g{32,16}(const void*, const float*, u32,
         // u32, u32, const float2*, const float2*, const float*, const unsigned char*, const float*,
-        // const float*, u32, u32, u32, SsbOptics, SsbAb, SsbQuad, float, const u32*, u32, u32,
-        // float2*, double*)`: G holds b·padded_half(nr·half) values of its storage (tiled),
+        // const float*, u32, u32, u32, SsbOptics, SsbAb, SsbQuad, const u32*, u32, u32, float2*,
+        // double*)`: G holds b·padded_half(nr·half) values of its storage (tiled),
         // used ≤ b, gscale/kb/pk/ak/cont b entries, fr/fc nr/nc floats, hlist n_list (≥ 1) u32 with
         // gen_blocks·256 ≥ n_list, s_part slices·n float2, pow_part slices·(blocks_x +
         // ⌈n_list / 256⌉) f64 ≥ slices·grid_x; the dynamic shared memory holds
@@ -582,7 +579,7 @@ impl GpuSsb {
     pub fn object(&self, ab: &Aberrations) -> Result<(Vec<f64>, Vec<f64>)> {
         let w = self.lock()?;
         let a = self.ab_arg(ab);
-        self.queue_mean_spectrum(&w, &a, self.quad_arg(ab), self.b, 0.0)?;
+        self.queue_mean_spectrum(&w, &a, self.quad_arg(ab), self.b)?;
         let s = w.s.ptr();
         // SAFETY: a 1-transform C2C plan of the scan, in place on s (n complex f32).
         unsafe {
@@ -624,8 +621,7 @@ impl GpuSsb {
         let used = self.used(used);
         let w = self.lock()?;
         let a = self.ab_arg(ab);
-        let grid_x =
-            self.queue_mean_spectrum(&w, &a, self.quad_arg(ab), used, COHERENCE_EPS2 as f32)?;
+        let grid_x = self.queue_mean_spectrum(&w, &a, self.quad_arg(ab), used)?;
         self.sync("coherence")?;
         let pw: Vec<f64> = read_vec(&w.pow_part, self.slices as usize * grid_x as usize)?;
         let blocks = grid_1d(self.scan.len() as u64).grid_dim.0 as usize;
