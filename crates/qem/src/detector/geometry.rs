@@ -69,45 +69,18 @@ pub(super) fn sampling(
         .or(md.semiangle_mrad.map(|s| (s, "metadata")));
     match semi {
         Some((s, from)) if s.is_finite() && s > 0.0 => {
-            let (radius_px, what) = if let Some(r) = p.radius {
-                (r, format!("the given disk radius {r} px"))
-            } else {
-                let cached = ds.detector_cache.disk_edge.get().copied();
-                let edge = match (cached, fit_edge) {
-                    (Some(e), _) => Some(Ok(e)),
-                    (None, true) => Some(crate::calibration::disk_edge(ds)),
-                    (None, false) => None,
-                };
-                match edge {
-                    Some(Ok(e)) => {
-                        let d = crate::calibration::edge_sampling(s, e);
-                        return Ok(Sampling {
-                            mrad_per_px: d.mrad_per_px,
-                            source: format!("{} (semi-angle: {from})", d.source),
-                        });
-                    }
-                    // The fit's refusals (too small, flat, no convergence) fall back; anything
-                    // else (a closed dataset, a lost device) is the caller's error.
-                    Some(Err(err)) if err.kind != ErrorKind::InvalidArgument => {
-                        return Err(err.with_op(OP))
-                    }
-                    Some(Err(err)) => (
-                        threshold_radius_px,
-                        format!(
-                            "threshold disk radius {threshold_radius_px} px (no disk edge: {err})"
-                        ),
-                    ),
-                    None => {
-                        return Err(Error::invalid(
-                            OP,
-                            "the semi-angle rule needs the disk edge, not fitted for a detector in pixels",
-                        ))
+            Ok(match semi_angle_radius(ds, p, threshold_radius_px, fit_edge)? {
+                DiskRadius::Edge(e) => {
+                    let d = crate::calibration::edge_sampling(s, *e);
+                    Sampling {
+                        mrad_per_px: d.mrad_per_px,
+                        source: format!("{} (semi-angle: {from})", d.source),
                     }
                 }
-            };
-            Ok(Sampling {
-                mrad_per_px: s / radius_px,
-                source: format!("semiangle_mrad ({from}) {s} / {what}"),
+                DiskRadius::Px(r, what) => Sampling {
+                    mrad_per_px: s / r,
+                    source: format!("semiangle_mrad ({from}) {s} / {what}"),
+                },
             })
         }
         _ => Err(Error::invalid(
@@ -116,6 +89,49 @@ pub(super) fn sampling(
         )
         .with_expected("det_sampling_mrad, metadata angular_sampling_mrad, or semiangle_mrad")
         .with_found("none of them")),
+    }
+}
+
+/// The BF disk radius the semi-angle rule divides by: the fitted edge (its sampling comes from
+/// [`crate::calibration::edge_sampling`]), or a radius in pixels with its description.
+enum DiskRadius {
+    Edge(Box<qem_core::calibration::DiskEdge>),
+    Px(f64, String),
+}
+
+/// [`sampling`]'s radius: the given one, else the disk edge (cached on the dataset, fitted here
+/// only when `fit_edge`), else — where the edge fit refuses the pattern — the threshold radius.
+fn semi_angle_radius(
+    ds: &Dataset,
+    p: &DetectorParams,
+    threshold_radius_px: f64,
+    fit_edge: bool,
+) -> Result<DiskRadius> {
+    const OP: &str = "detector (unit mrad)";
+    if let Some(r) = p.radius {
+        return Ok(DiskRadius::Px(r, format!("the given disk radius {r} px")));
+    }
+    let edge =
+        if fit_edge {
+            crate::calibration::disk_edge(ds)
+        } else {
+            match ds.detector_cache.disk_edge.get() {
+                Some(e) => Ok(*e),
+                None => return Err(Error::invalid(
+                    OP,
+                    "the semi-angle rule needs the disk edge, not fitted for a detector in pixels",
+                )),
+            }
+        };
+    match edge {
+        Ok(e) => Ok(DiskRadius::Edge(Box::new(e))),
+        // The fit's refusals (too small, flat, no convergence) fall back; anything else (a
+        // closed dataset, a lost device) is the caller's error.
+        Err(err) if err.kind != ErrorKind::InvalidArgument => Err(err.with_op(OP)),
+        Err(err) => Ok(DiskRadius::Px(
+            threshold_radius_px,
+            format!("threshold disk radius {threshold_radius_px} px (no disk edge: {err})"),
+        )),
     }
 }
 
