@@ -9,6 +9,9 @@ use qem_core::{Error, ErrorKind, Result};
 use serde_json::json;
 use std::time::Instant;
 
+/// The operation named in the unit conversion's errors.
+const OP: &str = "detector (unit mrad)";
+
 /// Detector angular sampling (mrad per loaded pixel) and where it came from.
 #[derive(Debug, Clone)]
 pub(super) struct Sampling {
@@ -32,7 +35,6 @@ pub(super) fn sampling(
     threshold_radius_px: f64,
     fit_edge: bool,
 ) -> Result<Sampling> {
-    const OP: &str = "detector (unit mrad)";
     if let Some(s) = p.det_sampling_mrad {
         return Ok(Sampling {
             mrad_per_px: s,
@@ -69,7 +71,7 @@ pub(super) fn sampling(
         .or(md.semiangle_mrad.map(|s| (s, "metadata")));
     match semi {
         Some((s, from)) if s.is_finite() && s > 0.0 => {
-            Ok(match semi_angle_radius(ds, p, threshold_radius_px, fit_edge)? {
+            Ok(match semi_angle_radius(ds, p.radius, threshold_radius_px, fit_edge)? {
                 DiskRadius::Edge(e) => {
                     let d = crate::calibration::edge_sampling(s, *e);
                     Sampling {
@@ -103,12 +105,11 @@ enum DiskRadius {
 /// only when `fit_edge`), else — where the edge fit refuses the pattern — the threshold radius.
 fn semi_angle_radius(
     ds: &Dataset,
-    p: &DetectorParams,
+    given: Option<f64>,
     threshold_radius_px: f64,
     fit_edge: bool,
 ) -> Result<DiskRadius> {
-    const OP: &str = "detector (unit mrad)";
-    if let Some(r) = p.radius {
+    if let Some(r) = given {
         return Ok(DiskRadius::Px(r, format!("the given disk radius {r} px")));
     }
     let edge =
