@@ -97,32 +97,6 @@ impl Engine {
         PinnedBuf::alloc(self.gpu.ctx(), bytes, what)
     }
 
-    /// Pinned buffers of `bytes` bytes allocated on a new thread until the pool holds `count`
-    /// of at least that size; join the handle before the buffers are needed. Why: page-locking
-    /// is host work of ~2–5 GB/s (the first load's 3 × 128 MiB batch slots took 78 ms on an
-    /// H100's host), which can run while the load's sample pass and plan run (~80 ms) instead of
-    /// before its main pass. An allocation that fails here is left to the load, which then
-    /// allocates (and reports) as before.
-    pub fn prewarm_pinned(
-        &'static self,
-        count: usize,
-        bytes: usize,
-    ) -> std::thread::JoinHandle<()> {
-        std::thread::spawn(move || {
-            let have = self
-                .pinned
-                .lock()
-                .map(|p| p.iter().filter(|b| b.bytes() >= bytes).count())
-                .unwrap_or(count);
-            for _ in have..count {
-                match PinnedBuf::alloc(self.gpu.ctx(), bytes, "batch slot (prewarm)") {
-                    Ok(b) => self.give_pinned(b),
-                    Err(_) => break,
-                }
-            }
-        })
-    }
-
     /// Keep `buf` for a later load (its queued copies must be over).
     pub fn give_pinned(&self, buf: PinnedBuf) {
         if let Ok(mut pool) = self.pinned.lock() {

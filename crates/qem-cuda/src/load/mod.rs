@@ -245,14 +245,6 @@ pub fn load_source_encoded(
     let t_engine = t.elapsed().as_secs_f64();
     let frames = region_frames(src.scan_shape, params.scan_region);
     let n = frames.len() as u64;
-    // The main pass's pinned batch slots, page-locked while the sample pass and the plan run
-    // (each batch holds at most `batch_bytes`, and never more than the source's chunks).
-    let opts = params.options;
-    let slot_bytes = opts
-        .batch_bytes
-        .min(src.chunks.iter().map(|c| c.size).sum::<u64>())
-        .max(256);
-    let prewarm = e.prewarm_pinned(opts.slots.clamp(2, 4), slot_bytes as usize);
     // 1. Sample pass: dense, masked, transformed frames of the sample.
     let pick = rans::sample_frames(n, enc.sample_frames.max(1));
     let sample: Vec<u64> = pick.iter().map(|&i| frames[i as usize]).collect();
@@ -292,11 +284,6 @@ pub fn load_source_encoded(
     )?;
     let (dmodel, per_frame, mut capacity) = (fitted.model, fitted.per_frame, fitted.capacity);
     let t_fit = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    prewarm
-        .join()
-        .map_err(|_| Error::internal(op, "the pinned-slot thread panicked"))?;
-    let t_prewarm = t.elapsed().as_secs_f64();
     // 3. Main pass (again with more room in the rare case the sample under-predicted).
     let mut retries = 0u32;
     loop {
@@ -345,11 +332,6 @@ pub fn load_source_encoded(
                     "fit + upload model + sample encode (wall; {per_frame:.0} B/frame predicted)"
                 ),
                 seconds: t_fit,
-            },
-            StageTiming {
-                stage: "wait for the main pass's pinned slots (page-locked beside the sample pass)"
-                    .into(),
-                seconds: t_prewarm,
             },
         ];
         timings.extend(sample_stages.iter().cloned());
