@@ -66,12 +66,15 @@ DEFAULT_FIT = ("C10", "C12", "phi12")
 #: The objectives :meth:`SSB.fit` and :meth:`SSB.objective` know, the default first.
 #:
 #: ``"coherence"`` is the default: on abTEM multislice data at a realistic dose (6k e⁻/frame) only
-#: it recovers C10 within 2 % and C12 within 20 %, and on a GPU it costs a quarter of the phase
-#: variance. ``"phase_variance"``: the anchor's mean over scan positions of the variance over BF
-#: pixels of the per-pixel phases (lower is better). ``"coherence"``: the negated spectral coherence
-#: ``−Σ_{ν≠0} |Σ_b C_b(ν)|² / (B Σ_{ν≠0} Σ_b |C_b(ν)|²)`` of the corrected per-pixel spectra,
-#: in ``[−1, 0]``: it never takes a phase, so strong phases that wrap past ±π do not scramble
-#: it, and each term weighs by its own signal, so noise-dominated frequencies count little.
+#: it recovers C10 within 2 % and C12 within 1 % on one unit cell, and on a GPU it costs a
+#: fraction of the phase variance. ``"phase_variance"``: the anchor's mean over scan positions of
+#: the variance over BF pixels of the per-pixel phases (lower is better). ``"coherence"``: the
+#: share of the data's power the weak-phase model ``G_b(ν) = iΦ(ν) Γ_b(ν)`` explains, negated:
+#: ``−Σ_{ν≠0} [|Σ_b G_b Γ_b*|² / Σ_b |Γ_b|²] / Σ_{ν≠0} Σ_b |G_b|²`` in ``[−1, 0]``. Each
+#: frequency's term is largest exactly where ``Γ ∝ G`` over the pixels; the loss is smooth in the
+#: aberrations (the fit's last stage models it), never takes a phase, so strong phases that wrap
+#: past ±π do not scramble it, and each frequency weighs by its own signal
+#: (docs/science.md §9).
 OBJECTIVES = ("coherence", "phase_variance")
 
 _OP = "ssb"

@@ -1,8 +1,9 @@
 //! The aberration fit (module docs of `ssb`, step 8): a seeded global search, Nelder–Mead
-//! from the best distinct starts, optionally on a coarse loss first, and Newton steps on a
-//! quadratic model of the full loss at the end. The search sees only a batch objective
-//! ([`BatchObjective`]), so the CPU and the GPU engines fit the same way.
+//! from the best distinct starts, optionally on a coarse loss first, and then (after a coarse
+//! stage) Newton steps on quadratic models of the full loss (`refine`). The search sees only a
+//! batch objective ([`BatchObjective`]), so the CPU and the GPU engines fit the same way.
 
+use super::refine::{refine_quadratic, Refined, START_STEP};
 use super::{Aberrations, Objective};
 use qem_core::{Error, Result};
 
@@ -187,13 +188,15 @@ pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOut
     let mut best = (points[order[0]].clone(), global_best_loss);
     if spec.coarse {
         // The starts' best vertices compared on the full loss (one batch), so a start that the
-        // coarse loss ranks a little low is not lost; from the winner's best vertex a fresh
-        // simplex (RESTART_STEP along each axis) runs on the full loss to the end. Not the
-        // coarse simplex carried over: it is shaped by the other function and may have
-        // collapsed along a flat direction, and continued on the full loss it stopped short
-        // (abTEM 1-cell cases: C12 off by 1 % with a worse full loss than the all-pixel fit).
-        // The coarse global losses are not comparable with full ones, so the result is the
-        // winner's.
+        // coarse loss ranks a little low is not lost; from the winner's best vertex the
+        // quadratic-model refinement (`refine`; a fresh simplex for the phase variance) runs
+        // on the full loss to the end, its first design 2 % of the box, twice the rough
+        // simplex the coarse stage stopped at, so the full loss's minimum lies within reach
+        // even where the coarse loss's lies a little apart. Not the coarse simplex carried over: it is shaped by the other function and
+        // may have collapsed along a flat direction, and continued on the full loss it stopped
+        // short (abTEM 1-cell cases: C12 off by 1 % with a worse full loss than the all-pixel
+        // fit). The coarse global losses are not comparable with full ones, so the result is
+        // the winner's.
         let tips: Vec<Aberrations> = runs
             .iter()
             .map(|nm| to_ab(nm.best().0))
@@ -203,10 +206,30 @@ pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOut
         let w = (0..runs.len()).reduce(|a, b| if full[b] < full[a] { b } else { a });
         if let Some(w) = w {
             let u0 = runs[w].best().0.to_vec();
-            let mut nm = NelderMead::new(&eval_full, &u0, full[w], RESTART_STEP, &mut curve)?;
-            nm.run(&eval_full, FINAL_SPREAD, spec.local_max_iter, &mut curve)?;
-            let (u, l) = nm.best();
-            best = (u.to_vec(), l);
+            let eval_full_batch = |us: &[Vec<f64>]| -> Result<Vec<f64>> {
+                let abs: Vec<Aberrations> = us.iter().map(|u| to_ab(u)).collect::<Result<_>>()?;
+                batch(&abs, Fidelity::Full)
+            };
+            // The quadratic models need a smooth loss: the coherence is one (Γ enters it
+            // smoothly, `Objective::Coherence`); the phase variance jumps where a phase wraps or a
+            // transfer passes through 0, so it keeps the fresh simplex.
+            let refined = if spec.objective == Objective::Coherence {
+                refine_quadratic(&eval_full_batch, &u0, full[w], &mut curve)?
+            } else {
+                Refined::Unsettled(u0, full[w], START_STEP)
+            };
+            best = match refined {
+                Refined::Converged(u, l) => (u, l),
+                // A fresh full-loss simplex to the final spread from the best point seen: for
+                // the phase variance, and where the models never settled (a loss far from
+                // quadratic at every scale).
+                Refined::Unsettled(u, l, h) => {
+                    let mut nm = NelderMead::new(&eval_full, &u, l, h, &mut curve)?;
+                    nm.run(&eval_full, FINAL_SPREAD, spec.local_max_iter, &mut curve)?;
+                    let (u, l) = nm.best();
+                    (u.to_vec(), l)
+                }
+            };
         }
     } else {
         // The best at the rough stage (the earlier start on a tie).
@@ -234,10 +257,6 @@ pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOut
 /// Spread (largest vertex distance from the best vertex, per box coordinate) at which every
 /// Nelder–Mead start stops its first stage; 1 % of the box (8 Å of the default C10 box).
 const COARSE_SPREAD: f64 = 1e-2;
-/// Step of the fresh simplex the full-loss stage starts from after the coarse stages: 2 % of
-/// the box, twice the rough simplex the coarse stage stopped at, so the full loss's minimum
-/// lies within reach even where the coarse loss's lies a little apart.
-const RESTART_STEP: f64 = 2e-2;
 /// Spread at which the best start stops: 1e-4 of every box side (0.08 Å of the default C10
 /// box). No test on the losses: a loss evaluated in f32 (the GPU) is rough at the 1e-7 level,
 /// so a relative loss tolerance below that is never met and every start ran to `max_iter`

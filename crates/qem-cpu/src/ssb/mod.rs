@@ -24,9 +24,10 @@
 //!    `G_b Γ_b* 10⁸` where `|Γ|² ≤ 10⁻¹⁶`), DC replaced by `d = mean_b G_b(0)`.
 //! 6. [`Prepared::object`]: `O = IFFT(mean_b C_b)` (normalised by 1/N), phase `arg O`.
 //! 7. Objectives ([`Objective`]): the anchor's mean per-position variance of the per-pixel
-//!    phases, and the spectral coherence (see [`Objective::Coherence`]).
+//!    phases, and the coherence of the data with the SSB model (see [`Objective::Coherence`]).
 //! 8. [`fit_with`]: seeded scrambled-Halton global search, then Nelder–Mead from the best few
-//!    candidates.
+//!    candidates (on the coarse loss by default), then quadratic-model Newton steps on the
+//!    full loss.
 //!
 //! [`Aberrations`], [`Optics`], [`chi`] and [`chi_polynomial`] live in `qem_core::optics`
 //! (shared with the CUDA engine) and are re-exported here.
@@ -41,11 +42,16 @@ use std::sync::Arc;
 use crate::EncodedFrames;
 
 mod fit;
+mod refine;
 pub use fit::{fit_with, BatchObjective, Fidelity, FitOutcome, FitSpec};
 
 /// Below this `|Γ|²` the phase-only correction is not defined; the anchor then multiplies by
 /// `10⁸` instead of dividing by `|Γ|` (which keeps such terms negligible, not exploded).
 pub const GAMMA_FLOOR_SQ: f64 = 1e-16;
+
+/// A frequency whose `Σ_b |Γ_b(ν)|²` is at most this adds nothing to the coherence loss (no
+/// pixel transfers it; the f32 kernel's rounding stays far below).
+pub const GAMMA_SUM_FLOOR: f64 = 1e-12;
 
 pub use qem_core::optics::{
     chi, chi_from_polynomial, chi_polynomial, Aberrations, Optics, ABERRATION_NAMES,
@@ -62,7 +68,17 @@ pub fn probe(o: &Optics, ab: &Aberrations, v_r: f64, v_c: f64) -> Complex64 {
 
 /// Double-overlap transfer `Γ(k, ν) = P(k − ν) P*(k) − P(k) P*(k + ν)` (module docs, step 4).
 pub fn gamma(o: &Optics, ab: &Aberrations, k: (f64, f64), nu: (f64, f64)) -> Complex64 {
-    let pk = probe(o, ab, k.0, k.1);
+    gamma_at(o, ab, k, probe(o, ab, k.0, k.1), nu)
+}
+
+/// [`gamma`] with `P(k)` already known.
+fn gamma_at(
+    o: &Optics,
+    ab: &Aberrations,
+    k: (f64, f64),
+    pk: Complex64,
+    nu: (f64, f64),
+) -> Complex64 {
     probe(o, ab, k.0 - nu.0, k.1 - nu.1) * pk.conj()
         - pk * probe(o, ab, k.0 + nu.0, k.1 + nu.1).conj()
 }
@@ -318,21 +334,28 @@ impl Fft2 {
 }
 
 /// SSB loss functions. The default is [`Objective::Coherence`]: on abTEM multislice data at a
-/// realistic dose (6k e⁻/frame) only it recovers C10 within 2 % and C12 within 20 %
-/// (bench/results/ssb_abtem_validation_2026-12-03.json), and on the GPU it costs a quarter of
-/// the phase variance (no per-pixel inverse FFT).
+/// realistic dose (6k e⁻/frame) only it recovers C10 within 2.5 % and C12 within 1 % on one unit
+/// cell (bench/results/cpu_ssb_abtem_validation.json), and on the GPU it costs a fraction of the
+/// phase variance (no per-pixel inverse FFT).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Objective {
     /// The anchor's loss: `mean_R var_b φ_b(R)`, the per-position variance over BF pixels of
     /// the per-pixel phases `φ_b = arg O_b` (no unwrapping), B counting every BF pixel.
     PhaseVariance,
-    /// Spectral coherence, negated so that lower is better:
-    /// `L = −Σ_{ν≠0} |Σ_b C_b(ν)|² / (B Σ_{ν≠0} Σ_b |C_b(ν)|²)` ∈ [−1, 0]. With the right
-    /// aberrations every pixel's corrected spectrum carries the same object spectrum, so they
-    /// add in phase. Why it is more robust: it never takes `arg`, so strong (thick-sample)
-    /// phases that wrap past ±π do not scramble it, and each term is weighted by its own signal
-    /// `|G_b(ν)|`, so noise-dominated frequencies weigh little (and shot noise only adds an
-    /// aberration-independent incoherent floor). It also needs no per-pixel inverse FFT.
+    /// Coherence of the data with the SSB model, negated so that lower is better:
+    /// `L = −Σ_{ν≠0} |Σ_b G_b(ν) Γ_b*(ν)|² / Σ_b |Γ_b(ν)|²  /  Σ_{ν≠0} Σ_b |G_b(ν)|²` ∈ [−1, 0]
+    /// (b over the pixels with `A(k_b) > 0`; a frequency where every `Γ_b` is 0 adds nothing).
+    /// It is the share of the data's power that the weak-phase model `G_b(ν) = iΦ(ν) Γ_b(ν)`
+    /// explains with the best `Φ(ν)` per frequency (least squares over the pixels), so by
+    /// Cauchy–Schwarz each frequency's term is largest exactly where `Γ_b(ν) ∝ G_b(ν)`: at the
+    /// true aberrations for a weak phase object, whatever the noise-free data. Why this form
+    /// and not the phase-only corrected spectra `G Γ*/|Γ|`: those flip sign where the transfer
+    /// of a pixel inside both discs passes through 0, so that loss jumps on the surfaces
+    /// `χ(ν) = nπ` (the fit ended on such cliffs); here `Γ` enters smoothly, so the loss is
+    /// smooth in the aberrations and the fit's last stage can model it (docs/science.md §9).
+    /// It never takes `arg` (phases wrapping past ±π in thick samples do not scramble it), each
+    /// frequency weighs by its own signal, and shot noise only adds an aberration-independent
+    /// floor to the denominator. It needs no per-pixel inverse FFT.
     #[default]
     Coherence,
 }
@@ -444,9 +467,7 @@ impl Prepared {
                 out.push(Complex64::new(0.0, 0.0));
                 continue;
             }
-            let nu = self.nu(i);
-            let gam = probe(o, ab, k.0 - nu.0, k.1 - nu.1) * pk.conj()
-                - pk * probe(o, ab, k.0 + nu.0, k.1 + nu.1).conj();
+            let gam = gamma_at(o, ab, k, pk, self.nu(i));
             let n2 = gam.norm_sqr();
             out.push(if n2 > GAMMA_FLOOR_SQ {
                 gv * gam.conj() / n2.sqrt()
@@ -514,18 +535,31 @@ impl Prepared {
     /// [`Objective::Coherence`] over pixels `0..b`.
     fn coherence(&self, ab: &Aberrations, b: usize) -> f64 {
         let n = self.scan.len();
-        // acc[0..n] = Σ_b C_b, acc[n].re = Σ_b Σ_{ν≠0} |C_b|².
-        let acc = ordered_sum(b, n + 1, Complex64::new(0.0, 0.0), |j, acc| {
-            let c = self.corrected(j, ab);
-            acc[n].re += c.iter().skip(1).map(|v| v.norm_sqr()).sum::<f64>();
-            acc[..n].iter_mut().zip(&c).for_each(|(x, y)| *x += y);
+        let o = &self.optics;
+        // acc[i] = Σ_b G_b Γ_b*(ν_i), acc[n + i].re = Σ_b |Γ_b(ν_i)|², acc[2n].re = Σ_b Σ_{ν≠0}
+        // |G_b|² (pixels with A(k_b) > 0).
+        let acc = ordered_sum(b, 2 * n + 1, Complex64::new(0.0, 0.0), |j, acc| {
+            let k = self.k[j];
+            let pk = probe(o, ab, k.0, k.1);
+            if pk.norm_sqr() == 0.0 {
+                return; // zero-aperture pixel: Γ ≡ 0
+            }
+            for (i, &gv) in self.g[j].iter().enumerate().skip(1) {
+                let gam = gamma_at(o, ab, k, pk, self.nu(i));
+                acc[i] += gv * gam.conj();
+                acc[n + i].re += gam.norm_sqr();
+                acc[2 * n].re += gv.norm_sqr();
+            }
         });
-        let (sum, power) = (&acc[..n], acc[n].re);
+        let power = acc[2 * n].re;
         if power <= 0.0 {
             return 0.0;
         }
-        let coh: f64 = sum.iter().skip(1).map(|v| v.norm_sqr()).sum();
-        -coh / (b as f64 * power)
+        let explained: f64 = (1..n)
+            .filter(|&i| acc[n + i].re > GAMMA_SUM_FLOOR)
+            .map(|i| acc[i].norm_sqr() / acc[n + i].re)
+            .sum();
+        -explained / power
     }
 }
 

@@ -93,14 +93,14 @@ __device__ __forceinline__ float2 probe(float x, float y, const SsbOptics& o, co
     return make_float2(amp * e.x, amp * e.y);
 }
 
-// C = G Γ*/|Γ| (or G Γ* 10⁸ where |Γ|² ≤ 10⁻¹⁶); adds |C|² to `power`.
-__device__ __forceinline__ float2 correct(float2 g, float2 gam, float& power) {
+// The object's phase-only C = G Γ*/|Γ| (or G Γ* 10⁸ where |Γ|² ≤ 10⁻¹⁶), or the coherence
+// loss's plain G Γ* when `matched`; adds |Γ|² to `den`.
+__device__ __forceinline__ float2 correct(float2 g, float2 gam, bool matched, float& den) {
     const float n2 = gam.x * gam.x + gam.y * gam.y;
-    const float w = n2 > GAMMA_FLOOR_SQ ? rsqrtf(n2) : 1e8f;
+    den += n2;
+    const float w = matched ? 1.f : (n2 > GAMMA_FLOOR_SQ ? rsqrtf(n2) : 1e8f);
     const float2 c = cmulc(g, gam);
-    const float2 out = make_float2(c.x * w, c.y * w);
-    power += out.x * out.x + out.y * out.y;
-    return out;
+    return make_float2(c.x * w, c.y * w);
 }
 
 // G's tile: the accumulate kernels' block size (ssb.rs THREADS), so that a block's h share one.
@@ -181,36 +181,41 @@ __device__ __forceinline__ Pair pair_of(u32 h, u32 nr, u32 nc, u32 half, const f
     return p;
 }
 
-// What one thread sums over its BF pixels: S(ν), S(ν') and Σ |C|².
+// What one thread sums over its BF pixels: S(ν), S(ν'), Σ |Γ|² at ν and ν', and Σ |G|² over
+// both frequencies (the coherence loss's constant denominator).
 struct Sums {
     float2 s1, s2;
-    float power;
+    float d1, d2, power;
 };
 
-// One pixel's corrected terms for pair p: c1 = C(ν), c2 = C(ν') when p.two (else 0); adds their
-// |C|² to `power`. False (nothing written) when both are exactly 0: both probe values outside
-// the aperture and the mirror sharing them. When ν' = −ν (p.sym), Γ(k, −ν) = P(k+ν)P*(k) −
-// P(k)P*(k−ν) = −Γ(k, ν)* for any χ, and G(−ν) = G(ν)*, so C(−ν) = −C(ν)*.
+// One pixel's corrected terms for pair p (`correct`): c1 = C(ν), c2 = C(ν') when p.two (else 0);
+// adds |Γ|² at ν and ν' to d1, d2 and |G|² (twice for a pair) to `power`. False (nothing
+// written) when both are exactly 0: both probe values outside the aperture and the mirror
+// sharing them. When ν' = −ν (p.sym), Γ(k, −ν) = P(k+ν)P*(k) − P(k)P*(k−ν) = −Γ(k, ν)* for
+// any χ, and G(−ν) = G(ν)*, so C(−ν) = −C(ν)* and |Γ(−ν)| = |Γ(ν)|.
 __device__ __forceinline__ bool pair_terms(float2 gv, float2 k, float2 pkb, float vr, float vc,
                                            float vr2, float vc2, const Pair& p,
-                                           const SsbOptics& o, const SsbAb& ab, float2& c1,
-                                           float2& c2, float& power) {
+                                           const SsbOptics& o, const SsbAb& ab, bool matched,
+                                           float2& c1, float2& c2, float& d1, float& d2,
+                                           float& power) {
+    power = fmaf(p.two ? 2.f : 1.f, gv.x * gv.x + gv.y * gv.y, power);
     const float2 pm = probe(k.x - vr, k.y - vc, o, ab);
     const float2 pp = probe(k.x + vr, k.y + vc, o, ab);
     const bool none = pm.x == 0.f && pm.y == 0.f && pp.x == 0.f && pp.y == 0.f;
     if (none && (!p.two || p.sym)) return false;
     const float2 g1 = make_float2(cmulc(pm, pkb).x - cmulc(pkb, pp).x,
                                   cmulc(pm, pkb).y - cmulc(pkb, pp).y);
-    c1 = correct(gv, g1, power);
+    const float d_before = d1;
+    c1 = correct(gv, g1, matched, d1);
     if (p.sym) {
         c2 = make_float2(-c1.x, c1.y);
-        power += c1.x * c1.x + c1.y * c1.y;
+        d2 += d1 - d_before;
     } else if (p.two) {
         const float2 qm = probe(k.x - vr2, k.y - vc2, o, ab);
         const float2 qp = probe(k.x + vr2, k.y + vc2, o, ab);
         const float2 g2 = make_float2(cmulc(qm, pkb).x - cmulc(pkb, qp).x,
                                       cmulc(qm, pkb).y - cmulc(pkb, qp).y);
-        c2 = correct(make_float2(gv.x, -gv.y), g2, power);
+        c2 = correct(make_float2(gv.x, -gv.y), g2, matched, d2);
     } else {
         c2 = make_float2(0.f, 0.f);
     }
@@ -223,7 +228,8 @@ template <bool G16>
 __device__ __forceinline__ void general_terms(Sums& t, const void* __restrict__ g, u32 c0, u32 cn,
                                               const PixelTables& tb, u32 nb, u32 h,
                                               const Pair& p, float vr, float vc, float vr2,
-                                              float vc2, const SsbOptics& o, const SsbAb& ab) {
+                                              float vc2, const SsbOptics& o, const SsbAb& ab,
+                                              bool matched) {
     // Software pipelining: the next pixel's G is loaded while this one is computed.
     const u64 off = g_at(0, nb, h);
     float2 g_nx = load_g_off<G16>(g, tb.gs[0], off, c0);
@@ -234,7 +240,10 @@ __device__ __forceinline__ void general_terms(Sums& t, const void* __restrict__ 
         const float2 k = make_float2(kq.x, kq.y), pkb = tb.pk[j];
         if (pkb.x == 0.f && pkb.y == 0.f) continue;  // zero-aperture pixel: Γ ≡ 0
         float2 c1, c2;
-        if (!pair_terms(gv, k, pkb, vr, vc, vr2, vc2, p, o, ab, c1, c2, t.power)) continue;
+        if (!pair_terms(gv, k, pkb, vr, vc, vr2, vc2, p, o, ab, matched, c1, c2, t.d1, t.d2,
+                        t.power)) {
+            continue;
+        }
         t.s1.x += c1.x;
         t.s1.y += c1.y;
         t.s2.x += c2.x;
@@ -301,7 +310,7 @@ __device__ __forceinline__ float aperture_q(float x, float y, const SsbOptics& o
 // What a thread carries along its pixels in the quadratic terms.
 struct QuadState {
     float2 u, step, e, s;
-    float power;
+    float d, power;
 };
 
 __device__ __forceinline__ QuadState quad_start(float vr, float vc, const SsbQuad& q) {
@@ -310,6 +319,7 @@ __device__ __forceinline__ QuadState quad_start(float vr, float vc, const SsbQua
     st.step = expmi(-2.f * quad_form(q, q.dx, q.dy, vr, vc));
     st.e = make_float2(1.f, 0.f);
     st.s = make_float2(0.f, 0.f);
+    st.d = 0.f;
     st.power = 0.f;
     return st;
 }
@@ -319,7 +329,8 @@ __device__ __forceinline__ QuadState quad_start(float vr, float vc, const SsbQua
 // warp's time is its slowest lane's anyway.
 template <bool SOFT>
 __device__ __forceinline__ void quad_pixel(QuadState& st, float2 gv, float4 kq, float vr,
-                                           float vc, const SsbOptics& o, const SsbQuad& q) {
+                                           float vc, const SsbOptics& o, const SsbQuad& q,
+                                           bool matched) {
     if (kq.w == 0.f) {
         st.e = expmi(-2.f * quad_form(q, kq.x, kq.y, vr, vc));
     } else {
@@ -335,15 +346,18 @@ __device__ __forceinline__ void quad_pixel(QuadState& st, float2 gv, float4 kq, 
         am = aperture_q(kq.x - vr, kq.y - vc, o, q);
         ap = aperture_q(kq.x + vr, kq.y + vc, o, q);
     }
-    // W1 = am U − ap U*; C1 = G · E* · W1* · f1
+    // W1 = am U − ap U*; C1 = G · E* · W1* · f1 with |Γ|² = A_k² |W1|² (`correct`: f1 = A_k
+    // when `matched`, else 1/|W1|)
     const float2 w1 = make_float2((am - ap) * st.u.x, (am + ap) * st.u.y);
     const float n1 = w1.x * w1.x + w1.y * w1.y;
-    const float f1 = n1 * a_k * a_k > GAMMA_FLOOR_SQ ? rsqrt_ftz(n1) : a_k * 1e8f;
+    const float f1 =
+        matched ? a_k : (n1 * a_k * a_k > GAMMA_FLOOR_SQ ? rsqrt_ftz(n1) : a_k * 1e8f);
     const float2 c1 = cmulc(cmulc(gv, st.e), w1);
     const float2 c = make_float2(c1.x * f1, c1.y * f1);
     st.s.x += c.x;
     st.s.y += c.y;
-    st.power = fmaf(c.x, c.x, fmaf(c.y, c.y, st.power));
+    st.d = fmaf(a_k * a_k, n1, st.d);
+    st.power = fmaf(gv.x, gv.x, fmaf(gv.y, gv.y, st.power));
 }
 
 // The same terms as `general_terms` when χ is quadratic (only C10, C12, φ12: χ(v) = vᵀMv),
@@ -360,7 +374,8 @@ __device__ __forceinline__ void quad_pixel(QuadState& st, float2 gv, float4 kq, 
 template <bool G16, bool SOFT>
 __device__ __forceinline__ void quad_terms(QuadState& st, const void* __restrict__ g, u32 c0,
                                            u32 cn, const PixelTables& tb, u64 off, float vr,
-                                           float vc, const SsbOptics& o, const SsbQuad& q) {
+                                           float vc, const SsbOptics& o, const SsbQuad& q,
+                                           bool matched) {
     // One pointer per thread, stepped a group of pixels at a time (constant offsets inside).
     const u64 first = off + (u64)c0 * G_TILE;
     const float2* g32 = reinterpret_cast<const float2*>(g) + first;
@@ -377,13 +392,13 @@ __device__ __forceinline__ void quad_terms(QuadState& st, const void* __restrict
         for (u32 i = 0; i < QUAD_DEPTH; ++i) gq[i] = gv(i, j);
 #pragma unroll
         for (u32 i = 0; i < QUAD_DEPTH; ++i) {
-            quad_pixel<SOFT>(st, gq[i], tb.kq[j + i], vr, vc, o, q);
+            quad_pixel<SOFT>(st, gq[i], tb.kq[j + i], vr, vc, o, q, matched);
         }
         g32 += QUAD_DEPTH * G_TILE;
         g16 += QUAD_DEPTH * G_TILE;
     }
     for (; j < cn; ++j) {
-        quad_pixel<SOFT>(st, gv(0u, j), tb.kq[j], vr, vc, o, q);
+        quad_pixel<SOFT>(st, gv(0u, j), tb.kq[j], vr, vc, o, q, matched);
         g32 += G_TILE;
         g16 += G_TILE;
     }
@@ -391,9 +406,11 @@ __device__ __forceinline__ void quad_terms(QuadState& st, const void* __restrict
 
 // Σ_b C_b(ν) over BF pixels [b_lo, b_hi) of this launch's slice y = blockIdx.y (slices of
 // `per_slice` pixels, within the first `nb_used` of G's `nb`: the fit's coarse loss takes the
-// coarse sample at G's front), for every ν of the full plane: `s_part[y][i]`. `pow_part[y·gridDim.x + x]`
-// gets the block's Σ_{b, ν≠0} |C_b(ν)|². The DC (i = 0) is left 0: every C_b(0) is the same
-// d = mean_b G_b(0), which the finishing kernel puts in.
+// coarse sample at G's front), for every ν of the full plane: `s_part[y][i]`, and Σ_b |Γ_b(ν)|²
+// into `d_part[y][i]`. `pow_part[y·gridDim.x + x]` gets the block's Σ_{b, ν≠0} |G_b(ν)|² over
+// the pixels with A(k_b) > 0. The DC (i = 0) is not written: every C_b(0) is the same
+// d = mean_b G_b(0), which the finishing kernel puts in, and the loss leaves it out.
+// `matched` = 1: the coherence loss's terms G Γ*; 0: the object's phase-only G Γ*/|Γ|.
 //
 // QUAD: quad_terms wherever the mirror is −ν (or the index is its own mirror). The other pairs
 // (on the Nyquist lines, ~1 in 257) need the general terms, ~3× the work of a quadratic one;
@@ -420,9 +437,11 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
                            const float2* __restrict__ pk, const float* __restrict__ ak,
                            const unsigned char* __restrict__ cont, const float* __restrict__ fr,
                            const float* __restrict__ fc, u32 nr, u32 nc, u32 half, SsbOptics o,
-                           SsbAb ab, SsbQuad q, const u32* __restrict__ hlist, u32 n_list,
-                           u32 gen_blocks, float2* __restrict__ s_part,
+                           SsbAb ab, SsbQuad q, u32 matched_flag,
+                           const u32* __restrict__ hlist, u32 n_list, u32 gen_blocks,
+                           float2* __restrict__ s_part, float* __restrict__ d_part,
                            double* __restrict__ pow_part) {
+    const bool matched = matched_flag != 0u;
     __shared__ double red[256];
     extern __shared__ __align__(16) unsigned char acc_smem[];
     const u64 nh = (u64)nr * half, n = (u64)nr * nc;
@@ -451,7 +470,7 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
     if (QUAD) active = active && (list ? !simple : simple);
     const bool quad = QUAD && !list && active;
     QuadState qs = quad_start(vr, vc, q);
-    Sums t = {make_float2(0.f, 0.f), make_float2(0.f, 0.f), 0.f};
+    Sums t = {make_float2(0.f, 0.f), make_float2(0.f, 0.f), 0.f, 0.f, 0.f};
     // Every thread takes part in staging the slice's tables, active or not.
     const u32 cn = b_hi > b_lo ? b_hi - b_lo : 0u;
     float4* skq = reinterpret_cast<float4*>(acc_smem);
@@ -470,12 +489,12 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
         if (quad) {
             const u64 off = g_at(0, nb, h);
             if (q.soft) {
-                quad_terms<G16, true>(qs, g, b_lo, cn, tb, off, vr, vc, o, q);
+                quad_terms<G16, true>(qs, g, b_lo, cn, tb, off, vr, vc, o, q, matched);
             } else {
-                quad_terms<G16, false>(qs, g, b_lo, cn, tb, off, vr, vc, o, q);
+                quad_terms<G16, false>(qs, g, b_lo, cn, tb, off, vr, vc, o, q, matched);
             }
         } else if (active) {
-            general_terms<G16>(t, g, b_lo, cn, tb, nb, h, p, vr, vc, vr2, vc2, o, ab);
+            general_terms<G16>(t, g, b_lo, cn, tb, nb, h, p, vr, vc, vr2, vc2, o, ab, matched);
         }
     }
     float power = 0.f;
@@ -483,12 +502,19 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
         if (quad) {
             t.s1 = qs.s;
             t.s2 = p.two ? make_float2(-qs.s.x, qs.s.y) : make_float2(0.f, 0.f);
+            t.d1 = qs.d;
+            t.d2 = p.two ? qs.d : 0.f;
             t.power = p.two ? 2.f * qs.power : qs.power;
         }
         power = t.power;
         float2* out = s_part + (u64)blockIdx.y * n;
+        float* dout = d_part + (u64)blockIdx.y * n;
         out[(u64)p.r * nc + p.c] = t.s1;
-        if (p.two) out[(u64)p.rm * nc + p.cm] = t.s2;
+        dout[(u64)p.r * nc + p.c] = t.d1;
+        if (p.two) {
+            out[(u64)p.rm * nc + p.cm] = t.s2;
+            dout[(u64)p.rm * nc + p.cm] = t.d2;
+        }
     }
     const double block_power = block_sum(red, (double)power);
     if (threadIdx.x == 0) pow_part[(u64)blockIdx.y * gridDim.x + blockIdx.x] = block_power;
@@ -499,10 +525,11 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
         NAME(const void* g, const float* gscale, u32 nb, u32 nb_used, u32 per_slice,            \
              const float2* kb, const float2* pk, const float* ak, const unsigned char* cont,    \
              const float* fr, const float* fc, u32 nr, u32 nc, u32 half, SsbOptics o, SsbAb ab, \
-             SsbQuad q, const u32* hlist, u32 n_list, u32 gen_blocks, float2* s_part,           \
-             double* pow_part) {                                                                \
+             SsbQuad q, u32 matched, const u32* hlist, u32 n_list, u32 gen_blocks,              \
+             float2* s_part, float* d_part, double* pow_part) {                                 \
         accumulate<G16, QUAD>(g, gscale, nb, nb_used, per_slice, kb, pk, ak, cont, fr, fc, nr,  \
-                              nc, half, o, ab, q, hlist, n_list, gen_blocks, s_part, pow_part); \
+                              nc, half, o, ab, q, matched, hlist, n_list, gen_blocks, s_part,   \
+                              d_part, pow_part);                                                \
     }
 SSB_ACCUMULATE(qem_ssb_accumulate_g32, false, false)
 SSB_ACCUMULATE(qem_ssb_accumulate_g16, true, false)
@@ -523,6 +550,31 @@ qem_ssb_sum_slices(const float2* __restrict__ s_part, u32 slices, u64 n, u32 add
         }
         s[i] = acc;
     }
+}
+
+// The coherence loss's numerator: per-block Σ_{ν≠0} |S(ν)|² / D(ν) into part[blockIdx.x], with
+// S = Σ_y s_part[y] and D = Σ_y d_part[y] summed in slice order (as `qem_ssb_sum_slices`); a
+// frequency with D ≤ 10⁻¹² (no pixel transfers it) adds nothing (qem_cpu GAMMA_SUM_FLOOR).
+extern "C" __global__ void __launch_bounds__(256)
+qem_ssb_explained(const float2* __restrict__ s_part, const float* __restrict__ d_part, u32 slices,
+                  u64 n, double* __restrict__ part) {
+    __shared__ double red[256];
+    double acc = 0.0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        if (i == 0) continue;
+        float2 sv = make_float2(0.f, 0.f);
+        float dv = 0.f;
+        for (u32 y = 0; y < slices; ++y) {
+            const float2 v = s_part[(u64)y * n + i];
+            sv.x += v.x;
+            sv.y += v.y;
+            dv += d_part[(u64)y * n + i];
+        }
+        if (dv > 1e-12f) acc += ((double)sv.x * sv.x + (double)sv.y * sv.y) / (double)dv;
+    }
+    const double block_acc = block_sum(red, acc);
+    if (threadIdx.x == 0) part[blockIdx.x] = block_acc;
 }
 
 // The mean spectrum: s ← s / B with s[0] = dc, and per-block Σ_{ν≠0} |s|² (the coherence
@@ -561,7 +613,7 @@ __device__ void corrected(const void* __restrict__ g, const float* __restrict__ 
     const float2 pkb = pk[b];
     const bool zero = pkb.x == 0.f && pkb.y == 0.f;
     const float2 k = kb[b];
-    float unused = 0.f;
+    float unused_d1 = 0.f, unused_d2 = 0.f, unused_power = 0.f;
     for (u64 h = (u64)blockIdx.x * blockDim.x + threadIdx.x; h < nh;
          h += (u64)gridDim.x * blockDim.x) {
         if (h == 0) {
@@ -574,7 +626,8 @@ __device__ void corrected(const void* __restrict__ g, const float* __restrict__ 
         if (!zero) {
             const float vr = fr[p.r], vc = fc[p.c];
             const float2 gv = load_g<G16>(g, gscale, b, nb, h);
-            if (!pair_terms(gv, k, pkb, vr, vc, fr[p.rm], fc[p.cm], p, o, ab, c1, c2, unused)) {
+            if (!pair_terms(gv, k, pkb, vr, vc, fr[p.rm], fc[p.cm], p, o, ab, false, c1, c2,
+                            unused_d1, unused_d2, unused_power)) {
                 c1 = c2 = make_float2(0.f, 0.f);
             }
         }

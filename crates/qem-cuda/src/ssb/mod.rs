@@ -15,8 +15,9 @@
 //!
 //! Each evaluation ([`GpuSsb::object`], [`GpuSsb::coherence`], [`GpuSsb::phase_variance`])
 //! uploads nothing but its 8 aberration coefficients: a tiny kernel tabulates `P(k_b)`, the
-//! accumulate kernel forms `Σ_b C_b(ν)` and `Σ |C_b|²` over the full plane in one read of G, and
-//! only the object (N complex values) or a few hundred per-block partial sums come back. When χ
+//! accumulate kernel forms `Σ_b C_b(ν)` (the object's phase-only `G Γ*/|Γ|`, the coherence
+//! loss's `G Γ*`), `Σ_b |Γ_b(ν)|²` and `Σ |G_b|²` over the full plane in one read of G, and only
+//! the object (N complex values) or a few thousand per-block partial sums come back. When χ
 //! is quadratic (only C10, C12, φ12 — the default fit) the accumulate kernel needs no χ and no
 //! sincos per pixel: `Γ_b(±ν) = A(k_b) E^{±1} W_±` with `E = exp(2i k_bᵀMν)` carried along each
 //! detector row by one complex product (kernels/ssb.cu, `quad_terms`; [`quad_gamma`] is the same
@@ -239,6 +240,7 @@ struct Funcs {
     corrected: CudaFunction,
     sum_slices: CudaFunction,
     finish: CudaFunction,
+    explained: CudaFunction,
     phase_accum: CudaFunction,
     phase_var: CudaFunction,
     gather_u8: CudaFunction,
@@ -309,6 +311,7 @@ struct Work {
     pk: DevBuf,
     s_part: DevBuf,
     s: DevBuf,
+    d_part: DevBuf,
     pow_part: DevBuf,
     fin_part: DevBuf,
     object_plan: SizedPlan,
@@ -390,6 +393,7 @@ fn load_funcs(gpu: &Gpu, storage: GStorage) -> Result<Funcs> {
         corrected: get(cor)?,
         sum_slices: get("qem_ssb_sum_slices")?,
         finish: get("qem_ssb_finish")?,
+        explained: get("qem_ssb_explained")?,
         phase_accum: get("qem_ssb_phase_accum")?,
         phase_var: get("qem_ssb_phase_var")?,
         gather_u8: get("qem_ssb_gather_u8")?,
@@ -488,14 +492,17 @@ impl GpuSsb {
         Ok(())
     }
 
-    /// Queue P(k_b), the accumulate launch over pixels `0..used` and the slice sum; returns the
-    /// accumulate grid's x size (its blocks' power partials are `slices` × that).
+    /// Queue P(k_b) and the accumulate launch over pixels `0..used`, then for the object
+    /// (`matched` false) the slice sum and the mean spectrum into `s`, for the coherence loss
+    /// (`matched`) its numerator's block partials into `fin_part`; returns the accumulate grid's
+    /// x size (its blocks' power partials are `slices` × that).
     fn queue_mean_spectrum(
         &self,
         w: &Work,
         ab: &AbArg,
         quad: Option<QuadArg>,
         used: usize,
+        matched: bool,
     ) -> Result<u32> {
         let stream = self.gpu.stream();
         let (kb, pk, nb) = (self.kb.ptr(), w.pk.ptr(), self.b as u32);
@@ -504,7 +511,8 @@ impl GpuSsb {
         // The same slices over fewer pixels: each no larger than at prepare (shared memory).
         let per_slice = used32.div_ceil(self.slices);
         let sa = self.spectrum_args();
-        let (sp, pp) = (w.s_part.ptr(), w.pow_part.ptr());
+        let (sp, dp, pp) = (w.s_part.ptr(), w.d_part.ptr(), w.pow_part.ptr());
+        let matched32 = u32::from(matched);
         let gen_blocks = if quad.is_some() {
             self.n_list.div_ceil(THREADS)
         } else {
@@ -536,24 +544,37 @@ impl GpuSsb {
         sa.push_scan(&mut lb);
         lb.arg(ab)
             .arg(&q)
+            .arg(&matched32)
             .arg(&hl)
             .arg(&n_list)
             .arg(&gen_blocks)
             .arg(&sp)
+            .arg(&dp)
             .arg(&pp);
         // SAFETY: matches `qem_ssb_accumulate[_quad]_g{32,16}(const void*, const float*, u32,
         // u32, u32, const float2*, const float2*, const float*, const unsigned char*, const float*,
-        // const float*, u32, u32, u32, SsbOptics, SsbAb, SsbQuad, const u32*, u32, u32, float2*,
-        // double*)`: G holds b·padded_half(nr·half) values of its storage (tiled),
+        // const float*, u32, u32, u32, SsbOptics, SsbAb, SsbQuad, u32, const u32*, u32, u32,
+        // float2*, float*, double*)`: G holds b·padded_half(nr·half) values of its storage (tiled),
         // used ≤ b, gscale/kb/pk/ak/cont b entries, fr/fc nr/nc floats, hlist n_list (≥ 1) u32 with
-        // gen_blocks·256 ≥ n_list, s_part slices·n float2, pow_part slices·(blocks_x +
+        // gen_blocks·256 ≥ n_list, s_part slices·n float2, d_part slices·n f32, pow_part slices·(blocks_x +
         // ⌈n_list / 256⌉) f64 ≥ slices·grid_x; the dynamic shared memory holds
         // per_slice·ACC_TABLE_BYTES (≤ 45 KB by MAX_SLICE_PIXELS); the grid is (grid_x, slices)
         // with blocks_x·256 ≥ nr·half.
         unsafe { lb.launch(cfg) }.map_err(|er| driver_error("launch ssb accumulate", er))?;
         let n = self.scan.len() as u64;
-        let (add, s) = (0u32, w.s.ptr());
         let slices = self.slices;
+        if matched {
+            let fp = w.fin_part.ptr();
+            let mut lb = stream.launch_builder(&self.f.explained);
+            lb.arg(&sp).arg(&dp).arg(&slices).arg(&n).arg(&fp);
+            // SAFETY: matches `qem_ssb_explained(const float2*, const float*, u32, u64,
+            // double*)`; s_part holds slices·n float2, d_part slices·n f32, fin_part 4096 f64 ≥
+            // the grid's blocks (grid_1d caps at 4096).
+            unsafe { lb.launch(grid_1d(n)) }
+                .map_err(|er| driver_error("launch ssb explained", er))?;
+            return Ok(grid_x);
+        }
+        let (add, s) = (0u32, w.s.ptr());
         let mut lb = stream.launch_builder(&self.f.sum_slices);
         lb.arg(&sp).arg(&slices).arg(&n).arg(&add).arg(&s);
         // SAFETY: matches `qem_ssb_sum_slices(const float2*, u32, u64, u32, float2*)`; s_part
@@ -579,7 +600,7 @@ impl GpuSsb {
     pub fn object(&self, ab: &Aberrations) -> Result<(Vec<f64>, Vec<f64>)> {
         let w = self.lock()?;
         let a = self.ab_arg(ab);
-        self.queue_mean_spectrum(&w, &a, self.quad_arg(ab), self.b)?;
+        self.queue_mean_spectrum(&w, &a, self.quad_arg(ab), self.b, false)?;
         let s = w.s.ptr();
         // SAFETY: a 1-transform C2C plan of the scan, in place on s (n complex f32).
         unsafe {
@@ -621,7 +642,7 @@ impl GpuSsb {
         let used = self.used(used);
         let w = self.lock()?;
         let a = self.ab_arg(ab);
-        let grid_x = self.queue_mean_spectrum(&w, &a, self.quad_arg(ab), used)?;
+        let grid_x = self.queue_mean_spectrum(&w, &a, self.quad_arg(ab), used, true)?;
         self.sync("coherence")?;
         let pw: Vec<f64> = read_vec(&w.pow_part, self.slices as usize * grid_x as usize)?;
         let blocks = grid_1d(self.scan.len() as u64).grid_dim.0 as usize;
@@ -630,9 +651,7 @@ impl GpuSsb {
         if power <= 0.0 {
             return Ok(0.0);
         }
-        let bf = used as f64;
-        let coh = fin.iter().sum::<f64>() * bf * bf;
-        Ok(-coh / (bf * power))
+        Ok(-fin.iter().sum::<f64>() / power)
     }
 
     /// The CPU engine's phase-variance objective (`qem_cpu::ssb::Objective::PhaseVariance`) at

@@ -47,7 +47,7 @@ impl GpuSsb {
         let fixed = (b as u64) * (8 + 8 + 8 + 4)
             + (scan.rows + scan.cols) as u64 * 4
             + list_max * 4
-            + u64::from(slices) * n64 * 8
+            + u64::from(slices) * n64 * (8 + 4)
             + n64 * 8
             + (u64::from(slices) * (u64::from(blocks_x) + gen_max) + 4096) * 8
             + plan_work_bytes(scan, cufft_sys::cufftType::CUFFT_C2C, 1)?;
@@ -154,6 +154,7 @@ impl GpuSsb {
         let work = Work {
             pk: DevBuf::alloc(ctx, b * 8, c, "P(k_b)")?,
             s_part: DevBuf::alloc(ctx, slices as usize * n * 8, c, "slice spectra")?,
+            d_part: DevBuf::alloc(ctx, slices as usize * n * 4, c, "slice transfer powers")?,
             s: DevBuf::alloc(ctx, n * 8, c, "mean spectrum")?,
             pow_part: DevBuf::alloc(
                 ctx,
