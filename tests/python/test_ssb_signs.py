@@ -161,7 +161,7 @@ def test_transposed_detector_with_dpc_geometry():
 
 def test_c10_at_the_entrance_surface():
     """``fit(thickness_a=t)``: C10 referred to the entrance surface is the fitted C10 minus t
-    (the fit refers to the exit surface of a strongly scattering crystal) or minus t/2
+    (``fitted_plane="exit"``, the default for a strongly scattering crystal) or minus t/2
     (``fitted_plane="mid"``, kinematic); the fitted aberrations themselves are unchanged."""
     counts = simulate({"C10": 60.0}, scan=(12, 12))
     s = ssb.SSB(

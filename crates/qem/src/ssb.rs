@@ -282,7 +282,8 @@ pub struct FitParams {
     pub objective: Objective,
     /// Global search points besides the start point.
     pub global_evals: usize,
-    /// Nelder–Mead iterations per start, at most.
+    /// Nelder–Mead iterations per start, at most (the coherence fit's last stage, Newton
+    /// steps on quadratic models, has its own bound: 12 designs).
     pub local_max_iter: usize,
     /// Nelder–Mead starts.
     pub local_starts: usize,

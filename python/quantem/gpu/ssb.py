@@ -473,15 +473,18 @@ class SSB:
         local_starts : int, optional
             Nelder–Mead runs, from the best distinct global candidates (default 3). Each
             runs until its simplex spans 1 % of the box; only the best of them goes on to
-            1e-4 (the others stop there).
+            the last stage (the others stop there): Newton steps on quadratic models of the
+            full loss for ``"coherence"`` (at most 12 designs, not bounded by
+            ``local_max_iter``), its simplex continued to 1e-4 for ``"phase_variance"``.
         thickness_a : float, optional
             Specimen thickness, Å. When given, ``provenance["focal_reference"]`` holds C10
             referred to the entrance surface (``C10_entrance_a``, the plane a simulator such as
             abTEM defines its defocus at) besides the fitted value; ``aberrations`` is unchanged.
         fitted_plane : {"exit", "mid"}
             Which plane the fitted C10 is taken to refer to (docs/calibration.md): ``"exit"``
-            (``C10_entrance = C10 − t``; measured on strongly scattering SrTiO3, 3–5 cells at
-            200 and 300 kV) or ``"mid"`` (``C10 − t/2``; weakly scattering, kinematic specimens).
+            (``C10_entrance = C10 − t``; strongly scattering crystals: measured 0.57–0.79 t
+            on SrTiO3, 3–5 cells at 200 and 300 kV, so it overstates the depth by 0.2–0.4 t)
+            or ``"mid"`` (``C10 − t/2``; weakly scattering, kinematic specimens).
         progress : None, True or callable
             ``True`` draws a tqdm bar of objective evaluations (``tqdm.auto``); a callable gets
             ``(stage, done, total)`` on the calling thread (``total`` is an estimate while the

@@ -57,7 +57,7 @@ fn demo_writes_images_and_a_sane_report_then_inspect_sees_it() {
     assert_eq!(report["images"]["df"]["outer_px"], Value::Null);
     assert!(report["output_files"].as_array().unwrap().len() >= 25);
     // SSB on the 2x2-binned load: the fit finds the simulated probe (C10 = 50 Å, C12 = 20 Å at
-    // 30°) within the bounds measured with margin (7 %, 9 %, 0.02 rad off on this dataset).
+    // 30°) within the bounds measured with margin (4.5 %, 9.6 %, 0.016 rad off on this dataset).
     let s = &report["ssb"];
     assert_eq!(s["det_bin"], 2, "{s}");
     assert_eq!(s["true_aberrations"]["C10"]["value"], 50.0);

@@ -18,7 +18,8 @@ pub struct FitSpec {
     pub objective: Objective,
     /// Global search points (besides the start point).
     pub global_evals: usize,
-    /// Nelder–Mead iterations per start, at most.
+    /// Nelder–Mead iterations per start, at most (the coherence fit's last stage, Newton
+    /// steps on quadratic models, has its own bound: 12 designs).
     pub local_max_iter: usize,
     /// Nelder–Mead starts (best distinct global candidates).
     pub local_starts: usize,
@@ -135,29 +136,130 @@ pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOut
             ((v - lo) / (hi - lo)).clamp(0.0, 1.0)
         })
         .collect();
-    let mut state = spec.seed;
-    let shift: Vec<f64> = (0..d)
-        .map(|_| (splitmix64(&mut state) >> 11) as f64 / (1u64 << 53) as f64)
-        .collect();
-    let mut points = vec![u0];
-    for i in 1..=spec.global_evals as u64 {
-        points.push(
-            (0..d)
-                .map(|j| (radical_inverse(i, PRIMES[j]) + shift[j]).fract())
-                .collect(),
-        );
-    }
+    let points = global_points(u0, spec.seed, spec.global_evals);
     let abs: Vec<Aberrations> = points.iter().map(|u| to_ab(u)).collect::<Result<_>>()?;
     let losses = batch(&abs, first)?;
     let mut curve = losses.clone();
     let mut order: Vec<usize> = (0..points.len()).collect();
     order.sort_by(|&a, &b| losses[a].total_cmp(&losses[b]).then(a.cmp(&b)));
     let global_best_loss = losses[order[0]];
-    // Distinct starts: skip candidates closer than 5 % of the box to a chosen one, so the
-    // starts explore different basins.
+    let starts = distinct_starts(&points, &order, spec.local_starts.max(1));
+    // Every start is refined to a rough simplex, then only the best of them on to the final
+    // one (its simplex continued, not restarted). The starts that lose at the rough stage
+    // stop there: on the reference acquisition each start took ~130 evaluations to reach
+    // 1e-4 of the box and most of them after it had fallen behind for good. With one start
+    // and no coarse loss this is exactly one Nelder–Mead run.
+    let mut runs: Vec<NelderMead> = Vec::with_capacity(starts.len());
+    for &s in &starts {
+        let mut nm = NelderMead::new(&eval_first, &points[s], losses[s], 0.05, &mut curve)?;
+        nm.run(&eval_first, COARSE_SPREAD, spec.local_max_iter, &mut curve)?;
+        runs.push(nm);
+    }
+    let coarse_evaluations = if spec.coarse { curve.len() } else { 0 };
+    let eval_full_batch = |us: &[Vec<f64>]| -> Result<Vec<f64>> {
+        let abs: Vec<Aberrations> = us.iter().map(|u| to_ab(u)).collect::<Result<_>>()?;
+        batch(&abs, Fidelity::Full)
+    };
+    // The last stage on the full loss from `u0` (loss `l0`): Newton steps on quadratic models
+    // (`refine`), which need a smooth loss: the coherence is one (Γ enters it smoothly,
+    // `Objective::Coherence`); the phase variance jumps where a phase wraps or a transfer
+    // passes through 0, so it takes a fresh simplex of `START_STEP`, and so does a loss whose
+    // models never settled (far from quadratic at every scale), from the best point seen.
+    let finish = |u0: Vec<f64>, l0: f64, curve: &mut Vec<f64>| -> Result<(Vec<f64>, f64)> {
+        let refined = if spec.objective == Objective::Coherence {
+            refine_quadratic(&eval_full_batch, &u0, l0, curve)?
+        } else {
+            Refined::Unsettled(u0, l0, START_STEP)
+        };
+        Ok(match refined {
+            Refined::Converged(u, l) => (u, l),
+            Refined::Unsettled(u, l, h) => {
+                let mut nm = NelderMead::new(&eval_full, &u, l, h, curve)?;
+                nm.run(&eval_full, FINAL_SPREAD, spec.local_max_iter, curve)?;
+                let (u, l) = nm.best();
+                (u.to_vec(), l)
+            }
+        })
+    };
+    let mut best = (points[order[0]].clone(), global_best_loss);
+    if spec.coarse {
+        // The starts' best vertices compared on the full loss (one batch), so a start that the
+        // coarse loss ranks a little low is not lost; from the winner's best vertex the last
+        // stage (`finish`) runs on the full loss to the end, its first design (or simplex) 2 %
+        // of the box, twice the rough simplex the coarse stage stopped at, so the full loss's
+        // minimum lies within reach even where the coarse loss's lies a little apart. Not the
+        // coarse simplex carried over: it is shaped by the other function and may have
+        // collapsed along a flat direction, and continued on the full loss it stopped short
+        // (abTEM 1-cell cases: C12 off by 1 % with a worse full loss than the all-pixel fit).
+        // The coarse global losses are not comparable with full ones, so the result is the
+        // winner's.
+        let tips: Vec<Aberrations> = runs
+            .iter()
+            .map(|nm| to_ab(nm.best().0))
+            .collect::<Result<_>>()?;
+        let full = batch(&tips, Fidelity::Full)?;
+        curve.extend(&full);
+        let w = (0..runs.len()).reduce(|a, b| if full[b] < full[a] { b } else { a });
+        if let Some(w) = w {
+            best = finish(runs[w].best().0.to_vec(), full[w], &mut curve)?;
+        }
+    } else {
+        // The best at the rough stage (the earlier start on a tie): the coherence goes on with
+        // the last stage from its best vertex; the phase variance continues its simplex (with
+        // one start this is exactly one Nelder–Mead run).
+        let winner = runs
+            .iter_mut()
+            .reduce(|a, b| if b.best().1 < a.best().1 { b } else { a });
+        if let Some(nm) = winner {
+            let (u, l) = if spec.objective == Objective::Coherence {
+                let (u0, l0) = nm.best();
+                finish(u0.to_vec(), l0, &mut curve)?
+            } else {
+                nm.run(&eval_full, FINAL_SPREAD, spec.local_max_iter, &mut curve)?;
+                let (u, l) = nm.best();
+                (u.to_vec(), l)
+            };
+            if l < best.1 {
+                best = (u, l);
+            }
+        }
+    }
+    Ok(FitOutcome {
+        aberrations: to_ab(&best.0)?,
+        loss: best.1,
+        evaluations: curve.len(),
+        loss_curve: curve,
+        global_best_loss,
+        coarse_evaluations,
+    })
+}
+
+/// The global search's points in box coordinates: the start `u0`, then `count` points of the
+/// Halton sequence (one prime per coordinate) shifted by a seeded random vector modulo 1
+/// (Cranley–Patterson rotation), so a seed gives the same points on every engine.
+fn global_points(u0: Vec<f64>, seed: u64, count: usize) -> Vec<Vec<f64>> {
+    let d = u0.len();
+    let mut state = seed;
+    let shift: Vec<f64> = (0..d)
+        .map(|_| (splitmix64(&mut state) >> 11) as f64 / (1u64 << 53) as f64)
+        .collect();
+    let mut points = vec![u0];
+    for i in 1..=count as u64 {
+        points.push(
+            (0..d)
+                .map(|j| (radical_inverse(i, PRIMES[j]) + shift[j]).fract())
+                .collect(),
+        );
+    }
+    points
+}
+
+/// Up to `n` Nelder–Mead starts from the points in `order` (best first), skipping a candidate
+/// closer than 5 % of the box to a chosen one, so the starts explore different basins.
+fn distinct_starts(points: &[Vec<f64>], order: &[usize], n: usize) -> Vec<usize> {
     let mut starts: Vec<usize> = Vec::new();
-    for &i in &order {
-        if starts.len() >= spec.local_starts.max(1) {
+    for &i in order {
+        if starts.len() >= n {
             break;
         }
         let far = starts.iter().all(|&s| {
@@ -173,85 +275,7 @@ pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOut
             starts.push(i);
         }
     }
-    // Every start is refined to a rough simplex, then only the best of them on to the final
-    // one (its simplex continued, not restarted). The starts that lose at the rough stage
-    // stop there: on the reference acquisition each start took ~130 evaluations to reach
-    // 1e-4 of the box and most of them after it had fallen behind for good. With one start
-    // and no coarse loss this is exactly one Nelder–Mead run.
-    let mut runs: Vec<NelderMead> = Vec::with_capacity(starts.len());
-    for &s in &starts {
-        let mut nm = NelderMead::new(&eval_first, &points[s], losses[s], 0.05, &mut curve)?;
-        nm.run(&eval_first, COARSE_SPREAD, spec.local_max_iter, &mut curve)?;
-        runs.push(nm);
-    }
-    let coarse_evaluations = if spec.coarse { curve.len() } else { 0 };
-    let mut best = (points[order[0]].clone(), global_best_loss);
-    if spec.coarse {
-        // The starts' best vertices compared on the full loss (one batch), so a start that the
-        // coarse loss ranks a little low is not lost; from the winner's best vertex the
-        // quadratic-model refinement (`refine`; a fresh simplex for the phase variance) runs
-        // on the full loss to the end, its first design 2 % of the box, twice the rough
-        // simplex the coarse stage stopped at, so the full loss's minimum lies within reach
-        // even where the coarse loss's lies a little apart. Not the coarse simplex carried over: it is shaped by the other function and
-        // may have collapsed along a flat direction, and continued on the full loss it stopped
-        // short (abTEM 1-cell cases: C12 off by 1 % with a worse full loss than the all-pixel
-        // fit). The coarse global losses are not comparable with full ones, so the result is
-        // the winner's.
-        let tips: Vec<Aberrations> = runs
-            .iter()
-            .map(|nm| to_ab(nm.best().0))
-            .collect::<Result<_>>()?;
-        let full = batch(&tips, Fidelity::Full)?;
-        curve.extend(&full);
-        let w = (0..runs.len()).reduce(|a, b| if full[b] < full[a] { b } else { a });
-        if let Some(w) = w {
-            let u0 = runs[w].best().0.to_vec();
-            let eval_full_batch = |us: &[Vec<f64>]| -> Result<Vec<f64>> {
-                let abs: Vec<Aberrations> = us.iter().map(|u| to_ab(u)).collect::<Result<_>>()?;
-                batch(&abs, Fidelity::Full)
-            };
-            // The quadratic models need a smooth loss: the coherence is one (Γ enters it
-            // smoothly, `Objective::Coherence`); the phase variance jumps where a phase wraps or a
-            // transfer passes through 0, so it keeps the fresh simplex.
-            let refined = if spec.objective == Objective::Coherence {
-                refine_quadratic(&eval_full_batch, &u0, full[w], &mut curve)?
-            } else {
-                Refined::Unsettled(u0, full[w], START_STEP)
-            };
-            best = match refined {
-                Refined::Converged(u, l) => (u, l),
-                // A fresh full-loss simplex to the final spread from the best point seen: for
-                // the phase variance, and where the models never settled (a loss far from
-                // quadratic at every scale).
-                Refined::Unsettled(u, l, h) => {
-                    let mut nm = NelderMead::new(&eval_full, &u, l, h, &mut curve)?;
-                    nm.run(&eval_full, FINAL_SPREAD, spec.local_max_iter, &mut curve)?;
-                    let (u, l) = nm.best();
-                    (u.to_vec(), l)
-                }
-            };
-        }
-    } else {
-        // The best at the rough stage (the earlier start on a tie).
-        let winner = runs
-            .iter_mut()
-            .reduce(|a, b| if b.best().1 < a.best().1 { b } else { a });
-        if let Some(nm) = winner {
-            nm.run(&eval_full, FINAL_SPREAD, spec.local_max_iter, &mut curve)?;
-            let (u, l) = nm.best();
-            if l < best.1 {
-                best = (u.to_vec(), l);
-            }
-        }
-    }
-    Ok(FitOutcome {
-        aberrations: to_ab(&best.0)?,
-        loss: best.1,
-        evaluations: curve.len(),
-        loss_curve: curve,
-        global_best_loss,
-        coarse_evaluations,
-    })
+    starts
 }
 
 /// Spread (largest vertex distance from the best vertex, per box coordinate) at which every
@@ -529,8 +553,8 @@ mod tests {
     }
 
     /// `fit_with` on an analytic loss (a bowl around a known point): the search finds it, the
-    /// global points come in one batch, and an objective that answers with the wrong number of
-    /// losses is an error, not a silent mis-assignment.
+    /// global points and each quadratic design come in one batch, and an objective that answers
+    /// with the wrong number of losses is an error, not a silent mis-assignment.
     #[test]
     fn fit_with_finds_a_known_minimum_and_checks_the_batch() {
         let spec = FitSpec {
@@ -564,7 +588,10 @@ mod tests {
             b[0], 65,
             "the start point and the 64 global points in one batch"
         );
-        assert!(b[1..].iter().all(|&n| n == 1));
+        // Then Nelder–Mead's single points, and the last stage's designs: the 2d axis points
+        // and d(d−1)/2 cross points (5 for d = 2) in one batch each, the Newton point alone.
+        assert!(b[1..].iter().all(|&n| n == 1 || n == 5), "{b:?}");
+        assert!(b[1..].contains(&5), "the quadratic last stage ran: {b:?}");
         let short =
             |abs: &[Aberrations], _: Fidelity| -> Result<Vec<f64>> { Ok(vec![0.0; abs.len() / 2]) };
         let e = fit_with(&spec, &short).unwrap_err();
