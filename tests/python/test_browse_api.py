@@ -690,8 +690,10 @@ def test_wait_returns_when_stopped(ds):
 def test_ctrl_c_in_wait_stops_the_service(ds):
     s = browse.serve(ds)
     threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+    # A bound on the wait, so a Ctrl-C that never arrives fails here instead of hanging the
+    # suite (once, in a full `make test`, this wait did not return).
     with pytest.raises(KeyboardInterrupt):
-        s.wait()
+        s.wait(timeout=60)
     assert s.stopped
     assert_port_free(s.port)
 
