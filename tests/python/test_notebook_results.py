@@ -53,7 +53,7 @@ def _cells(html: str) -> dict[str, str]:
         ("com", "CoM", {"com_row": "(8, 9) float64", "com_col": "(8, 9) float64"}),
         ("dpc", "DPCResult", {"phase": "(8, 9) float64", "dpc_col": "(8, 9) float64"}),
         ("ssb", "SSBResult", {"object": "(8, 9) complex128", "phase": "(8, 9) float64"}),
-        ("fit", "SSBFit", {"loss_curve": "(14,) float64", "result.phase": "(8, 9) float64"}),
+        ("fit", "SSBFit", {"loss_curve": "(44,) float64", "result.phase": "(8, 9) float64"}),
     ],
 )
 def test_repr_html_of_every_result(results, key, title, arrays):

@@ -282,8 +282,8 @@ pub struct FitParams {
     pub objective: Objective,
     /// Global search points besides the start point.
     pub global_evals: usize,
-    /// Nelder–Mead iterations per start, at most (the coherence fit's last stage, Newton
-    /// steps on quadratic models, has its own bound: 12 designs).
+    /// Iterations of each local stage, at most: Nelder–Mead iterations per start, and designs
+    /// of the coherence fit's quadratic-model last stage (which never takes more than 12).
     pub local_max_iter: usize,
     /// Nelder–Mead starts.
     pub local_starts: usize,
@@ -298,13 +298,37 @@ pub struct FitParams {
 impl FitParams {
     /// About how many objective evaluations the fit makes: the start point and the global
     /// points, then for each Nelder–Mead start its simplex and about one evaluation per
-    /// iteration, and the best start continued (the progress total of
+    /// iteration, and the last stage: for the coherence about five designs of 2d + d(d−1)/2
+    /// points and a Newton point each, else the best start continued (the progress total of
     /// [`Ssb::fit_with_progress`]).
     pub fn evaluation_estimate(&self) -> usize {
-        let simplex = self.fit.len() + 1;
+        let d = self.fit.len();
+        let simplex = d + 1;
         let starts = self.local_starts.max(1);
-        1 + self.global_evals + starts * (simplex + self.local_max_iter) + self.local_max_iter
+        let last = if self.objective == Objective::Coherence {
+            self.local_max_iter.min(5) * (2 * d + d * d.saturating_sub(1) / 2 + 1)
+        } else {
+            self.local_max_iter
+        };
+        1 + self.global_evals + starts * (simplex + self.local_max_iter) + last
     }
+}
+
+/// The fit's method in words, for its provenance (docs/science.md §9).
+fn search_description(coarse: bool, objective: Objective) -> String {
+    let first = if coarse {
+        "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, on the coarse loss (the coarse sample of BF pixels); the starts compared on the full loss, the best on"
+    } else {
+        "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, the best on"
+    };
+    let last = match (objective, coarse) {
+        (Objective::Coherence, _) => {
+            "with Newton steps on quadratic models of the full loss (designs from 2 % of the box, shrinking 4x, to 5e-4)"
+        }
+        (_, true) => "to 1e-4 on the full loss from a fresh 2 % simplex",
+        (_, false) => "to 1e-4, its simplex continued",
+    };
+    format!("{first} {last}")
 }
 
 impl Default for FitParams {
@@ -751,9 +775,10 @@ impl Ssb {
     }
 
     /// [`Ssb::fit`], calling `progress(done, total)` after each batch of objective evaluations
-    /// (the global points are one batch, then each Nelder–Mead step). `done` counts evaluations
-    /// so far; `total` is [`FitParams::evaluation_estimate`], an estimate the Nelder–Mead part
-    /// may pass or not reach (`done` is then shown against the larger of the two). The fit
+    /// (the global points are one batch, then each Nelder–Mead step or quadratic design). `done`
+    /// counts evaluations so far; `total` is [`FitParams::evaluation_estimate`], an estimate the
+    /// local stages may pass or not reach (then `done + 1`, so it is never reached before the
+    /// fit returns). The fit
     /// itself is the same as [`Ssb::fit`]'s: the same losses in the same order.
     pub fn fit_with_progress(
         &self,
@@ -815,7 +840,8 @@ impl Ssb {
         let done = std::sync::atomic::AtomicUsize::new(0);
         let report = |n: usize| {
             let d = done.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
-            progress(d, estimate.max(d));
+            // Never `done == total` before the fit returns: a bar would close there.
+            progress(d, estimate.max(d + 1));
         };
         // One search on either engine: a batch's losses in parallel on the CPU, one after the
         // other on the GPU (one device, one queue), counted for the progress.
@@ -840,11 +866,7 @@ impl Ssb {
                 json!({
                     "seed": f.seed,
                     "objective": f.objective.name(),
-                    "search": if spec.coarse {
-                        "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, on the coarse loss (the coarse sample of BF pixels); the starts compared on the full loss, the best on to 1e-4 on the full loss from a fresh 2 % simplex"
-                    } else {
-                        "scrambled Halton (seeded shift) + Nelder-Mead from best distinct starts, each to a 1 % simplex, the best on to 1e-4"
-                    },
+                    "search": search_description(spec.coarse, spec.objective),
                     "coarse": spec.coarse,
                     "coarse_pixels": if spec.coarse { self.coarse_used } else { 0 },
                     "coarse_evaluations": out.coarse_evaluations,

@@ -464,8 +464,9 @@ class SSB:
         objective : str
             One of :attr:`objectives`.
         global_evals, local_max_iter : int, optional
-            Budgets of the global search (points besides the start point) and of each
-            Nelder–Mead run (iterations); the engine's defaults when omitted
+            Budgets of the global search (points besides the start point) and of each local
+            stage (Nelder–Mead iterations, or designs of the coherence fit's last stage); the
+            engine's defaults when omitted
             (``SSB.info["fit_defaults"]``: 200 and 200).
         start : dict, optional
             Start (and fixed) values of the coefficients; 0 when omitted. The start point is
@@ -474,8 +475,8 @@ class SSB:
             Nelder–Mead runs, from the best distinct global candidates (default 3). Each
             runs until its simplex spans 1 % of the box; only the best of them goes on to
             the last stage (the others stop there): Newton steps on quadratic models of the
-            full loss for ``"coherence"`` (at most 12 designs, not bounded by
-            ``local_max_iter``), its simplex continued to 1e-4 for ``"phase_variance"``.
+            full loss for ``"coherence"`` (at most ``local_max_iter`` designs, and never more
+            than 12), its simplex continued to 1e-4 for ``"phase_variance"``.
         thickness_a : float, optional
             Specimen thickness, Å. When given, ``provenance["focal_reference"]`` holds C10
             referred to the entrance surface (``C10_entrance_a``, the plane a simulator such as

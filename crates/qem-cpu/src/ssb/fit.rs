@@ -3,7 +3,7 @@
 //! stage) Newton steps on quadratic models of the full loss (`refine`). The search sees only a
 //! batch objective ([`BatchObjective`]), so the CPU and the GPU engines fit the same way.
 
-use super::refine::{refine_quadratic, Refined, START_STEP};
+use super::refine::{refine_quadratic, Refined, MAX_DESIGNS, START_STEP};
 use super::{Aberrations, Objective};
 use qem_core::{Error, Result};
 
@@ -18,8 +18,8 @@ pub struct FitSpec {
     pub objective: Objective,
     /// Global search points (besides the start point).
     pub global_evals: usize,
-    /// Nelder–Mead iterations per start, at most (the coherence fit's last stage, Newton
-    /// steps on quadratic models, has its own bound: 12 designs).
+    /// Iterations of each local stage, at most: Nelder–Mead iterations per start, and designs
+    /// of the coherence fit's quadratic-model last stage (which never takes more than 12).
     pub local_max_iter: usize,
     /// Nelder–Mead starts (best distinct global candidates).
     pub local_starts: usize,
@@ -161,18 +161,23 @@ pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOut
         batch(&abs, Fidelity::Full)
     };
     // The last stage on the full loss from `u0` (loss `l0`): Newton steps on quadratic models
-    // (`refine`), which need a smooth loss: the coherence is one (Γ enters it smoothly,
-    // `Objective::Coherence`); the phase variance jumps where a phase wraps or a transfer
-    // passes through 0, so it takes a fresh simplex of `START_STEP`, and so does a loss whose
-    // models never settled (far from quadratic at every scale), from the best point seen.
+    // (`refine`), at most `local_max_iter` designs, which need a smooth loss: the coherence is
+    // one (Γ enters it smoothly, `Objective::Coherence`); the phase variance jumps where a
+    // phase wraps or a transfer passes through 0, so it takes a fresh simplex of `START_STEP`,
+    // and so does a loss whose models never settled in the full 12 designs (far from quadratic
+    // at every scale), from the best point seen. A smaller budget ends at the best point.
+    let capped = spec.local_max_iter < MAX_DESIGNS;
     let finish = |u0: Vec<f64>, l0: f64, curve: &mut Vec<f64>| -> Result<(Vec<f64>, f64)> {
         let refined = if spec.objective == Objective::Coherence {
-            refine_quadratic(&eval_full_batch, &u0, l0, curve)?
+            refine_quadratic(&eval_full_batch, &u0, l0, spec.local_max_iter, curve)?
         } else {
             Refined::Unsettled(u0, l0, START_STEP)
         };
         Ok(match refined {
             Refined::Converged(u, l) => (u, l),
+            Refined::Unsettled(u, l, _) if capped && spec.objective == Objective::Coherence => {
+                (u, l)
+            }
             Refined::Unsettled(u, l, h) => {
                 let mut nm = NelderMead::new(&eval_full, &u, l, h, curve)?;
                 nm.run(&eval_full, FINAL_SPREAD, spec.local_max_iter, curve)?;

@@ -20,8 +20,9 @@ const SHRINK: f64 = 4.0;
 /// below the 1e-4 spread Nelder–Mead stopped at (the model's error on a smooth loss falls with
 /// the square of the design's size).
 const STOP_STEP: f64 = 5e-4;
-/// Designs at most (a loss far from quadratic at every scale falls back to Nelder–Mead).
-const MAX_DESIGNS: usize = 12;
+/// Designs at most (a loss far from quadratic at every scale falls back to Nelder–Mead); a
+/// smaller budget can be asked for (`refine_quadratic`'s `max_designs`).
+pub(super) const MAX_DESIGNS: usize = 12;
 
 /// What [`refine_quadratic`] ended with: the best point and its loss.
 pub(super) enum Refined {
@@ -194,11 +195,13 @@ fn dist_inf(a: &[f64], b: &[f64]) -> f64 {
 /// model's damped Newton step within the box (`box_newton`), at most 2h per coordinate (one more
 /// evaluation), and the best of all these points becomes the next centre. When the centre
 /// moved less than h, or gained a negligible loss (a flat direction), the design shrinks by
-/// [`SHRINK`]; it ends once a design of at most [`STOP_STEP`] settles. Every loss is appended to `curve`.
+/// [`SHRINK`]; it ends once a design of at most [`STOP_STEP`] settles, or unsettled after
+/// `max_designs` designs (at most [`MAX_DESIGNS`]). Every loss is appended to `curve`.
 pub(super) fn refine_quadratic(
     f: &BoxBatch<'_>,
     u0: &[f64],
     f0: f64,
+    max_designs: usize,
     curve: &mut Vec<f64>,
 ) -> Result<Refined> {
     let d = u0.len();
@@ -206,7 +209,7 @@ pub(super) fn refine_quadratic(
     let mut h = START_STEP;
     // The spread of the first design's losses: the loss's scale at this stage.
     let mut scale: Option<f64> = None;
-    for _ in 0..MAX_DESIGNS {
+    for _ in 0..max_designs.min(MAX_DESIGNS) {
         let off: Vec<(f64, f64)> = c.iter().map(|&ci| axis_offsets(ci, h)).collect();
         let mut pts: Vec<Vec<f64>> = Vec::with_capacity(2 * d + d * (d - 1) / 2);
         for (i, &(a, b)) in off.iter().enumerate() {
@@ -274,7 +277,7 @@ mod tests {
     fn run(loss: impl Fn(&[f64]) -> f64, u0: &[f64]) -> (Refined, usize) {
         let mut curve = Vec::new();
         let f = |us: &[Vec<f64>]| -> Result<Vec<f64>> { Ok(us.iter().map(|u| loss(u)).collect()) };
-        let r = refine_quadratic(&f, u0, loss(u0), &mut curve).unwrap();
+        let r = refine_quadratic(&f, u0, loss(u0), MAX_DESIGNS, &mut curve).unwrap();
         (r, curve.len())
     }
 
