@@ -169,7 +169,7 @@ pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOut
     let capped = spec.local_max_iter < MAX_DESIGNS;
     let finish = |u0: Vec<f64>, l0: f64, curve: &mut Vec<f64>| -> Result<(Vec<f64>, f64)> {
         let refined = if spec.objective == Objective::Coherence {
-            refine_quadratic(&eval_full_batch, &u0, l0, spec.local_max_iter, curve)?
+            refine_quadratic(&eval_full_batch, (&u0, l0), spec.local_max_iter, curve)?
         } else {
             Refined::Unsettled(u0, l0, START_STEP)
         };

@@ -190,7 +190,7 @@ fn dist_inf(a: &[f64], b: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Quadratic-model refinement from `u0` (loss `f0`) in box coordinates. Each design: the
+/// Quadratic-model refinement from `start` = (point, its loss) in box coordinates. Each design: the
 /// 2d axis points and d(d−1)/2 cross points around the best point so far (one batch), the
 /// model's damped Newton step within the box (`box_newton`), at most 2h per coordinate (one more
 /// evaluation), and the best of all these points becomes the next centre. When the centre
@@ -199,8 +199,7 @@ fn dist_inf(a: &[f64], b: &[f64]) -> f64 {
 /// `max_designs` designs (at most [`MAX_DESIGNS`]). Every loss is appended to `curve`.
 pub(super) fn refine_quadratic(
     f: &BoxBatch<'_>,
-    u0: &[f64],
-    f0: f64,
+    (u0, f0): (&[f64], f64),
     max_designs: usize,
     curve: &mut Vec<f64>,
 ) -> Result<Refined> {
@@ -277,7 +276,7 @@ mod tests {
     fn run(loss: impl Fn(&[f64]) -> f64, u0: &[f64]) -> (Refined, usize) {
         let mut curve = Vec::new();
         let f = |us: &[Vec<f64>]| -> Result<Vec<f64>> { Ok(us.iter().map(|u| loss(u)).collect()) };
-        let r = refine_quadratic(&f, u0, loss(u0), MAX_DESIGNS, &mut curve).unwrap();
+        let r = refine_quadratic(&f, (u0, loss(u0)), MAX_DESIGNS, &mut curve).unwrap();
         (r, curve.len())
     }
 

@@ -552,17 +552,28 @@ qem_ssb_sum_slices(const float2* __restrict__ s_part, u32 slices, u64 n, u32 add
     }
 }
 
+// Σ of term(i) over i < n, each thread its grid-stride share in order, then the block's fixed
+// tree (`block_sum`): the block's partial into part[blockIdx.x], the same on every launch.
+template <typename Term>
+__device__ __forceinline__ void grid_partial(u64 n, double* __restrict__ part, Term term) {
+    __shared__ double red[256];
+    double acc = 0.0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        acc += term(i);
+    }
+    const double block_acc = block_sum(red, acc);
+    if (threadIdx.x == 0) part[blockIdx.x] = block_acc;
+}
+
 // The coherence loss's numerator: per-block Σ_{ν≠0} |S(ν)|² / D(ν) into part[blockIdx.x], with
 // S = Σ_y s_part[y] and D = Σ_y d_part[y] summed in slice order (as `qem_ssb_sum_slices`); a
 // frequency with D ≤ 10⁻¹² (no pixel transfers it) adds nothing (qem_cpu GAMMA_SUM_FLOOR).
 extern "C" __global__ void __launch_bounds__(256)
 qem_ssb_explained(const float2* __restrict__ s_part, const float* __restrict__ d_part, u32 slices,
                   u64 n, double* __restrict__ part) {
-    __shared__ double red[256];
-    double acc = 0.0;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x) {
-        if (i == 0) continue;
+    grid_partial(n, part, [=](u64 i) -> double {
+        if (i == 0) return 0.0;
         float2 sv = make_float2(0.f, 0.f);
         float dv = 0.f;
         for (u32 y = 0; y < slices; ++y) {
@@ -571,10 +582,8 @@ qem_ssb_explained(const float2* __restrict__ s_part, const float* __restrict__ d
             sv.y += v.y;
             dv += d_part[(u64)y * n + i];
         }
-        if (dv > 1e-12f) acc += ((double)sv.x * sv.x + (double)sv.y * sv.y) / (double)dv;
-    }
-    const double block_acc = block_sum(red, acc);
-    if (threadIdx.x == 0) part[blockIdx.x] = block_acc;
+        return dv > 1e-12f ? ((double)sv.x * sv.x + (double)sv.y * sv.y) / (double)dv : 0.0;
+    });
 }
 
 // The mean spectrum: s ← s / B with s[0] = dc, and per-block Σ_{ν≠0} |s|² (the coherence
@@ -672,15 +681,10 @@ qem_ssb_phase_accum(const float2* __restrict__ buf, u32 nb, u64 n, u32 add,
 extern "C" __global__ void __launch_bounds__(256)
 qem_ssb_phase_var(const double* __restrict__ s1, const double* __restrict__ s2, u64 n,
                   double inv_b, double* __restrict__ part) {
-    __shared__ double red[256];
-    double acc = 0.0;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x) {
+    grid_partial(n, part, [=](u64 i) -> double {
         const double m = s1[i] * inv_b;
-        acc += s2[i] * inv_b - m * m;
-    }
-    const double block_acc = block_sum(red, acc);
-    if (threadIdx.x == 0) part[blockIdx.x] = block_acc;
+        return s2[i] * inv_b - m * m;
+    });
 }
 
 // Images of BF pixels pix[0..np) from frames [0, nf) of a dense chunk (frame_len elements per
