@@ -348,7 +348,7 @@ pub enum Objective {
     /// It is the share of the data's power that the weak-phase model `G_b(ν) = iΦ(ν) Γ_b(ν)`
     /// explains with the best `Φ(ν)` per frequency (least squares over the pixels), so by
     /// Cauchy–Schwarz each frequency's term is largest exactly where `Γ_b(ν) ∝ G_b(ν)`: at the
-    /// true aberrations for a weak phase object, whatever the noise-free data. Why this form
+    /// true aberrations for noise-free data from a weak phase object. Why this form
     /// and not the phase-only corrected spectra `G Γ*/|Γ|`: those flip sign where the transfer
     /// of a pixel inside both discs passes through 0, so that loss jumps on the surfaces
     /// `χ(ν) = nπ` (the fit ended on such cliffs); here `Γ` enters smoothly, so the loss is
