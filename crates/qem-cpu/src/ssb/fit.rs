@@ -166,25 +166,21 @@ pub fn fit_with(spec: &FitSpec, objective: &BatchObjective<'_>) -> Result<FitOut
     // phase wraps or a transfer passes through 0, so it takes a fresh simplex of `START_STEP`,
     // and so does a loss whose models never settled in the full 12 designs (far from quadratic
     // at every scale), from the best point seen. A smaller budget ends at the best point.
-    let capped = spec.local_max_iter < MAX_DESIGNS;
+    let simplex = |u: &[f64], l: f64, h: f64, curve: &mut Vec<f64>| -> Result<(Vec<f64>, f64)> {
+        let mut nm = NelderMead::new(&eval_full, u, l, h, curve)?;
+        nm.run(&eval_full, FINAL_SPREAD, spec.local_max_iter, curve)?;
+        let (u, l) = nm.best();
+        Ok((u.to_vec(), l))
+    };
     let finish = |u0: Vec<f64>, l0: f64, curve: &mut Vec<f64>| -> Result<(Vec<f64>, f64)> {
-        let refined = if spec.objective == Objective::Coherence {
-            refine_quadratic(&eval_full_batch, (&u0, l0), spec.local_max_iter, curve)?
-        } else {
-            Refined::Unsettled(u0, l0, START_STEP)
-        };
-        Ok(match refined {
-            Refined::Converged(u, l) => (u, l),
-            Refined::Unsettled(u, l, _) if capped && spec.objective == Objective::Coherence => {
-                (u, l)
-            }
-            Refined::Unsettled(u, l, h) => {
-                let mut nm = NelderMead::new(&eval_full, &u, l, h, curve)?;
-                nm.run(&eval_full, FINAL_SPREAD, spec.local_max_iter, curve)?;
-                let (u, l) = nm.best();
-                (u.to_vec(), l)
-            }
-        })
+        if spec.objective != Objective::Coherence {
+            return simplex(&u0, l0, START_STEP, curve);
+        }
+        match refine_quadratic(&eval_full_batch, (&u0, l0), spec.local_max_iter, curve)? {
+            Refined::Converged(u, l) => Ok((u, l)),
+            Refined::Unsettled(u, l, _) if spec.local_max_iter < MAX_DESIGNS => Ok((u, l)),
+            Refined::Unsettled(u, l, h) => simplex(&u, l, h, curve),
+        }
     };
     let mut best = (points[order[0]].clone(), global_best_loss);
     if spec.coarse {

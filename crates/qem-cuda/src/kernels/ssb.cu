@@ -189,10 +189,11 @@ struct Sums {
 };
 
 // One pixel's corrected terms for pair p (`correct`): c1 = C(ν), c2 = C(ν') when p.two (else 0);
-// adds |Γ|² at ν and ν' to d1, d2 and |G|² (twice for a pair) to `power`. False (nothing
-// written) when both are exactly 0: both probe values outside the aperture and the mirror
-// sharing them. When ν' = −ν (p.sym), Γ(k, −ν) = P(k+ν)P*(k) − P(k)P*(k−ν) = −Γ(k, ν)* for
-// any χ, and G(−ν) = G(ν)*, so C(−ν) = −C(ν)* and |Γ(−ν)| = |Γ(ν)|.
+// adds |Γ|² at ν to d1, at ν' to d2 unless p.sym, and |G|² (twice for a pair) to `power`. False
+// (nothing written) when both are exactly 0: both probe values outside the aperture and the
+// mirror sharing them. When ν' = −ν (p.sym), Γ(k, −ν) = P(k+ν)P*(k) − P(k)P*(k−ν) = −Γ(k, ν)*
+// for any χ, and G(−ν) = G(ν)*, so C(−ν) = −C(ν)* and |Γ(−ν)| = |Γ(ν)|: the sums over pixels
+// follow from ν's (`mirror_sums`).
 __device__ __forceinline__ bool pair_terms(float2 gv, float2 k, float2 pkb, float vr, float vc,
                                            float vr2, float vc2, const Pair& p,
                                            const SsbOptics& o, const SsbAb& ab, bool matched,
@@ -205,11 +206,9 @@ __device__ __forceinline__ bool pair_terms(float2 gv, float2 k, float2 pkb, floa
     if (none && (!p.two || p.sym)) return false;
     const float2 g1 = make_float2(cmulc(pm, pkb).x - cmulc(pkb, pp).x,
                                   cmulc(pm, pkb).y - cmulc(pkb, pp).y);
-    const float d_before = d1;
     c1 = correct(gv, g1, matched, d1);
     if (p.sym) {
         c2 = make_float2(-c1.x, c1.y);
-        d2 += d1 - d_before;
     } else if (p.two) {
         const float2 qm = probe(k.x - vr2, k.y - vc2, o, ab);
         const float2 qp = probe(k.x + vr2, k.y + vc2, o, ab);
@@ -246,9 +245,18 @@ __device__ __forceinline__ void general_terms(Sums& t, const void* __restrict__ 
         }
         t.s1.x += c1.x;
         t.s1.y += c1.y;
-        t.s2.x += c2.x;
-        t.s2.y += c2.y;
+        if (!p.sym) {
+            t.s2.x += c2.x;
+            t.s2.y += c2.y;
+        }
     }
+}
+
+// The mirror's sums where ν' = −ν (`pair_terms`): S(−ν) = −S(ν)*, D(−ν) = D(ν); both kinds of
+// terms sum only ν's.
+__device__ __forceinline__ void mirror_sums(Sums& t) {
+    t.s2 = make_float2(-t.s1.x, t.s1.y);
+    t.d2 = t.d1;
 }
 
 // The same terms when χ is quadratic (only C10, C12, φ12: χ(v) = vᵀMv), with ν' = −ν. Then
@@ -501,11 +509,10 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
     if (active) {
         if (quad) {
             t.s1 = qs.s;
-            t.s2 = p.two ? make_float2(-qs.s.x, qs.s.y) : make_float2(0.f, 0.f);
             t.d1 = qs.d;
-            t.d2 = p.two ? qs.d : 0.f;
             t.power = p.two ? 2.f * qs.power : qs.power;
         }
+        if (p.sym) mirror_sums(t);
         power = t.power;
         float2* out = s_part + (u64)blockIdx.y * n;
         float* dout = d_part + (u64)blockIdx.y * n;

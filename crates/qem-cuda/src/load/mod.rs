@@ -255,7 +255,7 @@ pub fn load_source_encoded(
     let s_out = pipeline(src, &quiet, &sample, Sink::Dense, value_dtype)?;
     // The sample pass's own stages (its first-use costs: pinned slots, device buffers, reader
     // pool), reported under its name.
-    let sample_stages: Vec<StageTiming> = s_out
+    let mut sample_stages: Vec<StageTiming> = s_out
         .timings
         .iter()
         .map(|st| StageTiming {
@@ -334,7 +334,7 @@ pub fn load_source_encoded(
                 seconds: t_fit,
             },
         ];
-        timings.extend(sample_stages.iter().cloned());
+        timings.append(&mut sample_stages);
         timings.extend(out.timings);
         timings.push(StageTiming {
             stage: "encoded load (wall, all passes)".into(),
