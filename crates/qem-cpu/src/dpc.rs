@@ -248,20 +248,28 @@ impl CurlMoments {
                 [a, b, cd, at, bt, cdt]
             })
             .collect();
+        Ok(Self::pair_from_rows(&rows, shape))
+    }
+
+    /// The pair of [`CurlMoments::pair_of`] from its per-row sums: `rows[r − 1]` holds interior
+    /// row r's `Σ curl², Σ div², Σ curl·div` of the field and then of the transposed field,
+    /// each summed over `k = 1 .. N_c − 2` in order from 0.0 (wherever they were summed: the
+    /// CUDA engine sums the rows on the card). The rows are added in row order.
+    pub fn pair_from_rows(rows: &[[f64; 6]], shape: Shape2) -> (CurlMoments, CurlMoments) {
         let mut t = [0.0f64; 6];
-        for row in &rows {
+        for row in rows {
             for (a, b) in t.iter_mut().zip(row) {
                 *a += b;
             }
         }
-        let n = (shape.rows - 2) * (c - 2);
+        let n = shape.rows.saturating_sub(2) * shape.cols.saturating_sub(2);
         let m = |a: f64, b: f64, cd: f64| CurlMoments {
             curl2: a / n as f64,
             div2: b / n as f64,
             curl_div: cd / n as f64,
             n_interior: n,
         };
-        Ok((m(t[0], t[1], t[2]), m(t[3], t[4], t[5])))
+        (m(t[0], t[1], t[2]), m(t[3], t[4], t[5]))
     }
 
     /// Mean squared interior curl of the field rotated by `theta` (rad).
@@ -404,8 +412,24 @@ pub fn fit_rotation(
     transpose: Option<bool>,
 ) -> Result<RotationFit> {
     check_field("dpc rotation", com_row, com_col, shape)?;
-    if shape.rows < 3 || shape.cols < 3 {
-        return Ok(RotationFit {
+    let pair = if shape.rows < 3 || shape.cols < 3 {
+        None
+    } else {
+        Some(CurlMoments::pair_of(com_row, com_col, shape)?)
+    };
+    Ok(fit_rotation_from(pair, shape, transpose))
+}
+
+/// [`fit_rotation`] from the field's curl moments `(normal, transposed)`
+/// ([`CurlMoments::pair_of`], computed wherever the field lives: the CUDA engine sums them on
+/// the card); `None` for a scan `shape` smaller than 3 × 3.
+pub fn fit_rotation_from(
+    pair: Option<(CurlMoments, CurlMoments)>,
+    shape: Shape2,
+    transpose: Option<bool>,
+) -> RotationFit {
+    let Some((normal, transposed)) = pair else {
+        return RotationFit {
             rotation_rad: 0.0,
             transpose: transpose.unwrap_or(false),
             score: 0.0,
@@ -413,14 +437,13 @@ pub fn fit_rotation(
             determined: false,
             candidates: Vec::new(),
             method: format!("scan {shape} is smaller than 3 x 3: no interior curl, θ = 0"),
-        });
-    }
+        };
+    };
     let options: &[bool] = match transpose {
         None => &[false, true],
         Some(false) => &[false],
         Some(true) => &[true],
     };
-    let (normal, transposed) = CurlMoments::pair_of(com_row, com_col, shape)?;
     let candidates: Vec<RotationCandidate> = options
         .iter()
         .map(|&t| minimise(if t { transposed } else { normal }, t))
@@ -434,7 +457,7 @@ pub fn fit_rotation(
     let total = best.moments.total();
     let curl_score = if total > 0.0 { best.score / total } else { 0.0 };
     if best.moments.contrast() < ROTATION_MIN_CONTRAST {
-        return Ok(RotationFit {
+        return RotationFit {
             rotation_rad: 0.0,
             transpose: transpose.unwrap_or(false),
             score: best.score,
@@ -443,9 +466,9 @@ pub fn fit_rotation(
             candidates,
             method: "the curl does not depend on the rotation (zero or isotropic field): θ = 0"
                 .to_string(),
-        });
+        };
     }
-    Ok(RotationFit {
+    RotationFit {
         rotation_rad: best.rotation_rad,
         transpose: best.transpose,
         score: best.score,
@@ -456,7 +479,7 @@ pub fn fit_rotation(
             "minimum mean squared interior curl, {} (checked on a {ROTATION_GRID_STEP_DEG}° grid)",
             best.method
         ),
-    })
+    }
 }
 
 /// The CoM field in the scan frame: exchange the components if `transpose`, then rotate by
@@ -676,13 +699,13 @@ pub fn pearson(a: &[f64], b: &[f64]) -> Option<f64> {
 }
 
 /// Pearson's r from the centred sums `Σ dx·dy, Σ dx², Σ dy²`; `None` when not finite.
-fn pearson_of(sab: f64, saa: f64, sbb: f64) -> Option<f64> {
+pub fn pearson_of(sab: f64, saa: f64, sbb: f64) -> Option<f64> {
     let r = sab / (saa * sbb).sqrt();
     r.is_finite().then_some(r)
 }
 
 /// Population skewness from the centred sums `Σ d², Σ d³` of `n` values.
-fn skewness_of(s2: f64, s3: f64, n: f64) -> Option<f64> {
+pub fn skewness_of(s2: f64, s3: f64, n: f64) -> Option<f64> {
     let (m2, m3) = (s2 / n, s3 / n);
     let s = m3 / m2.powf(1.5);
     (m2 > 0.0 && s.is_finite()).then_some(s)
@@ -767,6 +790,13 @@ pub struct SignDecision {
 /// without confidence.
 pub fn resolve_sign(phase: &[f64], adf: Option<&[f64]>) -> SignDecision {
     let (r, s) = sign_statistics(phase, adf);
+    decide_sign(r, s)
+}
+
+/// [`resolve_sign`]'s rule on the statistics `r = pearson(phase, adf)` and
+/// `s = skewness(phase)`, computed wherever the phase lives (the CUDA engine sums them on the
+/// card in this module's chunk order, from [`pearson_of`] and [`skewness_of`]).
+pub fn decide_sign(r: Option<f64>, s: Option<f64>) -> SignDecision {
     let decide = |criterion, stat: f64, confident| SignDecision {
         flip: stat < 0.0,
         criterion,

@@ -51,7 +51,7 @@ fn function(gpu: &Gpu, name: &str) -> Result<CudaFunction> {
 }
 
 /// A grid-stride launch over `n` items.
-fn config(n: usize) -> LaunchConfig {
+pub(crate) fn config(n: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (
             (n as u64).div_ceil(THREADS as u64).clamp(1, 4096) as u32,
@@ -63,7 +63,13 @@ fn config(n: usize) -> LaunchConfig {
     }
 }
 
-fn check(v: &DeviceVec, dtype: ResultDType, len: usize, op: &str, what: &str) -> Result<()> {
+pub(crate) fn check(
+    v: &DeviceVec,
+    dtype: ResultDType,
+    len: usize,
+    op: &str,
+    what: &str,
+) -> Result<()> {
     if v.dtype() != dtype || v.len() != len {
         return Err(
             Error::internal(op, format!("{what} is not what the step takes"))
@@ -75,12 +81,12 @@ fn check(v: &DeviceVec, dtype: ResultDType, len: usize, op: &str, what: &str) ->
 }
 
 /// A new device result of `len` values of `dtype` (its own allocation).
-fn alloc(gpu: &Gpu, len: usize, dtype: ResultDType, what: &str) -> Result<DeviceVec> {
+pub(crate) fn alloc(gpu: &Gpu, len: usize, dtype: ResultDType, what: &str) -> Result<DeviceVec> {
     let b = DevBuf::alloc(gpu.ctx(), len * dtype.size(), None, what)?;
     DeviceVec::new(Arc::new(b), 0, len, dtype, gpu.info().ordinal)
 }
 
-fn wait(gpu: &Gpu, what: &str) -> Result<()> {
+pub(crate) fn wait(gpu: &Gpu, what: &str) -> Result<()> {
     gpu.stream()
         .synchronize()
         .map_err(|e| driver_error(&format!("wait for {what}"), e))

@@ -112,6 +112,11 @@ impl DeviceVec {
         })
     }
 
+    /// The allocation and the byte offset of element 0 in it.
+    pub(crate) fn buffer(&self) -> (&DevBuf, usize) {
+        (&self.buf, self.offset)
+    }
+
     /// Device address of element 0 (aligned to the element size).
     pub fn device_ptr(&self) -> u64 {
         self.buf.ptr() + self.offset as u64

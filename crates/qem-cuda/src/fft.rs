@@ -8,10 +8,10 @@
 use cudarc::cufft::{result as cufft, sys as cufft_sys};
 use std::sync::Mutex;
 
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use qem_core::{Error, ErrorKind, Result};
 
-use crate::device::driver_error;
+use crate::device::{driver_error, Gpu};
 use crate::engine::engine;
 use crate::mem::{par_copy, queue_then_wait, with_staging, DevBuf};
 use crate::nvrtc::load_module;
@@ -99,28 +99,79 @@ impl IdpcWork {
     }
 }
 
-/// `φ` with `∂φ/∂(scan step) ≈ (g_row, g_col)` on a periodic `rows × cols` grid (row-major),
-/// zero mean — the GPU twin of the CPU's periodic solver (equal to rounding).
-pub fn integrate_periodic(
-    g_row: &[f64],
-    g_col: &[f64],
+impl IdpcWork {
+    /// The two forward transforms of `d_gr`, `d_gc`, the combine and the inverse into `d_gr`,
+    /// queued on `stream` (the phase of the field in `d_gr`, `d_gc` ends in `d_gr`).
+    fn queue_solve(&self, stream: &CudaStream) -> Result<()> {
+        let (rows, cols) = (self.rows, self.cols);
+        let (n, half) = (rows * cols, cols / 2 + 1);
+        for p in [&self.fwd, &self.inv] {
+            // SAFETY: a live plan and this context's stream.
+            unsafe { cufft::set_stream(p.0, stream.cu_stream() as _) }
+                .map_err(|er| fft_error("set stream", er))?;
+        }
+        // SAFETY: the plans are rows × cols D2Z/Z2D; inputs hold n f64, spectra rows·half
+        // double2, all live until the caller's synchronize.
+        unsafe {
+            cufft::exec_d2z(
+                self.fwd.0,
+                self.d_gr.ptr() as *mut f64,
+                self.d_a.ptr() as *mut cufft_sys::double2,
+            )
+            .map_err(|er| fft_error("D2Z g_row", er))?;
+            cufft::exec_d2z(
+                self.fwd.0,
+                self.d_gc.ptr() as *mut f64,
+                self.d_b.ptr() as *mut cufft_sys::double2,
+            )
+            .map_err(|er| fft_error("D2Z g_col", er))?;
+        }
+        let total = (rows * half) as u64;
+        let cfg = LaunchConfig {
+            grid_dim: (total.div_ceil(256).clamp(1, 4096) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (pa, pb) = (self.d_a.ptr(), self.d_b.ptr());
+        let (r32, c32, h32) = (rows as u32, cols as u32, half as u32);
+        let scale = 1.0 / n as f64;
+        let mut b = stream.launch_builder(&self.combine);
+        b.arg(&pa)
+            .arg(&pb)
+            .arg(&r32)
+            .arg(&c32)
+            .arg(&h32)
+            .arg(&scale);
+        // SAFETY: matches `qem_idpc_combine(double2*, const double2*, u32, u32, u32, double)`;
+        // both spectra hold rows·half double2, the grid-stride loop stays below that.
+        unsafe { b.launch(cfg) }.map_err(|er| driver_error("launch iDPC combine", er))?;
+        // SAFETY: inverse of the combined half spectrum into d_gr (n f64), live until the
+        // caller's synchronize.
+        unsafe {
+            cufft::exec_z2d(
+                self.inv.0,
+                self.d_a.ptr() as *mut cufft_sys::double2,
+                self.d_gr.ptr() as *mut f64,
+            )
+            .map_err(|er| fft_error("Z2D", er))?;
+        }
+        Ok(())
+    }
+}
+
+/// Run `f` with the work area of a `rows × cols` grid (made, or kept from the last call of the
+/// same grid) on the engine's GPU, bound to this thread.
+fn with_work<R>(
+    op: &str,
     rows: usize,
     cols: usize,
-) -> Result<Vec<f64>> {
-    let op = "iDPC (cuFFT)";
-    let n = rows * cols;
-    if g_row.len() != n || g_col.len() != n || n == 0 {
-        return Err(Error::invalid(op, "field size does not match the grid")
-            .with_expected(format!("{rows} x {cols} = {n} values per component"))
-            .with_found(format!("{} and {}", g_row.len(), g_col.len())));
-    }
+    f: impl FnOnce(&IdpcWork, &Gpu) -> Result<R>,
+) -> Result<R> {
     require_cufft(op)?;
-    let e = engine()?;
-    let gpu = &e.gpu;
+    let gpu = &engine()?.gpu;
     gpu.ctx()
         .bind_to_thread()
         .map_err(|err| driver_error("bind CUDA context", err))?;
-    let half = cols / 2 + 1;
     // Plans and buffers are kept for the last grid (making the two cuFFT plans costs more than
     // the transforms): a repeated iDPC of one scan pays only the copies and the transforms.
     let mut cache = IDPC_WORK
@@ -136,99 +187,90 @@ pub fn integrate_periodic(
     let Some(w) = cache.as_ref() else {
         return Err(Error::internal(op, "iDPC work area missing"));
     };
-    let (fwd, inv, d_gr, d_gc, d_a, d_b, combine) =
-        (&w.fwd, &w.inv, &w.d_gr, &w.d_gc, &w.d_a, &w.d_b, &w.combine);
-    let stream = gpu.stream();
-    // The transforms, the combine and the inverse, queued on `stream` after the uploads.
-    let queue_solve = || -> Result<()> {
-        for p in [fwd, inv] {
-            // SAFETY: a live plan and this context's stream.
-            unsafe { cufft::set_stream(p.0, stream.cu_stream() as _) }
-                .map_err(|er| fft_error("set stream", er))?;
-        }
-        // SAFETY: the plans are rows × cols D2Z/Z2D; inputs hold n f64, spectra rows·half double2,
-        // all live until the synchronize below.
-        unsafe {
-            cufft::exec_d2z(
-                fwd.0,
-                d_gr.ptr() as *mut f64,
-                d_a.ptr() as *mut cufft_sys::double2,
-            )
-            .map_err(|er| fft_error("D2Z g_row", er))?;
-            cufft::exec_d2z(
-                fwd.0,
-                d_gc.ptr() as *mut f64,
-                d_b.ptr() as *mut cufft_sys::double2,
-            )
-            .map_err(|er| fft_error("D2Z g_col", er))?;
-        }
-        let total = (rows * half) as u64;
-        let cfg = LaunchConfig {
-            grid_dim: (total.div_ceil(256).clamp(1, 4096) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (pa, pb) = (d_a.ptr(), d_b.ptr());
-        let (r32, c32, h32) = (rows as u32, cols as u32, half as u32);
-        let scale = 1.0 / n as f64;
-        let mut b = stream.launch_builder(combine);
-        b.arg(&pa)
-            .arg(&pb)
-            .arg(&r32)
-            .arg(&c32)
-            .arg(&h32)
-            .arg(&scale);
-        // SAFETY: matches `qem_idpc_combine(double2*, const double2*, u32, u32, u32, double)`; both
-        // spectra hold rows·half double2, the grid-stride loop stays below that.
-        unsafe { b.launch(cfg) }.map_err(|er| driver_error("launch iDPC combine", er))?;
-        // SAFETY: inverse of the combined half spectrum into d_gr (n f64), live until the
-        // synchronize below.
-        unsafe {
-            cufft::exec_z2d(
-                inv.0,
-                d_a.ptr() as *mut cufft_sys::double2,
-                d_gr.ptr() as *mut f64,
-            )
-            .map_err(|er| fft_error("Z2D", er))?;
-        }
-        Ok(())
-    };
-    let bytes = n * 8;
-    let mut phi = vec![0f64; n];
-    // One pinned buffer for the two fields and the phase: the copies are queued with the
-    // transforms and the host waits once (each synchronous copy is a driver round trip).
-    let staged = with_staging(gpu.ctx(), 3 * bytes, |pin| {
-        queue_then_wait(stream, "synchronize iDPC", || {
-            par_copy(
-                &mut pin.as_mut_slice()[..bytes],
-                bytemuck::cast_slice(g_row),
-            );
-            par_copy(
-                &mut pin.as_mut_slice()[bytes..2 * bytes],
-                bytemuck::cast_slice(g_col),
-            );
-            pin.copy_range_to_device_async(0, d_gr, 0, bytes, stream)?;
-            pin.copy_range_to_device_async(bytes, d_gc, 0, bytes, stream)?;
-            queue_solve()?;
-            pin.copy_range_from_device_async(2 * bytes, d_gr, 0, bytes, stream)
-        })?;
-        par_copy(
-            bytemuck::cast_slice_mut(&mut phi),
-            &pin.as_slice()[2 * bytes..3 * bytes],
-        );
-        Ok(())
-    });
-    match staged {
-        Some(r) => r?,
-        None => {
-            d_gr.write(0, bytemuck::cast_slice(g_row))?;
-            d_gc.write(0, bytemuck::cast_slice(g_col))?;
-            queue_solve()?;
-            stream
-                .synchronize()
-                .map_err(|er| driver_error("synchronize iDPC", er))?;
-            d_gr.read(0, bytemuck::cast_slice_mut(&mut phi))?;
-        }
+    f(w, gpu)
+}
+
+/// The periodic solve of a field already on the card: `fill(g_row, g_col)` queues the writes
+/// of the `rows × cols` field into the work area's two buffers on the stream it is given,
+/// then the solve is queued and `take(phase)` queues the reads of the phase (`rows × cols`
+/// f64 in the buffer it is given); the host waits once, at the end.
+pub(crate) fn solve_on_device(
+    rows: usize,
+    cols: usize,
+    fill: impl FnOnce(&DevBuf, &DevBuf, &CudaStream) -> Result<()>,
+    take: impl FnOnce(&DevBuf, &CudaStream) -> Result<()>,
+) -> Result<()> {
+    let op = "iDPC (cuFFT)";
+    if rows == 0 || cols == 0 {
+        return Err(Error::invalid(op, "empty grid")
+            .with_expected("at least 1 x 1 positions")
+            .with_found(format!("{rows} x {cols}")));
     }
-    Ok(phi)
+    with_work(op, rows, cols, |w, gpu| {
+        let stream = gpu.stream();
+        queue_then_wait(stream, "synchronize iDPC", || {
+            fill(&w.d_gr, &w.d_gc, stream)?;
+            w.queue_solve(stream)?;
+            take(&w.d_gr, stream)
+        })
+    })
+}
+
+/// `φ` with `∂φ/∂(scan step) ≈ (g_row, g_col)` on a periodic `rows × cols` grid (row-major),
+/// zero mean — the GPU twin of the CPU's periodic solver (equal to rounding).
+pub fn integrate_periodic(
+    g_row: &[f64],
+    g_col: &[f64],
+    rows: usize,
+    cols: usize,
+) -> Result<Vec<f64>> {
+    let op = "iDPC (cuFFT)";
+    let n = rows * cols;
+    if g_row.len() != n || g_col.len() != n || n == 0 {
+        return Err(Error::invalid(op, "field size does not match the grid")
+            .with_expected(format!("{rows} x {cols} = {n} values per component"))
+            .with_found(format!("{} and {}", g_row.len(), g_col.len())));
+    }
+    with_work(op, rows, cols, |w, gpu| {
+        let (d_gr, d_gc) = (&w.d_gr, &w.d_gc);
+        let stream = gpu.stream();
+        let bytes = n * 8;
+        let mut phi = vec![0f64; n];
+        // One pinned buffer for the two fields and the phase: the copies are queued with the
+        // transforms and the host waits once (each synchronous copy is a driver round trip).
+        let staged = with_staging(gpu.ctx(), 3 * bytes, |pin| {
+            queue_then_wait(stream, "synchronize iDPC", || {
+                par_copy(
+                    &mut pin.as_mut_slice()[..bytes],
+                    bytemuck::cast_slice(g_row),
+                );
+                par_copy(
+                    &mut pin.as_mut_slice()[bytes..2 * bytes],
+                    bytemuck::cast_slice(g_col),
+                );
+                pin.copy_range_to_device_async(0, d_gr, 0, bytes, stream)?;
+                pin.copy_range_to_device_async(bytes, d_gc, 0, bytes, stream)?;
+                w.queue_solve(stream)?;
+                pin.copy_range_from_device_async(2 * bytes, d_gr, 0, bytes, stream)
+            })?;
+            par_copy(
+                bytemuck::cast_slice_mut(&mut phi),
+                &pin.as_slice()[2 * bytes..3 * bytes],
+            );
+            Ok(())
+        });
+        match staged {
+            Some(r) => r?,
+            None => {
+                d_gr.write(0, bytemuck::cast_slice(g_row))?;
+                d_gc.write(0, bytemuck::cast_slice(g_col))?;
+                w.queue_solve(stream)?;
+                stream
+                    .synchronize()
+                    .map_err(|er| driver_error("synchronize iDPC", er))?;
+                d_gr.read(0, bytemuck::cast_slice_mut(&mut phi))?;
+            }
+        }
+        Ok(phi)
+    })
 }

@@ -29,6 +29,7 @@ pub mod bslz4;
 pub mod device;
 pub mod device_forms;
 pub mod device_result;
+pub mod dpc;
 pub mod engine;
 pub mod fault;
 pub mod fft;

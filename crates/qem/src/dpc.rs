@@ -1,9 +1,11 @@
 //! `qem::dpc`: centre of mass, DPC and iDPC phase of a [`Dataset`] (docs/science.md §5–7).
 //!
 //! Both operations get their integers from one detector reduction (exact `u64` moments, and
-//! for [`run`] the ADF image in the same pass); the arithmetic on the scan grid is the CPU
-//! reference in `qem_cpu::dpc`, whatever engine holds the data (the scan-grid work is small
-//! next to the pass over the frames).
+//! for [`run`] the ADF image in the same pass). The arithmetic on the scan grid is the CPU
+//! reference in `qem_cpu::dpc`; for a CUDA dataset [`run`] does the same operations on the card
+//! (`qem_cuda::dpc`: CoM, curl moments, alignment, cuFFT integration, sign sums), so the fields
+//! stay in GPU memory until one download of the result, and equal the host's bit for bit
+//! except the transforms.
 //!
 //! Units. CoM is in detector pixels of the loaded (possibly binned) grid, or in mrad when the
 //! metadata gives the detector angular sampling (`Metadata::angular_sampling_mrad`, per loaded
@@ -218,40 +220,64 @@ pub struct DpcResult {
 /// phase), falling back to positive skewness of the phase when the correlation is below
 /// [`SIGN_MIN_ADF_CORRELATION`] — choosing the negative sign adds 180° to θ.
 pub fn run(ds: &Dataset, p: &DpcParams) -> Result<DpcResult> {
-    const OP: &str = "dpc run";
     p.validate()?;
+    if ds.backend() == Backend::Cuda {
+        // Every stage on the card, one download at the end (`dpc_device.rs`).
+        return device::run_on_card(ds, p);
+    }
     let t0 = Instant::now();
-    let prods = detector::products(
-        ds,
-        &[Product::Det(DetectorKind::Adf), Product::Moments],
-        &DetectorParams::default(),
-    )
-    .map_err(|e| e.with_op(OP))?;
+    let prods = detector::products(ds, &DPC_PRODUCTS, &DetectorParams::default())
+        .map_err(|e| e.with_op(DPC_OP))?;
     let t_reduce = t0.elapsed().as_secs_f64();
     let moments = prods
         .moments
         .as_ref()
-        .ok_or_else(|| Error::internal(OP, "the reduction returned no moments"))?;
+        .ok_or_else(|| Error::internal(DPC_OP, "the reduction returned no moments"))?;
     let adf = prods.images.first().map(|im| AdfImage {
         image: &im.image,
-        info: json!({
-            "inner_px": im.inner_px,
-            "outer_px": im.outer_px,
-            "mask_pixels": im.mask_pixels,
-            "disk_center_px": [im.disk.center_px.0, im.disk.center_px.1],
-            "disk_radius_px": im.disk.radius_px,
-        }),
+        info: adf_info(im),
     });
-    let mut r = run_on_moments(ds, moments, adf, ds.scan_shape(), p)?;
+    let r = run_on_moments(ds, moments, adf, ds.scan_shape(), p)?;
+    Ok(with_reduce_stages(
+        r,
+        t0,
+        t_reduce,
+        &prods.provenance.timings,
+    ))
+}
+
+/// The operation name of [`run`]'s errors.
+const DPC_OP: &str = "dpc run";
+
+/// The products of [`run`]'s one pass: the default ADF image and the moments.
+const DPC_PRODUCTS: [Product; 2] = [Product::Det(DetectorKind::Adf), Product::Moments];
+
+/// The provenance's description of the ADF image the sign criterion used.
+fn adf_info<I>(im: &detector::DetectorImage<I>) -> serde_json::Value {
+    json!({
+        "inner_px": im.inner_px,
+        "outer_px": im.outer_px,
+        "mask_pixels": im.mask_pixels,
+        "disk_center_px": [im.disk.center_px.0, im.disk.center_px.1],
+        "disk_radius_px": im.disk.radius_px,
+    })
+}
+
+/// `r` with the reduction's stages first (its wall time `t_reduce`, then the pass's own
+/// `"reduce: "` stages from `reduce_timings`) and its total measured from `t0`.
+fn with_reduce_stages(
+    mut r: DpcResult,
+    t0: Instant,
+    t_reduce: f64,
+    reduce_timings: &[StageTiming],
+) -> DpcResult {
     let total = r.provenance.timings.pop();
     let mut stages = vec![StageTiming {
         stage: "reduce (adf + moments)".to_string(),
         seconds: t_reduce,
     }];
     stages.extend(
-        prods
-            .provenance
-            .timings
+        reduce_timings
             .iter()
             .filter(|st| st.stage.starts_with("reduce: "))
             .cloned(),
@@ -262,7 +288,7 @@ pub fn run(ds: &Dataset, p: &DpcParams) -> Result<DpcResult> {
         r.provenance
             .stage("total (wall)", t0.elapsed().as_secs_f64());
     }
-    Ok(r)
+    r
 }
 
 /// The ADF image [`run_on_moments`] resolves the 180° ambiguity with, and its description for
@@ -287,9 +313,8 @@ pub fn run_on_moments(
     scan_shape: Shape2,
     p: &DpcParams,
 ) -> Result<DpcResult> {
-    const OP: &str = "dpc run";
+    const OP: &str = DPC_OP;
     p.validate()?;
-    let t0 = Instant::now();
     let n = scan_shape.len();
     for (name, v) in [
         ("sum", &moments.sum),
@@ -311,177 +336,11 @@ pub fn run_on_moments(
             );
         }
     }
-    let adf: Option<Vec<f64>> = adf_image
-        .as_ref()
-        .map(|im| im.image.iter().map(|&v| v as f64).collect());
-    let adf_json = adf_image.map(|im| im.info);
-
-    let shape = scan_shape;
-    let t_c = Instant::now();
-    let cal = Calibration::of(ds);
-    // The centre of mass as `center_of_mass` computes it (centred, then in mrad when calibrated).
-    let (com_row, com_col, zero_frames) =
-        <crate::detector::target::Host as crate::detector::target::Target>::com(
-            moments,
-            true,
-            cal.det_mrad,
-        )?;
-    let t_com = t_c.elapsed().as_secs_f64();
-
-    // Rotation and transpose.
-    let t1 = Instant::now();
-    let (theta, transpose, determined, curl_score, rotation_json) = match p.rotation_deg {
-        Some(deg) => {
-            let transpose = p.transpose.unwrap_or(false);
-            let theta = deg.to_radians();
-            let curl_score = if shape.rows >= 3 && shape.cols >= 3 {
-                let (a, b) = if transpose {
-                    (&com_col, &com_row)
-                } else {
-                    (&com_row, &com_col)
-                };
-                let m = cpu::CurlMoments::of(a, b, shape)?;
-                if m.total() > 0.0 {
-                    m.score(theta) / m.total()
-                } else {
-                    0.0
-                }
-            } else {
-                0.0
-            };
-            (
-                theta,
-                transpose,
-                true,
-                curl_score,
-                json!({ "method": "explicit rotation_deg", "transpose_given": p.transpose }),
-            )
-        }
-        None => {
-            let fit = cpu::fit_rotation(&com_row, &com_col, shape, p.transpose)?;
-            let candidates: Vec<serde_json::Value> = fit
-                .candidates
-                .iter()
-                .map(|c| {
-                    json!({
-                        "transpose": c.transpose,
-                        "rotation_deg_mod_180": c.rotation_rad.to_degrees(),
-                        "mean_sq_curl": c.score,
-                        "curl2": c.moments.curl2,
-                        "div2": c.moments.div2,
-                        "curl_div": c.moments.curl_div,
-                        "method": c.method,
-                    })
-                })
-                .collect();
-            (
-                fit.rotation_rad,
-                fit.transpose,
-                fit.determined,
-                fit.curl_score,
-                json!({
-                    "method": fit.method,
-                    "determined": fit.determined,
-                    "grid_step_deg": cpu::ROTATION_GRID_STEP_DEG,
-                    "candidates": candidates,
-                }),
-            )
-        }
+    let (adf, adf_json) = match adf_image {
+        Some(im) => (Some(im.image), Some(im.info)),
+        None => (None, None),
     };
-    let (mut dpc_row, mut dpc_col) = cpu::align(&com_row, &com_col, theta, transpose);
-    let t_rotation = t1.elapsed().as_secs_f64();
-
-    // Integration.
-    let t2 = Instant::now();
-    let ((kr, kc), phase_unit) = cal.phase_scale();
-    let g_row: Vec<f64> = dpc_row.iter().map(|v| v * kr).collect();
-    let g_col: Vec<f64> = dpc_col.iter().map(|v| v * kc).collect();
-    let mut phase = integrate_on(ds.backend(), &g_row, &g_col, shape, p.edge)?;
-    let t_integrate = t2.elapsed().as_secs_f64();
-
-    // The 180° ambiguity.
-    let t3 = Instant::now();
-    let decision = cpu::resolve_sign(&phase, adf.as_deref());
-    let t_sign = t3.elapsed().as_secs_f64();
-    let (flip, criterion, confident) = if !determined {
-        (false, "none".to_string(), false)
-    } else if p.rotation_deg.is_some() {
-        (
-            false,
-            "explicit_rotation".to_string(),
-            decision.confident && !decision.flip,
-        )
-    } else {
-        (
-            decision.flip,
-            decision.criterion.name().to_string(),
-            decision.confident,
-        )
-    };
-    let mut rotation_deg = match p.rotation_deg {
-        Some(deg) => deg,
-        None => theta.to_degrees(),
-    };
-    if flip {
-        phase.iter_mut().for_each(|v| *v = -*v);
-        dpc_row.iter_mut().for_each(|v| *v = -*v);
-        dpc_col.iter_mut().for_each(|v| *v = -*v);
-        rotation_deg = (rotation_deg + 180.0).rem_euclid(360.0);
-    }
-
-    let mut provenance = ResultProvenance::new(
-        ds,
-        "dpc.run",
-        json!({
-            "rotation_deg": rotation_deg,
-            "transpose": transpose,
-            "rotation_deg_requested": p.rotation_deg,
-            "transpose_requested": p.transpose,
-            "rotation": rotation_json,
-            "rotation_convention": "g_r = cosθ·a − sinθ·b, g_c = sinθ·a + cosθ·b, (a, b) = (μ_r, μ_c), or (μ_c, μ_r) when transposed",
-            "curl_score": curl_score,
-            "edge": p.edge.name(),
-            "integration": "phi_hat = -i (nu . g_hat) / (2 pi |nu|^2), DC = 0, nu in cycles per scan step",
-            "sign": {
-                "criterion": criterion,
-                "flipped": flip,
-                "confident": confident,
-                "adf_correlation_before_flip": decision.adf_correlation,
-                "skewness_before_flip": decision.skewness,
-                "min_adf_correlation": SIGN_MIN_ADF_CORRELATION,
-                "min_skewness": SIGN_MIN_SKEWNESS,
-            },
-            "adf": adf_json,
-            "unit": cal.unit(),
-            "phase_unit": phase_unit,
-            "calibration": cal.json(),
-            "det_bin": ds.provenance().det_bin,
-            "zero_frames": zero_frames,
-        }),
-    );
-    provenance.stage("centre of mass from the moments", t_com);
-    provenance.stage("rotation", t_rotation);
-    provenance.stage("integrate", t_integrate);
-    provenance.stage("sign criterion", t_sign);
-    provenance.stage("total (wall)", t0.elapsed().as_secs_f64());
-    Ok(DpcResult {
-        com_row,
-        com_col,
-        dpc_row,
-        dpc_col,
-        phase,
-        scan_shape: shape,
-        rotation_deg,
-        transpose,
-        sign_confidence: decision.confidence,
-        sign_criterion: criterion,
-        confident,
-        curl_score,
-        zero_frames,
-        unit: cal.unit().to_string(),
-        phase_unit,
-        provenance,
-    })
+    device::run_in::<crate::detector::target::Host>(ds, moments, adf, adf_json, scan_shape, p)
 }
 
 /// The least-squares inverse gradient of `(g_row, g_col)` on `shape`:

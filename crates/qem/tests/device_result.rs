@@ -509,3 +509,117 @@ fn com_on_the_device_matches_over_several_chunks_with_a_calibration() {
         );
     }
 }
+
+/// `dpc.run` of a CUDA dataset (every stage on the card) against the host stages on the same
+/// dataset's host-reduced moments (`run_on_moments`, whose integration is cuFFT too): the CoM,
+/// the aligned field and the phase with the same bits, the same rotation, transpose, sign and
+/// provenance decisions; and the phase of a CPU dataset (rustfft) to rounding.
+fn assert_dpc_on_the_card_equals_the_host(what: &str, ds: &Dataset, cpu: &Dataset) {
+    use qem::dpc::{AdfImage, DpcParams, EdgeMode};
+    let which = [Product::Det(DetectorKind::Adf), Product::Moments];
+    let prods = detector::products(ds, &which, &DetectorParams::default()).unwrap();
+    let moments = prods.moments.as_ref().unwrap();
+    let params = [
+        DpcParams::default(),
+        DpcParams {
+            edge: EdgeMode::Mirror,
+            ..DpcParams::default()
+        },
+        DpcParams {
+            rotation_deg: Some(23.0),
+            transpose: Some(true),
+            edge: EdgeMode::Periodic,
+        },
+        DpcParams {
+            rotation_deg: Some(-131.0),
+            transpose: None,
+            edge: EdgeMode::Mirror,
+        },
+    ];
+    for p in params {
+        let what = format!("{what} {p:?}");
+        let card = dpc::run(ds, &p).unwrap();
+        let adf = prods.images.first().map(|im| AdfImage {
+            image: &im.image,
+            info: card.provenance.params["adf"].clone(),
+        });
+        let host = dpc::run_on_moments(ds, moments, adf, ds.scan_shape(), &p).unwrap();
+        for (name, a, b) in [
+            ("com_row", &card.com_row, &host.com_row),
+            ("com_col", &card.com_col, &host.com_col),
+            ("dpc_row", &card.dpc_row, &host.dpc_row),
+            ("dpc_col", &card.dpc_col, &host.dpc_col),
+            ("phase", &card.phase, &host.phase),
+        ] {
+            assert_eq!(bits64(a), bits64(b), "{what}: {name}");
+        }
+        assert_eq!(
+            (
+                card.rotation_deg.to_bits(),
+                card.transpose,
+                card.curl_score.to_bits(),
+                card.sign_confidence.to_bits(),
+                &card.sign_criterion,
+                card.confident,
+                card.zero_frames,
+            ),
+            (
+                host.rotation_deg.to_bits(),
+                host.transpose,
+                host.curl_score.to_bits(),
+                host.sign_confidence.to_bits(),
+                &host.sign_criterion,
+                host.confident,
+                host.zero_frames,
+            ),
+            "{what}"
+        );
+        for key in ["rotation", "sign", "adf", "unit", "phase_unit", "edge"] {
+            assert_eq!(
+                card.provenance.params[key], host.provenance.params[key],
+                "{what}: {key}"
+            );
+        }
+        assert_eq!(card.provenance.params["stages_on"], "cuda", "{what}");
+        // The CPU engine (rustfft): the same decisions, the phase to rounding.
+        let reference = dpc::run(cpu, &p).unwrap();
+        assert_eq!(
+            (reference.rotation_deg.to_bits(), reference.transpose),
+            (card.rotation_deg.to_bits(), card.transpose),
+            "{what}: CPU engine"
+        );
+        assert_eq!(bits64(&reference.dpc_row), bits64(&card.dpc_row), "{what}");
+        let scale = reference.phase.iter().fold(0f64, |m, v| m.max(v.abs()));
+        for (a, b) in reference.phase.iter().zip(&card.phase) {
+            assert!((a - b).abs() <= 1e-12 * scale, "{what}: phase {a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn dpc_run_on_the_card_equals_the_host_stages() {
+    let Some(sets) = cuda_datasets() else { return };
+    let cpu = load_on(BackendRequest::Cpu, Representation::Dense).unwrap();
+    for (repr, ds) in &sets {
+        assert_dpc_on_the_card_equals_the_host(&format!("{repr:?} {SCAN}"), ds, &cpu);
+    }
+    // Two ordered chunks (96 × 97 > 8192 positions) for the sign sums and the mirror's mean,
+    // and a scan with no interior (2 × 5: no curl, rotation not determined).
+    for scan in [Shape2::new(96, 97), Shape2::new(2, 5)] {
+        let det = Shape2::new(9, 8);
+        let load = |backend, representation| {
+            let params = LoadParams {
+                backend,
+                representation: Some(representation),
+                ..LoadParams::default()
+            };
+            let data = DenseArray::U16(common::disk_counts(scan, det));
+            common::try_load_array(data, scan, det, &params).unwrap()
+        };
+        let cpu = load(BackendRequest::Cpu, Representation::Dense);
+        for repr in [Representation::Dense, Representation::Encoded] {
+            let ds = load(BackendRequest::Cuda, repr);
+            assert_dpc_on_the_card_equals_the_host(&format!("{repr:?} {scan}"), &ds, &cpu);
+        }
+    }
+}

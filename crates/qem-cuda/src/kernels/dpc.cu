@@ -38,3 +38,162 @@ extern "C" __global__ void qem_idpc_combine(double2* __restrict__ a, const doubl
         a[k] = out;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The stages of dpc.run after the reduction, on the card (dpc.rs). Each does the CPU engine's
+// f64 operations (qem_cpu::dpc) in the same order, the rounding spelled out by intrinsics so no
+// fused multiply-add forms: the curl moments, the aligned field and the sign statistics equal
+// the CPU's bit for bit; only the transforms (cuFFT against rustfft) differ by rounding.
+
+typedef unsigned long long u64;
+
+// CurlMoments::pair_of: thread t sums interior row r = t + 1 over k = 1 .. cols − 2, serially
+// from 0.0 as the CPU does each row, into parts[6t .. 6t + 6] = (curl², div², curl·div) of the
+// field and of the transposed field. The caller adds the rows in row order. (One thread per row
+// keeps the CPU's order; the grid is small, 2 × 8 B per position read through L1.)
+extern "C" __global__ void qem_dpc_curl_rows(const double* __restrict__ gr,
+                                             const double* __restrict__ gc, u32 rows, u32 cols,
+                                             double* __restrict__ parts) {
+    const u32 t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t + 2u >= rows) {
+        return;
+    }
+    const u64 c = cols;
+    const double* up_r = gr + (u64)t * c;
+    const double* mid_r = up_r + c;
+    const double* dn_r = mid_r + c;
+    const double* up_c = gc + (u64)t * c;
+    const double* mid_c = up_c + c;
+    const double* dn_c = mid_c + c;
+    double a = 0.0, b = 0.0, cd = 0.0, at = 0.0, bt = 0.0, cdt = 0.0;
+    for (u32 k = 1; k + 1u < cols; ++k) {
+        const double d_r_gc = __dmul_rn(0.5, __dsub_rn(dn_c[k], up_c[k]));
+        const double d_c_gr = __dmul_rn(0.5, __dsub_rn(mid_r[k + 1], mid_r[k - 1]));
+        const double d_r_gr = __dmul_rn(0.5, __dsub_rn(dn_r[k], up_r[k]));
+        const double d_c_gc = __dmul_rn(0.5, __dsub_rn(mid_c[k + 1], mid_c[k - 1]));
+        const double curl = __dsub_rn(d_r_gc, d_c_gr), div = __dadd_rn(d_r_gr, d_c_gc);
+        const double curl_t = __dsub_rn(d_r_gr, d_c_gc), div_t = __dadd_rn(d_r_gc, d_c_gr);
+        a = __dadd_rn(a, __dmul_rn(curl, curl));
+        b = __dadd_rn(b, __dmul_rn(div, div));
+        cd = __dadd_rn(cd, __dmul_rn(curl, div));
+        at = __dadd_rn(at, __dmul_rn(curl_t, curl_t));
+        bt = __dadd_rn(bt, __dmul_rn(div_t, div_t));
+        cdt = __dadd_rn(cdt, __dmul_rn(curl_t, div_t));
+    }
+    double* o = parts + 6ull * t;
+    o[0] = a;
+    o[1] = b;
+    o[2] = cd;
+    o[3] = at;
+    o[4] = bt;
+    o[5] = cdt;
+}
+
+// align, then the integration's scale: with (x, y) = (a[i], b[i]) (the caller passes the CoM
+// components exchanged when transposed), d_r = cos·x − sin·y, d_c = sin·x + cos·y, and the
+// gradient g = (d_r·k_r, d_c·k_c).
+extern "C" __global__ void qem_dpc_align(const double* __restrict__ a,
+                                         const double* __restrict__ b, u64 n, double cs,
+                                         double sn, double kr, double kc, double* __restrict__ dr,
+                                         double* __restrict__ dc, double* __restrict__ gr,
+                                         double* __restrict__ gc) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        const double x = a[i], y = b[i];
+        const double r = __dsub_rn(__dmul_rn(cs, x), __dmul_rn(sn, y));
+        const double q = __dadd_rn(__dmul_rn(sn, x), __dmul_rn(cs, y));
+        dr[i] = r;
+        dc[i] = q;
+        gr[i] = __dmul_rn(r, kr);
+        gc[i] = __dmul_rn(q, kc);
+    }
+}
+
+// The even extension of integrate_with(Mirror) to 2·rows × 2·cols: position (i, j) takes the
+// field at the mirrored (si, sj), the row component negated in the row-mirrored half and the
+// column component in the column-mirrored half.
+extern "C" __global__ void qem_dpc_mirror(const double* __restrict__ gr,
+                                          const double* __restrict__ gc, u32 rows, u32 cols,
+                                          double* __restrict__ xr, double* __restrict__ xc) {
+    const u64 er = 2ull * rows, ec = 2ull * cols, total = er * ec;
+    for (u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x; k < total;
+         k += (u64)gridDim.x * blockDim.x) {
+        const u64 i = k / ec, j = k % ec;
+        const bool fr = i >= rows, fc = j >= cols;
+        const u64 src = (fr ? er - 1 - i : i) * cols + (fc ? ec - 1 - j : j);
+        const double vr = gr[src], vc = gc[src];
+        xr[k] = fr ? -vr : vr;
+        xc[k] = fc ? -vc : vc;
+    }
+}
+
+// The top-left rows × cols quarter of a rows × ec grid.
+extern "C" __global__ void qem_dpc_crop(const double* __restrict__ ext, u32 rows, u32 cols,
+                                        u32 ec, double* __restrict__ out) {
+    const u64 total = (u64)rows * cols;
+    for (u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x; k < total;
+         k += (u64)gridDim.x * blockDim.x) {
+        out[k] = ext[(k / cols) * ec + k % cols];
+    }
+}
+
+// The CPU's ordered sums (qem_cpu::dpc::ordered_sums), first pass: one thread per chunk of
+// `chunk` values sums a (and b as f64 when given) from 0.0 in index order into parts[2j],
+// parts[2j + 1]. The caller adds the chunk sums in chunk order.
+extern "C" __global__ void qem_dpc_chunk_sums(const double* __restrict__ a,
+                                              const u64* __restrict__ b, u64 n, u64 chunk,
+                                              u64 n_chunks, double* __restrict__ parts) {
+    const u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n_chunks) {
+        return;
+    }
+    const u64 lo = j * chunk, hi = lo + chunk < n ? lo + chunk : n;
+    double sa = 0.0, sb = 0.0;
+    for (u64 i = lo; i < hi; ++i) {
+        sa = __dadd_rn(sa, a[i]);
+        if (b) {
+            sb = __dadd_rn(sb, __ull2double_rn(b[i]));
+        }
+    }
+    parts[2 * j] = sa;
+    parts[2 * j + 1] = sb;
+}
+
+// Second pass of the sign statistics (qem_cpu::dpc::sign_statistics): with dx = a − ma and
+// dy = b − mb (0 without b), the chunk sums of dx·dy, dx², dy², dx²·dx into parts[4j ..].
+extern "C" __global__ void qem_dpc_centred_sums(const double* __restrict__ a,
+                                                const u64* __restrict__ b, u64 n, u64 chunk,
+                                                u64 n_chunks, double ma, double mb,
+                                                double* __restrict__ parts) {
+    const u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n_chunks) {
+        return;
+    }
+    const u64 lo = j * chunk, hi = lo + chunk < n ? lo + chunk : n;
+    double sab = 0.0, saa = 0.0, sbb = 0.0, sa3 = 0.0;
+    for (u64 i = lo; i < hi; ++i) {
+        const double dx = __dsub_rn(a[i], ma);
+        const double dy = b ? __dsub_rn(__ull2double_rn(b[i]), mb) : 0.0;
+        const double dx2 = __dmul_rn(dx, dx);
+        sab = __dadd_rn(sab, __dmul_rn(dx, dy));
+        saa = __dadd_rn(saa, dx2);
+        sbb = __dadd_rn(sbb, __dmul_rn(dy, dy));
+        sa3 = __dadd_rn(sa3, __dmul_rn(dx2, dx));
+    }
+    double* o = parts + 4 * j;
+    o[0] = sab;
+    o[1] = saa;
+    o[2] = sbb;
+    o[3] = sa3;
+}
+
+// x[i] = sign · (x[i] − shift) for the n values of x: the phase's mean removed (sign 1) or a
+// field negated (shift 0, sign −1; exact either way).
+extern "C" __global__ void qem_dpc_shift(double* __restrict__ x, u64 n, double shift,
+                                         int negate) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        const double v = __dsub_rn(x[i], shift);
+        x[i] = negate ? -v : v;
+    }
+}
