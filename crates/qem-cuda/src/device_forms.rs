@@ -161,9 +161,14 @@ pub fn com_from_moments(
     b.arg(&s).arg(&row).arg(&col).arg(&n64).arg(&chunk).arg(&nc);
     b.arg(&pp).arg(&zp);
     // SAFETY: matches `qem_com_chunk_sums(const u64*, const double* ×2, u64, u64, u64, double*,
-    // u64*)`; one thread per chunk reads its frames below n and writes parts[2j..2j+2] and
-    // zeros[j] (2·n_chunks f64 and n_chunks u64 allocated above).
-    unsafe { b.launch(config(n_chunks)) }.map_err(|e| driver_error("launch CoM sums", e))?;
+    // u64*)`; block j reads its chunk's frames below n and writes parts[2j..2j+2] and zeros[j]
+    // (2·n_chunks f64 and n_chunks u64 allocated above).
+    let cfg = LaunchConfig {
+        grid_dim: (n_chunks.max(1) as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    unsafe { b.launch(cfg) }.map_err(|e| driver_error("launch CoM sums", e))?;
     wait(gpu, "the CoM chunk sums")?;
     let parts: Vec<f64> = read_vec(&parts, 2 * n_chunks)?;
     let zeros: Vec<u64> = read_vec(&zeros, n_chunks)?;

@@ -3,7 +3,7 @@
 //! of the rotation search ([`curl_row_sums`]), the aligned field and the gradient
 //! ([`align`]), the iDPC integration with either edge mode ([`integrate`], cuFFT), the sign
 //! statistics ([`sign_sums`]), the flip ([`negate`]) and one batched download
-//! ([`download_f64`]).
+//! ([`download_f64_into`]).
 //!
 //! Each stage does `qem_cpu::dpc`'s `f64` operations in its order (the reductions keep the
 //! CPU's row order and [`ORDERED_CHUNK`] chunks), so everything but the transforms equals the
@@ -40,6 +40,16 @@ fn function(gpu: &Gpu, name: &str) -> Result<CudaFunction> {
         .map_err(|e| driver_error(&format!("load kernel {name}"), e))
 }
 
+/// One block of 256 threads per item (an interior row, an ordered chunk): the kernels stage
+/// each item's terms in shared memory and add them in order on one thread.
+fn per_block(items: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (items.max(1) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// Check that `a` and `b` are `f64` fields of `rows × cols` positions.
 fn check_pair(a: &DeviceVec, b: &DeviceVec, rows: usize, cols: usize) -> Result<()> {
     check(a, ResultDType::F64, rows * cols, OP, "the row component")?;
@@ -70,15 +80,10 @@ pub fn curl_row_sums(
     let (r32, c32) = (rows as u32, cols as u32);
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&pr).arg(&pc).arg(&r32).arg(&c32).arg(&pp);
-    let cfg = LaunchConfig {
-        grid_dim: ((interior as u32).div_ceil(32), 1, 1),
-        block_dim: (32, 1, 1),
-        shared_mem_bytes: 0,
-    };
     // SAFETY: matches `qem_dpc_curl_rows(const double* ×2, u32, u32, double*)`; both fields
-    // hold rows·cols f64 (checked), thread t < rows − 2 reads rows t..t+2 and writes
+    // hold rows·cols f64 (checked), block t < rows − 2 reads rows t..t+2 and writes
     // parts[6t..6t+6] (6·(rows − 2) f64 allocated above).
-    unsafe { b.launch(cfg) }.map_err(|e| driver_error("launch curl moments", e))?;
+    unsafe { b.launch(per_block(interior)) }.map_err(|e| driver_error("launch curl moments", e))?;
     wait(gpu, "the curl moments")?;
     let flat: Vec<f64> = read_vec(&parts, 6 * interior)?;
     Ok(flat
@@ -206,7 +211,7 @@ pub fn integrate(
     Ok(phase)
 }
 
-/// The CPU's ordered sums of `a` (and of `b` as `f64`, when given) on the card: one thread per
+/// The CPU's ordered sums of `a` (and of `b` as `f64`, when given) on the card: one block per
 /// [`ORDERED_CHUNK`] chunk, the chunk sums added here in chunk order.
 fn ordered_sums(gpu: &Gpu, a: &DeviceVec, b: Option<&DeviceVec>) -> Result<[f64; 2]> {
     let n = a.len();
@@ -218,8 +223,9 @@ fn ordered_sums(gpu: &Gpu, a: &DeviceVec, b: Option<&DeviceVec>) -> Result<[f64;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(&pa).arg(&pb).arg(&n64).arg(&chunk).arg(&nc).arg(&pp);
     // SAFETY: matches `qem_dpc_chunk_sums(const double*, const u64*, u64, u64, u64, double*)`;
-    // `a` (and `b` when not null) hold n values (the callers check), parts 2·n_chunks f64.
-    unsafe { l.launch(config(n_chunks)) }.map_err(|e| driver_error("launch chunk sums", e))?;
+    // `a` (and `b` when not null) hold n values (the callers check), parts 2·n_chunks f64, one
+    // block per chunk.
+    unsafe { l.launch(per_block(n_chunks)) }.map_err(|e| driver_error("launch chunk sums", e))?;
     wait(gpu, "the chunk sums")?;
     let parts: Vec<f64> = read_vec(&parts, 2 * n_chunks)?;
     let mut t = [0.0f64; 2];
@@ -293,7 +299,7 @@ pub fn sign_sums(phase: &DeviceVec, adf: Option<&DeviceVec>) -> Result<SignSums>
     // SAFETY: matches `qem_dpc_centred_sums(const double*, const u64*, u64, u64, u64, double,
     // double, double*)`; phase (and the image when not null) hold n values (checked), parts
     // 4·n_chunks f64.
-    unsafe { l.launch(config(n_chunks)) }.map_err(|e| driver_error("launch centred sums", e))?;
+    unsafe { l.launch(per_block(n_chunks)) }.map_err(|e| driver_error("launch centred sums", e))?;
     wait(gpu, "the centred sums")?;
     let parts: Vec<f64> = read_vec(&parts, 4 * n_chunks)?;
     let mut t = [0.0f64; 4];
@@ -312,13 +318,21 @@ pub fn sign_sums(phase: &DeviceVec, adf: Option<&DeviceVec>) -> Result<SignSums>
     })
 }
 
-/// The `f64` arrays `vs` on the host, through one batch of copies and one wait.
-pub fn download_f64(vs: &[&DeviceVec]) -> Result<Vec<Vec<f64>>> {
+/// The `f64` arrays `vs` copied into `out` (one host vector per array, each already as long
+/// as its array), through one batch of copies and one wait. Vectors whose pages are already
+/// touched take the copies ~10× faster than fresh ones (measured here: 0.4 against 4 ms for
+/// 10 MB), which is why the caller brings its own.
+pub fn download_f64_into(vs: &[&DeviceVec], out: &mut [Vec<f64>]) -> Result<()> {
+    if vs.len() != out.len() || vs.iter().zip(out.iter()).any(|(v, o)| v.len() != o.len()) {
+        return Err(Error::internal(
+            OP,
+            "download targets do not match the arrays",
+        ));
+    }
     for v in vs {
         check(v, ResultDType::F64, v.len(), OP, "a downloaded array")?;
     }
     let gpu = &engine()?.gpu;
-    let mut out: Vec<Vec<f64>> = vs.iter().map(|v| vec![0.0; v.len()]).collect();
     let mut fetches: Vec<Fetch<'_>> = vs
         .iter()
         .zip(out.iter_mut())
@@ -331,7 +345,5 @@ pub fn download_f64(vs: &[&DeviceVec]) -> Result<Vec<Vec<f64>>> {
             }
         })
         .collect();
-    fetch_all(gpu.ctx(), gpu.stream(), &mut fetches)?;
-    drop(fetches);
-    Ok(out)
+    fetch_all(gpu.ctx(), gpu.stream(), &mut fetches)
 }

@@ -47,14 +47,35 @@ extern "C" __global__ void qem_idpc_combine(double2* __restrict__ a, const doubl
 
 typedef unsigned long long u64;
 
-// CurlMoments::pair_of: thread t sums interior row r = t + 1 over k = 1 .. cols − 2, serially
+// Ordered sums (the CPU's serial order) without a serial read of global memory: a block
+// stages a tile of per-index terms in shared memory (loads coalesced, terms computed by all
+// threads: each term is rounded alone, so this is order-free), then thread 0 adds the tile's
+// terms into its running sums in index order. One warp reading serially waited ~600 cycles per
+// value (2 ms for 2 × 262,144 values, H100); from shared memory the adds follow one another.
+#define QEM_TILE 512
+
+// Thread 0: acc[q] += t[q][k] for k = 0 .. m − 1, in order.
+template <int K>
+__device__ __forceinline__ void add_tile_in_order(double* acc, const double (*t)[QEM_TILE],
+                                                  u32 m) {
+    if (threadIdx.x == 0) {
+        for (u32 k = 0; k < m; ++k) {
+#pragma unroll
+            for (int q = 0; q < K; ++q) {
+                acc[q] = __dadd_rn(acc[q], t[q][k]);
+            }
+        }
+    }
+}
+
+// CurlMoments::pair_of: block t sums interior row r = t + 1 over k = 1 .. cols − 2, in order
 // from 0.0 as the CPU does each row, into parts[6t .. 6t + 6] = (curl², div², curl·div) of the
-// field and of the transposed field. The caller adds the rows in row order. (One thread per row
-// keeps the CPU's order; the grid is small, 2 × 8 B per position read through L1.)
+// field and of the transposed field. The caller adds the rows in row order.
 extern "C" __global__ void qem_dpc_curl_rows(const double* __restrict__ gr,
                                              const double* __restrict__ gc, u32 rows, u32 cols,
                                              double* __restrict__ parts) {
-    const u32 t = blockIdx.x * blockDim.x + threadIdx.x;
+    __shared__ double terms[6][QEM_TILE];
+    const u32 t = blockIdx.x;
     if (t + 2u >= rows) {
         return;
     }
@@ -65,28 +86,33 @@ extern "C" __global__ void qem_dpc_curl_rows(const double* __restrict__ gr,
     const double* up_c = gc + (u64)t * c;
     const double* mid_c = up_c + c;
     const double* dn_c = mid_c + c;
-    double a = 0.0, b = 0.0, cd = 0.0, at = 0.0, bt = 0.0, cdt = 0.0;
-    for (u32 k = 1; k + 1u < cols; ++k) {
-        const double d_r_gc = __dmul_rn(0.5, __dsub_rn(dn_c[k], up_c[k]));
-        const double d_c_gr = __dmul_rn(0.5, __dsub_rn(mid_r[k + 1], mid_r[k - 1]));
-        const double d_r_gr = __dmul_rn(0.5, __dsub_rn(dn_r[k], up_r[k]));
-        const double d_c_gc = __dmul_rn(0.5, __dsub_rn(mid_c[k + 1], mid_c[k - 1]));
-        const double curl = __dsub_rn(d_r_gc, d_c_gr), div = __dadd_rn(d_r_gr, d_c_gc);
-        const double curl_t = __dsub_rn(d_r_gr, d_c_gc), div_t = __dadd_rn(d_r_gc, d_c_gr);
-        a = __dadd_rn(a, __dmul_rn(curl, curl));
-        b = __dadd_rn(b, __dmul_rn(div, div));
-        cd = __dadd_rn(cd, __dmul_rn(curl, div));
-        at = __dadd_rn(at, __dmul_rn(curl_t, curl_t));
-        bt = __dadd_rn(bt, __dmul_rn(div_t, div_t));
-        cdt = __dadd_rn(cdt, __dmul_rn(curl_t, div_t));
+    double acc[6] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    for (u32 k0 = 1; k0 + 1u < cols; k0 += QEM_TILE) {
+        const u32 m = min((u32)QEM_TILE, cols - 1u - k0);
+        for (u32 i = threadIdx.x; i < m; i += blockDim.x) {
+            const u32 k = k0 + i;
+            const double d_r_gc = __dmul_rn(0.5, __dsub_rn(dn_c[k], up_c[k]));
+            const double d_c_gr = __dmul_rn(0.5, __dsub_rn(mid_r[k + 1], mid_r[k - 1]));
+            const double d_r_gr = __dmul_rn(0.5, __dsub_rn(dn_r[k], up_r[k]));
+            const double d_c_gc = __dmul_rn(0.5, __dsub_rn(mid_c[k + 1], mid_c[k - 1]));
+            const double curl = __dsub_rn(d_r_gc, d_c_gr), div = __dadd_rn(d_r_gr, d_c_gc);
+            const double curl_t = __dsub_rn(d_r_gr, d_c_gc), div_t = __dadd_rn(d_r_gc, d_c_gr);
+            terms[0][i] = __dmul_rn(curl, curl);
+            terms[1][i] = __dmul_rn(div, div);
+            terms[2][i] = __dmul_rn(curl, div);
+            terms[3][i] = __dmul_rn(curl_t, curl_t);
+            terms[4][i] = __dmul_rn(div_t, div_t);
+            terms[5][i] = __dmul_rn(curl_t, div_t);
+        }
+        __syncthreads();
+        add_tile_in_order<6>(acc, terms, m);
+        __syncthreads();
     }
-    double* o = parts + 6ull * t;
-    o[0] = a;
-    o[1] = b;
-    o[2] = cd;
-    o[3] = at;
-    o[4] = bt;
-    o[5] = cdt;
+    if (threadIdx.x == 0) {
+        for (int q = 0; q < 6; ++q) {
+            parts[6ull * t + q] = acc[q];
+        }
+    }
 }
 
 // align, then the integration's scale: with (x, y) = (a[i], b[i]) (the caller passes the CoM
@@ -137,26 +163,33 @@ extern "C" __global__ void qem_dpc_crop(const double* __restrict__ ext, u32 rows
     }
 }
 
-// The CPU's ordered sums (qem_cpu::dpc::ordered_sums), first pass: one thread per chunk of
-// `chunk` values sums a (and b as f64 when given) from 0.0 in index order into parts[2j],
+// The CPU's ordered sums (qem_cpu::dpc::ordered_sums), first pass: block j sums chunk j
+// (`chunk` values) of a (and of b as f64 when given) from 0.0 in index order into parts[2j],
 // parts[2j + 1]. The caller adds the chunk sums in chunk order.
 extern "C" __global__ void qem_dpc_chunk_sums(const double* __restrict__ a,
                                               const u64* __restrict__ b, u64 n, u64 chunk,
                                               u64 n_chunks, double* __restrict__ parts) {
-    const u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    __shared__ double terms[2][QEM_TILE];
+    const u64 j = blockIdx.x;
     if (j >= n_chunks) {
         return;
     }
     const u64 lo = j * chunk, hi = lo + chunk < n ? lo + chunk : n;
-    double sa = 0.0, sb = 0.0;
-    for (u64 i = lo; i < hi; ++i) {
-        sa = __dadd_rn(sa, a[i]);
-        if (b) {
-            sb = __dadd_rn(sb, __ull2double_rn(b[i]));
+    double acc[2] = {0.0, 0.0};
+    for (u64 base = lo; base < hi; base += QEM_TILE) {
+        const u32 m = (u32)min((u64)QEM_TILE, hi - base);
+        for (u32 i = threadIdx.x; i < m; i += blockDim.x) {
+            terms[0][i] = a[base + i];
+            terms[1][i] = b ? __ull2double_rn(b[base + i]) : 0.0;
         }
+        __syncthreads();
+        add_tile_in_order<2>(acc, terms, m);
+        __syncthreads();
     }
-    parts[2 * j] = sa;
-    parts[2 * j + 1] = sb;
+    if (threadIdx.x == 0) {
+        parts[2 * j] = acc[0];
+        parts[2 * j + 1] = acc[1];
+    }
 }
 
 // Second pass of the sign statistics (qem_cpu::dpc::sign_statistics): with dx = a − ma and
@@ -165,26 +198,33 @@ extern "C" __global__ void qem_dpc_centred_sums(const double* __restrict__ a,
                                                 const u64* __restrict__ b, u64 n, u64 chunk,
                                                 u64 n_chunks, double ma, double mb,
                                                 double* __restrict__ parts) {
-    const u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    __shared__ double terms[4][QEM_TILE];
+    const u64 j = blockIdx.x;
     if (j >= n_chunks) {
         return;
     }
     const u64 lo = j * chunk, hi = lo + chunk < n ? lo + chunk : n;
-    double sab = 0.0, saa = 0.0, sbb = 0.0, sa3 = 0.0;
-    for (u64 i = lo; i < hi; ++i) {
-        const double dx = __dsub_rn(a[i], ma);
-        const double dy = b ? __dsub_rn(__ull2double_rn(b[i]), mb) : 0.0;
-        const double dx2 = __dmul_rn(dx, dx);
-        sab = __dadd_rn(sab, __dmul_rn(dx, dy));
-        saa = __dadd_rn(saa, dx2);
-        sbb = __dadd_rn(sbb, __dmul_rn(dy, dy));
-        sa3 = __dadd_rn(sa3, __dmul_rn(dx2, dx));
+    double acc[4] = {0.0, 0.0, 0.0, 0.0};
+    for (u64 base = lo; base < hi; base += QEM_TILE) {
+        const u32 m = (u32)min((u64)QEM_TILE, hi - base);
+        for (u32 i = threadIdx.x; i < m; i += blockDim.x) {
+            const double dx = __dsub_rn(a[base + i], ma);
+            const double dy = b ? __dsub_rn(__ull2double_rn(b[base + i]), mb) : 0.0;
+            const double dx2 = __dmul_rn(dx, dx);
+            terms[0][i] = __dmul_rn(dx, dy);
+            terms[1][i] = dx2;
+            terms[2][i] = __dmul_rn(dy, dy);
+            terms[3][i] = __dmul_rn(dx2, dx);
+        }
+        __syncthreads();
+        add_tile_in_order<4>(acc, terms, m);
+        __syncthreads();
     }
-    double* o = parts + 4 * j;
-    o[0] = sab;
-    o[1] = saa;
-    o[2] = sbb;
-    o[3] = sa3;
+    if (threadIdx.x == 0) {
+        for (int q = 0; q < 4; ++q) {
+            parts[4 * j + q] = acc[q];
+        }
+    }
 }
 
 // x[i] = sign · (x[i] − shift) for the n values of x: the phase's mean removed (sign 1) or a
