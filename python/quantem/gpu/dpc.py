@@ -221,6 +221,10 @@ def run(
     the phase in rad with the voltage and scan step too (the file's values are read by the
     engine; values the user set are applied to its result, see
     :func:`quantem.gpu.calibration.dpc_rescale`).
+
+    On a CUDA dataset every stage runs on the card (CoM, rotation search, cuFFT integration,
+    sign) and the arrays are downloaded once; ``provenance["params"]["stages_on"]`` says where
+    they ran. The results equal the CPU engine's (the phase to rounding of the transforms).
     """
     op = "dpc.run"
     _args.dataset(op, ds)
