@@ -16,7 +16,7 @@ use crate::device::{driver_error, Gpu};
 use crate::device_result::{DeviceMoments, DeviceVec, ResultDType};
 use crate::engine::engine;
 use crate::mem::{read_vec, DevBuf};
-use crate::nvrtc::load_module;
+use crate::nvrtc::kernel;
 
 const KERNEL_SOURCE: &str = include_str!("kernels/device_forms.cu");
 
@@ -41,13 +41,7 @@ pub struct DeviceCom {
 
 /// The module's function `name` on `gpu`.
 fn function(gpu: &Gpu, name: &str) -> Result<CudaFunction> {
-    gpu.ctx()
-        .bind_to_thread()
-        .map_err(|e| driver_error("bind CUDA context", e))?;
-    let m = load_module(gpu, "device_forms.cu", KERNEL_SOURCE, &[])?;
-    m.module
-        .load_function(name)
-        .map_err(|e| driver_error(&format!("load kernel {name}"), e))
+    kernel(gpu, "device_forms.cu", KERNEL_SOURCE, name)
 }
 
 /// A grid-stride launch over `n` items.

@@ -23,7 +23,7 @@ use crate::device_result::{DeviceVec, ResultDType};
 use crate::engine::engine;
 use crate::fft::solve_on_device;
 use crate::mem::{fetch_all, read_vec, DevBuf, Fetch};
-use crate::nvrtc::load_module;
+use crate::nvrtc::kernel;
 
 const KERNEL_SOURCE: &str = include_str!("kernels/dpc.cu");
 
@@ -31,13 +31,7 @@ const OP: &str = "dpc run (on the card)";
 
 /// The module's function `name` on `gpu`.
 fn function(gpu: &Gpu, name: &str) -> Result<CudaFunction> {
-    gpu.ctx()
-        .bind_to_thread()
-        .map_err(|e| driver_error("bind CUDA context", e))?;
-    let m = load_module(gpu, "dpc.cu", KERNEL_SOURCE, &[])?;
-    m.module
-        .load_function(name)
-        .map_err(|e| driver_error(&format!("load kernel {name}"), e))
+    kernel(gpu, "dpc.cu", KERNEL_SOURCE, name)
 }
 
 /// One block of 256 threads per item (an interior row, an ordered chunk): the kernels stage

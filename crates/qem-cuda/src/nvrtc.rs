@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use cudarc::driver::CudaModule;
+use cudarc::driver::{CudaFunction, CudaModule};
 use cudarc::nvrtc::{result as nvrtc_result, sys as nvrtc_sys, Ptx};
 use qem_core::{Error, Result};
 use serde::Serialize;
@@ -304,6 +304,18 @@ fn log_load(info: &ModuleInfo) {
         use std::io::Write;
         let _ = writeln!(f, "{line}");
     }
+}
+
+/// Kernel `name` of the module built from `src` (file name `file`, no defines) on `gpu`, the
+/// context bound to this thread first.
+pub(crate) fn kernel(gpu: &Gpu, file: &str, src: &str, name: &str) -> Result<CudaFunction> {
+    gpu.ctx()
+        .bind_to_thread()
+        .map_err(|e| driver_error("bind CUDA context", e))?;
+    load_module(gpu, file, src, &[])?
+        .module
+        .load_function(name)
+        .map_err(|e| driver_error(&format!("load kernel {name}"), e))
 }
 
 /// Load kernel source `name`/`src` for `gpu`'s device, from the shipped kernels, the memory

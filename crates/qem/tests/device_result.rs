@@ -553,27 +553,18 @@ fn assert_dpc_on_the_card_equals_the_host(what: &str, ds: &Dataset, cpu: &Datase
         ] {
             assert_eq!(bits64(a), bits64(b), "{what}: {name}");
         }
-        assert_eq!(
+        let decisions = |r: &dpc::DpcResult| {
             (
-                card.rotation_deg.to_bits(),
-                card.transpose,
-                card.curl_score.to_bits(),
-                card.sign_confidence.to_bits(),
-                &card.sign_criterion,
-                card.confident,
-                card.zero_frames,
-            ),
-            (
-                host.rotation_deg.to_bits(),
-                host.transpose,
-                host.curl_score.to_bits(),
-                host.sign_confidence.to_bits(),
-                &host.sign_criterion,
-                host.confident,
-                host.zero_frames,
-            ),
-            "{what}"
-        );
+                r.rotation_deg.to_bits(),
+                r.transpose,
+                r.curl_score.to_bits(),
+                r.sign_confidence.to_bits(),
+                r.sign_criterion.clone(),
+                r.confident,
+                r.zero_frames,
+            )
+        };
+        assert_eq!(decisions(&card), decisions(&host), "{what}");
         for key in ["rotation", "sign", "adf", "unit", "phase_unit", "edge"] {
             assert_eq!(
                 card.provenance.params[key], host.provenance.params[key],

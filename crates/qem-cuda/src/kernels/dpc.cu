@@ -54,16 +54,30 @@ typedef unsigned long long u64;
 // value (2 ms for 2 × 262,144 values, H100); from shared memory the adds follow one another.
 #define QEM_TILE 512
 
-// Thread 0: acc[q] += t[q][k] for k = 0 .. m − 1, in order.
+// Every thread of the block calls it once the tile is written: thread 0 adds acc[q] += t[q][k]
+// for k = 0 .. m − 1 in order, between two barriers (the tile is complete before, free after).
 template <int K>
 __device__ __forceinline__ void add_tile_in_order(double* acc, const double (*t)[QEM_TILE],
                                                   u32 m) {
+    __syncthreads();
     if (threadIdx.x == 0) {
         for (u32 k = 0; k < m; ++k) {
 #pragma unroll
             for (int q = 0; q < K; ++q) {
                 acc[q] = __dadd_rn(acc[q], t[q][k]);
             }
+        }
+    }
+    __syncthreads();
+}
+
+// Thread 0 writes its K sums to out[0 .. K).
+template <int K>
+__device__ __forceinline__ void store_sums(double* out, const double* acc) {
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int q = 0; q < K; ++q) {
+            out[q] = acc[q];
         }
     }
 }
@@ -104,15 +118,9 @@ extern "C" __global__ void qem_dpc_curl_rows(const double* __restrict__ gr,
             terms[4][i] = __dmul_rn(div_t, div_t);
             terms[5][i] = __dmul_rn(curl_t, div_t);
         }
-        __syncthreads();
         add_tile_in_order<6>(acc, terms, m);
-        __syncthreads();
     }
-    if (threadIdx.x == 0) {
-        for (int q = 0; q < 6; ++q) {
-            parts[6ull * t + q] = acc[q];
-        }
-    }
+    store_sums<6>(parts + 6ull * t, acc);
 }
 
 // align, then the integration's scale: with (x, y) = (a[i], b[i]) (the caller passes the CoM
@@ -182,14 +190,9 @@ extern "C" __global__ void qem_dpc_chunk_sums(const double* __restrict__ a,
             terms[0][i] = a[base + i];
             terms[1][i] = b ? __ull2double_rn(b[base + i]) : 0.0;
         }
-        __syncthreads();
         add_tile_in_order<2>(acc, terms, m);
-        __syncthreads();
     }
-    if (threadIdx.x == 0) {
-        parts[2 * j] = acc[0];
-        parts[2 * j + 1] = acc[1];
-    }
+    store_sums<2>(parts + 2 * j, acc);
 }
 
 // Second pass of the sign statistics (qem_cpu::dpc::sign_statistics): with dx = a − ma and
@@ -216,15 +219,9 @@ extern "C" __global__ void qem_dpc_centred_sums(const double* __restrict__ a,
             terms[2][i] = __dmul_rn(dy, dy);
             terms[3][i] = __dmul_rn(dx2, dx);
         }
-        __syncthreads();
         add_tile_in_order<4>(acc, terms, m);
-        __syncthreads();
     }
-    if (threadIdx.x == 0) {
-        for (int q = 0; q < 4; ++q) {
-            parts[4 * j + q] = acc[q];
-        }
-    }
+    store_sums<4>(parts + 4 * j, acc);
 }
 
 // x[i] = sign · (x[i] − shift) for the n values of x: the phase's mean removed (sign 1) or a
