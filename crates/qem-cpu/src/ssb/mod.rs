@@ -68,19 +68,41 @@ pub fn probe(o: &Optics, ab: &Aberrations, v_r: f64, v_c: f64) -> Complex64 {
 
 /// Double-overlap transfer `Γ(k, ν) = P(k − ν) P*(k) − P(k) P*(k + ν)` (module docs, step 4).
 pub fn gamma(o: &Optics, ab: &Aberrations, k: (f64, f64), nu: (f64, f64)) -> Complex64 {
-    gamma_at(o, ab, k, probe(o, ab, k.0, k.1), nu)
+    let p = Probe::new(o, ab);
+    p.gamma_at(k, p.at(k.0, k.1), nu)
 }
 
-/// [`gamma`] with `P(k)` already known.
-fn gamma_at(
-    o: &Optics,
-    ab: &Aberrations,
-    k: (f64, f64),
-    pk: Complex64,
-    nu: (f64, f64),
-) -> Complex64 {
-    probe(o, ab, k.0 - nu.0, k.1 - nu.1) * pk.conj()
-        - pk * probe(o, ab, k.0 + nu.0, k.1 + nu.1).conj()
+/// [`probe`] for one set of aberrations, evaluated many times: χ from its
+/// [`chi_polynomial`] coefficients (no `atan2` and no cosines per point, as the CUDA kernels
+/// do; equal to [`chi`] to rounding, `qem_core::optics`' test). The losses evaluate it twice
+/// per BF pixel and frequency, so this is most of their time.
+#[derive(Debug, Clone, Copy)]
+struct Probe<'a> {
+    o: &'a Optics,
+    c: [f64; 8],
+}
+
+impl<'a> Probe<'a> {
+    fn new(o: &'a Optics, ab: &Aberrations) -> Probe<'a> {
+        Probe {
+            o,
+            c: chi_polynomial(ab, o.lambda_a),
+        }
+    }
+
+    /// `P(v) = A(v) exp(−iχ(v))`.
+    fn at(&self, v_r: f64, v_c: f64) -> Complex64 {
+        let amp = self.o.aperture(v_r, v_c);
+        if amp == 0.0 {
+            return Complex64::new(0.0, 0.0);
+        }
+        Complex64::from_polar(amp, -chi_from_polynomial(&self.c, v_r, v_c))
+    }
+
+    /// [`gamma`] with `P(k)` already known.
+    fn gamma_at(&self, k: (f64, f64), pk: Complex64, nu: (f64, f64)) -> Complex64 {
+        self.at(k.0 - nu.0, k.1 - nu.1) * pk.conj() - pk * self.at(k.0 + nu.0, k.1 + nu.1).conj()
+    }
 }
 
 /// `fftfreq(n, d)`: frequencies of an `n`-point DFT with sample spacing `d` (cycles per unit).
@@ -453,8 +475,8 @@ impl Prepared {
     /// Corrected spectrum `C_b(ν)` of pixel `b` (module docs, step 5).
     pub fn corrected(&self, b: usize, ab: &Aberrations) -> Vec<Complex64> {
         let k = self.k[b];
-        let o = &self.optics;
-        let pk = probe(o, ab, k.0, k.1);
+        let p = Probe::new(&self.optics, ab);
+        let pk = p.at(k.0, k.1);
         let gb = &self.g[b];
         let mut out = Vec::with_capacity(gb.len());
         for (i, &gv) in gb.iter().enumerate() {
@@ -467,7 +489,7 @@ impl Prepared {
                 out.push(Complex64::new(0.0, 0.0));
                 continue;
             }
-            let gam = gamma_at(o, ab, k, pk, self.nu(i));
+            let gam = p.gamma_at(k, pk, self.nu(i));
             let n2 = gam.norm_sqr();
             out.push(if n2 > GAMMA_FLOOR_SQ {
                 gv * gam.conj() / n2.sqrt()
@@ -535,17 +557,17 @@ impl Prepared {
     /// [`Objective::Coherence`] over pixels `0..b`.
     fn coherence(&self, ab: &Aberrations, b: usize) -> f64 {
         let n = self.scan.len();
-        let o = &self.optics;
+        let p = Probe::new(&self.optics, ab);
         // acc[i] = Σ_b G_b Γ_b*(ν_i), acc[n + i].re = Σ_b |Γ_b(ν_i)|², acc[2n].re = Σ_b Σ_{ν≠0}
         // |G_b|² (pixels with A(k_b) > 0).
         let acc = ordered_sum(b, 2 * n + 1, Complex64::new(0.0, 0.0), |j, acc| {
             let k = self.k[j];
-            let pk = probe(o, ab, k.0, k.1);
+            let pk = p.at(k.0, k.1);
             if pk.norm_sqr() == 0.0 {
                 return; // zero-aperture pixel: Γ ≡ 0
             }
             for (i, &gv) in self.g[j].iter().enumerate().skip(1) {
-                let gam = gamma_at(o, ab, k, pk, self.nu(i));
+                let gam = p.gamma_at(k, pk, self.nu(i));
                 acc[i] += gv * gam.conj();
                 acc[n + i].re += gam.norm_sqr();
                 acc[2 * n].re += gv.norm_sqr();
