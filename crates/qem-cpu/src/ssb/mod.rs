@@ -432,7 +432,34 @@ pub struct Prepared {
     pub dc: f64,
     nu_r: Vec<f64>,
     nu_c: Vec<f64>,
+    /// The frequencies the coherence loss evaluates, with their weights (see
+    /// [`coherence_terms`]).
+    terms: Vec<(usize, f64)>,
     fft: Fft2,
+}
+
+/// The frequencies `ν ≠ 0` of the coherence loss, each with the number of frequencies it
+/// stands for. Where the mirror index `((N_r − r) mod N_r, (N_c − c) mod N_c)` holds exactly
+/// `−ν` (everywhere but on the Nyquist lines of even sizes), its term equals `ν`'s:
+/// `G(−ν) = G(ν)*` for a real image and `Γ(k, −ν) = −Γ(k, ν)*` for any χ, so
+/// `|Σ_b G_b Γ_b*|²` and `Σ_b |Γ_b|²` are the same at both. The lower index of such a pair is
+/// kept with weight 2 and its mirror dropped; every other frequency is kept with weight 1. The
+/// CUDA kernels pair the same frequencies (`ssb.cu`, `pair_of`).
+fn coherence_terms(scan: Shape2, nu_r: &[f64], nu_c: &[f64]) -> Vec<(usize, f64)> {
+    let (rows, cols) = (scan.rows, scan.cols);
+    (1..scan.len())
+        .filter_map(|i| {
+            let (r, c) = (i / cols, i % cols);
+            let (rm, cm) = ((rows - r) % rows, (cols - c) % cols);
+            let exact = nu_r[rm] == -nu_r[r] && nu_c[cm] == -nu_c[c];
+            let m = rm * cols + cm;
+            match (exact, i.cmp(&m)) {
+                (false, _) => Some((i, 1.0)),
+                (true, std::cmp::Ordering::Less) => Some((i, 2.0)),
+                (true, _) => None,
+            }
+        })
+        .collect()
 }
 
 impl Prepared {
@@ -472,6 +499,9 @@ impl Prepared {
             })
             .collect();
         let dc = g.iter().map(|gb| gb[0].re).sum::<f64>() / g.len() as f64;
+        let nu_r = fftfreq(scan.rows, scan_step_a.0);
+        let nu_c = fftfreq(scan.cols, scan_step_a.1);
+        let terms = coherence_terms(scan, &nu_r, &nu_c);
         Ok(Prepared {
             scan,
             scan_step_a,
@@ -479,8 +509,9 @@ impl Prepared {
             k,
             g,
             dc,
-            nu_r: fftfreq(scan.rows, scan_step_a.0),
-            nu_c: fftfreq(scan.cols, scan_step_a.1),
+            nu_r,
+            nu_c,
+            terms,
             fft,
         })
     }
@@ -579,30 +610,36 @@ impl Prepared {
 
     /// [`Objective::Coherence`] over pixels `0..b`.
     fn coherence(&self, ab: &Aberrations, b: usize) -> f64 {
-        let n = self.scan.len();
+        let h = self.terms.len();
         let p = Probe::new(&self.optics, ab);
-        // acc[i] = Σ_b G_b Γ_b*(ν_i), acc[n + i].re = Σ_b |Γ_b(ν_i)|², acc[2n].re = Σ_b Σ_{ν≠0}
-        // |G_b|² (pixels with A(k_b) > 0).
-        let acc = ordered_sum(b, 2 * n + 1, Complex64::new(0.0, 0.0), |j, acc| {
+        // acc[q] = Σ_b G_b Γ_b*(ν_q), acc[h + q].re = Σ_b |Γ_b(ν_q)|² over the frequencies of
+        // `terms`; acc[2h].re = Σ_b Σ_{ν≠0} |G_b|² (pixels with A(k_b) > 0, every frequency).
+        let acc = ordered_sum(b, 2 * h + 1, Complex64::new(0.0, 0.0), |j, acc| {
             let k = self.k[j];
             let pk = p.at(k.0, k.1);
             if pk.norm_sqr() == 0.0 {
                 return; // zero-aperture pixel: Γ ≡ 0
             }
-            for (i, &gv) in self.g[j].iter().enumerate().skip(1) {
+            let gj = &self.g[j];
+            for (q, &(i, _)) in self.terms.iter().enumerate() {
                 let gam = p.gamma_at(k, pk, self.nu(i));
-                acc[i] += gv * gam.conj();
-                acc[n + i].re += gam.norm_sqr();
-                acc[2 * n].re += gv.norm_sqr();
+                acc[q] += gj[i] * gam.conj();
+                acc[h + q].re += gam.norm_sqr();
+            }
+            for gv in &gj[1..] {
+                acc[2 * h].re += gv.norm_sqr();
             }
         });
-        let power = acc[2 * n].re;
+        let power = acc[2 * h].re;
         if power <= 0.0 {
             return 0.0;
         }
-        let explained: f64 = (1..n)
-            .filter(|&i| acc[n + i].re > GAMMA_SUM_FLOOR)
-            .map(|i| acc[i].norm_sqr() / acc[n + i].re)
+        let explained: f64 = self
+            .terms
+            .iter()
+            .enumerate()
+            .filter(|&(q, _)| acc[h + q].re > GAMMA_SUM_FLOOR)
+            .map(|(q, &(_, w))| w * acc[q].norm_sqr() / acc[h + q].re)
             .sum();
         -explained / power
     }
@@ -740,6 +777,66 @@ mod tests {
         assert_eq!(probe(&o, &ab, 1.2 * kmax, 0.0).norm(), 0.0);
         // Exactly at the edge the soft aperture is ½.
         assert!((o.aperture(kmax, 0.0) - 0.5).abs() < 1e-9);
+    }
+
+    /// The coherence loss over the paired half of the frequencies equals its definition summed
+    /// over every `ν ≠ 0` with [`gamma`] (`−Σ_ν |Σ_b G_b Γ_b*|² / Σ_b |Γ_b|²`, over
+    /// `Σ_b Σ_ν |G_b|²`), on even and odd scans (Nyquist lines kept once) and with pixels
+    /// outside the aperture.
+    #[test]
+    fn coherence_over_mirror_pairs_equals_the_full_sum() {
+        let o = optics();
+        let kmax = o.alpha_rad / o.lambda_a;
+        let ab = Aberrations {
+            c10: 70.0,
+            c12: 15.0,
+            phi12: 0.3,
+            ..Default::default()
+        };
+        for scan in [Shape2::new(8, 6), Shape2::new(7, 5), Shape2::new(6, 9)] {
+            let n = scan.len();
+            // Pixels inside, near the edge and outside the aperture; pseudo-random images.
+            let k: Vec<(f64, f64)> = [
+                (0.1, 0.2),
+                (-0.5, 0.3),
+                (0.7, -0.69),
+                (0.0, 1.3),
+                (0.4, 0.0),
+            ]
+            .iter()
+            .map(|&(a, b)| (a * kmax, b * kmax))
+            .collect();
+            let images: Vec<u32> = (0..k.len() * n)
+                .map(|i| ((i * 7919 + 13) % 251) as u32)
+                .collect();
+            let step = (0.3, 0.37);
+            let prep = Prepared::new(&images, scan, step, o, k.clone()).unwrap();
+            let (fr, fc) = (fftfreq(scan.rows, step.0), fftfreq(scan.cols, step.1));
+            let (mut explained, mut power) = (0.0, 0.0);
+            for i in 1..n {
+                let nu = (fr[i / scan.cols], fc[i % scan.cols]);
+                let (mut s, mut d) = (Complex64::new(0.0, 0.0), 0.0);
+                for (j, &kj) in k.iter().enumerate() {
+                    if probe(&o, &ab, kj.0, kj.1).norm_sqr() == 0.0 {
+                        continue;
+                    }
+                    let gam = gamma(&o, &ab, kj, nu);
+                    s += prep.g[j][i] * gam.conj();
+                    d += gam.norm_sqr();
+                    power += prep.g[j][i].norm_sqr();
+                }
+                if d > GAMMA_SUM_FLOOR {
+                    explained += s.norm_sqr() / d;
+                }
+            }
+            let want = -explained / power;
+            let got = prep.objective(&ab, Objective::Coherence);
+            assert!(want < -1e-6, "{scan}: a loss to compare ({want})");
+            assert!(
+                (got - want).abs() <= 1e-12 * want.abs(),
+                "{scan}: {got} vs {want}"
+            );
+        }
     }
 
     /// The losses' `Probe` against [`probe`]: its amplitude is `Optics::aperture`'s to the
