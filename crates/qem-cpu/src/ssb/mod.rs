@@ -762,6 +762,16 @@ mod tests {
         Optics::new(300.0, 20.0, 2.5)
     }
 
+    /// Defocus C10 and two-fold astigmatism C12 at φ12 (Å, Å, rad), nothing else.
+    fn focus_astigmatism(c10: f64, c12: f64, phi12: f64) -> Aberrations {
+        Aberrations {
+            c10,
+            c12,
+            phi12,
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn probe_inside_outside_and_edge() {
         let o = optics();
@@ -785,14 +795,8 @@ mod tests {
     /// outside the aperture.
     #[test]
     fn coherence_over_mirror_pairs_equals_the_full_sum() {
-        let o = optics();
+        let (o, ab) = (optics(), focus_astigmatism(70.0, 15.0, 0.3));
         let kmax = o.alpha_rad / o.lambda_a;
-        let ab = Aberrations {
-            c10: 70.0,
-            c12: 15.0,
-            phi12: 0.3,
-            ..Default::default()
-        };
         for scan in [Shape2::new(8, 6), Shape2::new(7, 5), Shape2::new(6, 9)] {
             let n = scan.len();
             // Pixels inside, near the edge and outside the aperture; pseudo-random images.
