@@ -699,13 +699,13 @@ pub fn pearson(a: &[f64], b: &[f64]) -> Option<f64> {
 }
 
 /// Pearson's r from the centred sums `Σ dx·dy, Σ dx², Σ dy²`; `None` when not finite.
-pub fn pearson_of(sab: f64, saa: f64, sbb: f64) -> Option<f64> {
+fn pearson_of(sab: f64, saa: f64, sbb: f64) -> Option<f64> {
     let r = sab / (saa * sbb).sqrt();
     r.is_finite().then_some(r)
 }
 
 /// Population skewness from the centred sums `Σ d², Σ d³` of `n` values.
-pub fn skewness_of(s2: f64, s3: f64, n: f64) -> Option<f64> {
+fn skewness_of(s2: f64, s3: f64, n: f64) -> Option<f64> {
     let (m2, m3) = (s2 / n, s3 / n);
     let s = m3 / m2.powf(1.5);
     (m2 > 0.0 && s.is_finite()).then_some(s)
@@ -736,11 +736,27 @@ fn sign_statistics(phase: &[f64], adf: Option<&[f64]>) -> (Option<f64>, Option<f
     let n = a.len() as f64;
     let [sa, sb] = ordered_sums(a.len(), |i| [a[i], b[i]]);
     let (ma, mb) = (sa / n, sb / n);
-    let [sab, saa, sbb, sa3] = ordered_sums(a.len(), |i| {
+    let sums = ordered_sums(a.len(), |i| {
         let (dx, dy) = (a[i] - ma, b[i] - mb);
         [dx * dy, dx * dx, dy * dy, dx * dx * dx]
     });
-    (pearson_of(sab, saa, sbb), skewness_of(saa, sa3, n))
+    sign_statistics_from(a.len(), true, sums)
+}
+
+/// `(pearson(phase, adf), skewness(phase))` from the centred sums of `n` values,
+/// `[Σ dx·dy, Σ dx², Σ dy², Σ dx²·dx]` (`dy = 0` without the image): Pearson's r needs the
+/// image and 2 values, the skewness 3. The sums may come from either engine (the CUDA engine
+/// forms them on the card in this module's chunk order).
+pub fn sign_statistics_from(
+    n: usize,
+    has_adf: bool,
+    [sab, saa, sbb, sa3]: [f64; 4],
+) -> (Option<f64>, Option<f64>) {
+    let r = (has_adf && n >= 2)
+        .then(|| pearson_of(sab, saa, sbb))
+        .flatten();
+    let s = (n >= 3).then(|| skewness_of(saa, sa3, n as f64)).flatten();
+    (r, s)
 }
 
 /// Which criterion fixed the sign of the phase (θ vs θ + π).

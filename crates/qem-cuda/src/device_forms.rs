@@ -80,6 +80,27 @@ pub(crate) fn alloc(gpu: &Gpu, len: usize, dtype: ResultDType, what: &str) -> Re
     DeviceVec::new(Arc::new(b), 0, len, dtype, gpu.info().ordinal)
 }
 
+/// The `K` sums each of `items` blocks wrote to `parts` (block-major), read back.
+pub(crate) fn read_parts<const K: usize>(parts: &DevBuf, items: usize) -> Result<Vec<[f64; K]>> {
+    let flat: Vec<f64> = read_vec(parts, K * items)?;
+    Ok(flat
+        .chunks_exact(K)
+        .map(|c| std::array::from_fn(|q| c[q]))
+        .collect())
+}
+
+/// Per-chunk sums added in chunk order from 0.0: the last step of the CPU engine's ordered sums
+/// (`qem_core::reduce::ORDERED_CHUNK` chunks), so the totals have its bits.
+pub(crate) fn add_in_order<const K: usize>(parts: &[[f64; K]]) -> [f64; K] {
+    let mut t = [0.0f64; K];
+    for p in parts {
+        for (a, b) in t.iter_mut().zip(p) {
+            *a += b;
+        }
+    }
+    t
+}
+
 pub(crate) fn wait(gpu: &Gpu, what: &str) -> Result<()> {
     gpu.stream()
         .synchronize()
@@ -164,16 +185,12 @@ pub fn com_from_moments(
     };
     unsafe { b.launch(cfg) }.map_err(|e| driver_error("launch CoM sums", e))?;
     wait(gpu, "the CoM chunk sums")?;
-    let parts: Vec<f64> = read_vec(&parts, 2 * n_chunks)?;
+    let parts = read_parts::<2>(&parts, n_chunks)?;
     let zeros: Vec<u64> = read_vec(&zeros, n_chunks)?;
     let zero_frames = zeros.iter().sum();
     let center = centered && n > 0;
     if center || factor.is_some() {
-        let (mut tr, mut tc) = (0.0f64, 0.0f64);
-        for p in parts.chunks_exact(2) {
-            tr += p[0];
-            tc += p[1];
-        }
+        let [tr, tc] = add_in_order(&parts);
         let (mean_r, mean_c) = (tr / n as f64, tc / n as f64);
         let (f_r, f_c) = factor.unwrap_or((1.0, 1.0));
         let (c32, s32) = (i32::from(center), i32::from(factor.is_some()));

@@ -18,11 +18,11 @@ use qem_core::reduce::ORDERED_CHUNK;
 use qem_core::{Error, Result};
 
 use crate::device::{driver_error, Gpu};
-use crate::device_forms::{alloc, check, config, wait};
+use crate::device_forms::{add_in_order, alloc, check, config, read_parts, wait};
 use crate::device_result::{DeviceVec, ResultDType};
 use crate::engine::engine;
 use crate::fft::solve_on_device;
-use crate::mem::{fetch_all, read_vec, DevBuf, Fetch};
+use crate::mem::{fetch_all, DevBuf, Fetch};
 use crate::nvrtc::kernel;
 
 const KERNEL_SOURCE: &str = include_str!("kernels/dpc.cu");
@@ -79,11 +79,7 @@ pub fn curl_row_sums(
     // parts[6t..6t+6] (6·(rows − 2) f64 allocated above).
     unsafe { b.launch(per_block(interior)) }.map_err(|e| driver_error("launch curl moments", e))?;
     wait(gpu, "the curl moments")?;
-    let flat: Vec<f64> = read_vec(&parts, 6 * interior)?;
-    Ok(flat
-        .chunks_exact(6)
-        .map(|c| [c[0], c[1], c[2], c[3], c[4], c[5]])
-        .collect())
+    read_parts::<6>(&parts, interior)
 }
 
 /// The aligned CoM field and the gradient the integration takes.
@@ -221,13 +217,7 @@ fn ordered_sums(gpu: &Gpu, a: &DeviceVec, b: Option<&DeviceVec>) -> Result<[f64;
     // block per chunk.
     unsafe { l.launch(per_block(n_chunks)) }.map_err(|e| driver_error("launch chunk sums", e))?;
     wait(gpu, "the chunk sums")?;
-    let parts: Vec<f64> = read_vec(&parts, 2 * n_chunks)?;
-    let mut t = [0.0f64; 2];
-    for p in parts.chunks_exact(2) {
-        t[0] += p[0];
-        t[1] += p[1];
-    }
-    Ok(t)
+    Ok(add_in_order(&read_parts::<2>(&parts, n_chunks)?))
 }
 
 /// `x = ±(x − by)` in place (`negate`: the minus sign; exact when `by = 0`).
@@ -247,25 +237,12 @@ pub fn negate(x: &DeviceVec) -> Result<()> {
     shift(&engine()?.gpu, x, 0.0, true)
 }
 
-/// The sums behind `qem_cpu::dpc`'s sign statistics of `phase`, with the CPU's bits (`adf` is
-/// the `u64` ADF image, taken as `f64`; without it `dy = 0`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SignSums {
-    /// Values summed.
-    pub n: usize,
-    /// `Σ dx·dy` with `dx = phase − mean`, `dy = adf − mean`.
-    pub sab: f64,
-    /// `Σ dx²`.
-    pub saa: f64,
-    /// `Σ dy²`.
-    pub sbb: f64,
-    /// `Σ dx²·dx`.
-    pub sa3: f64,
-}
-
-/// [`SignSums`] of `phase` (and `adf`) on the card: the means from the ordered chunk sums, then
-/// the centred sums in the same chunks.
-pub fn sign_sums(phase: &DeviceVec, adf: Option<&DeviceVec>) -> Result<SignSums> {
+/// The centred sums behind `qem_cpu::dpc`'s sign statistics of `phase`, with the CPU's bits:
+/// `[Σ dx·dy, Σ dx², Σ dy², Σ dx²·dx]` with `dx = phase − mean`, `dy = adf − mean` (`adf` is
+/// the `u64` ADF image taken as `f64`; without it `dy = 0`). The means come from the ordered
+/// chunk sums, the centred sums from the same chunks (`qem_cpu::dpc::sign_statistics_from`
+/// turns them into Pearson's r and the skewness).
+pub fn sign_sums(phase: &DeviceVec, adf: Option<&DeviceVec>) -> Result<[f64; 4]> {
     let n = phase.len();
     check(phase, ResultDType::F64, n, OP, "the phase")?;
     if let Some(b) = adf {
@@ -295,21 +272,7 @@ pub fn sign_sums(phase: &DeviceVec, adf: Option<&DeviceVec>) -> Result<SignSums>
     // 4·n_chunks f64.
     unsafe { l.launch(per_block(n_chunks)) }.map_err(|e| driver_error("launch centred sums", e))?;
     wait(gpu, "the centred sums")?;
-    let parts: Vec<f64> = read_vec(&parts, 4 * n_chunks)?;
-    let mut t = [0.0f64; 4];
-    for p in parts.chunks_exact(4) {
-        for (a, b) in t.iter_mut().zip(p) {
-            *a += b;
-        }
-    }
-    let [sab, saa, sbb, sa3] = t;
-    Ok(SignSums {
-        n,
-        sab,
-        saa,
-        sbb,
-        sa3,
-    })
+    Ok(add_in_order(&read_parts::<4>(&parts, n_chunks)?))
 }
 
 /// The `f64` arrays `vs` copied into `out` (one host vector per array, each already as long

@@ -97,9 +97,7 @@ impl IdpcWork {
             combine,
         })
     }
-}
 
-impl IdpcWork {
     /// The two forward transforms of `d_gr`, `d_gc`, the combine and the inverse into `d_gr`,
     /// queued on `stream` (the phase of the field in `d_gr`, `d_gc` ends in `d_gr`).
     fn queue_solve(&self, stream: &CudaStream) -> Result<()> {

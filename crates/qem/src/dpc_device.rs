@@ -174,18 +174,16 @@ impl Stages for Device {
         let mirror = edge == EdgeMode::Mirror;
         card::integrate(g_row, g_col, shape.rows, shape.cols, mirror)
     }
-    /// The sums on the card; Pearson's r and the skewness from them as `qem_cpu::dpc` forms
-    /// them (r needs the image and 2 values, the skewness 3).
+    /// The sums on the card; Pearson's r and the skewness from them by `qem_cpu::dpc`.
     fn sign(phase: &DeviceVec, adf: Option<&DeviceVec>) -> Result<cpu::SignDecision> {
         let n = phase.len();
-        if n < 2 || (n < 3 && adf.is_none()) {
-            return Ok(cpu::decide_sign(None, None));
-        }
-        let t = card::sign_sums(phase, adf)?;
-        let r = adf.and_then(|_| cpu::pearson_of(t.sab, t.saa, t.sbb));
-        let s = (n >= 3)
-            .then(|| cpu::skewness_of(t.saa, t.sa3, n as f64))
-            .flatten();
+        // Below 2 values neither statistic exists (and there is nothing to sum).
+        let sums = if n >= 2 {
+            card::sign_sums(phase, adf)?
+        } else {
+            [0.0; 4]
+        };
+        let (r, s) = cpu::sign_statistics_from(n, adf.is_some(), sums);
         Ok(cpu::decide_sign(r, s))
     }
     fn negate(v: &mut DeviceVec) -> Result<()> {

@@ -57,13 +57,10 @@ pub use qem_core::optics::{
     chi, chi_from_polynomial, chi_polynomial, Aberrations, Optics, ABERRATION_NAMES,
 };
 
-/// Probe in reciprocal space `P(v) = A(v) exp(−iχ(v))` ([`Optics::aperture`], [`chi`]).
+/// Probe in reciprocal space `P(v) = A(v) exp(−iχ(v))` ([`Optics::aperture`], [`chi`] in its
+/// polynomial form): the losses' [`Probe`] at one point.
 pub fn probe(o: &Optics, ab: &Aberrations, v_r: f64, v_c: f64) -> Complex64 {
-    let amp = o.aperture(v_r, v_c);
-    if amp == 0.0 {
-        return Complex64::new(0.0, 0.0);
-    }
-    Complex64::from_polar(amp, -chi(ab, o.lambda_a, v_r, v_c))
+    Probe::new(o, ab).at(v_r, v_c)
 }
 
 /// Double-overlap transfer `Γ(k, ν) = P(k − ν) P*(k) − P(k) P*(k + ν)` (module docs, step 4).
@@ -72,10 +69,10 @@ pub fn gamma(o: &Optics, ab: &Aberrations, k: (f64, f64), nu: (f64, f64)) -> Com
     p.gamma_at(k, p.at(k.0, k.1), nu)
 }
 
-/// [`probe`] for one set of aberrations, evaluated many times: χ from its
-/// [`chi_polynomial`] coefficients (no `atan2` and no cosines per point, as the CUDA kernels
-/// do; equal to [`chi`] to rounding, `qem_core::optics`' test). The losses evaluate it twice
-/// per BF pixel and frequency, so this is most of their time.
+/// The probe for one set of aberrations, evaluated many times: χ from its [`chi_polynomial`]
+/// coefficients (no `atan2` and no cosines per point, as the CUDA kernels do; equal to [`chi`]
+/// to rounding, `qem_core::optics`' test). The losses evaluate it twice per BF pixel and
+/// frequency, so this is most of their time.
 #[derive(Debug, Clone, Copy)]
 struct Probe<'a> {
     o: &'a Optics,
@@ -843,10 +840,10 @@ mod tests {
         }
     }
 
-    /// The losses' `Probe` against [`probe`]: its amplitude is `Optics::aperture`'s to the
+    /// The losses' `Probe` against its definition: its amplitude is `Optics::aperture`'s to the
     /// bit (the fast inside/outside tests never decide a point the formula would not give 1 or
-    /// 0 exactly), the probe equal to rounding (χ from the polynomial), on a dense band across
-    /// the soft edge, for square, oblong and zero detector sampling.
+    /// 0 exactly), the probe `A exp(−iχ)` with the polar [`chi`] to rounding, on a dense band
+    /// across the soft edge, for square, oblong and zero detector sampling.
     #[test]
     fn probe_fast_path_equals_the_aperture_and_chi() {
         let ab = Aberrations {
@@ -878,7 +875,7 @@ mod tests {
                 } else {
                     edge += 1;
                 }
-                let want = probe(&o, &ab, x, y);
+                let want = Complex64::from_polar(amp, -chi(&ab, o.lambda_a, x, y));
                 assert!((got - want).norm() < 1e-9, "{x} {y}: {got} vs {want}");
             }
             assert!(inside > 100 && outside > 100, "{inside} {edge} {outside}");
