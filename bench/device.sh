@@ -21,7 +21,8 @@
 #             of a 64² region), on r = 53 px (resident ENCODED, then host-held data under 6 GiB),
 #             and `quantem-gpu ssb --fit`
 #   sanitize  compute-sanitizer memcheck over qem-cuda-check --sanitize-subset, the synthetic
-#             products check and qem-cuda-load-check (full and region + bin) on a 32² acquisition
+#             products check and qem-cuda-load-check (full and region + bin) on a 32² acquisition;
+#             memcheck and racecheck over device_result's DPC-on-the-card tests
 #   profile   Nsight Compute: the dense and ENCODED product kernels, the SSB accumulate kernel,
 #             the rANS frame sums
 #   soak      the reliability campaign (tests/gpu/soak.py; the CPU engine is the reference): the
@@ -153,7 +154,12 @@ mode_sanitize() {
   step "memcheck products check" memcheck_products.log timeout 300 "${m[@]}" "$D/qem-cuda-products-check" --out "$R/memcheck_products"
   step "memcheck load check" memcheck_load.log timeout 200 "${m[@]}" "$D/qem-cuda-load-check" --load /tmp/small/scan_master.h5 --repeats 1 --out "$R/memcheck_load"
   step "memcheck load check, region + bin" memcheck_load_region.log timeout 200 "${m[@]}" "$D/qem-cuda-load-check" --load /tmp/small/scan_master.h5 --region 3 29 5 27 --bin 2 --repeats 1 --out "$R/memcheck_load_region"
-  grep -H "ERROR SUMMARY" "$R"/memcheck_*.log
+  # the DPC stages on the card (kernels/dpc.cu, device_forms.cu): memcheck, and racecheck for
+  # the ordered sums staged in shared memory
+  local t=(dpc_run com_on_the_device --test-threads 1)
+  step "memcheck dpc on the card" memcheck_dpc.log timeout 300 "${m[@]}" "$D/device_result_tests" "${t[@]}"
+  step "racecheck dpc on the card" racecheck_dpc.log timeout 300 "$san" --tool racecheck --error-exitcode 9 "$D/device_result_tests" "${t[@]}"
+  grep -H "ERROR SUMMARY" "$R"/memcheck_*.log "$R"/racecheck_*.log
 }
 
 mode_profile() {
