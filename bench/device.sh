@@ -137,7 +137,7 @@ mode_ssb() {
   acquisition /tmp/ref53 RADIUS=53 # 8,653 BF pixels
   step "ssb r30" ssb_r30.log timeout 200 "$D/ssb_cuda_bench" "$REF" "$R/ssb_r30.json" r30 --card-budget $GIB6 --cpu-check 64 --fit-pv
   record "$R/ssb_r30.json" ssb_r30.json
-  step "ssb r53" ssb_r53.log timeout 200 "$D/ssb_cuda_bench" /tmp/ref53/scan_master.h5 "$R/ssb_r53.json" r53 --card-budget $GIB6 --fit-pv --g16
+  step "ssb r53" ssb_r53.log timeout 200 "$D/ssb_cuda_bench" /tmp/ref53/scan_master.h5 "$R/ssb_r53.json" r53 --card-budget $GIB6 --fit-pv --storages
   record "$R/ssb_r53.json" ssb_r53.json
   step "ssb r53 host data" ssb_r53_host.log timeout 240 "$D/ssb_cuda_bench" /tmp/ref53/scan_master.h5 "$R/ssb_r53_host.json" r53_host --host-data --card-budget $GIB6
   record "$R/ssb_r53_host.json" ssb_r53_host.json

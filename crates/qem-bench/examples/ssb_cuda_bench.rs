@@ -6,17 +6,18 @@
 //! ```text
 //! cargo run --release -p qem-bench --example ssb_cuda_bench -- MASTER OUT.json LABEL \
 //!     [--card-budget BYTES] [--cpu-check ROWS] [--fit-pv] [--repeats R] [--det-bin N]
-//!     [--host-data] [--g16]
+//!     [--host-data] [--storages]
 //! ```
-//! `--g16` adds a run with G stored as complex f16 (`GStorage::C16`) beside the default f32
-//! one: the loss evaluation and the default fit timed on it, and its fitted values and its
-//! fitted point's f32 loss set against the f32 fit's (is f16 G accurate enough to fit on?).
+//! `--storages` adds runs with G stored as complex f32, f16 and f12 (`GStorage::C32`, `C16`,
+//! `C12`): the loss evaluation and the default fit timed on each, and the f16 and f12 fitted
+//! values, their fitted points' f32 loss and their objects set against f32's (is a narrower G
+//! accurate enough to fit on?).
 //! `--host-data` loads the acquisition with the CPU engine (dense in host memory) and runs
 //! SSB with `engine = Cuda`: the card holds G and the work buffers, not the dataset.
 //! Optics: 300 kV, 25 mrad, 0.4 Å steps (the reference acquisition is synthetic; the timings
 //! depend on the scan, the BF pixel count and the scan step only through the support of Γ).
 
-use qem::ssb::{Aberrations, Fidelity, FitParams, GStorage, Objective, Ssb, SsbParams};
+use qem::ssb::{Aberrations, Fidelity, FitParams, GStorage, Objective, Ssb, SsbFit, SsbParams};
 use qem::{BackendRequest, Dataset, Region, Representation};
 use qem_bench::timing::time_p50;
 use serde_json::{json, Value};
@@ -73,11 +74,12 @@ fn bench_one(
         .cloned()
         .ok_or_else(|| qem::Error::internal("ssb bench", "the SSB was not prepared on CUDA"))?;
     eprintln!(
-        "prepared {} BF px in {prepare_s:.3} s ({:?}, {} batches of {})",
+        "prepared {} BF px in {prepare_s:.3} s ({:?}, {} batches of {}, {} staged per pass)",
         s.n_bf_pixels(),
         st.storage,
         st.batches,
-        st.batch_pixels
+        st.batch_pixels,
+        st.staged_pixels
     );
     let ab = probe_ab();
     let (obj, obj_all) = time(r, || s.reconstruct(&ab))?;
@@ -172,6 +174,7 @@ fn bench_one(
         "g_bytes": st.g_bytes,
         "prepare_batches": st.batches,
         "prepare_batch_pixels": st.batch_pixels,
+        "prepare_staged_pixels": st.staged_pixels,
         "prepare_s": prepare_s,
         "prepare_gather_fft_s": st.seconds,
         "object_p50_s": obj,
@@ -194,26 +197,24 @@ fn bench_one(
     }))
 }
 
-/// The default coherence fit on f32 G and on f16 G, side by side (same seed and search).
-fn g16_compare(ds: &Dataset, r: usize) -> qem::Result<Value> {
-    let s32 = Ssb::new(
-        ds,
-        &SsbParams {
-            g_storage: Some(GStorage::C32),
-            ..params(None)
-        },
-    )?;
-    let s16 = Ssb::new(
-        ds,
-        &SsbParams {
-            g_storage: Some(GStorage::C16),
-            ..params(None)
-        },
-    )?;
+/// The default coherence fit with G as f32, f16 and f12, side by side (same seed and search).
+fn storage_compare(ds: &Dataset, r: usize) -> qem::Result<Value> {
+    let storages = [
+        ("f32", GStorage::C32),
+        ("f16", GStorage::C16),
+        ("f12", GStorage::C12),
+    ];
     let ab = probe_ab();
     let mut side = serde_json::Map::new();
-    let mut fitted = Vec::new();
-    for (name, s) in [("f32", &s32), ("f16", &s16)] {
+    let mut reference: Option<(Ssb, SsbFit)> = None;
+    for (name, st) in storages {
+        let s = Ssb::new(
+            ds,
+            &SsbParams {
+                g_storage: Some(st),
+                ..params(None)
+            },
+        )?;
         let (coh, _) = time(r, || s.objective(&ab, Objective::Coherence))?;
         let (coarse, _) = time(r, || {
             s.objective_at(&ab, Objective::Coherence, Fidelity::Coarse)
@@ -223,52 +224,48 @@ fn g16_compare(ds: &Dataset, r: usize) -> qem::Result<Value> {
         let f = s.fit(&FitParams::default())?;
         let secs = t.elapsed().as_secs_f64();
         eprintln!(
-            "g16 compare {name}: coherence {:.2} ms, coarse {:.2} ms, fit {secs:.3} s ({} evaluations): {:?}",
+            "storage compare {name}: coherence {:.2} ms, coarse {:.2} ms, fit {secs:.3} s ({} evaluations): {:?}",
             coh * 1e3,
             coarse * 1e3,
             f.evaluations,
             f.aberrations
         );
-        side.insert(
-            name.into(),
-            json!({
-                "g_storage": s.cuda_stats().map(|st| st.storage.name()),
-                "g_bytes": s.cuda_stats().map(|st| st.g_bytes),
-                "coherence_p50_s": coh,
-                "coherence_coarse_p50_s": coarse,
-                "object_p50_s": obj,
-                "fit_seconds": secs,
-                "fit_evaluations": f.evaluations,
-                "fitted": f.aberrations.to_map(),
-                "loss": f.loss,
-            }),
-        );
-        fitted.push(f);
+        let mut run = json!({
+            "g_storage": s.cuda_stats().map(|st| st.storage.name()),
+            "g_bytes": s.cuda_stats().map(|st| st.g_bytes),
+            "coherence_p50_s": coh,
+            "coherence_coarse_p50_s": coarse,
+            "object_p50_s": obj,
+            "fit_seconds": secs,
+            "fit_evaluations": f.evaluations,
+            "fitted": f.aberrations.to_map(),
+            "loss": f.loss,
+        });
+        // Against f32: the fitted values, the f32 loss at this fit, the loss at the probe
+        // point and the object there.
+        if let Some((s32, f32fit)) = &reference {
+            let (a, b) = (&f32fit.aberrations, &f.aberrations);
+            let l32_at_32 = s32.objective(a, Objective::Coherence)?;
+            let l32_at_this = s32.objective(b, Objective::Coherence)?;
+            let l32_at_probe = s32.objective(&ab, Objective::Coherence)?;
+            let l_at_probe = s.objective(&ab, Objective::Coherence)?;
+            let (o, o32) = (s.reconstruct(&ab)?, s32.reconstruct(&ab)?);
+            run["vs_f32"] = json!({
+                "fitted_minus_f32": {"C10_a": b.c10 - a.c10, "C12_a": b.c12 - a.c12,
+                                     "phi12_rad": b.phi12 - a.phi12},
+                "f32_loss_relative_excess_at_this_fit": (l32_at_this - l32_at_32) / l32_at_32.abs(),
+                "coherence_at_probe_relative_difference": (l_at_probe - l32_at_probe) / l32_at_probe.abs(),
+                "object_rel_l2": {"re": rel_l2(&o.object_re, &o32.object_re),
+                                  "im": rel_l2(&o.object_im, &o32.object_im)},
+            });
+        } else {
+            reference = Some((s, f));
+        }
+        side.insert(name.into(), run);
     }
-    // Both fitted points on the f32 loss, and the fitted values' differences.
-    let l32_at_32 = s32.objective(&fitted[0].aberrations, Objective::Coherence)?;
-    let l32_at_16 = s32.objective(&fitted[1].aberrations, Objective::Coherence)?;
-    let l16_at_probe = s16.objective(&ab, Objective::Coherence)?;
-    let l32_at_probe = s32.objective(&ab, Objective::Coherence)?;
-    let (a, b) = (&fitted[0].aberrations, &fitted[1].aberrations);
-    let diff = json!({
-        "C10_a": b.c10 - a.c10,
-        "C12_a": b.c12 - a.c12,
-        "phi12_rad": b.phi12 - a.phi12,
-    });
-    let re16 = s16.reconstruct(&ab)?;
-    let re32 = s32.reconstruct(&ab)?;
     Ok(json!({
-        "what": "default coherence fit (C10, C12, phi12) with G as complex f32 and as complex f16, same seed",
+        "what": "default coherence fit (C10, C12, phi12) with G as complex f32, f16 and f12 (f16 rounded to 7 significant bits), same seed; each against f32",
         "runs": side,
-        "fitted_f16_minus_f32": diff,
-        "f32_loss_at_f32_fit": l32_at_32,
-        "f32_loss_at_f16_fit": l32_at_16,
-        "f32_loss_relative_excess": (l32_at_16 - l32_at_32) / l32_at_32.abs(),
-        "coherence_at_probe": {"f32": l32_at_probe, "f16": l16_at_probe,
-            "relative_difference": (l16_at_probe - l32_at_probe) / l32_at_probe.abs()},
-        "object_rel_l2_f16_vs_f32": {"re": rel_l2(&re16.object_re, &re32.object_re),
-            "im": rel_l2(&re16.object_im, &re32.object_im)},
     }))
 }
 
@@ -353,7 +350,7 @@ fn main() -> qem::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 3 {
         eprintln!(
-            "usage: ssb_cuda_bench MASTER OUT.json LABEL [--card-budget B] [--cpu-check ROWS] [--fit-pv] [--repeats R] [--det-bin N] [--host-data] [--g16]"
+            "usage: ssb_cuda_bench MASTER OUT.json LABEL [--card-budget B] [--cpu-check ROWS] [--fit-pv] [--repeats R] [--det-bin N] [--host-data] [--storages]"
         );
         std::process::exit(2);
     }
@@ -368,7 +365,7 @@ fn main() -> qem::Result<()> {
     let fit_pv = flag("--fit-pv").is_some();
     let det_bin: usize = value("--det-bin").and_then(|v| v.parse().ok()).unwrap_or(1);
     let host_data = flag("--host-data").is_some();
-    let g16 = flag("--g16").is_some();
+    let storages = flag("--storages").is_some();
     let used0 = card_used()?;
     let t = Instant::now();
     let backend = if host_data {
@@ -406,8 +403,8 @@ fn main() -> qem::Result<()> {
         runs.push(json!({"budget": format!("card {cb} bytes = dataset + context {used_data} + SSB {ssb_budget}"),
                          "card_budget_bytes": cb, "result": r}));
     }
-    let g16_record = if g16 {
-        g16_compare(&ds, repeats)?
+    let storage_record = if storages {
+        storage_compare(&ds, repeats)?
     } else {
         Value::Null
     };
@@ -440,7 +437,7 @@ fn main() -> qem::Result<()> {
         "timing": "wall of the whole call, p50 after one warm-up",
         "runs": runs,
         "cpu_check": check,
-        "g16_compare": g16_record,
+        "storage_compare": storage_record,
     });
     std::fs::write(out, serde_json::to_string_pretty(&rec).unwrap_or_default())
         .map_err(|e| qem::Error::io("write", std::path::Path::new(out), &e))?;

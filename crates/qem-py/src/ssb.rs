@@ -157,6 +157,7 @@ impl PySsb {
             c.set_item("g_storage", st.storage.name())?;
             c.set_item("g_bytes", st.g_bytes)?;
             c.set_item("batch_pixels", st.batch_pixels)?;
+            c.set_item("staged_pixels", st.staged_pixels)?;
             c.set_item("batches", st.batches)?;
             c.set_item("prepare_s", st.seconds)?;
             c.set_item("peak_bytes", s.cuda_peak_bytes())?;
@@ -294,9 +295,10 @@ fn ssb_prepare(
         None => None,
         Some("f32") => Some(GStorage::C32),
         Some("f16") => Some(GStorage::C16),
+        Some("f12") => Some(GStorage::C12),
         Some(other) => {
             return Err(Error::invalid("ssb", "unknown g_storage")
-                .with_expected("None, \"f32\" or \"f16\"")
+                .with_expected("None, \"f32\", \"f16\" or \"f12\"")
                 .with_found(other.to_string()))
             .py()
         }

@@ -712,7 +712,11 @@ fn cuda_engine_matches_cpu_reference() {
         };
         for repr in [Representation::Dense, Representation::Encoded] {
             let ds = sim.reload(BackendRequest::Cuda, repr);
-            for (storage, tol) in [(GStorage::C32, 1e-4), (GStorage::C16, 5e-3)] {
+            for (storage, tol) in [
+                (GStorage::C32, 1e-4),
+                (GStorage::C16, 5e-3),
+                (GStorage::C12, 5e-3),
+            ] {
                 let g = Ssb::new(
                     &ds,
                     &SsbParams {
@@ -831,7 +835,7 @@ fn cuda_engine_matches_cpu_reference() {
         f.loss_curve, f2.loss_curve,
         "deterministic for a seed on CUDA"
     );
-    // A budget too small for G even as f16 is a typed error naming the bytes.
+    // A budget too small for G even as f12 is a typed error naming the bytes.
     let e = Ssb::new(
         &ds,
         &SsbParams {
@@ -841,4 +845,69 @@ fn cuda_engine_matches_cpu_reference() {
     )
     .unwrap_err();
     assert_eq!(e.kind, ErrorKind::MemoryBudget, "{e}");
+}
+
+/// ENCODED data under a budget that leaves G little room: the gather stages the BF pixels as u16
+/// images, many per decode pass, instead of decoding every frame for each small FFT batch; the
+/// object is that of an unbudgeted preparation. Skips without a GPU.
+#[test]
+fn cuda_tight_budget_stages_the_encoded_gather() {
+    if let Some(why) = qem::backend::cuda_unavailable_reason() {
+        println!("skipped: CUDA unavailable ({why})");
+        return;
+    }
+    let sim = simulate(Shape2::new(24, 30), C10, C12, PHI12, None);
+    let ds = sim.reload(BackendRequest::Cuda, Representation::Encoded);
+    let with = |budget: Option<u64>| {
+        Ssb::new(
+            &ds,
+            &SsbParams {
+                memory_budget: budget,
+                g_storage: Some(GStorage::C12),
+                ..params()
+            },
+        )
+    };
+    let free = with(None).unwrap();
+    assert_eq!(free.cuda_stats().unwrap().staged_pixels, 0);
+    let want = free.reconstruct(&truth_ab()).unwrap();
+    let b = free.n_bf_pixels();
+    // 193 BF pixels: more than four FFT batches of 32.
+    assert!(b > 128, "{b} BF pixels: too few for more than four passes");
+    // The smallest budget that prepares (bisection; below it a MemoryBudget error).
+    let (mut lo, mut hi) = (0u64, free.cuda_stats().unwrap().peak_bytes);
+    while hi - lo > 1024 {
+        let mid = lo + (hi - lo) / 2;
+        match with(Some(mid)) {
+            Ok(_) => hi = mid,
+            Err(e) => {
+                assert_eq!(e.kind, ErrorKind::MemoryBudget, "{e}");
+                lo = mid;
+            }
+        }
+    }
+    let mut staged = 0;
+    for extra in [0u64, 20_000, 100_000, 400_000] {
+        let g = with(Some(hi + extra)).unwrap();
+        let st = g.cuda_stats().unwrap().clone();
+        println!(
+            "budget {} + {extra}: {} passes, FFT batches of {}, {} staged per pass",
+            hi, st.batches, st.batch_pixels, st.staged_pixels
+        );
+        assert!(st.peak_bytes <= hi + extra, "{st:?}");
+        if st.staged_pixels > 0 {
+            staged += 1;
+            assert!(st.staged_pixels > st.batch_pixels, "{st:?}");
+            assert_eq!(st.batches, b.div_ceil(st.staged_pixels), "{st:?}");
+        } else {
+            assert_eq!(st.batches, b.div_ceil(st.batch_pixels), "{st:?}");
+        }
+        let got = g.reconstruct(&truth_ab()).unwrap();
+        let (e_re, e_im) = (
+            rel_l2(&got.object_re, &want.object_re),
+            rel_l2(&got.object_im, &want.object_im),
+        );
+        assert!(e_re <= 1e-6 && e_im <= 1e-6, "{e_re:.2e} {e_im:.2e} {st:?}");
+    }
+    assert!(staged > 0, "no budget staged the gather");
 }

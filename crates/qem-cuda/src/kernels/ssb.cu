@@ -6,10 +6,13 @@
 //                              nc/2 + 1) at g_at(b, B, h): runs of G_TILE values of one pixel,
 //                              the runs of all B pixels for one tile of h after each other, so a
 //                              block (its 256 threads = one tile of h) reads one contiguous
-//                              region as it walks its pixels; stored as float2 (G32) or as two
-//                              f16 bit patterns scaled by 1/gscale[b]
-//                              (G16: |G_b(ν)| ≤ G_b(0) = Σ counts, so gscale = G_b(0)/60000 keeps
-//                              every value finite with 11 significant bits)
+//                              region as it walks its pixels; stored as float2 (GS32), as two
+//                              f16 bit patterns scaled by 1/gscale[b] (GS16: |G_b(ν)| ≤ G_b(0) =
+//                              Σ counts, so gscale = G_b(0)/60000 keeps every value finite with 11
+//                              significant bits), or as two 12-bit floats, the same f16 rounded to
+//                              7 significant bits (GS12: 3 bytes a value; each tile of G_TILE
+//                              values is 2·G_TILE bytes of u16 words, re's 12 bits and im's top 4,
+//                              then G_TILE bytes of im's low 8 bits: both loads coalesce)
 //   kb, pk  float2 [B]         k_b (Å⁻¹, rotated) and P(k_b) at the current aberrations
 //   fr, fc  f32 [nr], [nc]     fftfreq of the scan (Å⁻¹)
 // The other half of a real image's spectrum is its mirror: G[(nr−r)%nr][(nc−c)%nc] = G*[r][c]
@@ -111,33 +114,58 @@ __device__ __forceinline__ u64 g_at(u64 b, u64 nb, u64 h) {
     return (h / G_TILE) * nb * G_TILE + b * G_TILE + (h % G_TILE);
 }
 
-// Value i of G's storage starting at `p` (float2, or two f16 bit patterns) times `scale`.
-template <bool G16>
-__device__ __forceinline__ float2 g_value(const void* p, u64 i, float scale) {
-    if (G16) {
-        const unsigned int w = __ldcs(reinterpret_cast<const unsigned int*>(p) + i);
+// G's storage (module docs; ssb.rs GStorage C32, C16, C12).
+#define GS32 0
+#define GS16 1
+#define GS12 2
+
+// Bytes of one pixel's run of G_TILE values: pixel b + 1's value lies this far past pixel b's.
+template <int GS>
+__device__ __forceinline__ u64 g_stride() {
+    return (u64)G_TILE * (GS == GS32 ? 8u : GS == GS16 ? 4u : 3u);
+}
+
+// One thread's view of G at value index `off` = g_at(0, nb, h): the byte of pixel 0's value
+// (GS12: its u16 word) and, for GS12, how far past that byte its low-bits byte lies.
+struct GView {
+    const unsigned char* p;
+    u32 lo;
+};
+
+template <int GS>
+__device__ __forceinline__ GView g_view(const void* g, u64 off) {
+    const u64 lane = off % G_TILE;
+    const u64 at = GS == GS32   ? off * 8u
+                   : GS == GS16 ? off * 4u
+                                : (off / G_TILE) * 3u * G_TILE + lane * 2u;
+    return {reinterpret_cast<const unsigned char*>(g) + at, (u32)(2u * G_TILE - lane)};
+}
+
+// The value at `p` (a GView's byte, stepped by whole g_stride) times `scale` (GS32: 1).
+template <int GS>
+__device__ __forceinline__ float2 g_read(const unsigned char* p, u32 lo, float scale) {
+    if (GS == GS32) return __ldcs(reinterpret_cast<const float2*>(p));
+    if (GS == GS16) {
+        const unsigned int w = __ldcs(reinterpret_cast<const unsigned int*>(p));
         return make_float2(h2f((u16)(w & 0xffffu)) * scale, h2f((u16)(w >> 16)) * scale);
-    } else {
-        return __ldcs(reinterpret_cast<const float2*>(p) + i);
     }
+    const unsigned int w = __ldcs(reinterpret_cast<const unsigned short*>(p));
+    const unsigned int l = __ldcs(p + lo);
+    return make_float2(h2f((u16)(w & 0xfff0u)) * scale,
+                       h2f((u16)(((w & 0xfu) << 12) | (l << 4))) * scale);
 }
 
-// G_b at the thread's h times `scale` (G16: the pixel's gscale; G32: 1), `off` = g_at(0, nb, h)
-// (pixel b's value lies b·G_TILE further). G is read once per evaluation, so the loads are
-// streaming (evict-first).
-template <bool G16>
+// G_b at the thread's h times `scale` (the pixel's gscale; GS32: 1), `off` = g_at(0, nb, h).
+// G is read once per evaluation, so the loads are streaming (evict-first).
+template <int GS>
 __device__ __forceinline__ float2 load_g_off(const void* g, float scale, u64 off, u32 b) {
-    return g_value<G16>(g, off + (u64)b * G_TILE, scale);
+    const GView v = g_view<GS>(g, off);
+    return g_read<GS>(v.p + (u64)b * g_stride<GS>(), v.lo, scale);
 }
 
-template <bool G16>
-__device__ __forceinline__ float2 load_g_scaled(const void* g, float scale, u64 b, u64 nb, u64 h) {
-    return load_g_off<G16>(g, scale, g_at(0, nb, h), (u32)b);
-}
-
-template <bool G16>
+template <int GS>
 __device__ __forceinline__ float2 load_g(const void* g, const float* gscale, u64 b, u64 nb, u64 h) {
-    return load_g_scaled<G16>(g, G16 ? gscale[b] : 1.f, b, nb, h);
+    return load_g_off<GS>(g, GS != GS32 ? gscale[b] : 1.f, g_at(0, nb, h), (u32)b);
 }
 
 // Per-pixel tables of the block's slice of BF pixels, staged once in (dynamic) shared memory
@@ -150,7 +178,7 @@ struct PixelTables {
     // the slice's first pixel), 0 where it restarts: one 16-byte load per pixel.
     const float4* kq;
     const float2* pk;  // P(k_b) (general terms)
-    const float* gs;   // gscale (G16)
+    const float* gs;   // gscale (GS16, GS12)
 };
 
 // The pair a half-spectrum index h = r·half + c stands for: its own full-plane index i1 and,
@@ -223,7 +251,7 @@ __device__ __forceinline__ bool pair_terms(float2 gv, float2 k, float2 pkb, floa
 
 // The general terms (any χ) for pair p of the chunk's pixels [c0, c0 + cn), added to t: probe
 // values computed per pixel, the tables from shared memory.
-template <bool G16>
+template <int GS>
 __device__ __forceinline__ void general_terms(Sums& t, const void* __restrict__ g, u32 c0, u32 cn,
                                               const PixelTables& tb, u32 nb, u32 h,
                                               const Pair& p, float vr, float vc, float vr2,
@@ -231,10 +259,10 @@ __device__ __forceinline__ void general_terms(Sums& t, const void* __restrict__ 
                                               bool matched) {
     // Software pipelining: the next pixel's G is loaded while this one is computed.
     const u64 off = g_at(0, nb, h);
-    float2 g_nx = load_g_off<G16>(g, tb.gs[0], off, c0);
+    float2 g_nx = load_g_off<GS>(g, tb.gs[0], off, c0);
     for (u32 j = 0; j < cn; ++j) {
         const float2 gv = g_nx;
-        if (j + 1 < cn) g_nx = load_g_off<G16>(g, tb.gs[j + 1], off, c0 + j + 1);
+        if (j + 1 < cn) g_nx = load_g_off<GS>(g, tb.gs[j + 1], off, c0 + j + 1);
         const float4 kq = tb.kq[j];
         const float2 k = make_float2(kq.x, kq.y), pkb = tb.pk[j];
         if (pkb.x == 0.f && pkb.y == 0.f) continue;  // zero-aperture pixel: Γ ≡ 0
@@ -379,19 +407,17 @@ __device__ __forceinline__ void quad_pixel(QuadState& st, float2 gv, float4 kq, 
 // the f32 drift to a row (≤ ~10⁻⁵ rad over 10² pixels). No sincos and no χ per pixel. The
 // mirror's term is C_b(−ν) = −C_b(ν)* (see `pair_terms`), so one term per pixel serves both
 // frequencies. G of the slice's pixels [c0, c0 + cn) at this thread's h: `off` = g_at(0, nb, h).
-template <bool G16, bool SOFT>
+template <int GS, bool SOFT>
 __device__ __forceinline__ void quad_terms(QuadState& st, const void* __restrict__ g, u32 c0,
                                            u32 cn, const PixelTables& tb, u64 off, float vr,
                                            float vc, const SsbOptics& o, const SsbQuad& q,
                                            bool matched) {
     // One pointer per thread, stepped a group of pixels at a time (constant offsets inside).
-    const u64 first = off + (u64)c0 * G_TILE;
-    const float2* g32 = reinterpret_cast<const float2*>(g) + first;
-    const unsigned int* g16 = reinterpret_cast<const unsigned int*>(g) + first;
-    // Pixel j + i of the current step: G's value i·G_TILE past the pointer.
+    const GView v = g_view<GS>(g, off);
+    const unsigned char* gp = v.p + (u64)c0 * g_stride<GS>();
+    // Pixel j + i of the current step: G's value i pixels past the pointer.
     auto gv = [&](u32 i, u32 j) {
-        return g_value<G16>(G16 ? (const void*)g16 : (const void*)g32, (u64)i * G_TILE,
-                            G16 ? tb.gs[j + i] : 1.f);
+        return g_read<GS>(gp + i * g_stride<GS>(), v.lo, GS != GS32 ? tb.gs[j + i] : 1.f);
     };
     u32 j = 0;
     for (; j + QUAD_DEPTH <= cn; j += QUAD_DEPTH) {
@@ -402,13 +428,11 @@ __device__ __forceinline__ void quad_terms(QuadState& st, const void* __restrict
         for (u32 i = 0; i < QUAD_DEPTH; ++i) {
             quad_pixel<SOFT>(st, gq[i], tb.kq[j + i], vr, vc, o, q, matched);
         }
-        g32 += QUAD_DEPTH * G_TILE;
-        g16 += QUAD_DEPTH * G_TILE;
+        gp += QUAD_DEPTH * g_stride<GS>();
     }
     for (; j < cn; ++j) {
         quad_pixel<SOFT>(st, gv(0u, j), tb.kq[j], vr, vc, o, q, matched);
-        g32 += G_TILE;
-        g16 += G_TILE;
+        gp += g_stride<GS>();
     }
 }
 
@@ -439,7 +463,7 @@ __device__ double block_sum(double* red, double v) {
     return red[0];
 }
 
-template <bool G16, bool QUAD>
+template <int GS, bool QUAD>
 __device__ void accumulate(const void* __restrict__ g, const float* __restrict__ gscale, u32 nb,
                            u32 nb_used, u32 per_slice, const float2* __restrict__ kb,
                            const float2* __restrict__ pk, const float* __restrict__ ak,
@@ -489,7 +513,7 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
         const float2 k = kb[b];
         skq[j] = make_float4(k.x, k.y, ak[b], (j > 0u && cont[b]) ? 1.f : 0.f);
         spk[j] = pk[b];
-        sgs[j] = G16 ? gscale[b] : 1.f;
+        sgs[j] = GS != GS32 ? gscale[b] : 1.f;
     }
     __syncthreads();
     const PixelTables tb = {skq, spk, sgs};
@@ -497,12 +521,12 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
         if (quad) {
             const u64 off = g_at(0, nb, h);
             if (q.soft) {
-                quad_terms<G16, true>(qs, g, b_lo, cn, tb, off, vr, vc, o, q, matched);
+                quad_terms<GS, true>(qs, g, b_lo, cn, tb, off, vr, vc, o, q, matched);
             } else {
-                quad_terms<G16, false>(qs, g, b_lo, cn, tb, off, vr, vc, o, q, matched);
+                quad_terms<GS, false>(qs, g, b_lo, cn, tb, off, vr, vc, o, q, matched);
             }
         } else if (active) {
-            general_terms<G16>(t, g, b_lo, cn, tb, nb, h, p, vr, vc, vr2, vc2, o, ab, matched);
+            general_terms<GS>(t, g, b_lo, cn, tb, nb, h, p, vr, vc, vr2, vc2, o, ab, matched);
         }
     }
     float power = 0.f;
@@ -527,21 +551,23 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
     if (threadIdx.x == 0) pow_part[(u64)blockIdx.y * gridDim.x + blockIdx.x] = block_power;
 }
 
-#define SSB_ACCUMULATE(NAME, G16, QUAD)                                                         \
+#define SSB_ACCUMULATE(NAME, GS, QUAD)                                                          \
     extern "C" __global__ void __launch_bounds__(256)                                           \
         NAME(const void* g, const float* gscale, u32 nb, u32 nb_used, u32 per_slice,            \
              const float2* kb, const float2* pk, const float* ak, const unsigned char* cont,    \
              const float* fr, const float* fc, u32 nr, u32 nc, u32 half, SsbOptics o, SsbAb ab, \
              SsbQuad q, u32 matched, const u32* hlist, u32 n_list, u32 gen_blocks,              \
              float2* s_part, float* d_part, double* pow_part) {                                 \
-        accumulate<G16, QUAD>(g, gscale, nb, nb_used, per_slice, kb, pk, ak, cont, fr, fc, nr,  \
-                              nc, half, o, ab, q, matched, hlist, n_list, gen_blocks, s_part,   \
-                              d_part, pow_part);                                                \
+        accumulate<GS, QUAD>(g, gscale, nb, nb_used, per_slice, kb, pk, ak, cont, fr, fc, nr,   \
+                             nc, half, o, ab, q, matched, hlist, n_list, gen_blocks, s_part,    \
+                             d_part, pow_part);                                                 \
     }
-SSB_ACCUMULATE(qem_ssb_accumulate_g32, false, false)
-SSB_ACCUMULATE(qem_ssb_accumulate_g16, true, false)
-SSB_ACCUMULATE(qem_ssb_accumulate_quad_g32, false, true)
-SSB_ACCUMULATE(qem_ssb_accumulate_quad_g16, true, true)
+SSB_ACCUMULATE(qem_ssb_accumulate_g32, GS32, false)
+SSB_ACCUMULATE(qem_ssb_accumulate_g16, GS16, false)
+SSB_ACCUMULATE(qem_ssb_accumulate_g12, GS12, false)
+SSB_ACCUMULATE(qem_ssb_accumulate_quad_g32, GS32, true)
+SSB_ACCUMULATE(qem_ssb_accumulate_quad_g16, GS16, true)
+SSB_ACCUMULATE(qem_ssb_accumulate_quad_g12, GS12, true)
 
 // s[i] (+)= Σ_y s_part[y][i] in slice order (`add` = 1 continues a sum over earlier batches).
 extern "C" __global__ void __launch_bounds__(256)
@@ -617,7 +643,7 @@ qem_ssb_finish(float2* __restrict__ s, u64 n, float inv_b, float dc, double* __r
 
 // The corrected spectra C_b(ν) of BF pixels [b0, b0 + gridDim.y) over the full plane, DC = dc,
 // into out[j][i] (j = b − b0), for the per-pixel inverse FFTs of the phase-variance loss.
-template <bool G16>
+template <int GS>
 __device__ void corrected(const void* __restrict__ g, const float* __restrict__ gscale, u32 b0,
                           u32 nb, const float2* __restrict__ kb, const float2* __restrict__ pk,
                           const float* __restrict__ fr, const float* __restrict__ fc, u32 nr,
@@ -641,7 +667,7 @@ __device__ void corrected(const void* __restrict__ g, const float* __restrict__ 
         float2 c1 = make_float2(0.f, 0.f), c2 = make_float2(0.f, 0.f);
         if (!zero) {
             const float vr = fr[p.r], vc = fc[p.c];
-            const float2 gv = load_g<G16>(g, gscale, b, nb, h);
+            const float2 gv = load_g<GS>(g, gscale, b, nb, h);
             if (!pair_terms(gv, k, pkb, vr, vc, fr[p.rm], fc[p.cm], p, o, ab, false, c1, c2,
                             unused_d1, unused_d2, unused_power)) {
                 c1 = c2 = make_float2(0.f, 0.f);
@@ -656,14 +682,21 @@ extern "C" __global__ void __launch_bounds__(256)
 qem_ssb_corrected_g32(const void* g, const float* gscale, u32 b0, u32 nb, const float2* kb,
                       const float2* pk, const float* fr, const float* fc, u32 nr, u32 nc,
                       u32 half, SsbOptics o, SsbAb ab, float dc, float2* out) {
-    corrected<false>(g, gscale, b0, nb, kb, pk, fr, fc, nr, nc, half, o, ab, dc, out);
+    corrected<GS32>(g, gscale, b0, nb, kb, pk, fr, fc, nr, nc, half, o, ab, dc, out);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
 qem_ssb_corrected_g16(const void* g, const float* gscale, u32 b0, u32 nb, const float2* kb,
                       const float2* pk, const float* fr, const float* fc, u32 nr, u32 nc,
                       u32 half, SsbOptics o, SsbAb ab, float dc, float2* out) {
-    corrected<true>(g, gscale, b0, nb, kb, pk, fr, fc, nr, nc, half, o, ab, dc, out);
+    corrected<GS16>(g, gscale, b0, nb, kb, pk, fr, fc, nr, nc, half, o, ab, dc, out);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+qem_ssb_corrected_g12(const void* g, const float* gscale, u32 b0, u32 nb, const float2* kb,
+                      const float2* pk, const float* fr, const float* fc, u32 nr, u32 nc,
+                      u32 half, SsbOptics o, SsbAb ab, float dc, float2* out) {
+    corrected<GS12>(g, gscale, b0, nb, kb, pk, fr, fc, nr, nc, half, o, ab, dc, out);
 }
 
 // s1[R] (+)= Σ_j φ_j(R), s2[R] (+)= Σ_j φ_j(R)², φ_j = arg buf[j][R], over nb inverse FFTs.
@@ -697,9 +730,9 @@ qem_ssb_phase_var(const double* __restrict__ s1, const double* __restrict__ s2, 
 // Images of BF pixels pix[0..np) from frames [0, nf) of a dense chunk (frame_len elements per
 // frame) into out[j·n_out + f0 + f], as f32: a 32 × 32 tile (frames × pixels) through shared
 // memory so both the reads (pixels of a frame) and the writes (frames of a pixel) coalesce.
-template <typename T>
+template <typename T, typename O>
 __device__ void gather(const T* __restrict__ data, u64 frame_len, u64 nf, u64 f0, u64 n_out,
-                       const u32* __restrict__ pix, u32 np, float* __restrict__ out) {
+                       const u32* __restrict__ pix, u32 np, O* __restrict__ out) {
     __shared__ float tile[32][33];
     const u64 ft = (u64)blockIdx.x * 32;
     const u32 pt = blockIdx.y * 32;
@@ -715,7 +748,7 @@ __device__ void gather(const T* __restrict__ data, u64 frame_len, u64 nf, u64 f0
     for (u32 i = ty; i < 32; i += blockDim.y) {
         const u32 j = pt + i;
         const u64 f = ft + tx;
-        if (f < nf && j < np) out[(u64)j * n_out + f0 + f] = tile[tx][i];
+        if (f < nf && j < np) out[(u64)j * n_out + f0 + f] = (O)tile[tx][i];
     }
 }
 
@@ -728,13 +761,19 @@ extern "C" __global__ void qem_ssb_gather_u16(const u16* data, u64 frame_len, u6
                                               u64 n_out, const u32* pix, u32 np, float* out) {
     gather(data, frame_len, nf, f0, n_out, pix, np, out);
 }
+// The ENCODED route's staging: decoded u16 frames into u16 images (exact through the f32 tile).
+extern "C" __global__ void qem_ssb_gather_u16_to_u16(const u16* data, u64 frame_len, u64 nf,
+                                                     u64 f0, u64 n_out, const u32* pix, u32 np,
+                                                     u16* out) {
+    gather(data, frame_len, nf, f0, n_out, pix, np, out);
+}
 extern "C" __global__ void qem_ssb_gather_u32(const u32* data, u64 frame_len, u64 nf, u64 f0,
                                               u64 n_out, const u32* pix, u32 np, float* out) {
     gather(data, frame_len, nf, f0, n_out, pix, np, out);
 }
 
 // A batch of np half spectra in[j][h] (cuFFT's layout) into G's tiles for pixels p0 + j: as
-// float2 (G32), or as f16(in / gscale[p0 + j]) (G16).
+// float2 (GS32), as f16(in / gscale[p0 + j]) (GS16), or as that f16 rounded to 12 bits (GS12).
 extern "C" __global__ void __launch_bounds__(256)
 qem_ssb_store_g32(const float2* __restrict__ in, u64 nh, u32 np, u32 p0, u32 nb,
                   float2* __restrict__ out) {
@@ -759,6 +798,30 @@ qem_ssb_store_g16(const float2* __restrict__ in, u64 nh, u32 np, u32 p0, u32 nb,
     }
 }
 
+// An f16 bit pattern rounded to its top 12 bits (sign, exponent, 6 mantissa bits), to nearest
+// with ties away from zero; the largest finite value stays finite (|G| ≤ 60000 anyway).
+__device__ __forceinline__ u32 h_to_12(u16 h) {
+    const u32 mag = min((u32)(h & 0x7fffu) + 8u, 0x7bffu) >> 4;
+    return ((u32)(h >> 15) << 11) | mag;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+qem_ssb_store_g12(const float2* __restrict__ in, u64 nh, u32 np, u32 p0, u32 nb,
+                  const float* __restrict__ gscale, unsigned char* __restrict__ out) {
+    const u64 total = nh * np;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (u64)gridDim.x * blockDim.x) {
+        const u64 j = i / nh;
+        const float inv = 1.f / gscale[p0 + j];
+        const float2 v = in[i];
+        const u32 re = h_to_12(f2h(v.x * inv)), im = h_to_12(f2h(v.y * inv));
+        const u64 at = g_at(p0 + j, nb, i - j * nh);
+        unsigned char* tile = out + (at / G_TILE) * 3u * G_TILE;
+        reinterpret_cast<u16*>(tile)[at % G_TILE] = (u16)((re << 4) | (im >> 8));
+        tile[2u * G_TILE + at % G_TILE] = (unsigned char)(im & 0xffu);
+    }
+}
+
 // Images uploaded as u32 counts become f32 in place (each thread reads its value before writing
 // the same 4 bytes).
 extern "C" __global__ void __launch_bounds__(256) qem_ssb_u32_to_f32(unsigned int* buf, u64 n) {
@@ -766,6 +829,15 @@ extern "C" __global__ void __launch_bounds__(256) qem_ssb_u32_to_f32(unsigned in
          i += (u64)gridDim.x * blockDim.x) {
         const float v = (float)buf[i];
         reinterpret_cast<float*>(buf)[i] = v;
+    }
+}
+
+// Staged u16 images into the f32 images the R2C reads.
+extern "C" __global__ void __launch_bounds__(256)
+qem_ssb_u16_to_f32(const u16* __restrict__ in, u64 n, float* __restrict__ out) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        out[i] = (float)in[i];
     }
 }
 

@@ -9,9 +9,11 @@
 //! keeps `G_b(ν)` as half spectra (the other half is the mirror of a real image's spectrum),
 //! tiled so that each accumulate block streams one contiguous region (kernels/ssb.cu, `g_at`):
 //! complex f32 when that fits the memory budget, else complex f16 scaled per pixel by
-//! `G_b(0)/60000` (half the bytes, 11 significant bits). Batches of BF pixels are sized so that
+//! `G_b(0)/60000` (half the bytes, 11 significant bits), else that f16 rounded to 12 bits (3
+//! bytes a value, 7 significant bits: what lets 8,653 BF pixels of a 512² scan fit a 6 GiB card
+//! beside the data resident ENCODED). Batches of BF pixels are sized so that
 //! G, the work buffers and the batch's images, cuFFT work areas and decode scratch stay within the
-//! budget; a G that does not fit even as f16 is a `MemoryBudget` error naming the bytes.
+//! budget; a G that does not fit even as C12 is a `MemoryBudget` error naming the bytes.
 //!
 //! Each evaluation ([`GpuSsb::object`], [`GpuSsb::coherence`], [`GpuSsb::phase_variance`])
 //! uploads nothing but its 8 aberration coefficients: a tiny kernel tabulates `P(k_b)`, the
@@ -71,6 +73,9 @@ pub enum GStorage {
     C32,
     /// Complex f16 half spectra scaled per pixel (4 bytes a value).
     C16,
+    /// C16's values rounded to 12 bits each (sign, exponent, 6 mantissa bits: a relative
+    /// rounding error ≤ 2⁻⁷), 3 bytes a value.
+    C12,
 }
 
 impl GStorage {
@@ -79,12 +84,17 @@ impl GStorage {
         match self {
             GStorage::C32 => "half spectrum, complex f32",
             GStorage::C16 => "half spectrum, complex f16 scaled by G_b(0)/60000 per pixel",
+            GStorage::C12 => {
+                "half spectrum, complex f12 (f16 rounded to 7 significant bits) scaled by \
+                 G_b(0)/60000 per pixel"
+            }
         }
     }
     fn bytes_per_value(self) -> u64 {
         match self {
             GStorage::C32 => 8,
             GStorage::C16 => 4,
+            GStorage::C12 => 3,
         }
     }
 }
@@ -170,7 +180,7 @@ pub struct Setup<'a> {
     pub optics: Optics,
     /// Device bytes this SSB may hold at once (`None` = free device memory less a margin).
     pub budget: Option<u64>,
-    /// Force a storage (`None` = C32 when it fits, else C16).
+    /// Force a storage (`None` = C32 when it fits, else C16 when it fits, else C12).
     pub storage: Option<GStorage>,
 }
 
@@ -181,8 +191,11 @@ pub struct PrepareStats {
     pub storage: GStorage,
     /// Bytes of G.
     pub g_bytes: u64,
-    /// BF pixels per prepare batch.
+    /// BF pixels per prepare batch (FFT batch).
     pub batch_pixels: usize,
+    /// ENCODED data under a tight budget: BF pixels per decode pass, staged as u16 images
+    /// before their FFT batches (0 = not staged: each batch decodes every frame).
+    pub staged_pixels: usize,
     /// Prepare batches (over ENCODED data: decode passes).
     pub batches: usize,
     /// Seconds to gather the images (incl. decode) and FFT them, wall, synchronized.
@@ -246,8 +259,11 @@ struct Funcs {
     gather_u8: CudaFunction,
     gather_u16: CudaFunction,
     gather_u32: CudaFunction,
+    /// Decoded u16 frames into staged u16 images (the ENCODED route under a tight budget).
+    gather_u16_to_u16: CudaFunction,
     store: CudaFunction,
     u32_to_f32: CudaFunction,
+    u16_to_f32: CudaFunction,
 }
 
 impl Funcs {
@@ -385,6 +401,12 @@ fn load_funcs(gpu: &Gpu, storage: GStorage) -> Result<Funcs> {
             "qem_ssb_corrected_g16",
             "qem_ssb_store_g16",
         ),
+        GStorage::C12 => (
+            "qem_ssb_accumulate_g12",
+            "qem_ssb_accumulate_quad_g12",
+            "qem_ssb_corrected_g12",
+            "qem_ssb_store_g12",
+        ),
     };
     Ok(Funcs {
         probe_table: get("qem_ssb_probe_table")?,
@@ -399,8 +421,10 @@ fn load_funcs(gpu: &Gpu, storage: GStorage) -> Result<Funcs> {
         gather_u8: get("qem_ssb_gather_u8")?,
         gather_u16: get("qem_ssb_gather_u16")?,
         gather_u32: get("qem_ssb_gather_u32")?,
+        gather_u16_to_u16: get("qem_ssb_gather_u16_to_u16")?,
         store: get(store)?,
         u32_to_f32: get("qem_ssb_u32_to_f32")?,
+        u16_to_f32: get("qem_ssb_u16_to_f32")?,
     })
 }
 

@@ -120,9 +120,10 @@ impl Sizes {
     }
 }
 
-/// Storage of G and BF pixels per prepare batch within `budget`: C32 when G as f32 and a batch
-/// of 32 pixels fit, else C16 (or `forced`); the batch as large as the rest of the budget allows
-/// (at most [`MAX_PREPARE_BATCH`]). Too little room even for C16 is a `MemoryBudget` error.
+/// Storage of G and BF pixels per prepare batch within `budget`: the widest of C32, C16 and C12
+/// with which G and a batch of 32 pixels fit (or `forced`); the batch as large as the rest of
+/// the budget allows (at most [`MAX_PREPARE_BATCH`]). Too little room even for C12 is a
+/// `MemoryBudget` error.
 pub(super) fn choose_plan(
     sz: &Sizes,
     budget: u64,
@@ -132,7 +133,8 @@ pub(super) fn choose_plan(
     let storage = match forced {
         Some(st) => st,
         None if sz.need(GStorage::C32, min_batch) <= budget => GStorage::C32,
-        None => GStorage::C16,
+        None if sz.need(GStorage::C16, min_batch) <= budget => GStorage::C16,
+        None => GStorage::C12,
     };
     let need = sz.need(storage, min_batch);
     if need > budget {
@@ -150,4 +152,87 @@ pub(super) fn choose_plan(
         .clamp(1, MAX_PREPARE_BATCH)
         .min(sz.b as usize);
     Ok((storage, batch))
+}
+
+/// Over ENCODED data at most this many FFT batches each decode every frame themselves; with
+/// more, the BF pixels are staged as u16 images (see [`encoded_passes`]).
+pub(super) const DIRECT_PASSES: usize = 4;
+/// The smallest decode scratch a staged ENCODED gather takes.
+const MIN_SCRATCH: u64 = 16 << 20;
+/// The largest FFT batch of a staged ENCODED gather (32 R2C of the scan keep cuFFT busy).
+const STAGED_BATCH: usize = 32;
+
+/// How an ENCODED source is gathered (bytes, except the pixel counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct EncodedPasses {
+    /// BF pixels per decode pass, staged as u16 images; 0 = not staged (each FFT batch decodes
+    /// every frame).
+    pub(super) stage: usize,
+    /// BF pixels per FFT batch.
+    pub(super) batch: usize,
+    /// Decode scratch.
+    pub(super) scratch: u64,
+}
+
+impl EncodedPasses {
+    /// Decode passes over every frame.
+    pub(super) fn passes(&self, b: usize) -> usize {
+        b.div_ceil(if self.stage > 0 {
+            self.stage
+        } else {
+            self.batch
+        })
+    }
+}
+
+/// The gather of an ENCODED source within `budget`, given G's `storage` and the `batch`
+/// [`choose_plan`] made; `work(k)` = the cuFFT work area of k R2C transforms. Each decode pass
+/// decodes every frame (~20 ms at 512² × 192² on an H100), so when more than [`DIRECT_PASSES`]
+/// batches would each take one (G nearly fills the budget), the pixels are staged instead: a
+/// pass gathers as many BF pixels as fit as u16 images (2 bytes per scan position, where an FFT
+/// batch takes ~16 per pixel), then FFT batches of at most [`STAGED_BATCH`] pixels convert and
+/// transform them. An eighth of the room beside G goes to the decode scratch (at least
+/// [`MIN_SCRATCH`]). Staging that would not save a pass is not used.
+pub(super) fn encoded_passes(
+    sz: &Sizes,
+    storage: GStorage,
+    batch: usize,
+    budget: u64,
+    work: impl Fn(usize) -> Result<u64>,
+) -> Result<EncodedPasses> {
+    let direct = EncodedPasses {
+        stage: 0,
+        batch,
+        scratch: sz.scratch,
+    };
+    let b = sz.b as usize;
+    if b.div_ceil(batch) <= DIRECT_PASSES {
+        return Ok(direct);
+    }
+    let base = sz.b * padded_half(sz.nh) * storage.bytes_per_value() + sz.fixed;
+    let room = budget.saturating_sub(base);
+    let scratch = (room / 8).min(sz.scratch).max(MIN_SCRATCH.min(sz.scratch));
+    let fft_px = sz.n * 4 + sz.nh * 8;
+    let mut fb = batch.min(STAGED_BATCH);
+    let used = loop {
+        let used = base + scratch + fb as u64 * fft_px + work(fb)?;
+        if used + fb as u64 * sz.n * 2 <= budget {
+            break used;
+        }
+        if fb == 1 {
+            return Ok(direct);
+        }
+        fb /= 2;
+    };
+    let stage = (((budget - used) / (sz.n * 2)) as usize).min(b);
+    let staged = EncodedPasses {
+        stage,
+        batch: fb,
+        scratch,
+    };
+    Ok(if staged.passes(b) < direct.passes(b) {
+        staged
+    } else {
+        direct
+    })
 }

@@ -80,6 +80,18 @@ impl GpuSsb {
             }
             batch = (batch / 2).max(1);
         }
+        // ENCODED data: stage the pixels as u16 images where G leaves room for few per pass.
+        let passes = match src {
+            Source::Encoded(_) => encoded_passes(&sz, storage, batch, budget, |k| {
+                plan_work_bytes(scan, cufft_sys::cufftType::CUFFT_R2C, k)
+            })?,
+            Source::Dense(_) | Source::Host { .. } => EncodedPasses {
+                stage: 0,
+                batch,
+                scratch,
+            },
+        };
+        let batch = passes.batch;
         let counter = Arc::new(MemCounter::default());
         let ctx = gpu.ctx();
         let c = Some(&counter);
@@ -129,7 +141,7 @@ impl GpuSsb {
             c,
             "G (BF pixel spectra)",
         )?;
-        let batches = b.div_ceil(batch);
+        let batches = passes.passes(b);
         fill_g(&FillG {
             e,
             src: &src,
@@ -142,7 +154,8 @@ impl GpuSsb {
             frames,
             frame_len,
             batch,
-            scratch,
+            stage: passes.stage,
+            scratch: passes.scratch,
             storage,
             pixels: &d_pix,
             gscale: &d_gscale,
@@ -177,6 +190,7 @@ impl GpuSsb {
             storage,
             g_bytes: g.bytes() as u64,
             batch_pixels: batch,
+            staged_pixels: passes.stage,
             batches,
             seconds,
             peak_bytes: peak_prepare.max(counter.peak()),
@@ -272,8 +286,10 @@ struct FillG<'a> {
     nh: u64,
     frames: usize,
     frame_len: usize,
-    /// BF pixels per pass.
+    /// BF pixels per FFT batch.
     batch: usize,
+    /// ENCODED sources: BF pixels per decode pass staged as u16 images (0 = not staged).
+    stage: usize,
     /// Bytes of the ENCODED route's decode scratch.
     scratch: u64,
     storage: GStorage,
@@ -282,169 +298,232 @@ struct FillG<'a> {
     g: &'a DevBuf,
 }
 
-/// Fill G batch by batch: gather the batch's BF-pixel images (dense data in place, host data
-/// through two pinned buffers, ENCODED data decoded frame chunk by frame chunk), R2C them with
-/// cuFFT and store the half spectra into G's tiles; one synchronize and record check at the end.
-fn fill_g(x: &FillG<'_>) -> Result<()> {
-    let gpu = &x.e.gpu;
-    let ctx = gpu.ctx();
-    let c = Some(x.counter);
+/// The buffers of [`fill_g`]'s batches.
+struct Batch {
+    /// f32 images of one FFT batch, `[pixel][scan position]`.
+    images: DevBuf,
+    /// cuFFT's half spectra of one batch, `[pixel][h]`, before the store into G's tiles.
+    temp: DevBuf,
+    /// R2C plans by batch size.
+    plans: Vec<(usize, SizedPlan)>,
+    /// ENCODED sources: the decode scratch and the decoder's error record.
+    dec: Option<(DevBuf, DevBuf)>,
+}
 
-    let stream = gpu.stream();
-    let images = DevBuf::alloc(ctx, x.batch * x.n * 4, c, "BF pixel images")?;
-    // cuFFT writes [pixel][h]; the store kernel moves each batch into G's tiles.
-    let temp = DevBuf::alloc(
-        ctx,
-        (x.batch as u64 * x.nh * 8) as usize,
-        c,
-        "batch spectra",
-    )?;
-    let mut plans: Vec<(usize, SizedPlan)> = Vec::new();
-    // The host route's two pinned buffers (filled and uploaded in turn), each with the
-    // event of its last upload.
+/// Fill G batch by batch: gather the batch's BF-pixel images (dense data in place, host data
+/// through two pinned buffers, ENCODED data decoded frame chunk by frame chunk, or staged as
+/// u16 images [`FillG::stage`] pixels per decode pass), R2C them with cuFFT and store the half
+/// spectra into G's tiles; one synchronize and record check at the end.
+fn fill_g(x: &FillG<'_>) -> Result<()> {
+    let ctx = x.e.gpu.ctx();
+    let c = Some(x.counter);
+    let mut bt = Batch {
+        images: DevBuf::alloc(ctx, x.batch * x.n * 4, c, "BF pixel images")?,
+        temp: DevBuf::alloc(
+            ctx,
+            (x.batch as u64 * x.nh * 8) as usize,
+            c,
+            "batch spectra",
+        )?,
+        plans: Vec::new(),
+        dec: match x.src {
+            Source::Encoded(_) => Some((
+                DevBuf::alloc(ctx, x.scratch as usize, c, "decoded frames")?,
+                new_err_record(ctx, c)?,
+            )),
+            Source::Dense(_) | Source::Host { .. } => None,
+        },
+    };
+    match x.src {
+        Source::Encoded(_) if x.stage > 0 => fill_staged(x, &mut bt)?,
+        Source::Host { images, .. } => fill_from_host(x, &mut bt, *images)?,
+        Source::Dense(_) | Source::Encoded(_) => {
+            for p0 in (0..x.b).step_by(x.batch) {
+                let np = x.batch.min(x.b - p0);
+                let (pix, out) = (x.pixels.ptr() + (p0 * 4) as u64, bt.images.ptr());
+                match x.src {
+                    Source::Dense(a) => launch_gather(
+                        x.e.gpu.stream(),
+                        x.f.gather(a.dtype()),
+                        a.device_ptr(),
+                        x.frame_len,
+                        x.frames,
+                        0,
+                        x.n,
+                        pix,
+                        np,
+                        out,
+                    )?,
+                    _ => decode_gather(x, &bt, &x.f.gather_u16, pix, np, out)?,
+                }
+                fft_store(x, &mut bt, p0, np)?;
+            }
+        }
+    }
+    x.e.gpu
+        .stream()
+        .synchronize()
+        .map_err(|er| driver_error("synchronize ssb prepare", er))?;
+    if let Some((_, err)) = &bt.dec {
+        if let Some(fault) = read_err(err)? {
+            return Err(fault_error(&fault, fault.frame).with_op("ssb gather_pixels"));
+        }
+    }
+    Ok(())
+}
+
+/// Queue one decode pass over every frame of the ENCODED source, chunk by chunk through the
+/// decode scratch, with `gather` taking BF pixels `pix[0..np)` of each chunk into `out`
+/// (`[pixel][scan position]`, of the gather's output type).
+fn decode_gather(
+    x: &FillG<'_>,
+    bt: &Batch,
+    gather: &CudaFunction,
+    pix: u64,
+    np: usize,
+    out: u64,
+) -> Result<()> {
+    let (Source::Encoded(enc), Some((dec, err))) = (x.src, bt.dec.as_ref()) else {
+        return Err(Error::internal(OP, "decode scratch missing"));
+    };
+    let stream = x.e.gpu.stream();
+    let rk = x.e.rans()?;
+    let per = (x.scratch / (x.frame_len as u64 * 2)).max(1) as usize;
+    for f0 in (0..x.frames).step_by(per) {
+        let nf = per.min(x.frames - f0);
+        // SAFETY: `dec` holds `per × frame_len` u16 ≥ nf frames; `err` is a zeroed record;
+        // both live until fill_g's synchronize, and the gather below reads `dec` in stream
+        // order before the next decode.
+        unsafe { enc.launch_decode_dense(rk, stream, f0 as u64, nf as u64, dec.ptr(), err.ptr()) }?;
+        launch_gather(
+            stream,
+            gather,
+            dec.ptr(),
+            x.frame_len,
+            nf,
+            f0,
+            x.n,
+            pix,
+            np,
+            out,
+        )?;
+    }
+    Ok(())
+}
+
+/// The ENCODED route under a tight budget: per decode pass, [`FillG::stage`] BF pixels staged
+/// as u16 images, then converted and transformed [`FillG::batch`] at a time.
+fn fill_staged(x: &FillG<'_>, bt: &mut Batch) -> Result<()> {
+    let c = Some(x.counter);
+    let staged = DevBuf::alloc(x.e.gpu.ctx(), x.stage * x.n * 2, c, "staged u16 images")?;
+    let stream = x.e.gpu.stream();
+    for s0 in (0..x.b).step_by(x.stage) {
+        let ns = x.stage.min(x.b - s0);
+        let pix = x.pixels.ptr() + (s0 * 4) as u64;
+        decode_gather(x, bt, &x.f.gather_u16_to_u16, pix, ns, staged.ptr())?;
+        for p0 in (s0..s0 + ns).step_by(x.batch) {
+            let np = x.batch.min(s0 + ns - p0);
+            let src = staged.ptr() + ((p0 - s0) * x.n * 2) as u64;
+            let (dst, len) = (bt.images.ptr(), (np * x.n) as u64);
+            let mut lb = stream.launch_builder(&x.f.u16_to_f32);
+            lb.arg(&src).arg(&len).arg(&dst);
+            // SAFETY: matches `qem_ssb_u16_to_f32(const u16*, u64, float*)`; `staged` holds
+            // stage·n ≥ (p0 − s0 + np)·n u16 and `images` batch·n ≥ np·n f32; grid-stride loop.
+            unsafe { lb.launch(grid_1d(len)) }
+                .map_err(|er| driver_error("launch ssb u16_to_f32", er))?;
+            fft_store(x, bt, p0, np)?;
+        }
+    }
+    // `staged` is freed on return: the work that reads it must be done first.
+    stream
+        .synchronize()
+        .map_err(|er| driver_error("synchronize ssb staged gather", er))
+}
+
+/// The host route: each batch's images filled by the host into two pinned buffers of at most
+/// [`HOST_CHUNK_BYTES`] in turn and uploaded asynchronously (the host fills the next while the
+/// card copies and transforms the last).
+fn fill_from_host(x: &FillG<'_>, bt: &mut Batch, host: &dyn HostImages) -> Result<()> {
+    let stream = x.e.gpu.stream();
+    let ctx = x.e.gpu.ctx();
     let chunk_px = (HOST_CHUNK_BYTES / (x.n * 4)).clamp(1, x.batch);
+    // Each pinned buffer with the event of its last upload.
     let mut staging = Staging {
         bufs: Vec::new(),
         stream,
         engine: x.e,
     };
-    if matches!(x.src, Source::Host { .. }) {
-        for _ in 0..2 {
-            let buf = x.e.take_pinned(chunk_px * x.n * 4, "SSB host images")?;
-            let ev = ctx
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(|er| driver_error("create event", er))?;
-            staging.bufs.push((buf, ev, false));
-        }
+    for _ in 0..2 {
+        let buf = x.e.take_pinned(chunk_px * x.n * 4, "SSB host images")?;
+        let ev = ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|er| driver_error("create event", er))?;
+        staging.bufs.push((buf, ev, false));
     }
     let mut turn = 0usize;
-    let (dec, err) = match x.src {
-        Source::Encoded(_) => (
-            Some(DevBuf::alloc(ctx, x.scratch as usize, c, "decoded frames")?),
-            Some(new_err_record(ctx, c)?),
-        ),
-        Source::Dense(_) | Source::Host { .. } => (None, None),
-    };
     for p0 in (0..x.b).step_by(x.batch) {
         let np = x.batch.min(x.b - p0);
-        let pix_ptr = x.pixels.ptr() + (p0 * 4) as u64;
-        let out = images.ptr();
-        match x.src {
-            Source::Dense(a) => {
-                launch_gather(
-                    stream,
-                    x.f.gather(a.dtype()),
-                    a.device_ptr(),
-                    x.frame_len,
-                    x.frames,
-                    0,
-                    x.n,
-                    pix_ptr,
-                    np,
-                    out,
-                )?;
+        // The copies queue behind the last batch's R2C (which reads `images`) in stream
+        // order; the host waits only for a buffer's previous copy.
+        for c0 in (p0..p0 + np).step_by(chunk_px) {
+            let cn = chunk_px.min(p0 + np - c0);
+            let (buf, ev, used) = &mut staging.bufs[turn % 2];
+            turn += 1;
+            if *used {
+                ev.synchronize()
+                    .map_err(|er| driver_error("wait for an SSB upload", er))?;
             }
-            Source::Host { images: host, .. } => {
-                // The copies queue behind the last batch's R2C (which reads `images`)
-                // in stream order; the host waits only for a buffer's previous copy,
-                // so it fills the next chunk while the card copies and transforms.
-                for c0 in (p0..p0 + np).step_by(chunk_px) {
-                    let cn = chunk_px.min(p0 + np - c0);
-                    let (buf, ev, used) = &mut staging.bufs[turn % 2];
-                    turn += 1;
-                    if *used {
-                        ev.synchronize()
-                            .map_err(|er| driver_error("wait for an SSB upload", er))?;
-                    }
-                    let bytes = cn * x.n * 4;
-                    let out: &mut [u32] =
-                        bytemuck::try_cast_slice_mut(&mut buf.as_mut_slice()[..bytes])
-                            .map_err(|_| Error::internal(OP, "pinned buffer not 4-byte aligned"))?;
-                    host.fill(c0, cn, out)?;
-                    buf.copy_to_device_async(&images, (c0 - p0) * x.n * 4, bytes, stream)?;
-                    ev.record(stream)
-                        .map_err(|er| driver_error("record an SSB upload", er))?;
-                    *used = true;
-                }
-                let (buf, len) = (images.ptr(), (np * x.n) as u64);
-                let mut lb = stream.launch_builder(&x.f.u32_to_f32);
-                lb.arg(&buf).arg(&len);
-                // SAFETY: matches `qem_ssb_u32_to_f32(unsigned int*, u64)`; `images`
-                // holds batch·n ≥ np·n 4-byte values; grid-stride loop.
-                unsafe { lb.launch(grid_1d(len)) }
-                    .map_err(|er| driver_error("launch ssb u32_to_f32", er))?;
-            }
-            Source::Encoded(enc) => {
-                let (Some(dec), Some(err)) = (dec.as_ref(), err.as_ref()) else {
-                    return Err(Error::internal(OP, "decode scratch missing"));
-                };
-                let rk = x.e.rans()?;
-                let per = (x.scratch / (x.frame_len as u64 * 2)).max(1) as usize;
-                for f0 in (0..x.frames).step_by(per) {
-                    let nf = per.min(x.frames - f0);
-                    // SAFETY: `dec` holds `per × frame_len` u16 ≥ nf frames; `err` is a
-                    // zeroed record; both live until the synchronize after the loop, and
-                    // the gather below reads `dec` in stream order before the next decode.
-                    unsafe {
-                        enc.launch_decode_dense(
-                            rk,
-                            stream,
-                            f0 as u64,
-                            nf as u64,
-                            dec.ptr(),
-                            err.ptr(),
-                        )
-                    }?;
-                    launch_gather(
-                        stream,
-                        x.f.gather(DType::U16),
-                        dec.ptr(),
-                        x.frame_len,
-                        nf,
-                        f0,
-                        x.n,
-                        pix_ptr,
-                        np,
-                        out,
-                    )?;
-                }
-            }
+            let bytes = cn * x.n * 4;
+            let out: &mut [u32] = bytemuck::try_cast_slice_mut(&mut buf.as_mut_slice()[..bytes])
+                .map_err(|_| Error::internal(OP, "pinned buffer not 4-byte aligned"))?;
+            host.fill(c0, cn, out)?;
+            buf.copy_to_device_async(&bt.images, (c0 - p0) * x.n * 4, bytes, stream)?;
+            ev.record(stream)
+                .map_err(|er| driver_error("record an SSB upload", er))?;
+            *used = true;
         }
-        let plan = cached_plan(&mut plans, np, || {
-            make_plan(gpu, x.scan, cufft_sys::cufftType::CUFFT_R2C, np, x.counter)
-        })?;
-        // SAFETY: the plan is `np` R2C transforms of the scan; `images` holds np·n f32
-        // and `temp` batch·nh ≥ np·nh complex f32; stream order.
-        unsafe {
-            cufft::exec_r2c(
-                plan.plan.0,
-                images.ptr() as *mut f32,
-                temp.ptr() as *mut cufft_sys::cufftComplex,
-            )
-        }
-        .map_err(|er| cufft_error(OP, "R2C of the BF images", er))?;
-        let (tp, gs, gp) = (temp.ptr(), x.gscale.ptr(), x.g.ptr());
-        let (np32, p032, nb32) = (np as u32, p0 as u32, x.b as u32);
-        let mut lb = stream.launch_builder(&x.f.store);
-        lb.arg(&tp).arg(&x.nh).arg(&np32).arg(&p032).arg(&nb32);
-        if x.storage == GStorage::C16 {
-            lb.arg(&gs);
-        }
-        lb.arg(&gp);
-        // SAFETY: matches `qem_ssb_store_g32(const float2*, u64, u32, u32, u32, float2*)`
-        // or `qem_ssb_store_g16(const float2*, u64, u32, u32, u32, const float*,
-        // ushort2*)`; temp holds np·nh float2, G b·padded_half(nh) values with
-        // p0 + np ≤ b, gscale b floats; grid-stride loop.
-        unsafe { lb.launch(grid_1d(x.nh * np as u64)) }
-            .map_err(|er| driver_error("launch ssb store", er))?;
+        let (buf, len) = (bt.images.ptr(), (np * x.n) as u64);
+        let mut lb = stream.launch_builder(&x.f.u32_to_f32);
+        lb.arg(&buf).arg(&len);
+        // SAFETY: matches `qem_ssb_u32_to_f32(unsigned int*, u64)`; `images` holds
+        // batch·n ≥ np·n 4-byte values; grid-stride loop.
+        unsafe { lb.launch(grid_1d(len)) }
+            .map_err(|er| driver_error("launch ssb u32_to_f32", er))?;
+        fft_store(x, bt, p0, np)?;
     }
-    stream
-        .synchronize()
-        .map_err(|er| driver_error("synchronize ssb prepare", er))?;
-    if let Some(err) = &err {
-        if let Some(fault) = read_err(err)? {
-            return Err(fault_error(&fault, fault.frame).with_op("ssb gather_pixels"));
-        }
+    Ok(())
+}
+
+/// R2C the batch's `np` images (pixels `p0..p0 + np`) and store the half spectra into G.
+fn fft_store(x: &FillG<'_>, bt: &mut Batch, p0: usize, np: usize) -> Result<()> {
+    let gpu = &x.e.gpu;
+    let plan = cached_plan(&mut bt.plans, np, || {
+        make_plan(gpu, x.scan, cufft_sys::cufftType::CUFFT_R2C, np, x.counter)
+    })?;
+    // SAFETY: the plan is `np` R2C transforms of the scan; `images` holds np·n f32 and `temp`
+    // batch·nh ≥ np·nh complex f32; stream order.
+    unsafe {
+        cufft::exec_r2c(
+            plan.plan.0,
+            bt.images.ptr() as *mut f32,
+            bt.temp.ptr() as *mut cufft_sys::cufftComplex,
+        )
     }
+    .map_err(|er| cufft_error(OP, "R2C of the BF images", er))?;
+    let (tp, gs, gp) = (bt.temp.ptr(), x.gscale.ptr(), x.g.ptr());
+    let (np32, p032, nb32) = (np as u32, p0 as u32, x.b as u32);
+    let mut lb = gpu.stream().launch_builder(&x.f.store);
+    lb.arg(&tp).arg(&x.nh).arg(&np32).arg(&p032).arg(&nb32);
+    if x.storage != GStorage::C32 {
+        lb.arg(&gs);
+    }
+    lb.arg(&gp);
+    // SAFETY: matches `qem_ssb_store_g32(const float2*, u64, u32, u32, u32, float2*)`,
+    // `qem_ssb_store_g16(const float2*, u64, u32, u32, u32, const float*, ushort2*)` or
+    // `qem_ssb_store_g12(…, const float*, unsigned char*)`; temp holds np·nh float2, G
+    // b·padded_half(nh) values of the storage's bytes (whole tiles) with p0 + np ≤ b, gscale b
+    // floats; grid-stride loop.
+    unsafe { lb.launch(grid_1d(x.nh * np as u64)) }
+        .map_err(|er| driver_error("launch ssb store", er))?;
     Ok(())
 }

@@ -246,9 +246,9 @@ fn sizes(b: u64) -> Sizes {
 }
 
 #[test]
-fn plan_picks_f32_then_f16_then_refuses() {
+fn plan_picks_f32_then_f16_then_f12_then_refuses() {
     let gib = 1u64 << 30;
-    // 2,827 BF pixels: G as f32 is 2.97 GB, as f16 1.49 GB.
+    // 2,827 BF pixels: G as f32 is 2.97 GB, as f16 1.49 GB, as f12 1.12 GB.
     let sz = sizes(2827);
     let (st, batch) = choose_plan(&sz, 64 * gib, None).unwrap();
     assert_eq!((st, batch), (GStorage::C32, MAX_PREPARE_BATCH.min(2827)));
@@ -261,16 +261,64 @@ fn plan_picks_f32_then_f16_then_refuses() {
     assert!(sz.need(st, batch as u64 + 1) > 4 * gib || batch == 2827);
     let (st, _) = choose_plan(&sz, 3 * gib, None).unwrap();
     assert_eq!(st, GStorage::C16);
+    // 1.5 GiB: f16 (1.70 GiB with the scratch and fixed buffers) does not fit, f12 (1.45 GiB
+    // with 32 pixels' batch buffers) does.
+    let (st, batch) = choose_plan(&sz, 1536 << 20, None).unwrap();
+    assert_eq!(st, GStorage::C12);
+    assert!(
+        batch >= 32 && sz.need(st, batch as u64) <= 1536 << 20,
+        "{batch}"
+    );
     let e = choose_plan(&sz, gib, None).unwrap_err();
     assert_eq!(e.kind, qem_core::ErrorKind::MemoryBudget);
     assert!(e.to_string().contains("2827 BF pixels"), "{e}");
+    assert!(e.to_string().contains("f12"), "{e}");
     // A forced storage is kept, or refused, never swapped.
     assert_eq!(
         choose_plan(&sz, 64 * gib, Some(GStorage::C16)).unwrap().0,
         GStorage::C16
     );
     assert!(choose_plan(&sz, 3 * gib, Some(GStorage::C32)).is_err());
-    // 8,825 pixels (r = 53 px) under 6 GiB: f32 does not fit, f16 (4.6 GB) does.
+    // 8,825 pixels (r = 53 px) under 6 GiB: f32 does not fit, f16 (4.6 GB) does; beside 1.9 GB
+    // of resident data (about 4 GB left) f16 does not, f12 (3.5 GB) does.
     let (st, _) = choose_plan(&sizes(8825), 6 * gib, None).unwrap();
     assert_eq!(st, GStorage::C16);
+    let (st, _) = choose_plan(&sizes(8825), 4_000_000_000, None).unwrap();
+    assert_eq!(st, GStorage::C12);
+}
+
+#[test]
+fn encoded_gather_is_staged_only_where_g_leaves_little_room() {
+    let gib = 1u64 << 30;
+    let work = |k: usize| Ok(k as u64 * 512 * 257 * 8);
+    // 8,825 BF pixels on a large card: FFT batches of 4,096, three decode passes, no staging.
+    let sz = sizes(8825);
+    let (st, batch) = choose_plan(&sz, 64 * gib, None).unwrap();
+    let p = encoded_passes(&sz, st, batch, 64 * gib, work).unwrap();
+    assert_eq!((p.stage, p.batch, p.scratch), (0, 4096, 256 << 20));
+    assert_eq!(p.passes(8825), 3);
+    // Beside 1.9 GB of resident data (about 4 GB left, f12): ~60 pixels per FFT batch would mean
+    // ~150 decode passes; staged as u16 images, a few hundred pixels per pass.
+    let budget = 4_000_000_000;
+    let (st, batch) = choose_plan(&sz, budget, None).unwrap();
+    assert_eq!(st, GStorage::C12);
+    assert!(8825usize.div_ceil(batch) > 50, "{batch}");
+    let p = encoded_passes(&sz, st, batch, budget, work).unwrap();
+    assert!(p.stage >= 300 && p.batch == 32, "{p:?}");
+    assert!(p.passes(8825) <= 30, "{p:?}");
+    assert!((16 << 20..256 << 20).contains(&p.scratch), "{p:?}");
+    let g = 8825 * padded_half(512 * 257) * 3;
+    let used = g
+        + sz.fixed
+        + p.scratch
+        + p.batch as u64 * (512 * 512 * 4 + 512 * 257 * 16)
+        + p.stage as u64 * 512 * 512 * 2;
+    assert!(used <= budget, "{used} > {budget}");
+    // Few pixels: four passes or fewer are left direct.
+    let small = sizes(100);
+    let p = encoded_passes(&small, GStorage::C32, 25, 64 * gib, work).unwrap();
+    assert_eq!(p.stage, 0);
+    // Too little room for even one staged pixel beside one FFT image: direct, as planned.
+    let p = encoded_passes(&sz, GStorage::C12, 1, g + sz.fixed + (16 << 20), work).unwrap();
+    assert_eq!((p.stage, p.batch), (0, 1));
 }
