@@ -22,7 +22,8 @@
 #             and `quantem-gpu ssb --fit`
 #   sanitize  compute-sanitizer memcheck over qem-cuda-check --sanitize-subset, the synthetic
 #             products check and qem-cuda-load-check (full and region + bin) on a 32² acquisition;
-#             memcheck and racecheck over device_result's DPC-on-the-card tests
+#             memcheck and racecheck over device_result's DPC-on-the-card tests; memcheck over
+#             the SSB test of a tight budget (f12 G, staged ENCODED gather)
 #   profile   Nsight Compute: the dense and ENCODED product kernels, the SSB accumulate kernel,
 #             the rANS frame sums
 #   soak      the reliability campaign (tests/gpu/soak.py; the CPU engine is the reference): the
@@ -159,6 +160,8 @@ mode_sanitize() {
   local t=(dpc_run com_on_the_device --test-threads 1)
   step "memcheck dpc on the card" memcheck_dpc.log timeout 300 "${m[@]}" "$D/device_result_tests" "${t[@]}"
   step "racecheck dpc on the card" racecheck_dpc.log timeout 300 "$san" --tool racecheck --error-exitcode 9 "$D/device_result_tests" "${t[@]}"
+  # SSB's f12 G and the staged ENCODED gather (kernels/ssb.cu) under a tight budget
+  step "memcheck ssb staged gather, f12" memcheck_ssb.log timeout 300 "${m[@]}" "$D/ssb_tests" cuda_tight --test-threads 1
   grep -H "ERROR SUMMARY" "$R"/memcheck_*.log "$R"/racecheck_*.log
 }
 
