@@ -23,7 +23,8 @@
 #   sanitize  compute-sanitizer memcheck over qem-cuda-check --sanitize-subset, the synthetic
 #             products check and qem-cuda-load-check (full and region + bin) on a 32² acquisition;
 #             memcheck and racecheck over device_result's DPC-on-the-card tests; memcheck over
-#             the SSB test of a tight budget (f12 G, staged ENCODED gather)
+#             the encoded load's sum DP (device_result) and the SSB test of a tight budget (f12
+#             G, staged ENCODED gather)
 #   profile   Nsight Compute: the dense and ENCODED product kernels, the SSB accumulate kernel,
 #             the rANS frame sums
 #   soak      the reliability campaign (tests/gpu/soak.py; the CPU engine is the reference): the
@@ -155,10 +156,10 @@ mode_sanitize() {
   step "memcheck products check" memcheck_products.log timeout 300 "${m[@]}" "$D/qem-cuda-products-check" --out "$R/memcheck_products"
   step "memcheck load check" memcheck_load.log timeout 200 "${m[@]}" "$D/qem-cuda-load-check" --load /tmp/small/scan_master.h5 --repeats 1 --out "$R/memcheck_load"
   step "memcheck load check, region + bin" memcheck_load_region.log timeout 200 "${m[@]}" "$D/qem-cuda-load-check" --load /tmp/small/scan_master.h5 --region 3 29 5 27 --bin 2 --repeats 1 --out "$R/memcheck_load_region"
-  # the DPC stages on the card (kernels/dpc.cu, device_forms.cu): memcheck, and racecheck for
-  # the ordered sums staged in shared memory
+  # the DPC stages on the card (kernels/dpc.cu, device_forms.cu) and the encoded load's sum DP
+  # (region_bin.cu): memcheck, and racecheck for the ordered sums staged in shared memory
   local t=(dpc_run com_on_the_device --test-threads 1)
-  step "memcheck dpc on the card" memcheck_dpc.log timeout 300 "${m[@]}" "$D/device_result_tests" "${t[@]}"
+  step "memcheck dpc on the card, load sum DP" memcheck_dpc.log timeout 300 "${m[@]}" "$D/device_result_tests" "${t[@]}" encoded_file_load
   step "racecheck dpc on the card" racecheck_dpc.log timeout 300 "$san" --tool racecheck --error-exitcode 9 "$D/device_result_tests" "${t[@]}"
   # SSB's f12 G and the staged ENCODED gather (kernels/ssb.cu) under a tight budget
   step "memcheck ssb staged gather, f12" memcheck_ssb.log timeout 300 "${m[@]}" "$D/ssb_tests" cuda_tight --test-threads 1

@@ -33,6 +33,7 @@ fn dtype_tag(d: DType) -> &'static str {
 pub struct TransformKernels {
     region_bin: Vec<((DType, DType), CudaFunction)>,
     zero: Vec<(DType, CudaFunction)>,
+    frame_sums: CudaFunction,
     /// How the module was obtained.
     pub module: ModuleInfo,
     sms: u32,
@@ -61,6 +62,7 @@ impl TransformKernels {
         Ok(TransformKernels {
             region_bin,
             zero,
+            frame_sums: function("qem_frame_sums_u16".into())?,
             module: m.info,
             sms: gpu.info().multiprocessors.max(1) as u32,
         })
@@ -228,6 +230,50 @@ pub unsafe fn launch_zero_pixels(
     // SAFETY: matches `qem_zero_pixels_<T>(T*, u64, u64, const u32*, u32)`; buffers per the
     // function's contract.
     unsafe { b.launch(cfg) }.map_err(|e| driver_error("launch mask", e))?;
+    Ok(())
+}
+
+/// Frames one block of `qem_frame_sums_u16` sums (kernels/region_bin.cu `FRAME_SUM_SPAN`).
+const FRAME_SUM_SPAN: u64 = 128;
+
+/// Queue `sums[p] += Σ_f frames[f][p]` over the `n_frames` u16 frames at `frames` whose entry
+/// in the frame map at `map` is not `u32::MAX` (the frames an encoded load encodes): its sum DP
+/// on the way, exact in u64.
+///
+/// # Safety
+/// `frames` must hold `n_frames × frame_elems` u16, `map` `n_frames` words and `sums`
+/// `frame_elems` u64, all alive until the stream has passed this launch.
+pub unsafe fn launch_frame_sums(
+    k: &TransformKernels,
+    stream: &cudarc::driver::CudaStream,
+    frames: u64,
+    n_frames: u64,
+    frame_elems: u64,
+    map: u64,
+    sums: u64,
+) -> Result<()> {
+    if n_frames == 0 || frame_elems == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (
+            frame_elems.div_ceil(4 * THREADS as u64) as u32,
+            n_frames.div_ceil(FRAME_SUM_SPAN) as u32,
+            1,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = stream.launch_builder(&k.frame_sums);
+    b.arg(&frames)
+        .arg(&n_frames)
+        .arg(&frame_elems)
+        .arg(&map)
+        .arg(&sums);
+    // SAFETY: matches `qem_frame_sums_u16(const u16*, u64, u64, const u32*, unsigned long
+    // long*)`; buffers per the function's contract; the grid covers every pixel (4 per thread)
+    // and every frame (FRAME_SUM_SPAN per block row).
+    unsafe { b.launch(cfg) }.map_err(|e| driver_error("launch frame sums", e))?;
     Ok(())
 }
 

@@ -299,6 +299,9 @@ pub(crate) struct Loaded {
     pub(crate) timings: Vec<StageTiming>,
     /// The codec of ENCODED storage.
     pub(crate) codec: Option<CodecInfo>,
+    /// The sum DP where the load took it on the way (CUDA ENCODED loads), for the dataset's
+    /// detector cache.
+    pub(crate) sum_dp: Option<Vec<u64>>,
 }
 
 impl Loaded {
@@ -310,6 +313,7 @@ impl Loaded {
             memory: None,
             timings: l.timings,
             codec: None,
+            sum_dp: None,
         }
     }
 }
@@ -377,7 +381,7 @@ pub(crate) fn finish(
         ),
         provenance,
         storage: loaded.storage,
-        detector_cache: Default::default(),
+        detector_cache: crate::detector::DetectorCache::with_sum_dp(loaded.sum_dp),
     }
 }
 
@@ -501,6 +505,7 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
                 memory: None,
                 timings: e.timings,
                 codec: Some(codec),
+                sum_dp: None,
             }
         }
         (Backend::Cuda, Representation::Encoded) => {
@@ -532,6 +537,7 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
                 memory: Some(g.memory),
                 timings: g.timings,
                 codec: Some(codec),
+                sum_dp: g.sum_dp,
             }
         }
         (Backend::Cuda, Representation::Dense) => {
@@ -545,6 +551,7 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
                 memory: Some(g.memory),
                 timings: g.timings,
                 codec: None,
+                sum_dp: None,
             }
         }
     };
@@ -625,6 +632,7 @@ fn cuda_loaded(
             memory: Some(g.memory),
             timings: g.timings,
             codec: None,
+            sum_dp: None,
         });
     }
     let frame_bytes = planned.plan.output_len() * planned.result_dtype.size();
@@ -651,6 +659,7 @@ fn cuda_loaded(
         memory: Some(en.memory),
         timings,
         codec: Some(codec),
+        sum_dp: None,
     })
 }
 
@@ -780,6 +789,7 @@ fn load_in_memory(data: DenseArray, shape: &[usize], request: Request<'_>) -> Re
                     memory: None,
                     timings,
                     codec: Some(codec),
+                    sum_dp: None,
                 }
             } else {
                 Loaded::cpu_dense(l)

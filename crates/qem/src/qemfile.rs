@@ -635,6 +635,7 @@ pub(crate) fn load_qem(path: &Path, request: Request<'_>) -> Result<Dataset> {
         memory,
         timings,
         codec,
+        sum_dp: None,
     };
     let mut ds = finish(facts, &planned, request.params, request.backend, loaded);
     ds.provenance.mask_policy = q.provenance.mask_policy.clone();

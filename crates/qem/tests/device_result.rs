@@ -13,7 +13,8 @@ use qem::detector::{
 };
 use qem::dpc;
 use qem::{
-    BackendRequest, DType, Dataset, DenseArray, ErrorKind, LoadParams, Representation, Shape2,
+    BackendRequest, DType, Dataset, DenseArray, DtypeRequest, ErrorKind, LoadParams, Region,
+    Representation, Shape2,
 };
 
 /// A rectangular scan and an odd detector.
@@ -612,5 +613,71 @@ fn dpc_run_on_the_card_equals_the_host_stages() {
             let ds = load(BackendRequest::Cuda, repr);
             assert_dpc_on_the_card_equals_the_host(&format!("{repr:?} {scan}"), &ds, &cpu);
         }
+    }
+}
+
+/// A CUDA ENCODED load from a file takes the sum DP on the way, from the frames it encodes (bad
+/// pixels masked, the scan region's frames, the detector region binned, u8 values capped): the
+/// dataset holds it before any product ran, equal to the naive reference's sum, and the first
+/// `products` call reads it from the cache. Frames of 195 pixels take the kernel's 2-byte path,
+/// binned ones of 36 its 8-byte path.
+#[test]
+fn encoded_file_load_takes_the_sum_dp_on_the_way() {
+    if qem::resolve_backend(BackendRequest::Cuda).is_err() {
+        eprintln!("no usable CUDA device: the load's sum DP not exercised");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let w = common::write(dir.path(), (9, 7), (15, 13), DType::U16, |f, p| {
+        (common::mix(f, p) % 3000) as u32
+    });
+    let (scan, det) = (w.scan.full(), w.det.full());
+    let cases = [
+        (scan, det, 1, DtypeRequest::U16),
+        (
+            Region::new(1, 8, 2, 7),
+            Region::new(2, 14, 1, 12),
+            2,
+            DtypeRequest::U16,
+        ),
+        (scan, det, 1, DtypeRequest::U8Saturating),
+    ];
+    for (scan_region, det_region, bin, dtype) in cases {
+        let what = format!("{scan_region:?} {det_region:?} bin {bin} {dtype:?}");
+        let params = LoadParams {
+            backend: BackendRequest::Cuda,
+            representation: Some(Representation::Encoded),
+            scan_region: Some(scan_region),
+            detector_region: Some(det_region),
+            det_bin: bin,
+            dtype,
+            ..LoadParams::default()
+        };
+        let ds = common::load_path(&w.master, &params).unwrap();
+        assert!(
+            format!("{ds:?}").contains("sum_dp_cached: true"),
+            "{what}: no sum DP from the load"
+        );
+        let cap = if dtype == DtypeRequest::U8Saturating {
+            255
+        } else {
+            u64::MAX
+        };
+        let frames = common::reference(&w, scan_region, det_region, bin);
+        let n = ds.detector_shape().len();
+        let mut want = vec![0u64; n];
+        for (i, v) in frames.iter().enumerate() {
+            want[i % n] += (*v).min(cap);
+        }
+        assert!(want.iter().any(|&v| v > 0), "{what}");
+        assert_eq!(detector::sum_dp(&ds).unwrap(), want, "{what}");
+        let p = detector::products(
+            &ds,
+            &[Product::SumDp, Product::Det(DetectorKind::Bf)],
+            &DetectorParams::default(),
+        )
+        .unwrap();
+        assert_eq!(p.provenance.params["sum_dp_from_cache"], true, "{what}");
+        assert_eq!(p.sum_dp.as_deref(), Some(&want[..]), "{what}");
     }
 }

@@ -106,3 +106,43 @@ QEM_REGION_BIN(qem_region_bin_u32_u32, u32, u32)
 QEM_ZERO_PIXELS(qem_zero_pixels_u8, u8)
 QEM_ZERO_PIXELS(qem_zero_pixels_u16, u16)
 QEM_ZERO_PIXELS(qem_zero_pixels_u32, u32)
+
+// sums[p] += Σ_f frames[f][p] over the batch's frames the map keeps (map[f] ≠ u32::MAX): an
+// encoded load's sum DP, taken on the way from the frames it encodes (masked, transformed). A
+// block takes 1024 pixels (four per thread: one 8-byte load per frame when frame_elems is a
+// multiple of 4, else four 2-byte loads) over FRAME_SUM_SPAN frames (blockIdx.y), in u32 per
+// thread (≤ FRAME_SUM_SPAN · 65535 < 2³²), then one 64-bit atomic add per pixel and block.
+#define FRAME_SUM_SPAN 128u
+extern "C" __global__ void __launch_bounds__(256)
+qem_frame_sums_u16(const u16* __restrict__ frames, u64 n_frames, u64 frame_elems,
+                   const u32* __restrict__ map, unsigned long long* __restrict__ sums) {
+    const u64 f0 = (u64)blockIdx.y * FRAME_SUM_SPAN;
+    const u64 f1 = min(n_frames, f0 + FRAME_SUM_SPAN);
+    const u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * 4u;
+    if (p >= frame_elems) return;
+    u32 a[4] = {0u, 0u, 0u, 0u};
+    if (frame_elems % 4u == 0u) {
+#pragma unroll 4
+        for (u64 f = f0; f < f1; ++f) {
+            if (__ldg(map + f) == 0xffffffffu) continue;
+            const uint2 w = __ldcs(reinterpret_cast<const uint2*>(frames + f * frame_elems + p));
+            a[0] += w.x & 0xffffu;
+            a[1] += w.x >> 16;
+            a[2] += w.y & 0xffffu;
+            a[3] += w.y >> 16;
+        }
+    } else {
+        for (u64 f = f0; f < f1; ++f) {
+            if (__ldg(map + f) == 0xffffffffu) continue;
+            const u16* row = frames + f * frame_elems;
+#pragma unroll
+            for (u32 k = 0; k < 4u; ++k) {
+                if (p + k < frame_elems) a[k] += row[p + k];
+            }
+        }
+    }
+#pragma unroll
+    for (u32 k = 0; k < 4u; ++k) {
+        if (a[k] != 0u && p + k < frame_elems) atomicAdd(sums + p + k, (unsigned long long)a[k]);
+    }
+}

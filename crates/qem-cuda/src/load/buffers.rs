@@ -26,6 +26,9 @@ pub(super) struct EncodeState<'a> {
     pub(super) bad_list: Option<DevBuf>,
     /// Fault record and arena cursor.
     pub(super) err: EncoderRecords,
+    /// The sum DP of the frames encoded, one u64 per result pixel (taken on the way, so the
+    /// first product that needs it finds it cached).
+    pub(super) sums: DevBuf,
 }
 
 /// What [`allocate`] sizes the buffers from.
@@ -87,6 +90,8 @@ pub(super) fn allocate<'m>(
             // Entries of frames never encoded (a failed load) read as empty streams.
             index.write(0, &vec![0u8; index.bytes()])?;
             let err = EncoderRecords::new(&ctx, c)?;
+            let sums = DevBuf::alloc(&ctx, z.out_frame_elems * 8, c, "sum DP")?;
+            sums.write(0, &vec![0u8; sums.bytes()])?;
             Some(EncodeState {
                 model,
                 kernels: k,
@@ -110,6 +115,7 @@ pub(super) fn allocate<'m>(
                     None
                 },
                 err,
+                sums,
             })
         }
     };

@@ -177,6 +177,7 @@ pub fn encode_device_array(array: &DeviceArray, enc: &EncodeOptions) -> Result<G
                 },
             ],
             memory,
+            sum_dp: None,
         });
     }
 }

@@ -208,6 +208,9 @@ pub struct GpuEncodedLoad {
     pub timings: Vec<StageTiming>,
     /// Device-memory accounting of the main pass (the sample pass' buffers are freed first).
     pub memory: MemoryReport,
+    /// The sum DP of the frames as loaded (masked, transformed), taken on the way by the load
+    /// (u64 per detector pixel, exact); `None` where the frames were not all seen here.
+    pub sum_dp: Option<Vec<u64>>,
 }
 
 /// Load `params.scan_region` of `src` into the GPU **encoded**: the model is fitted on an
@@ -349,6 +352,8 @@ pub fn load_source_encoded(
             out_shape,
             e.gpu.info().ordinal,
         );
+        // Read after the pipeline's final synchronize.
+        let sum_dp = Some(crate::mem::read_vec::<u64>(&eo.sums, frame_len)?);
         return Ok(GpuEncodedLoad {
             encoded,
             frames: n,
@@ -358,6 +363,7 @@ pub fn load_source_encoded(
             saturated: out.saturated,
             timings,
             memory: out.memory,
+            sum_dp,
         });
     }
 }

@@ -85,6 +85,8 @@ pub(super) struct EncodedOut {
     pub(super) used: u64,
     /// Frames that did not fit the arena.
     pub(super) overflowed: u32,
+    /// The sum DP of the frames encoded (u64 per result pixel).
+    pub(super) sums: DevBuf,
 }
 
 /// The overlapped pipeline over source frames `frames` (result order). Result frames are
@@ -475,6 +477,7 @@ pub(super) fn pipeline(
         index: es.index,
         used: enc_used,
         overflowed: enc_overflowed,
+        sums: es.sums,
     });
     Ok(PipelineOut {
         dense: dst,
@@ -544,6 +547,20 @@ fn encode_batch(
         scratch_warps: warps,
         err: es.err.err_ptr(),
     };
+    // SAFETY: the frames buffer holds `batch_frames` u16 frames of `out_frame_elems` pixels (the
+    // model's frame length), the map `batch_frames` words, `sums` out_frame_elems u64; all the
+    // load's live buffers until the pipeline's final synchronize.
+    unsafe {
+        crate::transform::launch_frame_sums(
+            &e.transform,
+            compute,
+            frames_ptr,
+            batch_frames,
+            out_frame_elems as u64,
+            map_at,
+            es.sums.ptr(),
+        )
+    }?;
     // SAFETY: the frames buffer holds `batch_frames` u16 frames of the model's frame length
     // (scratch of an identity u16 plan, or the region/bin output batch); the map holds
     // `batch_frames` words naming entries < the result's frames (or u32::MAX); index, arena,

@@ -67,6 +67,17 @@ pub(crate) struct DetectorCache {
     pub(crate) disk_edge: OnceLock<qem_core::DiskEdge>,
 }
 
+impl DetectorCache {
+    /// A cache holding `sum_dp` where the load took it on the way (CUDA ENCODED loads).
+    pub(crate) fn with_sum_dp(sum_dp: Option<Vec<u64>>) -> DetectorCache {
+        let c = DetectorCache::default();
+        if let Some(s) = sum_dp {
+            let _ = c.sum_dp.set(s);
+        }
+        c
+    }
+}
+
 impl std::fmt::Debug for DetectorCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Not the pattern itself: a dataset's Debug output stays short.
