@@ -58,6 +58,23 @@ pub(crate) fn par_copy(dst: &mut [u8], src: &[u8]) {
         .for_each(|(d, s)| d.copy_from_slice(s));
 }
 
+/// Write one byte of each 4 KiB page of `dst`, in parallel. A fresh `vec![0; n]` is mapped by
+/// the OS page by page on first write: copied into straight away, a 10 MB result took ~4 ms of
+/// page faults against 0.4 ms for touched pages (measured on the 2-core VM, `dpc.rs`), so
+/// [`fetch_all`] touches the destinations while the card's copies run. The bytes written are
+/// overwritten by the copy.
+fn pre_touch(dst: &mut [u8]) {
+    use rayon::prelude::*;
+    const PAGE: usize = 4096;
+    if dst.len() >= 16 * PAGE {
+        dst.par_chunks_mut(16 * PAGE).for_each(|c| {
+            for p in c.chunks_mut(PAGE) {
+                p[0] = 0;
+            }
+        });
+    }
+}
+
 /// Run `f` with the staging buffer, at least `min_bytes` long (allocated on first use in `ctx`,
 /// or again when an earlier one is smaller or belongs to another context). `None` when it
 /// cannot be had: the caller copies directly.
@@ -114,6 +131,10 @@ pub(crate) fn fetch_all(
                 for f in fetches.iter() {
                     pin.copy_range_from_device_async(at, f.src, f.offset, f.dst.len(), stream)?;
                     at += f.dst.len().next_multiple_of(ALIGN);
+                }
+                // While the card copies: map the destinations' pages.
+                for f in fetches.iter_mut() {
+                    pre_touch(f.dst);
                 }
                 Ok(())
             })?;
