@@ -91,11 +91,14 @@ pub(super) struct EncodedOut {
 
 /// The overlapped pipeline over source frames `frames` (result order). Result frames are
 /// `params.result_dtype`; their values must fit `value_dtype` (the same dtype, or `u8` for `u8`
-/// counts written as `u16`, how the encoder takes them).
+/// counts written as `u16`, how the encoder takes them). `planned`: the plan of `frames` made
+/// beforehand by [`plan_source`] (an encoding sink's plan, made while the sample pass ran), else
+/// it is made here.
 pub(super) fn pipeline(
     src: &Source,
     params: &GpuLoadParams<'_>,
     frames: &[u64],
+    planned: Option<(LoadPlan, bool)>,
     sink: Sink<'_>,
     value_dtype: DType,
 ) -> Result<PipelineOut> {
@@ -147,7 +150,12 @@ pub(super) fn pipeline(
     let frame_bytes = src.frame_bytes() as u64;
     let out_frame_elems = rplan.output.len();
     let out_es = params.result_dtype.size();
-    let (plan, direct) = plan_source(src, frames, identity && encode.is_none(), &opts)?;
+    let (plan, direct) = match planned {
+        // Planned for an encoding sink, which never decodes into the result directly.
+        Some(p) if encode.is_some() && !p.1 && p.0.frames == frames => p,
+        Some(_) => return Err(Error::internal(op, "a plan made for other frames or sink")),
+        None => plan_source(src, frames, identity && encode.is_none(), &opts)?,
+    };
     let frames = &plan.frames;
     let bad_idx: Vec<u32> = params
         .bad_mask

@@ -77,10 +77,25 @@ pub fn plan_chunks(
         ));
     }
     let mut slot_of: Vec<usize> = vec![usize::MAX; chunks.len()];
-    let mut order: Vec<usize> = Vec::new();
+    let mut order: Vec<usize> = Vec::with_capacity(chunks.len().min(frames.len()));
     let mut chunk_of: Vec<usize> = Vec::with_capacity(frames.len());
+    // Frames in scan order mostly lie in the previous frame's chunk or the next one: checked
+    // first, so the search (`locate`) runs only at jumps (a scan region's row starts).
+    let holds = |ci: usize, n: u64| {
+        chunks
+            .get(ci)
+            .is_some_and(|c| c.first_frame <= n && n < c.first_frame + c.valid_frames as u64)
+    };
+    let mut last = usize::MAX;
     for &n in frames {
-        let ci = locate(n)?;
+        let ci = if holds(last, n) {
+            last
+        } else if holds(last.wrapping_add(1), n) {
+            last + 1
+        } else {
+            locate(n)?
+        };
+        last = ci;
         if ci >= chunks.len() {
             return Err(Error::internal("plan GPU load", "chunk index out of range"));
         }
@@ -93,16 +108,17 @@ pub fn plan_chunks(
     // Sort by (file, offset) for sequential reads.
     order.sort_by_key(|&ci| (chunks[ci].file, chunks[ci].offset));
     let mut plan_chunks = Vec::with_capacity(order.len());
-    let mut dst_frames = Vec::new();
+    let mut decoded = 0usize;
     for (pi, &ci) in order.iter().enumerate() {
         slot_of[ci] = pi;
         let rec = chunks[ci];
         plan_chunks.push(PlanChunk {
             rec,
-            dst_start: dst_frames.len(),
+            dst_start: decoded,
         });
-        dst_frames.extend(std::iter::repeat_n(u32::MAX, rec.frames_in_chunk as usize));
+        decoded += rec.frames_in_chunk as usize;
     }
+    let mut dst_frames = vec![u32::MAX; decoded];
     for (ri, (&n, &ci)) in frames.iter().zip(&chunk_of).enumerate() {
         let pc = &plan_chunks[slot_of[ci]];
         let k = n
