@@ -97,22 +97,6 @@ impl Engine {
         PinnedBuf::alloc(self.gpu.ctx(), bytes, what)
     }
 
-    /// Page-lock ahead: make sure the pool holds `count` buffers of at least `bytes` each
-    /// (allocating only the missing ones), so that a pass that takes them later finds them
-    /// ready. An encoded load calls this on a thread while its sample pass runs.
-    pub fn ensure_pinned(&self, bytes: usize, count: usize, what: &str) -> Result<()> {
-        let have = self
-            .pinned
-            .lock()
-            .map(|pool| pool.iter().filter(|b| b.bytes() >= bytes).count())
-            .unwrap_or(0);
-        for _ in have..count {
-            let buf = PinnedBuf::alloc(self.gpu.ctx(), bytes, what)?;
-            self.give_pinned(buf);
-        }
-        Ok(())
-    }
-
     /// Keep `buf` for a later load (its queued copies must be over).
     pub fn give_pinned(&self, buf: PinnedBuf) {
         if let Ok(mut pool) = self.pinned.lock() {

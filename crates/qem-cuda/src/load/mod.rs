@@ -80,13 +80,6 @@ impl Default for PipelineOptions {
     }
 }
 
-impl PipelineOptions {
-    /// Slots in flight: `slots` held to 2..=4.
-    pub(crate) fn slots_in_flight(&self) -> usize {
-        self.slots.clamp(2, 4)
-    }
-}
-
 /// What to load and how (the façade's plan, already validated).
 #[derive(Clone, Copy)]
 pub struct GpuLoadParams<'a> {
@@ -264,16 +257,11 @@ pub fn load_source_encoded(
         ..*params
     };
     // The main pass's plan (~15 ms of host work over 262,144 chunks) is made on another thread
-    // while the sample pass and the fit run, and its pinned batch slots are page-locked there
-    // (~80 ms on a first load; later loads find them kept by the engine). A failed page-lock
-    // is left to the main pass, which allocates what it misses and reports the error.
+    // while the sample pass and the fit run.
     let (s_out, main_plan) = std::thread::scope(|sc| {
         let planner = sc.spawn(|| {
             let t = Instant::now();
-            let planned = plan_source(src, &frames, false, &params.options)?;
-            let slots = params.options.slots_in_flight();
-            let _ = e.ensure_pinned(planned.0.max_in_bytes as usize, slots, "batch slot");
-            Ok::<_, Error>((planned, t.elapsed()))
+            plan_source(src, &frames, false, &params.options).map(|p| (p, t.elapsed()))
         });
         let s_out = pipeline(src, &quiet, &sample, None, Sink::Dense, value_dtype);
         let plan = planner
@@ -367,9 +355,7 @@ pub fn load_source_encoded(
                 seconds: t_fit,
             },
             StageTiming {
-                stage:
-                    "main pass plan + page-locked batch slots (host thread, beside the sample pass)"
-                        .into(),
+                stage: "main pass plan (host thread, beside the sample pass)".into(),
                 seconds: t_main_plan.as_secs_f64(),
             },
         ];

@@ -109,7 +109,7 @@ pub(super) fn pipeline(
     }
     let e = engine()?;
     let opts = params.options;
-    let slots = opts.slots_in_flight();
+    let slots = opts.slots.clamp(2, 4);
     let rplan = params.detector;
     if rplan.source != src.detector_shape {
         return Err(
