@@ -494,14 +494,22 @@ fn fill_from_host(x: &FillG<'_>, bt: &mut Batch, host: &dyn HostImages) -> Resul
     Ok(())
 }
 
-/// R2C the batch's `np` images (pixels `p0..p0 + np`) and store the half spectra into G.
+/// R2C the batch's `np` images (pixels `p0..p0 + np`) and store the half spectra into G. The
+/// plan is always of a whole batch (a last, shorter batch transforms the earlier batch's images
+/// behind its own too, unstored), so one plan and one cuFFT work area exist, as budgeted.
 fn fft_store(x: &FillG<'_>, bt: &mut Batch, p0: usize, np: usize) -> Result<()> {
     let gpu = &x.e.gpu;
-    let plan = cached_plan(&mut bt.plans, np, || {
-        make_plan(gpu, x.scan, cufft_sys::cufftType::CUFFT_R2C, np, x.counter)
+    let plan = cached_plan(&mut bt.plans, x.batch, || {
+        make_plan(
+            gpu,
+            x.scan,
+            cufft_sys::cufftType::CUFFT_R2C,
+            x.batch,
+            x.counter,
+        )
     })?;
-    // SAFETY: the plan is `np` R2C transforms of the scan; `images` holds np·n f32 and `temp`
-    // batch·nh ≥ np·nh complex f32; stream order.
+    // SAFETY: the plan is `batch` R2C transforms of the scan; `images` holds batch·n f32 and
+    // `temp` batch·nh complex f32; stream order.
     unsafe {
         cufft::exec_r2c(
             plan.plan.0,
