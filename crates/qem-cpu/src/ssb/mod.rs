@@ -41,6 +41,7 @@ use std::sync::Arc;
 
 use crate::EncodedFrames;
 
+mod coherence;
 mod fit;
 mod refine;
 pub use fit::{fit_with, BatchObjective, Fidelity, FitOutcome, FitSpec};
@@ -117,6 +118,12 @@ impl<'a> Probe<'a> {
             return Complex64::new(0.0, 0.0);
         }
         Complex64::from_polar(amp, -chi_from_polynomial(&self.c, v_r, v_c))
+    }
+
+    /// True when χ is quadratic, `χ(v) = vᵀMv` (only C10, C12, φ12 act): the coherence loss
+    /// then takes its terms without χ or sin/cos (`coherence.rs`).
+    fn is_quadratic(&self) -> bool {
+        self.c[3..].iter().all(|&v| v == 0.0)
     }
 
     /// [`gamma`] with `P(k)` already known.
@@ -432,6 +439,11 @@ pub struct Prepared {
     /// The frequencies the coherence loss evaluates, with their weights (see
     /// [`coherence_terms`]).
     terms: Vec<(usize, f64)>,
+    /// Each term's (scan row, scan column).
+    term_rc: Vec<(u32, u32)>,
+    /// Per pixel `Σ_{ν≠0} |G_b(ν)|²` (the coherence loss's constant denominator), summed in
+    /// frequency order.
+    power: Vec<f64>,
     fft: Fft2,
 }
 
@@ -499,6 +511,14 @@ impl Prepared {
         let nu_r = fftfreq(scan.rows, scan_step_a.0);
         let nu_c = fftfreq(scan.cols, scan_step_a.1);
         let terms = coherence_terms(scan, &nu_r, &nu_c);
+        let term_rc = terms
+            .iter()
+            .map(|&(i, _)| ((i / scan.cols) as u32, (i % scan.cols) as u32))
+            .collect();
+        let power = g
+            .iter()
+            .map(|gb| gb[1..].iter().map(|v| v.norm_sqr()).sum())
+            .collect();
         Ok(Prepared {
             scan,
             scan_step_a,
@@ -509,6 +529,8 @@ impl Prepared {
             nu_r,
             nu_c,
             terms,
+            term_rc,
+            power,
             fft,
         })
     }
@@ -603,42 +625,6 @@ impl Prepared {
             .map(|(m1, m2)| m2 / bf - (m1 / bf).powi(2))
             .sum::<f64>()
             / n as f64
-    }
-
-    /// [`Objective::Coherence`] over pixels `0..b`.
-    fn coherence(&self, ab: &Aberrations, b: usize) -> f64 {
-        let h = self.terms.len();
-        let p = Probe::new(&self.optics, ab);
-        // acc[q] = Σ_b G_b Γ_b*(ν_q), acc[h + q].re = Σ_b |Γ_b(ν_q)|² over the frequencies of
-        // `terms`; acc[2h].re = Σ_b Σ_{ν≠0} |G_b|² (pixels with A(k_b) > 0, every frequency).
-        let acc = ordered_sum(b, 2 * h + 1, Complex64::new(0.0, 0.0), |j, acc| {
-            let k = self.k[j];
-            let pk = p.at(k.0, k.1);
-            if pk.norm_sqr() == 0.0 {
-                return; // zero-aperture pixel: Γ ≡ 0
-            }
-            let gj = &self.g[j];
-            for (q, &(i, _)) in self.terms.iter().enumerate() {
-                let gam = p.gamma_at(k, pk, self.nu(i));
-                acc[q] += gj[i] * gam.conj();
-                acc[h + q].re += gam.norm_sqr();
-            }
-            for gv in &gj[1..] {
-                acc[2 * h].re += gv.norm_sqr();
-            }
-        });
-        let power = acc[2 * h].re;
-        if power <= 0.0 {
-            return 0.0;
-        }
-        let explained: f64 = self
-            .terms
-            .iter()
-            .enumerate()
-            .filter(|&(q, _)| acc[h + q].re > GAMMA_SUM_FLOOR)
-            .map(|(q, &(_, w))| w * acc[q].norm_sqr() / acc[h + q].re)
-            .sum();
-        -explained / power
     }
 }
 
@@ -792,9 +778,24 @@ mod tests {
     /// outside the aperture.
     #[test]
     fn coherence_over_mirror_pairs_equals_the_full_sum() {
-        let (o, ab) = (optics(), focus_astigmatism(70.0, 15.0, 0.3));
+        let o = optics();
         let kmax = o.alpha_rad / o.lambda_a;
-        for scan in [Shape2::new(8, 6), Shape2::new(7, 5), Shape2::new(6, 9)] {
+        // Quadratic χ (the loss's quadratic terms) and with coma and three-fold (its general
+        // terms).
+        let quadratic = focus_astigmatism(70.0, 15.0, 0.3);
+        let odd = Aberrations {
+            c21: 250.0,
+            phi21: 0.7,
+            c23: 120.0,
+            ..quadratic
+        };
+        for (scan, ab) in [
+            (Shape2::new(8, 6), quadratic),
+            (Shape2::new(7, 5), quadratic),
+            (Shape2::new(6, 9), quadratic),
+            (Shape2::new(8, 6), odd),
+            (Shape2::new(7, 5), odd),
+        ] {
             let n = scan.len();
             // Pixels inside, near the edge and outside the aperture; pseudo-random images.
             let k: Vec<(f64, f64)> = [
