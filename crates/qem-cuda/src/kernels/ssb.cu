@@ -562,12 +562,14 @@ __device__ void accumulate(const void* __restrict__ g, const float* __restrict__
                              nc, half, o, ab, q, matched, hlist, n_list, gen_blocks, s_part,    \
                              d_part, pow_part);                                                 \
     }
-SSB_ACCUMULATE(qem_ssb_accumulate_g32, GS32, false)
-SSB_ACCUMULATE(qem_ssb_accumulate_g16, GS16, false)
-SSB_ACCUMULATE(qem_ssb_accumulate_g12, GS12, false)
-SSB_ACCUMULATE(qem_ssb_accumulate_quad_g32, GS32, true)
-SSB_ACCUMULATE(qem_ssb_accumulate_quad_g16, GS16, true)
-SSB_ACCUMULATE(qem_ssb_accumulate_quad_g12, GS12, true)
+// The general and the quadratic kernel of each storage: qem_ssb_accumulate_g32, _g16, _g12 and
+// qem_ssb_accumulate_quad_g32, _g16, _g12.
+#define SSB_ACCUMULATE_BOTH(TAG, GS)                                                            \
+    SSB_ACCUMULATE(qem_ssb_accumulate_##TAG, GS, false)                                        \
+    SSB_ACCUMULATE(qem_ssb_accumulate_quad_##TAG, GS, true)
+SSB_ACCUMULATE_BOTH(g32, GS32)
+SSB_ACCUMULATE_BOTH(g16, GS16)
+SSB_ACCUMULATE_BOTH(g12, GS12)
 
 // s[i] (+)= Σ_y s_part[y][i] in slice order (`add` = 1 continues a sum over earlier batches).
 extern "C" __global__ void __launch_bounds__(256)
@@ -772,32 +774,6 @@ extern "C" __global__ void qem_ssb_gather_u32(const u32* data, u64 frame_len, u6
     gather(data, frame_len, nf, f0, n_out, pix, np, out);
 }
 
-// A batch of np half spectra in[j][h] (cuFFT's layout) into G's tiles for pixels p0 + j: as
-// float2 (GS32), as f16(in / gscale[p0 + j]) (GS16), or as that f16 rounded to 12 bits (GS12).
-extern "C" __global__ void __launch_bounds__(256)
-qem_ssb_store_g32(const float2* __restrict__ in, u64 nh, u32 np, u32 p0, u32 nb,
-                  float2* __restrict__ out) {
-    const u64 total = nh * np;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (u64)gridDim.x * blockDim.x) {
-        const u64 j = i / nh;
-        out[g_at(p0 + j, nb, i - j * nh)] = in[i];
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-qem_ssb_store_g16(const float2* __restrict__ in, u64 nh, u32 np, u32 p0, u32 nb,
-                  const float* __restrict__ gscale, ushort2* __restrict__ out) {
-    const u64 total = nh * np;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (u64)gridDim.x * blockDim.x) {
-        const u64 j = i / nh;
-        const float inv = 1.f / gscale[p0 + j];
-        const float2 v = in[i];
-        out[g_at(p0 + j, nb, i - j * nh)] = make_ushort2(f2h(v.x * inv), f2h(v.y * inv));
-    }
-}
-
 // An f16 bit pattern rounded to its top 12 bits (sign, exponent, 6 mantissa bits), to nearest
 // with ties away from zero; the largest finite value stays finite (|G| ≤ 60000 anyway).
 __device__ __forceinline__ u32 h_to_12(u16 h) {
@@ -805,21 +781,52 @@ __device__ __forceinline__ u32 h_to_12(u16 h) {
     return ((u32)(h >> 15) << 11) | mag;
 }
 
-extern "C" __global__ void __launch_bounds__(256)
-qem_ssb_store_g12(const float2* __restrict__ in, u64 nh, u32 np, u32 p0, u32 nb,
-                  const float* __restrict__ gscale, unsigned char* __restrict__ out) {
+// `v` (already divided by the pixel's gscale for GS16, GS12) into G's storage at value `at`.
+template <int GS>
+__device__ __forceinline__ void g_write(void* out, u64 at, float2 v) {
+    if (GS == GS32) {
+        reinterpret_cast<float2*>(out)[at] = v;
+    } else if (GS == GS16) {
+        reinterpret_cast<ushort2*>(out)[at] = make_ushort2(f2h(v.x), f2h(v.y));
+    } else {
+        const u32 re = h_to_12(f2h(v.x)), im = h_to_12(f2h(v.y));
+        unsigned char* tile = reinterpret_cast<unsigned char*>(out) + (at / G_TILE) * 3u * G_TILE;
+        reinterpret_cast<u16*>(tile)[at % G_TILE] = (u16)((re << 4) | (im >> 8));
+        tile[2u * G_TILE + at % G_TILE] = (unsigned char)(im & 0xffu);
+    }
+}
+
+// A batch of np half spectra in[j][h] (cuFFT's layout) into G's tiles for pixels p0 + j: as
+// float2 (GS32), as f16(in / gscale[p0 + j]) (GS16), or as that f16 rounded to 12 bits (GS12).
+template <int GS>
+__device__ void store(const float2* __restrict__ in, u64 nh, u32 np, u32 p0, u32 nb,
+                      const float* __restrict__ gscale, void* __restrict__ out) {
     const u64 total = nh * np;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (u64)gridDim.x * blockDim.x) {
         const u64 j = i / nh;
-        const float inv = 1.f / gscale[p0 + j];
-        const float2 v = in[i];
-        const u32 re = h_to_12(f2h(v.x * inv)), im = h_to_12(f2h(v.y * inv));
-        const u64 at = g_at(p0 + j, nb, i - j * nh);
-        unsigned char* tile = out + (at / G_TILE) * 3u * G_TILE;
-        reinterpret_cast<u16*>(tile)[at % G_TILE] = (u16)((re << 4) | (im >> 8));
-        tile[2u * G_TILE + at % G_TILE] = (unsigned char)(im & 0xffu);
+        float2 v = in[i];
+        if (GS != GS32) {
+            const float inv = 1.f / gscale[p0 + j];
+            v = make_float2(v.x * inv, v.y * inv);
+        }
+        g_write<GS>(out, g_at(p0 + j, nb, i - j * nh), v);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+qem_ssb_store_g32(const float2* in, u64 nh, u32 np, u32 p0, u32 nb, float2* out) {
+    store<GS32>(in, nh, np, p0, nb, nullptr, out);
+}
+extern "C" __global__ void __launch_bounds__(256)
+qem_ssb_store_g16(const float2* in, u64 nh, u32 np, u32 p0, u32 nb, const float* gscale,
+                  ushort2* out) {
+    store<GS16>(in, nh, np, p0, nb, gscale, out);
+}
+extern "C" __global__ void __launch_bounds__(256)
+qem_ssb_store_g12(const float2* in, u64 nh, u32 np, u32 p0, u32 nb, const float* gscale,
+                  unsigned char* out) {
+    store<GS12>(in, nh, np, p0, nb, gscale, out);
 }
 
 // Images uploaded as u32 counts become f32 in place (each thread reads its value before writing

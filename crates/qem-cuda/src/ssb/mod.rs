@@ -575,7 +575,7 @@ impl GpuSsb {
             .arg(&sp)
             .arg(&dp)
             .arg(&pp);
-        // SAFETY: matches `qem_ssb_accumulate[_quad]_g{32,16}(const void*, const float*, u32,
+        // SAFETY: matches `qem_ssb_accumulate[_quad]_g{32,16,12}(const void*, const float*, u32,
         // u32, u32, const float2*, const float2*, const float*, const unsigned char*, const float*,
         // const float*, u32, u32, u32, SsbOptics, SsbAb, SsbQuad, u32, const u32*, u32, u32,
         // float2*, float*, double*)`: G holds b·padded_half(nr·half) values of its storage (tiled),
@@ -751,7 +751,7 @@ impl GpuSsb {
                 .arg(&pk);
             sa.push_scan(&mut lb);
             lb.arg(&a).arg(&dc).arg(&buf);
-            // SAFETY: matches `qem_ssb_corrected_g{32,16}(const void*, const float*, u32, u32,
+            // SAFETY: matches `qem_ssb_corrected_g{32,16,12}(const void*, const float*, u32, u32,
             // const float2*, const float2*, const float*, const float*, u32, u32, u32,
             // SsbOptics, SsbAb, float, float2*)`; pixels b0..b0+nbj < b; buf holds batch·n
             // float2 ≥ nbj·n; grid-stride over the half spectrum.
