@@ -191,8 +191,11 @@ impl EncodedPasses {
 /// batches would each take one (G nearly fills the budget), the pixels are staged instead: a
 /// pass gathers as many BF pixels as fit as u16 images (2 bytes per scan position, where an FFT
 /// batch takes ~16 per pixel), then FFT batches of at most [`STAGED_BATCH`] pixels convert and
-/// transform them. An eighth of the room beside G goes to the decode scratch (at least
-/// [`MIN_SCRATCH`]). Staging that would not save a pass is not used.
+/// transform them. The decode scratch trades against the staging: a decode launch needs
+/// [`DECODE_SCRATCH`]'s ~3,600 frames of 192² to fill an H100 (with an eighth of that, 780
+/// frames, a pass took ~100 ms instead of ~20: r53 under 6 GiB, `h100_ssb_r53.json`), so the
+/// scratch is the candidate (16 MiB … [`DECODE_SCRATCH`]) with the least predicted decode time,
+/// passes × max(1, DECODE_SCRATCH / scratch). Staging that would not save a pass is not used.
 pub(super) fn encoded_passes(
     sz: &Sizes,
     storage: GStorage,
@@ -210,29 +213,37 @@ pub(super) fn encoded_passes(
         return Ok(direct);
     }
     let base = sz.b * padded_half(sz.nh) * storage.bytes_per_value() + sz.fixed;
-    let room = budget.saturating_sub(base);
-    let scratch = (room / 8).min(sz.scratch).max(MIN_SCRATCH.min(sz.scratch));
     let fft_px = sz.n * 4 + sz.nh * 8;
-    let mut fb = batch.min(STAGED_BATCH);
-    let used = loop {
-        let used = base + scratch + fb as u64 * fft_px + work(fb)?;
-        if used + fb as u64 * sz.n * 2 <= budget {
-            break used;
+    let fb = batch.min(STAGED_BATCH);
+    let fft = fb as u64 * fft_px + work(fb)?;
+    let mut best: Option<(f64, EncodedPasses)> = None;
+    let mut scratch = MIN_SCRATCH.min(sz.scratch);
+    loop {
+        let used = base + scratch + fft;
+        let stage = (budget.saturating_sub(used) / (sz.n * 2)).min(sz.b) as usize;
+        // At least one FFT batch staged; round down to whole FFT batches unless one pass
+        // takes every pixel, so only the very last batch is short.
+        let stage = if stage >= b { b } else { stage / fb * fb };
+        if stage >= fb {
+            let p = EncodedPasses {
+                stage,
+                batch: fb,
+                scratch,
+            };
+            let cost = p.passes(b) as f64 * (DECODE_SCRATCH as f64 / scratch as f64).max(1.0);
+            if best.as_ref().is_none_or(|(c, _)| cost < *c) {
+                best = Some((cost, p));
+            }
         }
-        if fb == 1 {
-            return Ok(direct);
+        if scratch >= sz.scratch {
+            break;
         }
-        fb /= 2;
-    };
-    let stage = (((budget - used) / (sz.n * 2)) as usize).min(b);
-    let staged = EncodedPasses {
-        stage,
-        batch: fb,
-        scratch,
-    };
-    Ok(if staged.passes(b) < direct.passes(b) {
-        staged
-    } else {
-        direct
+        scratch = (scratch * 2).min(sz.scratch);
+    }
+    let direct_cost =
+        direct.passes(b) as f64 * (DECODE_SCRATCH as f64 / sz.scratch as f64).max(1.0);
+    Ok(match best {
+        Some((cost, p)) if cost < direct_cost => p,
+        _ => direct,
     })
 }

@@ -80,6 +80,9 @@ impl GpuSsb {
             }
             batch = (batch / 2).max(1);
         }
+        // Batches of equal size (8,653 pixels as 3 × 2,885, not 2 × 4,096 + 461): the one R2C
+        // plan of a whole batch then transforms at most a few stale images in the last one.
+        let batch = b.div_ceil(b.div_ceil(batch));
         // ENCODED data: stage the pixels as u16 images where G leaves room for few per pass.
         let passes = match src {
             Source::Encoded(_) => encoded_passes(&sz, storage, batch, budget, |k| {
