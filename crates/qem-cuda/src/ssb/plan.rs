@@ -103,6 +103,8 @@ pub(super) struct Sizes {
     pub(super) fixed: u64,
     /// Decode scratch (ENCODED sources).
     pub(super) scratch: u64,
+    /// Bytes of one decoded u16 frame (ENCODED sources).
+    pub(super) frame_bytes: u64,
 }
 
 impl Sizes {
@@ -161,6 +163,9 @@ pub(super) const DIRECT_PASSES: usize = 4;
 const MIN_SCRATCH: u64 = 16 << 20;
 /// The largest FFT batch of a staged ENCODED gather (32 R2C of the scan keep cuFFT busy).
 const STAGED_BATCH: usize = 32;
+/// Frames one decode launch needs to keep an H100 busy: [`DECODE_SCRATCH`]'s 3,640 frames of
+/// 192² decode at the full rate (~20 ms for 262,144), 780 took ~5× as long per frame.
+const FULL_DECODE_FRAMES: f64 = 3640.0;
 
 /// How an ENCODED source is gathered (bytes, except the pixel counts).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,10 +197,11 @@ impl EncodedPasses {
 /// pass gathers as many BF pixels as fit as u16 images (2 bytes per scan position, where an FFT
 /// batch takes ~16 per pixel), then FFT batches of at most [`STAGED_BATCH`] pixels convert and
 /// transform them. The decode scratch trades against the staging: a decode launch needs
-/// [`DECODE_SCRATCH`]'s ~3,600 frames of 192² to fill an H100 (with an eighth of that, 780
-/// frames, a pass took ~100 ms instead of ~20: r53 under 6 GiB, `h100_ssb_r53.json`), so the
-/// scratch is the candidate (16 MiB … [`DECODE_SCRATCH`]) with the least predicted decode time,
-/// passes × max(1, DECODE_SCRATCH / scratch). Staging that would not save a pass is not used.
+/// [`FULL_DECODE_FRAMES`] frames to fill an H100 (with 780 frames of 192², a pass took ~100 ms
+/// instead of ~20: r53 under 6 GiB, `h100_ssb_r53.json`), so the scratch is the candidate
+/// (16 MiB … the full scratch, doubling) with the least predicted decode time,
+/// passes × max(1, FULL_DECODE_FRAMES / frames per launch). Staging that would not save decode
+/// time is not used.
 pub(super) fn encoded_passes(
     sz: &Sizes,
     storage: GStorage,
@@ -230,7 +236,7 @@ pub(super) fn encoded_passes(
                 batch: fb,
                 scratch,
             };
-            let cost = p.passes(b) as f64 * (DECODE_SCRATCH as f64 / scratch as f64).max(1.0);
+            let cost = p.passes(b) as f64 * launch_cost(scratch, sz.frame_bytes);
             if best.as_ref().is_none_or(|(c, _)| cost < *c) {
                 best = Some((cost, p));
             }
@@ -240,10 +246,16 @@ pub(super) fn encoded_passes(
         }
         scratch = (scratch * 2).min(sz.scratch);
     }
-    let direct_cost =
-        direct.passes(b) as f64 * (DECODE_SCRATCH as f64 / sz.scratch as f64).max(1.0);
+    let direct_cost = direct.passes(b) as f64 * launch_cost(sz.scratch, sz.frame_bytes);
     Ok(match best {
         Some((cost, p)) if cost < direct_cost => p,
         _ => direct,
     })
+}
+
+/// The decode time of one pass relative to a full-rate one, with `scratch` bytes of decoded
+/// frames per launch.
+fn launch_cost(scratch: u64, frame_bytes: u64) -> f64 {
+    let frames = (scratch / frame_bytes.max(1)).max(1) as f64;
+    (FULL_DECODE_FRAMES / frames).max(1.0)
 }

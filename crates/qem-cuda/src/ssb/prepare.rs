@@ -61,6 +61,7 @@ impl GpuSsb {
             nh,
             fixed,
             scratch,
+            frame_bytes: frame_len as u64 * 2,
         };
         let (storage, mut batch) = choose_plan(&sz, budget, s.storage)?;
         let f = load_funcs(gpu, storage)?;
