@@ -1,4 +1,5 @@
-//! The coherence loss ([`Objective::Coherence`]) over the frequencies of `coherence_terms`.
+//! The coherence loss ([`Objective::Coherence`]) over the frequencies of `coherence_terms`, and
+//! the quadratic form of Γ that it and the corrected spectra use where they can.
 //!
 //! Any χ: `Γ_b(ν)` from the probe at `k_b ∓ ν` (two sin/cos and two χ polynomials per term).
 //! Where χ is quadratic, `χ(v) = vᵀMv` (only C10, C12, φ12: the default fit), the terms need
@@ -11,23 +12,91 @@
 
 use super::*;
 
+/// One evaluation's tables of the quadratic form: `M` and `U(ν)` over the full plane.
+pub(super) struct Quadratic {
+    m_rr: f64,
+    m_rc: f64,
+    m_cc: f64,
+    /// `U = exp(−iχ(ν))`, row-major over the scan's frequencies.
+    pub(super) u: Vec<Complex64>,
+}
+
+impl Quadratic {
+    /// `W = A(k − ν) U − A(k + ν) U*`, or `None` where both apertures are 0 (Γ = 0).
+    pub(super) fn w(
+        &self,
+        p: &Probe<'_>,
+        k: (f64, f64),
+        nu: (f64, f64),
+        u: Complex64,
+    ) -> Option<Complex64> {
+        let am = p.amplitude(k.0 - nu.0, k.1 - nu.1);
+        let ap = p.amplitude(k.0 + nu.0, k.1 + nu.1);
+        if am == 0.0 && ap == 0.0 {
+            return None;
+        }
+        Some(u * am - u.conj() * ap)
+    }
+}
+
 impl Prepared {
+    /// The quadratic form's tables when `p`'s χ is quadratic.
+    pub(super) fn quadratic(&self, p: &Probe<'_>) -> Option<Quadratic> {
+        if !p.is_quadratic() {
+            return None;
+        }
+        let c = &p.c;
+        // χ(v) = vᵀMv: M = [[c0 + c1, c2], [c2, c0 − c1]] (chi_polynomial, x = v_r, y = v_c).
+        let u = (0..self.scan.len())
+            .map(|i| {
+                let (vr, vc) = self.nu(i);
+                Complex64::from_polar(1.0, -chi_from_polynomial(c, vr, vc))
+            })
+            .collect();
+        Some(Quadratic {
+            m_rr: c[0] + c[1],
+            m_rc: c[2],
+            m_cc: c[0] - c[1],
+            u,
+        })
+    }
+
+    /// `A(k) exp(i a_r ν_r)` over the scan's rows and `exp(i a_c ν_c)` over its columns
+    /// (`a = 2Mk`): their product is `A(k) E`.
+    pub(super) fn pixel_phases(
+        &self,
+        q: &Quadratic,
+        k: (f64, f64),
+        ak: f64,
+    ) -> (Vec<Complex64>, Vec<Complex64>) {
+        let a_r = 2.0 * (q.m_rr * k.0 + q.m_rc * k.1);
+        let a_c = 2.0 * (q.m_rc * k.0 + q.m_cc * k.1);
+        (
+            self.nu_r
+                .iter()
+                .map(|&v| Complex64::from_polar(ak, a_r * v))
+                .collect(),
+            self.nu_c
+                .iter()
+                .map(|&v| Complex64::from_polar(1.0, a_c * v))
+                .collect(),
+        )
+    }
+
     /// [`Objective::Coherence`] over pixels `0..b`.
     pub(super) fn coherence(&self, ab: &Aberrations, b: usize) -> f64 {
         let p = Probe::new(&self.optics, ab);
-        self.coherence_with(&p, b, p.is_quadratic())
+        self.coherence_with(&p, b, self.quadratic(&p).as_ref())
     }
 
-    /// The coherence with the quadratic terms (`quadratic`, which χ must allow) or the general
-    /// ones.
-    pub(super) fn coherence_with(&self, p: &Probe<'_>, b: usize, quadratic: bool) -> f64 {
+    /// The coherence with the quadratic terms (`quad`) or the general ones.
+    pub(super) fn coherence_with(&self, p: &Probe<'_>, b: usize, quad: Option<&Quadratic>) -> f64 {
         let h = self.terms.len();
         // acc[q] = Σ_b G_b Γ_b*(ν_q), acc[h + q].re = Σ_b |Γ_b(ν_q)|² over the frequencies of
         // `terms`; acc[2h].re = Σ_b Σ_{ν≠0} |G_b|² (pixels with A(k_b) > 0, every frequency).
-        let acc = if quadratic {
-            self.coherence_sums_quadratic(p, b)
-        } else {
-            self.coherence_sums(p, b)
+        let acc = match quad {
+            Some(q) => self.coherence_sums_quadratic(p, q, b),
+            None => self.coherence_sums(p, b),
         };
         let power = acc[2 * h].re;
         if power <= 0.0 {
@@ -63,51 +132,24 @@ impl Prepared {
     }
 
     /// The sums of [`Prepared::coherence_with`] for quadratic χ (module docs).
-    fn coherence_sums_quadratic(&self, p: &Probe<'_>, b: usize) -> Vec<Complex64> {
+    fn coherence_sums_quadratic(&self, p: &Probe<'_>, q: &Quadratic, b: usize) -> Vec<Complex64> {
         let h = self.terms.len();
-        let c = &p.c;
-        // χ(v) = vᵀMv: M = [[c0 + c1, c2], [c2, c0 − c1]] (chi_polynomial, x = v_r, y = v_c).
-        let (m_rr, m_rc, m_cc) = (c[0] + c[1], c[2], c[0] - c[1]);
-        let u: Vec<Complex64> = self
-            .terms
-            .iter()
-            .map(|&(i, _)| {
-                let (vr, vc) = self.nu(i);
-                Complex64::from_polar(1.0, -chi_from_polynomial(c, vr, vc))
-            })
-            .collect();
         ordered_sum(b, 2 * h + 1, Complex64::new(0.0, 0.0), |j, acc| {
             let k = self.k[j];
             let ak = p.amplitude(k.0, k.1);
             if ak == 0.0 {
                 return; // zero-aperture pixel: Γ ≡ 0
             }
-            let (a_r, a_c) = (
-                2.0 * (m_rr * k.0 + m_rc * k.1),
-                2.0 * (m_rc * k.0 + m_cc * k.1),
-            );
-            let e_r: Vec<Complex64> = self
-                .nu_r
-                .iter()
-                .map(|&v| Complex64::from_polar(ak, a_r * v))
-                .collect();
-            let e_c: Vec<Complex64> = self
-                .nu_c
-                .iter()
-                .map(|&v| Complex64::from_polar(1.0, a_c * v))
-                .collect();
+            let (e_r, e_c) = self.pixel_phases(q, k, ak);
             let gj = &self.g[j];
-            for (q, (&(i, _), &(r, cc))) in self.terms.iter().zip(&self.term_rc).enumerate() {
-                let (vr, vc) = (self.nu_r[r as usize], self.nu_c[cc as usize]);
-                let am = p.amplitude(k.0 - vr, k.1 - vc);
-                let ap = p.amplitude(k.0 + vr, k.1 + vc);
-                if am == 0.0 && ap == 0.0 {
+            for (t, (&(i, _), &(r, c))) in self.terms.iter().zip(&self.term_rc).enumerate() {
+                let (r, c) = (r as usize, c as usize);
+                let Some(w) = q.w(p, k, (self.nu_r[r], self.nu_c[c]), q.u[i]) else {
                     continue; // Γ = 0
-                }
-                let w = u[q] * am - u[q].conj() * ap;
-                let gam = e_r[r as usize] * e_c[cc as usize] * w;
-                acc[q] += gj[i] * gam.conj();
-                acc[h + q].re += gam.norm_sqr();
+                };
+                let gam = e_r[r] * e_c[c] * w;
+                acc[t] += gj[i] * gam.conj();
+                acc[h + t].re += gam.norm_sqr();
             }
             acc[2 * h].re += self.power[j];
         })
@@ -118,8 +160,9 @@ impl Prepared {
 mod tests {
     use super::*;
 
-    /// The quadratic terms equal the general ones (to rounding) where χ is quadratic, over
-    /// every pixel and over a coarse prefix, with pixels outside and on the aperture's edge.
+    /// The quadratic terms equal the general ones (to rounding) where χ is quadratic, in the
+    /// coherence over every pixel and over a coarse prefix and in every pixel's corrected
+    /// spectrum, with pixels outside and on the aperture's edge.
     #[test]
     fn quadratic_terms_equal_the_general_ones() {
         // Oblong detector pixels: a soft edge of direction-dependent width.
@@ -149,11 +192,11 @@ mod tests {
                 ..Aberrations::default()
             };
             let p = Probe::new(&prep.optics, &ab);
-            assert!(p.is_quadratic());
+            let q = prep.quadratic(&p).expect("quadratic χ");
             for b in [40, 13] {
                 let (quad, general) = (
-                    prep.coherence_with(&p, b, true),
-                    prep.coherence_with(&p, b, false),
+                    prep.coherence_with(&p, b, Some(&q)),
+                    prep.coherence_with(&p, b, None),
                 );
                 assert!(general < -1e-6, "{c10} {b}: a loss to compare ({general})");
                 assert!(
@@ -162,10 +205,36 @@ mod tests {
                 );
             }
         }
+        // The corrected spectra (object, phase variance) by both forms, pixel by pixel.
+        let ab = Aberrations {
+            c10: 85.0,
+            c12: 20.0,
+            phi12: 0.4,
+            ..Aberrations::default()
+        };
+        let p = Probe::new(&prep.optics, &ab);
+        let q = prep.quadratic(&p).expect("quadratic χ");
+        let mut compared = 0;
+        for j in 0..prep.n_pixels() {
+            let (quad, general) = (
+                prep.corrected_with(j, &p, Some(&q)),
+                prep.corrected_with(j, &p, None),
+            );
+            let norm: f64 = general.iter().map(|v| v.norm_sqr()).sum::<f64>().sqrt();
+            let diff: f64 = quad
+                .iter()
+                .zip(&general)
+                .map(|(a, b)| (a - b).norm_sqr())
+                .sum::<f64>()
+                .sqrt();
+            assert!(diff <= 1e-12 * norm, "pixel {j}: {diff} vs {norm}");
+            compared += usize::from(general[1..].iter().any(|v| v.norm_sqr() > 0.0));
+        }
+        assert!(compared > 20, "{compared} pixels with a non-zero spectrum");
         let odd = Aberrations {
             c21: 300.0,
             ..Aberrations::default()
         };
-        assert!(!Probe::new(&prep.optics, &odd).is_quadratic());
+        assert!(prep.quadratic(&Probe::new(&prep.optics, &odd)).is_none());
     }
 }

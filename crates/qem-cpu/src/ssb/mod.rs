@@ -42,6 +42,7 @@ use std::sync::Arc;
 use crate::EncodedFrames;
 
 mod coherence;
+use coherence::Quadratic;
 mod fit;
 mod refine;
 pub use fit::{fit_with, BatchObjective, Fidelity, FitOutcome, FitSpec};
@@ -547,28 +548,48 @@ impl Prepared {
 
     /// Corrected spectrum `C_b(ν)` of pixel `b` (module docs, step 5).
     pub fn corrected(&self, b: usize, ab: &Aberrations) -> Vec<Complex64> {
-        let k = self.k[b];
         let p = Probe::new(&self.optics, ab);
-        let pk = p.at(k.0, k.1);
+        self.corrected_with(b, &p, self.quadratic(&p).as_ref())
+    }
+
+    /// [`Prepared::corrected`] with the probe made, by the quadratic terms when `quad` is
+    /// given (`coherence.rs`), else by the general ones.
+    fn corrected_with(&self, b: usize, p: &Probe<'_>, quad: Option<&Quadratic>) -> Vec<Complex64> {
+        let k = self.k[b];
         let gb = &self.g[b];
-        let mut out = Vec::with_capacity(gb.len());
-        for (i, &gv) in gb.iter().enumerate() {
-            if i == 0 {
-                out.push(Complex64::new(self.dc, 0.0));
-                continue;
-            }
-            if pk.norm_sqr() == 0.0 {
-                // Zero-aperture pixel: Γ ≡ 0, its spectrum is DC only.
-                out.push(Complex64::new(0.0, 0.0));
-                continue;
-            }
-            let gam = p.gamma_at(k, pk, self.nu(i));
+        let mut out = vec![Complex64::new(0.0, 0.0); gb.len()];
+        out[0] = Complex64::new(self.dc, 0.0);
+        let correct = |gv: Complex64, gam: Complex64| {
             let n2 = gam.norm_sqr();
-            out.push(if n2 > GAMMA_FLOOR_SQ {
+            if n2 > GAMMA_FLOOR_SQ {
                 gv * gam.conj() / n2.sqrt()
             } else {
                 gv * gam.conj() * 1e8
-            });
+            }
+        };
+        match quad {
+            Some(q) => {
+                let ak = p.amplitude(k.0, k.1);
+                if ak == 0.0 {
+                    return out; // zero-aperture pixel: Γ ≡ 0, its spectrum is DC only
+                }
+                let (e_r, e_c) = self.pixel_phases(q, k, ak);
+                for (i, (o, &gv)) in out.iter_mut().zip(gb).enumerate().skip(1) {
+                    let (r, c) = (i / self.scan.cols, i % self.scan.cols);
+                    if let Some(w) = q.w(p, k, (self.nu_r[r], self.nu_c[c]), q.u[i]) {
+                        *o = correct(gv, e_r[r] * e_c[c] * w);
+                    }
+                }
+            }
+            None => {
+                let pk = p.at(k.0, k.1);
+                if pk.norm_sqr() == 0.0 {
+                    return out; // zero-aperture pixel: Γ ≡ 0, its spectrum is DC only
+                }
+                for (i, (o, &gv)) in out.iter_mut().zip(gb).enumerate().skip(1) {
+                    *o = correct(gv, p.gamma_at(k, pk, self.nu(i)));
+                }
+            }
         }
         out
     }
@@ -578,8 +599,10 @@ impl Prepared {
     pub fn object(&self, ab: &Aberrations) -> Vec<Complex64> {
         let n = self.scan.len();
         let b = self.n_pixels();
+        let p = Probe::new(&self.optics, ab);
+        let quad = self.quadratic(&p);
         let sum = ordered_sum(b, n, Complex64::new(0.0, 0.0), |j, acc| {
-            let c = self.corrected(j, ab);
+            let c = self.corrected_with(j, &p, quad.as_ref());
             acc.iter_mut().zip(&c).for_each(|(x, y)| *x += y);
         });
         let mut spec: Vec<Complex64> = sum.into_iter().map(|v| v / b as f64).collect();
@@ -608,8 +631,10 @@ impl Prepared {
     fn phase_variance(&self, ab: &Aberrations, b: usize) -> f64 {
         let n = self.scan.len();
         // s[R] = Σ_b φ_b, s[N + R] = Σ_b φ_b².
+        let p = Probe::new(&self.optics, ab);
+        let quad = self.quadratic(&p);
         let s = ordered_sum(b, 2 * n, 0.0, |j, acc| {
-            let mut c = self.corrected(j, ab);
+            let mut c = self.corrected_with(j, &p, quad.as_ref());
             self.fft.run(&mut c, false);
             // The 1/N normalisation does not change arg, so it is skipped.
             for (r, v) in c.iter().enumerate() {
