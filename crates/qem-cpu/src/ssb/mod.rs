@@ -122,7 +122,7 @@ impl<'a> Probe<'a> {
     }
 
     /// True when χ is quadratic, `χ(v) = vᵀMv` (only C10, C12, φ12 act): the coherence loss
-    /// then takes its terms without χ or sin/cos (`coherence.rs`).
+    /// and the corrected spectra then take their terms without χ or sin/cos (`coherence.rs`).
     fn is_quadratic(&self) -> bool {
         self.c[3..].iter().all(|&v| v == 0.0)
     }
