@@ -323,7 +323,8 @@ class SSB:
         when it fits the budget, else complex f16 scaled per pixel (half the bytes; object
         within ~2e-5 relative L2 of the CPU's f64), else f12: that f16 rounded to 7
         significant bits, 3 bytes a value (what fits 8,653 BF pixels of a 512² scan beside the
-        data on a 6 GiB card). The CPU engine always keeps complex f64.
+        data on a 6 GiB card; its object is within ~2e-3 relative L2 of f32's). The CPU engine
+        always keeps complex f64.
     engine : {"auto", "cpu", "cuda"}
         Where SSB runs: ``"auto"`` = the engine holding ``ds``; ``"cuda"`` also takes a
         dataset loaded with ``backend="cpu"`` (its BF pixels are gathered on the host and
