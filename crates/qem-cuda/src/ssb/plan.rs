@@ -108,17 +108,21 @@ pub(super) struct Sizes {
 }
 
 impl Sizes {
-    /// Transient bytes per BF pixel of a prepare batch: its f32 image, its f32 spectrum (cuFFT's
-    /// layout, before the store into G's tiles) and an estimate of the R2C work area (about one
-    /// spectrum).
+    /// Bytes per BF pixel of a prepare batch's buffers: its f32 image and its f32 spectrum
+    /// (cuFFT's layout, before the store into G's tiles).
+    pub(super) fn batch_px(&self) -> u64 {
+        self.n * 4 + self.nh * 8
+    }
+    /// [`Sizes::batch_px`] and an estimate of the R2C work area (about one spectrum).
     pub(super) fn per_px(&self) -> u64 {
-        self.n * 4 + self.nh * 8 + self.nh * 8
+        self.batch_px() + self.nh * 8
+    }
+    /// G as `st` and the work buffers: what stays for the evaluations.
+    pub(super) fn resident(&self, st: GStorage) -> u64 {
+        self.b * padded_half(self.nh) * st.bytes_per_value() + self.fixed
     }
     pub(super) fn need(&self, st: GStorage, batch: u64) -> u64 {
-        self.b * padded_half(self.nh) * st.bytes_per_value()
-            + self.fixed
-            + self.scratch
-            + batch * self.per_px()
+        self.resident(st) + self.scratch + batch * self.per_px()
     }
 }
 
@@ -218,10 +222,9 @@ pub(super) fn encoded_passes(
     if b.div_ceil(batch) <= DIRECT_PASSES {
         return Ok(direct);
     }
-    let base = sz.b * padded_half(sz.nh) * storage.bytes_per_value() + sz.fixed;
-    let fft_px = sz.n * 4 + sz.nh * 8;
+    let base = sz.resident(storage);
     let fb = batch.min(STAGED_BATCH);
-    let fft = fb as u64 * fft_px + work(fb)?;
+    let fft = fb as u64 * sz.batch_px() + work(fb)?;
     let mut best: Option<(f64, EncodedPasses)> = None;
     let mut scratch = MIN_SCRATCH.min(sz.scratch);
     loop {

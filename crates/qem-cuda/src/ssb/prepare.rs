@@ -68,7 +68,7 @@ impl GpuSsb {
         // The R2C work area is asked of cuFFT; shrink the batch until everything fits.
         loop {
             let w = plan_work_bytes(scan, cufft_sys::cufftType::CUFFT_R2C, batch)?;
-            let used = sz.need(storage, batch as u64) - batch as u64 * nh * 8 + w;
+            let used = sz.resident(storage) + sz.scratch + batch as u64 * sz.batch_px() + w;
             if used <= budget {
                 break;
             }
