@@ -308,8 +308,9 @@ struct Batch {
     images: DevBuf,
     /// cuFFT's half spectra of one batch, `[pixel][h]`, before the store into G's tiles.
     temp: DevBuf,
-    /// R2C plans by batch size.
-    plans: Vec<(usize, SizedPlan)>,
+    /// The R2C plan of a whole batch (a shorter last batch transforms the earlier batch's
+    /// images behind its own too, unstored), so one cuFFT work area exists, as budgeted.
+    plan: SizedPlan,
     /// ENCODED sources: the decode scratch and the decoder's error record.
     dec: Option<(DevBuf, DevBuf)>,
 }
@@ -321,7 +322,7 @@ struct Batch {
 fn fill_g(x: &FillG<'_>) -> Result<()> {
     let ctx = x.e.gpu.ctx();
     let c = Some(x.counter);
-    let mut bt = Batch {
+    let bt = Batch {
         images: DevBuf::alloc(ctx, x.batch * x.n * 4, c, "BF pixel images")?,
         temp: DevBuf::alloc(
             ctx,
@@ -329,7 +330,13 @@ fn fill_g(x: &FillG<'_>) -> Result<()> {
             c,
             "batch spectra",
         )?,
-        plans: Vec::new(),
+        plan: make_plan(
+            &x.e.gpu,
+            x.scan,
+            cufft_sys::cufftType::CUFFT_R2C,
+            x.batch,
+            x.counter,
+        )?,
         dec: match x.src {
             Source::Encoded(_) => Some((
                 DevBuf::alloc(ctx, x.scratch as usize, c, "decoded frames")?,
@@ -339,8 +346,8 @@ fn fill_g(x: &FillG<'_>) -> Result<()> {
         },
     };
     match x.src {
-        Source::Encoded(_) if x.stage > 0 => fill_staged(x, &mut bt)?,
-        Source::Host { images, .. } => fill_from_host(x, &mut bt, *images)?,
+        Source::Encoded(_) if x.stage > 0 => fill_staged(x, &bt)?,
+        Source::Host { images, .. } => fill_from_host(x, &bt, *images)?,
         Source::Dense(_) | Source::Encoded(_) => {
             for p0 in (0..x.b).step_by(x.batch) {
                 let np = x.batch.min(x.b - p0);
@@ -360,7 +367,7 @@ fn fill_g(x: &FillG<'_>) -> Result<()> {
                     )?,
                     _ => decode_gather(x, &bt, &x.f.gather_u16, pix, np, out)?,
                 }
-                fft_store(x, &mut bt, p0, np)?;
+                fft_store(x, &bt, p0, np)?;
             }
         }
     }
@@ -417,7 +424,7 @@ fn decode_gather(
 
 /// The ENCODED route under a tight budget: per decode pass, [`FillG::stage`] BF pixels staged
 /// as u16 images, then converted and transformed [`FillG::batch`] at a time.
-fn fill_staged(x: &FillG<'_>, bt: &mut Batch) -> Result<()> {
+fn fill_staged(x: &FillG<'_>, bt: &Batch) -> Result<()> {
     let c = Some(x.counter);
     let staged = DevBuf::alloc(x.e.gpu.ctx(), x.stage * x.n * 2, c, "staged u16 images")?;
     let stream = x.e.gpu.stream();
@@ -447,7 +454,7 @@ fn fill_staged(x: &FillG<'_>, bt: &mut Batch) -> Result<()> {
 /// The host route: each batch's images filled by the host into two pinned buffers of at most
 /// [`HOST_CHUNK_BYTES`] in turn and uploaded asynchronously (the host fills the next while the
 /// card copies and transforms the last).
-fn fill_from_host(x: &FillG<'_>, bt: &mut Batch, host: &dyn HostImages) -> Result<()> {
+fn fill_from_host(x: &FillG<'_>, bt: &Batch, host: &dyn HostImages) -> Result<()> {
     let stream = x.e.gpu.stream();
     let ctx = x.e.gpu.ctx();
     let chunk_px = (HOST_CHUNK_BYTES / (x.n * 4)).clamp(1, x.batch);
@@ -498,25 +505,15 @@ fn fill_from_host(x: &FillG<'_>, bt: &mut Batch, host: &dyn HostImages) -> Resul
     Ok(())
 }
 
-/// R2C the batch's `np` images (pixels `p0..p0 + np`) and store the half spectra into G. The
-/// plan is always of a whole batch (a last, shorter batch transforms the earlier batch's images
-/// behind its own too, unstored), so one plan and one cuFFT work area exist, as budgeted.
-fn fft_store(x: &FillG<'_>, bt: &mut Batch, p0: usize, np: usize) -> Result<()> {
+/// R2C the batch's `np` images (pixels `p0..p0 + np`) with the whole batch's plan and store
+/// the half spectra into G.
+fn fft_store(x: &FillG<'_>, bt: &Batch, p0: usize, np: usize) -> Result<()> {
     let gpu = &x.e.gpu;
-    let plan = cached_plan(&mut bt.plans, x.batch, || {
-        make_plan(
-            gpu,
-            x.scan,
-            cufft_sys::cufftType::CUFFT_R2C,
-            x.batch,
-            x.counter,
-        )
-    })?;
     // SAFETY: the plan is `batch` R2C transforms of the scan; `images` holds batch·n f32 and
     // `temp` batch·nh complex f32; stream order.
     unsafe {
         cufft::exec_r2c(
-            plan.plan.0,
+            bt.plan.plan.0,
             bt.images.ptr() as *mut f32,
             bt.temp.ptr() as *mut cufft_sys::cufftComplex,
         )
