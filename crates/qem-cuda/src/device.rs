@@ -38,26 +38,35 @@ pub struct DeviceInfo {
     pub l2_bytes: i32,
     /// CUDA version the driver supports (`cuDriverGetVersion`), e.g. 13000.
     pub driver_version: i32,
-    /// NVRTC version `(major, minor)`.
-    pub nvrtc_version: (i32, i32),
+    /// NVRTC version `(major, minor)`; `None` when NVRTC was not loaded because the shipped
+    /// kernels cover this build (it loads with the first module outside the pack).
+    pub nvrtc_version: Option<(i32, i32)>,
+    /// Milliseconds it took to find the driver (and NVRTC, when it is needed) libraries.
+    pub libraries_ms: f64,
+    /// Milliseconds it took to load NVRTC and ask its version (0 when not loaded).
+    pub nvrtc_ms: f64,
     /// Milliseconds it took to create the context (first driver use in the process).
     pub context_ms: f64,
+    /// Milliseconds of the device queries and the stream after the context.
+    pub query_ms: f64,
 }
 
 impl DeviceInfo {
     /// One line for logs and provenance, e.g.
     /// `NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB), CUDA driver 13.0, NVRTC 13.0`.
     pub fn summary(&self) -> String {
+        let nvrtc = match self.nvrtc_version {
+            Some((major, minor)) => format!("NVRTC {major}.{minor}"),
+            None => "NVRTC not loaded (shipped kernels)".to_string(),
+        };
         format!(
-            "{} ({}, {} SMs, {:.1} GiB), CUDA driver {}.{}, NVRTC {}.{}",
+            "{} ({}, {} SMs, {:.1} GiB), CUDA driver {}.{}, {nvrtc}",
             self.name,
             self.arch,
             self.multiprocessors,
             self.total_mem_bytes as f64 / (1u64 << 30) as f64,
             self.driver_version / 1000,
             (self.driver_version % 1000) / 10,
-            self.nvrtc_version.0,
-            self.nvrtc_version.1
         )
     }
 }
@@ -192,11 +201,11 @@ pub fn libraries_present() -> Result<()> {
              loader path",
         ));
     }
-    // SAFETY: as above, for libnvrtc.
-    let nvrtc = unsafe { cudarc::nvrtc::sys::is_culib_present() };
     // With shipped kernels NVRTC is needed only for modules outside the pack (their load
-    // reports a missing NVRTC then).
-    if !nvrtc && !crate::shipped::available() {
+    // reports a missing NVRTC then), so it is not even opened here: dlopen of the ~100 MB
+    // library is part of a fresh process's first load.
+    // SAFETY: as above, for libnvrtc.
+    if !crate::shipped::available() && !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(Error::backend_unavailable(
             "cuda",
             "libnvrtc not found: install the CUDA runtime compiler (libnvrtc.so.13 / .12) or add \
@@ -230,8 +239,16 @@ pub struct Gpu {
 impl Gpu {
     /// Open device `ordinal` (checks the libraries first; never panics).
     pub fn new(ordinal: usize) -> Result<Gpu> {
+        let t = Instant::now();
         libraries_present()?;
-        let nvrtc_version = nvrtc_version()?;
+        let libraries_ms = t.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        let nvrtc_version = if crate::shipped::available() {
+            None
+        } else {
+            Some(nvrtc_version()?)
+        };
+        let nvrtc_ms = t.elapsed().as_secs_f64() * 1e3;
         guard("open device", || {
             let unavailable = |what: &str, e: DriverError| {
                 Error::backend_unavailable("cuda", format!("{what} failed: {e}"))
@@ -240,6 +257,7 @@ impl Gpu {
             let ctx = CudaContext::new(ordinal)
                 .map_err(|e| unavailable(&format!("creating a context on device {ordinal}"), e))?;
             let context_ms = t.elapsed().as_secs_f64() * 1e3;
+            let t = Instant::now();
             let name = ctx.name().map_err(|e| unavailable("cuDeviceGetName", e))?;
             let cc = ctx
                 .compute_capability()
@@ -274,7 +292,10 @@ impl Gpu {
                 l2_bytes: attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
                 driver_version,
                 nvrtc_version,
+                libraries_ms,
+                nvrtc_ms,
                 context_ms,
+                query_ms: t.elapsed().as_secs_f64() * 1e3,
             };
             Ok(Gpu { ctx, stream, info })
         })

@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use qem_core::Result;
+use qem_core::{Result, StageTiming};
 
 use crate::bslz4::Bslz4Kernels;
 use crate::device::{DeviceInfo, Gpu};
@@ -35,12 +35,37 @@ pub struct Engine {
     /// fresh threads each time, and each new thread's allocator arena kept its pages (host RSS
     /// grew ~140 KB per DENSE load on the H200, issue 17).
     readers: Mutex<Vec<(usize, Arc<rayon::ThreadPool>)>>,
+    /// Milliseconds the decode and transform modules took to load at the engine's start.
+    modules_ms: f64,
 }
 
 /// Most pinned buffers kept for reuse.
 const PINNED_KEEP: usize = 16;
 
 impl Engine {
+    /// What the engine's start cost, stage by stage (libraries, NVRTC, context, device
+    /// queries, kernel modules), for the provenance of the load that started it.
+    pub fn startup_stages(&self) -> Vec<StageTiming> {
+        let i = self.gpu.info();
+        let nvrtc = match i.nvrtc_version {
+            Some((major, minor)) => format!("NVRTC {major}.{minor} loaded"),
+            None => "NVRTC not loaded (shipped kernels)".to_string(),
+        };
+        [
+            ("driver library found".to_string(), i.libraries_ms),
+            (nvrtc, i.nvrtc_ms),
+            ("context created".to_string(), i.context_ms),
+            ("device queries and stream".to_string(), i.query_ms),
+            ("decode and transform modules".to_string(), self.modules_ms),
+        ]
+        .into_iter()
+        .map(|(what, ms)| StageTiming {
+            stage: format!("CUDA engine start: {what}"),
+            seconds: ms * 1e-3,
+        })
+        .collect()
+    }
+
     /// The rANS codec kernels (compiled or fetched from the cache on the first call).
     pub fn rans(&self) -> Result<&RansKernels> {
         self.rans
@@ -191,8 +216,10 @@ pub fn engine() -> Result<&'static Engine> {
     ENGINE
         .get_or_init(|| {
             let gpu = Gpu::new(chosen_ordinal())?;
+            let t = std::time::Instant::now();
             let decode = Bslz4Kernels::load(&gpu)?;
             let transform = TransformKernels::load(&gpu)?;
+            let modules_ms = t.elapsed().as_secs_f64() * 1e3;
             Ok(Engine {
                 gpu,
                 decode,
@@ -201,10 +228,16 @@ pub fn engine() -> Result<&'static Engine> {
                 rans: OnceLock::new(),
                 products: OnceLock::new(),
                 readers: Mutex::new(Vec::new()),
+                modules_ms,
             })
         })
         .as_ref()
         .map_err(Clone::clone)
+}
+
+/// Whether this process's engine has been started (successfully or not).
+pub fn started() -> bool {
+    ENGINE.get().is_some()
 }
 
 /// The shared engine's device description, or why CUDA is not usable.

@@ -92,11 +92,17 @@ impl Default for LoadParams {
 /// Nothing is cropped, binned, masked or narrowed unless asked; the result's provenance records
 /// every choice. Over budget is a typed `MemoryBudget` error, never a silent reduction.
 pub fn load(source: SourceArg, params: &LoadParams) -> Result<Dataset> {
+    let starts_engine = params.backend != BackendRequest::Cpu && !qem_cuda::engine::started();
+    let t = Instant::now();
     let backend = match &source {
         SourceArg::Path(path) if params.backend != BackendRequest::Cpu => {
             resolve_backend_opening(path, params)?
         }
         _ => resolve_backend(params.backend)?,
+    };
+    let engine_start = match (starts_engine, backend) {
+        (true, Backend::Cuda) => engine_start_stages(t.elapsed().as_secs_f64())?,
+        _ => Vec::new(),
     };
     let representation = params
         .representation
@@ -110,11 +116,23 @@ pub fn load(source: SourceArg, params: &LoadParams) -> Result<Dataset> {
         backend,
         representation,
         progress,
+        engine_start: &engine_start,
     };
     match source {
         SourceArg::Path(path) => load_path(&path, request),
         SourceArg::Array { data, shape } => load_in_memory(data, &shape, request),
     }
+}
+
+/// The first stages of the load that started the CUDA engine: the wall time of the start
+/// (beside the source's open), then what it was made of.
+fn engine_start_stages(wall: f64) -> Result<Vec<StageTiming>> {
+    let mut v = vec![StageTiming {
+        stage: "CUDA engine start (first use in this process, beside the source's open)".into(),
+        seconds: wall,
+    }];
+    v.extend(qem_cuda::engine()?.startup_stages());
+    Ok(v)
 }
 
 /// [`resolve_backend`] (which creates the CUDA engine on first use: context, pinned pool,
@@ -154,6 +172,8 @@ pub(crate) struct Request<'a> {
     pub(crate) backend: Backend,
     pub(crate) representation: Representation,
     pub(crate) progress: &'a dyn Progress,
+    /// The CUDA engine's start, when this load started it (its provenance's first stages).
+    pub(crate) engine_start: &'a [StageTiming],
 }
 
 /// The representation a load gets when the caller does not say: DENSE on the CPU engine,
@@ -438,14 +458,15 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
         request.backend,
         request.representation,
     )?;
-    let mut timings = vec![StageTiming {
+    let mut timings = request.engine_start.to_vec();
+    timings.push(StageTiming {
         stage: if src.index_from_cache {
             "open (index from the in-process cache; files unchanged)".into()
         } else {
             "open (HDF5: index, metadata)".into()
         },
         seconds: t_open,
-    }];
+    });
     // The CPU engine's dense load of the planned region: the CPU result itself, or the frames
     // the CUDA engine is handed when they need host decoding.
     let load_on_host = || {

@@ -829,23 +829,23 @@ qem_ssb_store_g12(const float2* in, u64 nh, u32 np, u32 p0, u32 nb, const float*
     store<GS12>(in, nh, np, p0, nb, gscale, out);
 }
 
-// Images uploaded as u32 counts become f32 in place (each thread reads its value before writing
-// the same 4 bytes).
-extern "C" __global__ void __launch_bounds__(256) qem_ssb_u32_to_f32(unsigned int* buf, u64 n) {
+// Counts into the f32 images the R2C reads: staged u16 images out of place, images uploaded as
+// u32 counts in place (`out` == `in`: each thread reads its value before writing the same 4
+// bytes, so the pointers are not restrict).
+template <typename T>
+__device__ __forceinline__ void counts_to_f32(const T* in, u64 n, float* out) {
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (u64)gridDim.x * blockDim.x) {
-        const float v = (float)buf[i];
-        reinterpret_cast<float*>(buf)[i] = v;
+        const float v = (float)in[i];
+        out[i] = v;
     }
 }
-
-// Staged u16 images into the f32 images the R2C reads.
+extern "C" __global__ void __launch_bounds__(256) qem_ssb_u32_to_f32(unsigned int* buf, u64 n) {
+    counts_to_f32<unsigned int>(buf, n, reinterpret_cast<float*>(buf));
+}
 extern "C" __global__ void __launch_bounds__(256)
-qem_ssb_u16_to_f32(const u16* __restrict__ in, u64 n, float* __restrict__ out) {
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x) {
-        out[i] = (float)in[i];
-    }
+qem_ssb_u16_to_f32(const u16* in, u64 n, float* out) {
+    counts_to_f32<u16>(in, n, out);
 }
 
 // pk[b] = P(k_b) at the current aberrations (the same f32 probe the kernels use).

@@ -109,7 +109,6 @@ pub(super) fn pipeline(
     }
     let e = engine()?;
     let opts = params.options;
-    let slots = opts.slots.clamp(2, 4);
     let rplan = params.detector;
     if rplan.source != src.detector_shape {
         return Err(
@@ -157,6 +156,9 @@ pub(super) fn pipeline(
         None => plan_source(src, frames, identity && encode.is_none(), &opts)?,
     };
     let frames = &plan.frames;
+    // Slots in flight, never more than the batches: a one-batch pass (the encoded load's
+    // sample) page-locks one slot, not three it would never fill (first load: ~30 ms).
+    let slots = opts.slots.clamp(2, 4).min(plan.batches.len()).max(1);
     let bad_idx: Vec<u32> = params
         .bad_mask
         .map(|m| {
