@@ -311,6 +311,67 @@ pub struct PinnedBuf {
     ctx: Arc<CudaContext>,
     ptr: *mut u8,
     bytes: usize,
+    /// Where the pages came from (how they are given back).
+    backing: Backing,
+}
+
+/// How a [`PinnedBuf`]'s pages were made.
+#[derive(Debug)]
+enum Backing {
+    /// `cuMemHostAlloc` (freed with `cuMemFreeHost`).
+    Driver,
+    /// An anonymous mapping (`base`, `len` bytes, 2 MiB aligned inside it at `ptr`) advised
+    /// into transparent huge pages, then `cuMemHostRegister`ed (unregistered and unmapped).
+    #[cfg(target_os = "linux")]
+    Mapped { base: *mut libc::c_void, len: usize },
+}
+
+/// Huge-page size the mapped buffers are aligned to and rounded up to.
+#[cfg(target_os = "linux")]
+const HUGE_PAGE: usize = 2 << 20;
+
+/// `bytes` of page-locked memory from an anonymous mapping in transparent huge pages, or
+/// `None` when the kernel or the driver refuses (the caller falls back to `cuMemHostAlloc`).
+///
+/// Why not `cuMemHostAlloc` alone: it locks 4 KiB pages one by one, and the first load of a
+/// process page-locks its three ~87 MB slots; on the lent H100 host three such slots took
+/// 83–96 ms through `cuMemHostAlloc`, 33–44 ms mapped in huge pages and registered, 65 ms
+/// registered in 4 KiB pages (a one-off probe; `h100_startup.json` records the loads' share).
+#[cfg(target_os = "linux")]
+fn map_and_register(bytes: usize) -> Option<(*mut u8, usize, Backing)> {
+    let len = bytes.next_multiple_of(HUGE_PAGE);
+    let map_len = len + HUGE_PAGE;
+    // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            map_len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return None;
+    }
+    let aligned = (base as usize).next_multiple_of(HUGE_PAGE) as *mut libc::c_void;
+    // SAFETY: `aligned .. aligned + len` lies inside the mapping (at most HUGE_PAGE - 1 bytes
+    // are skipped at its start). The advice is a hint: a kernel without THP keeps 4 KiB pages.
+    unsafe { libc::madvise(aligned, len, libc::MADV_HUGEPAGE) };
+    // SAFETY: the range is mapped, readable and writable, and stays mapped until Drop
+    // unregisters it first; flags 0 = page-locked, used through the context's copies.
+    let r = unsafe { sys::cuMemHostRegister_v2(aligned, len, 0) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        // SAFETY: the mapping made above, not registered, unmapped once.
+        unsafe { libc::munmap(base, map_len) };
+        return None;
+    }
+    Some((
+        aligned as *mut u8,
+        len,
+        Backing::Mapped { base, len: map_len },
+    ))
 }
 
 // SAFETY: the buffer is plain host memory owned by this value; access goes through `&mut self`
@@ -320,11 +381,24 @@ unsafe impl Send for PinnedBuf {}
 unsafe impl Sync for PinnedBuf {}
 
 impl PinnedBuf {
-    /// Allocate `bytes` (at least 256) of pinned host memory with flags 0.
+    /// Allocate `bytes` (at least 256) of pinned host memory: on Linux, buffers of a huge page
+    /// or more are mapped in huge pages and registered (`map_and_register`), the rest (and
+    /// any the kernel or driver refuses there) come from `cuMemHostAlloc` with flags 0.
     pub fn alloc(ctx: &Arc<CudaContext>, bytes: usize, what: &str) -> Result<PinnedBuf> {
         let bytes = bytes.max(256);
         ctx.bind_to_thread()
             .map_err(|e| driver_error("bind CUDA context", e))?;
+        #[cfg(target_os = "linux")]
+        if bytes >= HUGE_PAGE {
+            if let Some((ptr, bytes, backing)) = map_and_register(bytes) {
+                return Ok(PinnedBuf {
+                    ctx: ctx.clone(),
+                    ptr,
+                    bytes,
+                    backing,
+                });
+            }
+        }
         // SAFETY: flags 0 = portable-less, cached page-locked memory; freed once in Drop.
         let ptr = unsafe { result::malloc_host(bytes, 0) }
             .map_err(|e| driver_error(&format!("allocate pinned {what} ({bytes} bytes)"), e))?;
@@ -335,6 +409,7 @@ impl PinnedBuf {
             ctx: ctx.clone(),
             ptr: ptr as *mut u8,
             bytes,
+            backing: Backing::Driver,
         })
     }
 
@@ -447,7 +522,18 @@ impl PinnedBuf {
 impl Drop for PinnedBuf {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
-        // SAFETY: our allocation, freed once; owners synchronize before dropping.
-        let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
+        match self.backing {
+            Backing::Driver => {
+                // SAFETY: our allocation, freed once; owners synchronize before dropping.
+                let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
+            }
+            // SAFETY: registered and mapped by `map_and_register`, released once, in that
+            // order; owners synchronize before dropping, so no copy still reads the pages.
+            #[cfg(target_os = "linux")]
+            Backing::Mapped { base, len } => unsafe {
+                let _ = sys::cuMemHostUnregister(self.ptr as *mut std::ffi::c_void);
+                libc::munmap(base, len);
+            },
+        }
     }
 }
