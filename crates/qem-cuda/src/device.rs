@@ -45,7 +45,9 @@ pub struct DeviceInfo {
     pub libraries_ms: f64,
     /// Milliseconds it took to load NVRTC and ask its version (0 when not loaded).
     pub nvrtc_ms: f64,
-    /// Milliseconds it took to create the context (first driver use in the process).
+    /// Milliseconds of `cuInit` (the driver's start in this process).
+    pub init_ms: f64,
+    /// Milliseconds it took to create (retain) the device's primary context after `cuInit`.
     pub context_ms: f64,
     /// Milliseconds of the device queries and the stream after the context.
     pub query_ms: f64,
@@ -253,6 +255,11 @@ impl Gpu {
             let unavailable = |what: &str, e: DriverError| {
                 Error::backend_unavailable("cuda", format!("{what} failed: {e}"))
             };
+            // cuInit apart from the context, so the provenance tells the two first-use costs
+            // apart (CudaContext::new calls it again, then a no-op).
+            let t = Instant::now();
+            cudarc::driver::result::init().map_err(|e| unavailable("cuInit", e))?;
+            let init_ms = t.elapsed().as_secs_f64() * 1e3;
             let t = Instant::now();
             let ctx = CudaContext::new(ordinal)
                 .map_err(|e| unavailable(&format!("creating a context on device {ordinal}"), e))?;
@@ -294,6 +301,7 @@ impl Gpu {
                 nvrtc_version,
                 libraries_ms,
                 nvrtc_ms,
+                init_ms,
                 context_ms,
                 query_ms: t.elapsed().as_secs_f64() * 1e3,
             };

@@ -54,7 +54,8 @@ impl Engine {
         [
             ("driver library found".to_string(), i.libraries_ms),
             (nvrtc, i.nvrtc_ms),
-            ("context created".to_string(), i.context_ms),
+            ("driver initialised (cuInit)".to_string(), i.init_ms),
+            ("primary context created".to_string(), i.context_ms),
             ("device queries and stream".to_string(), i.query_ms),
             ("decode and transform modules".to_string(), self.modules_ms),
         ]

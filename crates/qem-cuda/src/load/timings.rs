@@ -38,6 +38,10 @@ pub(super) struct BatchEvents {
     pub(super) rb_end: Option<CudaEvent>,
     pub(super) enc_start: Option<CudaEvent>,
     pub(super) enc_end: Option<CudaEvent>,
+    /// The sum DP beside the encode: recorded on the compute stream when the batch's frames
+    /// are ready, and on the side stream after the sums (the compute stream waits for it
+    /// before `enc_end`).
+    pub(super) sums: Option<(CudaEvent, CudaEvent)>,
 }
 
 impl BatchEvents {
@@ -168,6 +172,10 @@ pub(super) fn stage_timings(t: &StageInputs<'_>) -> Vec<StageTiming> {
                 t.enc_used as f64 / 1e9
             ),
             seconds: enc_s,
+        });
+        timings.push(StageTiming {
+            stage: "of which sum DP beside the encode (side stream, events, summed)".into(),
+            seconds: sum(&|b| b.sums.as_ref().map_or(0.0, |(a, z)| elapsed_s(a, z))),
         });
     }
     if let Some((a, z)) = t.mask_events {
