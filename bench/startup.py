@@ -1,19 +1,21 @@
 """First-use costs through the public Python API, each in a fresh process (issue 23 item 1).
 
-Four child processes in order, each timing from before ``import quantem.gpu``:
+Five child processes in order, each timing from before ``import quantem.gpu``:
 
 * ``nvrtc_cold``: ``QEM_KERNELS=nvrtc`` and an empty kernel disk cache — a fresh machine
   without shipped kernels (every module compiled by NVRTC);
 * ``nvrtc_warm``: the same cache again — a later process (modules read from the disk cache);
 * ``shipped_cold``: shipped kernels on, another empty disk cache — a fresh machine with this
   build;
-* ``shipped_warm``: the same again, a later process.
+* ``shipped_warm``: the same again, a later process;
+* ``shipped_warm_start``: that later process with ``QEM_WARM_START=1`` (the CUDA engine
+  starts on a thread as the extension loads, beside numpy's import).
 
 Each child times: ``import quantem.gpu``; the first ``io.load(SOURCE)`` (CUDA, the default
 ENCODED) and the time from the import's start to its end; a second load; the first
 ``detector.products(["bf", "abf", "adf", "sum_dp", "com"])`` and a second one; the first
 ``dpc.run``; and, through ``QEM_KERNEL_LOG``, every kernel module loaded with where it came from
-(shipped / disk / compiled) and its milliseconds. A fifth process imports the package under
+(shipped / disk / compiled) and its milliseconds. A sixth process imports the package under
 ``python -X importtime`` and records the modules whose import took longest (cumulative). Usage
 (on the device, see bench/device.sh ``startup``):
 
@@ -130,11 +132,13 @@ def main() -> int:
         ("nvrtc_warm", {"QEM_KERNELS": "nvrtc"}, "cache_nvrtc"),
         ("shipped_cold", {}, "cache_shipped"),
         ("shipped_warm", {}, "cache_shipped"),
+        ("shipped_warm_start", {"QEM_WARM_START": "1"}, "cache_shipped"),
     ]
     for name, env, cache in plan:
         env = {**env, "QUANTEM_GPU_KERNEL_CACHE": str(work / cache)}
-        if "QEM_KERNELS" not in env:
-            os.environ.pop("QEM_KERNELS", None)
+        for k in ("QEM_KERNELS", "QEM_WARM_START"):
+            if k not in env:
+                os.environ.pop(k, None)
         r = child(a.source, env, work / f"{name}.jsonl")
         runs[name] = r
         keys = (

@@ -7,6 +7,11 @@ the very counts the CPU engine loads, with and without a region, binning and a d
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -157,3 +162,38 @@ def test_encoded_products_after_dense_loads_equal_the_cpu(acquisition):
         assert np.array_equal(got, want), f"round {i}"
         assert np.array_equal(detector.adf(enc, center=center, radius=radius).image, want_adf)
     enc.close()
+
+
+WARM_CHILD = r"""
+import json, sys
+import numpy as np
+import quantem.gpu as qg
+from quantem.gpu import _native, device, io
+ds = io.load(sys.argv[1])
+same = bool(np.array_equal(ds.to_numpy(), np.load(sys.argv[2])))
+print(json.dumps({"warm": _native._warm_start, "available": device.available(),
+                  "backend": ds.backend, "same": same}))
+"""
+
+
+@pytest.mark.parametrize("value", ["1", "TRUE", "0", ""])
+def test_warm_start_env_starts_the_engine_early_and_changes_no_result(acquisition, tmp_path, value):
+    """QEM_WARM_START=1 starts the CUDA engine on a thread as the extension loads; the child
+    process then resolves the same backends and loads the same counts as this one (on a
+    machine without CUDA the thread's failure is the usual one and `auto` runs on the CPU)."""
+    expected = tmp_path / "expected.npy"
+    np.save(expected, acquisition["masked"])
+    env = {**os.environ, "QEM_WARM_START": value}
+    p = subprocess.run(
+        [sys.executable, "-c", WARM_CHILD, str(acquisition["master"]), str(expected)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    rec = json.loads(p.stdout.strip().splitlines()[-1])
+    assert rec["warm"] is (value in ("1", "TRUE"))
+    assert rec["available"] == device.available()
+    assert rec["backend"] == ("cuda" if CUDA_AVAILABLE else "cpu")
+    assert rec["same"] is True

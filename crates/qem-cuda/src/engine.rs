@@ -236,6 +236,25 @@ pub fn engine() -> Result<&'static Engine> {
         .map_err(Clone::clone)
 }
 
+/// Start the engine on a background thread (context, the load's kernel modules, the rANS
+/// and product modules) and return at once; a later [`engine`] call waits for it. For
+/// processes that know they will use CUDA and have other start-up work to overlap it with
+/// (`QEM_WARM_START`, read as the Python extension loads, overlaps it with numpy's import).
+/// It fixes the device to the selected one (0 unless [`select_device`] ran before). A failure
+/// is remembered as [`engine`] remembers it.
+pub fn warm_start() {
+    let spawned = std::thread::Builder::new()
+        .name("qem-warm-start".into())
+        .spawn(|| {
+            if let Ok(e) = engine() {
+                let _ = e.rans();
+                let _ = e.products();
+            }
+        });
+    // A thread that could not be spawned leaves the start to the first use.
+    drop(spawned);
+}
+
 /// Whether this process's engine has been started (successfully or not).
 pub fn started() -> bool {
     ENGINE.get().is_some()

@@ -215,6 +215,8 @@ fn _inject_cuda_fault(py: Python<'_>) -> PyResult<()> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // QEM_WARM_START: the CUDA engine starts on a thread before numpy's import below.
+    m.add("_warm_start", qem::backend::warm_start_if_asked())?;
     // Load numpy's C API now, while no signal is pending: rust-numpy loads it lazily on first
     // use and panics (a `PanicException`) when that import fails, which it did when the first
     // array conversion ran with a Ctrl-C pending.

@@ -90,6 +90,24 @@ pub fn cuda_total_memory() -> Option<u64> {
         .map(|info| info.total_mem_bytes)
 }
 
+/// Start the CUDA engine on a background thread when the environment variable
+/// `QEM_WARM_START` is `1`, `true` or `yes` (any case); returns whether it did. The Python
+/// extension calls it as it loads, so the context is created while numpy is imported
+/// (docs/performance.md, "First use"). Off by default: a process that imports the package
+/// without using CUDA would hold a context, the device is fixed before a `device=` argument
+/// could choose another, and a process forked afterwards cannot use CUDA.
+pub fn warm_start_if_asked() -> bool {
+    let asked = std::env::var("QEM_WARM_START").is_ok_and(|v| {
+        ["1", "true", "yes"]
+            .iter()
+            .any(|y| v.trim().eq_ignore_ascii_case(y))
+    });
+    if asked {
+        qem_cuda::engine::warm_start();
+    }
+    asked
+}
+
 /// Why MPS cannot run here.
 pub fn mps_unavailable_reason() -> String {
     format!(

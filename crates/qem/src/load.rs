@@ -128,7 +128,9 @@ pub fn load(source: SourceArg, params: &LoadParams) -> Result<Dataset> {
 /// (beside the source's open), then what it was made of.
 fn engine_start_stages(wall: f64) -> Result<Vec<StageTiming>> {
     let mut v = vec![StageTiming {
-        stage: "CUDA engine start (first use in this process, beside the source's open)".into(),
+        stage: "CUDA engine start (first use in this process, beside the source's open; \
+                with QEM_WARM_START the wait for its thread)"
+            .into(),
         seconds: wall,
     }];
     v.extend(qem_cuda::engine()?.startup_stages());

@@ -14,6 +14,9 @@ Every error raised by the engine is a :class:`QuantemError`; its subclasses name
 ``expected`` and ``found`` attributes.
 """
 
+# The extension first: with QEM_WARM_START=1 it starts the CUDA engine on a thread as it loads,
+# so the context is made while numpy is imported (docs/performance.md, "First use").
+from quantem.gpu import _native  # noqa: F401, I001
 from quantem.gpu import (
     _display,
     _dlpack,
