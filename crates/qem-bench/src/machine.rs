@@ -51,9 +51,17 @@ pub fn machine() -> Machine {
     }
 }
 
-/// `git rev-parse HEAD` in the current directory (plus `-dirty` when the tree has changes),
-/// else the revision the library was built from.
+/// `QEM_GIT_REVISION` when set (bench/device.sh sets it from the carry's REVISION: the tree
+/// the binaries were built from, where a copied checkout's `.git` may name an older commit),
+/// else `git rev-parse HEAD` in the current directory (plus `-dirty` when the tree has
+/// changes), else the revision the library was built from.
 pub fn git_revision() -> String {
+    if let Some(rev) = std::env::var("QEM_GIT_REVISION")
+        .ok()
+        .filter(|r| !r.is_empty() && r != "unknown")
+    {
+        return rev;
+    }
     let run = |args: &[&str]| {
         Command::new("git")
             .args(args)
