@@ -252,7 +252,22 @@ pub fn warm_start() {
             }
         });
     // A thread that could not be spawned leaves the start to the first use.
-    drop(spawned);
+    if let (Ok(handle), Ok(mut slot)) = (spawned, WARM_START.lock()) {
+        *slot = Some(handle);
+    }
+}
+
+/// The thread [`warm_start`] spawned, until [`finish_warm_start`] joins it.
+static WARM_START: Mutex<Option<std::thread::JoinHandle<()>>> = Mutex::new(None);
+
+/// Wait for the thread of [`warm_start`], if one runs: a process that exits must not leave it
+/// inside the driver while the driver's own exit handlers run (the Python package registers
+/// this with `atexit`).
+pub fn finish_warm_start() {
+    let handle = WARM_START.lock().ok().and_then(|mut h| h.take());
+    if let Some(h) = handle {
+        let _ = h.join();
+    }
 }
 
 /// Whether this process's engine has been started (successfully or not).

@@ -204,6 +204,13 @@ fn resolve_backend(name: &str) -> PyResult<String> {
     Ok(qem::resolve_backend(request).py()?.name().to_string())
 }
 
+/// Wait for the CUDA engine's start on the `QEM_WARM_START` thread (registered with `atexit`
+/// by the package, so that no exit happens while that thread is inside the driver).
+#[pyfunction]
+fn _finish_warm_start(py: Python<'_>) {
+    py.detach(qem::backend::finish_warm_start);
+}
+
 /// Make the CUDA context lost on purpose (tests of how a lost device is reported): raises the
 /// `DeviceLostError` the fault produced.
 #[pyfunction]
@@ -230,6 +237,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(backends, m)?)?;
     m.add_function(wrap_pyfunction!(resolve_backend, m)?)?;
     m.add_function(wrap_pyfunction!(_inject_cuda_fault, m)?)?;
+    m.add_function(wrap_pyfunction!(_finish_warm_start, m)?)?;
     device_array::register(m)?;
     products::register(m)?;
     ssb::register(m)?;

@@ -108,6 +108,11 @@ pub fn warm_start_if_asked() -> bool {
     asked
 }
 
+/// Wait for the engine start of [`warm_start_if_asked`] to finish (a no-op when none runs).
+pub fn finish_warm_start() {
+    qem_cuda::engine::finish_warm_start();
+}
+
 /// Why MPS cannot run here.
 pub fn mps_unavailable_reason() -> String {
     format!(

@@ -16,7 +16,13 @@ Every error raised by the engine is a :class:`QuantemError`; its subclasses name
 
 # The extension first: with QEM_WARM_START=1 it starts the CUDA engine on a thread as it loads,
 # so the context is made while numpy is imported (docs/performance.md, "First use").
-from quantem.gpu import _native  # noqa: F401, I001
+from quantem.gpu import _native  # noqa: I001
+
+if _native._warm_start:
+    import atexit as _atexit
+
+    # No exit while that thread is inside the driver.
+    _atexit.register(_native._finish_warm_start)
 from quantem.gpu import (
     _display,
     _dlpack,
