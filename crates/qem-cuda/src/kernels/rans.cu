@@ -665,14 +665,23 @@ extern "C" __global__ void __launch_bounds__(512, 3) qem_rans_frame_hashes(const
 // ---- Encoder
 
 // q = ⌊x / f⌋ for the encoder's x < f·2^20 (so x/f < 2^20) and 1 ≤ f ≤ 4096, with no table:
-// the f32 estimate x·(1/f) (x and 1/f rounded to nearest, then the product) has a relative
-// error below 3·2^-24, so an absolute error below 2^20·3·2^-24 = 3/16 < 1, and its truncation is
-// q − 1, q or q + 1; one exact remainder check (64-bit, so q·f cannot wrap) corrects it. The
-// host test `float_division_is_exact_where_the_encoder_uses_it` replays this arithmetic.
-// (An earlier version read a u64 reciprocal per table entry from shared memory: with C16 K64
-// T4 tables that was 41 KB per CTA and cut the encoder to 2 CTAs per SM.)
+// the f32 estimate x·(1/f), with x rounded to nearest, 1/f from the hardware's approximate
+// reciprocal (rcp.approx: within 1 ulp, relative 2^-23) and the product rounded to nearest, has
+// a relative error below 2^-22, so an absolute error below 2^20·2^-22 = 1/4 < 1, and its
+// truncation is q − 1, q or q + 1; one exact remainder check (64-bit, so q·f cannot wrap)
+// corrects it. The host test `float_division_is_exact_where_the_encoder_uses_it` replays this
+// arithmetic with 1/f rounded to nearest and one ulp either side. (The correctly rounded
+// reciprocal, `__frcp_rn`, costs a refinement and a special-case branch per step for nothing
+// the correction does not already cover; an earlier version read a u64 reciprocal per table
+// entry from shared memory: with C16 K64 T4 tables that was 41 KB per CTA and cut the encoder to
+// 2 CTAs per SM.)
+__device__ __forceinline__ float rcp_approx(float v) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+}
 __device__ __forceinline__ u32 div_freq(u32 x, u32 f) {
-    u32 q = __float2uint_rz(__fmul_rn(__uint2float_rn(x), __frcp_rn((float)f)));
+    u32 q = __float2uint_rz(__fmul_rn(__uint2float_rn(x), rcp_approx((float)f)));
     const long long r = (long long)x - (long long)q * (long long)f;
     if (r < 0) {
         q -= 1u;

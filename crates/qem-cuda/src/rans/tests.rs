@@ -54,12 +54,16 @@ fn coarse_lookup_points_at_or_before_the_symbol_of_every_slot() {
 
 #[test]
 fn float_division_is_exact_where_the_encoder_uses_it() {
-    // rans.cu `div_freq`, step by step: u32 → f32 and 1/f rounded to nearest, the product
-    // rounded to nearest, truncated, then one remainder correction. The encoder divides
-    // x < f·2^20 by 1 ≤ f ≤ 4096; test both ends of every quotient range near multiples of
-    // f, the largest x, and a spread of x for every f.
-    fn div_freq(x: u32, f: u32) -> u32 {
-        let mut q = ((x as f32) * (1.0f32 / f as f32)) as u32;
+    // rans.cu `div_freq`, step by step: u32 → f32 rounded to nearest, 1/f from the
+    // hardware's approximate reciprocal (within one ulp: here 1/f rounded to nearest and the
+    // floats one ulp below and above it), the product rounded to nearest, truncated, then one
+    // remainder correction. The encoder divides x < f·2^20 by 1 ≤ f ≤ 4096; test both ends
+    // of every quotient range near multiples of f, the largest x, and a spread of x for every
+    // f, with each of the three reciprocals.
+    fn div_freq(x: u32, f: u32, ulps: i32) -> u32 {
+        let near = 1.0f32 / f as f32;
+        let rcp = f32::from_bits(near.to_bits().wrapping_add_signed(ulps));
+        let mut q = ((x as f32) * rcp) as u32;
         let r = i64::from(x) - i64::from(q) * i64::from(f);
         if r < 0 {
             q -= 1;
@@ -81,7 +85,9 @@ fn float_division_is_exact_where_the_encoder_uses_it() {
         }
         for x in xs.into_iter().filter(|&x| x <= top) {
             let x = x as u32;
-            assert_eq!(div_freq(x, f), x / f, "x {x} f {f}");
+            for ulps in [-1, 0, 1] {
+                assert_eq!(div_freq(x, f, ulps), x / f, "x {x} f {f} ulps {ulps}");
+            }
             checked += 1;
         }
     }
