@@ -761,6 +761,9 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
         __syncwarp();
         const u32 row0 = set * m.C;
         const u32 sp = m.sp;
+        // The staged table's 32-bit shared address (a generic pointer costs an address
+        // conversion per load, as in the decoder).
+        const u32 tab_s = (u32)__cvta_generic_to_shared(m.tab);
         // 2. rANS, steps last to first (loads of the next step issued before this one's math).
         u32 x = RANS_L;
         u32 cnt = 0u;
@@ -788,7 +791,7 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
             if (act) {
                 const u32 s = symbol_of(v, m.K);
                 const u32 ei = (row0 + c) * sp + s;
-                const u32 e = m.tab[ei];
+                const u32 e = lds_u32(tab_s + 4u * ei);
                 f = e >> 16;
                 cu = e & 0xffffu;
                 if (s >= m.K) {
@@ -803,7 +806,8 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
                     }
                     f = 1u;  // keep the arithmetic defined; the frame is reported, not stored
                 }
-                emit = (u64)x >= ((u64)f << 20);
+                // x ≥ f·2^20, in 32 bits (f·2^20 is a multiple of 2^20; f = 4096 would not fit).
+                emit = (x >> 20) >= f;
             }
             if (__any_sync(FULL_MASK, bk_any) && lane == 0u) bmap[tt >> 5] |= 1u << (tt & 31u);
             const u32 mk = __ballot_sync(FULL_MASK, emit);
