@@ -737,17 +737,19 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
             if (vec8 && !bad) {
                 const uint4* f8 = (const uint4*)fr;
                 const uint2* c8 = (const uint2*)m.ctx;
+                // Eight pixels a load: one byte per pixel that is 1 where its class is below
+                // the split (split4, as in the decoder), then the kept values summed by four
+                // dp2a (16-bit value × 8-bit flag; ≤ 8 · 65535 per group, so u32 is exact).
                 for (u32 g = lane; g < (n >> 3); g += 32u) {
                     const uint4 v = __ldg(f8 + g);
                     const uint2 c = __ldg(c8 + g);
-                    const u32 vs[4] = {v.x, v.y, v.z, v.w};
-                    const u32 cs[2] = {c.x, c.y};
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) {
-                        const u32 vv = (vs[i >> 1] >> (16 * (i & 1))) & 0xffffu;
-                        const u32 cc = (cs[i >> 2] >> (8 * (i & 3))) & 0xffu;
-                        if (cc < m.split) stat += vv;
-                    }
+                    const u32 k0 = ~((c.x + m.split4) >> 7) & 0x01010101u;
+                    const u32 k1 = ~((c.y + m.split4) >> 7) & 0x01010101u;
+                    u32 t = __dp2a_lo(v.x, k0, 0u);
+                    t = __dp2a_hi(v.y, k0, t);
+                    t = __dp2a_lo(v.z, k1, t);
+                    t = __dp2a_hi(v.w, k1, t);
+                    stat += t;
                 }
             } else {
                 for (u32 p = lane; p < n; p += 32u) {
