@@ -174,7 +174,7 @@ pub(super) fn stage_timings(t: &StageInputs<'_>) -> Vec<StageTiming> {
             seconds: enc_s,
         });
         timings.push(StageTiming {
-            stage: "of which sum DP beside the encode (side stream, events, summed)".into(),
+            stage: "sum DP on a side stream beside the encode (events, summed; overlaps it)".into(),
             seconds: sum(&|b| b.sums.as_ref().map_or(0.0, |(a, z)| elapsed_s(a, z))),
         });
     }
