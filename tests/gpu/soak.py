@@ -70,8 +70,9 @@ def host_rss() -> int:
 
 
 def rel_l2(a, b) -> float:
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
+    kind = np.complex128 if np.iscomplexobj(a) or np.iscomplexobj(b) else np.float64
+    a = np.asarray(a, dtype=kind)
+    b = np.asarray(b, dtype=kind)
     d = float(np.linalg.norm(a - b))
     n = float(np.linalg.norm(b))
     return d / n if n > 0 else d
@@ -125,6 +126,8 @@ class Soak:
         self.ref = Ref()
         self.held: list[dict] = []
         self.failures: list[dict] = []
+        # The largest relative L2 error seen per compared float operation.
+        self.worst: dict[str, float] = {}
         self.counts: dict[str, int] = {}
         # Compared operations per backend of the dataset they ran on.
         self.backends: dict[str, int] = {}
@@ -219,6 +222,7 @@ class Soak:
 
     def close_to(self, op, h, got, want, tol):
         e = rel_l2(got, want)
+        self.worst[op] = max(self.worst.get(op, 0.0), e) if np.isfinite(e) else float("nan")
         if not np.isfinite(e) or e > tol:
             self.fail(op, h, f"relative L2 {e:.3e} against the CPU engine (bound {tol:.0e})")
 
@@ -289,7 +293,15 @@ class Soak:
             ab = {"C10": -40.0, "C12": 5.0, "phi12": 0.3}
             got = ssb.SSB(ds, **kw).reconstruct(ab)
             want = ref.get(key, name, lambda d: ssb.SSB(d, **kw).reconstruct(ab))
-            self.close_to(name, h, got.phase, want.phase, 1e-4)
+            # The complex object: the CUDA engine keeps G and its sums in f32, the CPU in f64.
+            # Not the phase: for these weak-phase scans the phase is small next to |object|, so
+            # its relative error is the object's f32 error times |object| / |phase| (1.3e-4 and
+            # 1.8e-4 on the 128² and 256² scans, with the object itself far closer).
+            self.close_to(name, h, got.object, want.object, 1e-5)
+            e_phase = rel_l2(got.phase, want.phase)
+            self.worst["ssb.phase (reported, not bounded)"] = max(
+                self.worst.get("ssb.phase (reported, not bounded)", 0.0), e_phase
+            )
         elif name == "ssb_fit":
             if not h["u16"] or R < 8 or C < 8:
                 return "skipped"
@@ -378,6 +390,7 @@ class Soak:
             "operations": done,
             "seconds": round(time.time() - t0, 2),
             "failures": self.failures,
+            "worst_rel_l2": dict(sorted(self.worst.items())),
             "counts": dict(sorted(self.counts.items())),
             "compared_ops_by_backend": self.backends,
             "memory_checks": self.mem_checks,
