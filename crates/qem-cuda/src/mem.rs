@@ -264,7 +264,7 @@ impl DevBuf {
         // non-blocking (cudarc's `new_stream`), so a kernel launched next on one of them may
         // read the buffer before the copy lands (issue 17: a BF mask upload raced its kernel,
         // which read stale classes from a freed DENSE load's memory and faulted; the H200 A/B
-        // is in bench/results/h200_reliability.json). Waiting for the legacy stream makes
+        // is `repro_before_fix` in bench/results/h100_reliability.json). Waiting for the legacy stream makes
         // `write` what its name says.
         // SAFETY: the null stream is the context's legacy stream; the context is current.
         unsafe { result::stream::synchronize(std::ptr::null_mut()) }
