@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use qem_core::{DType, DenseArray, Error, MemoryReport, Result, Shape2, StageTiming};
 
-use super::pipeline::{region_bin_batch, RegionBinBatch};
 use super::plan::{admit, region_frames};
+use super::queue::{region_bin_batch, RegionBinBatch};
 use super::records::ErrorRecords;
 use super::timings::{elapsed_s, event, record};
 use super::{GpuLoad, GpuLoadParams};

@@ -7,7 +7,7 @@ use std::time::Instant;
 use cudarc::driver::sys;
 use qem_core::{DType, DetectorPlan, Error, MemoryReport, Result, Shape2, StageTiming};
 
-use super::pipeline::{region_bin_batch, RegionBinBatch};
+use super::queue::{region_bin_batch, RegionBinBatch};
 use super::records::{EncoderRead, EncoderRecords, ErrorRecords};
 use super::{DeviceArray, EncodeOptions, GpuEncodedLoad};
 use crate::device::driver_error;

@@ -14,9 +14,14 @@
 //!    its frames' place in the result; otherwise into a scratch buffer that the region/bin
 //!    kernel turns into result frames.
 //!
+//! 5. **Encode (compute stream, ENCODED loads):** the rANS encoder takes the batch's frames,
+//!    while a side stream sums them into the sum DP; the next batch's decode waits for both.
+//!
 //! The host waits only for a free pinned slot (its H2D event). Kernel errors accumulate in one
 //! record (chunk indices are global to the load) checked once at the end. Bad pixels are zeroed
-//! by a small kernel over the result (pass-through) or inside region/bin.
+//! by a small kernel over the result (pass-through) or inside region/bin. Files: `plan` (1),
+//! `reader` (2), `queue` (3–5 for one batch), `pipeline` (the loop, buffers' life, records),
+//! `buffers`, `timings`, `records`; `encode` and `array` for the encoded and in-memory loads.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,6 +39,7 @@ mod buffers;
 mod encode;
 mod pipeline;
 mod plan;
+mod queue;
 mod reader;
 mod records;
 #[cfg(test)]
