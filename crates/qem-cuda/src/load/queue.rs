@@ -1,7 +1,7 @@
 //! Queueing one batch on the device (module doc of [`super`]): its H2D copies on the copy
 //! stream, then on the compute stream the bitshuffle/LZ4 decode, the region/bin transform and
 //! the rANS encode its plan needs (an encoding pass's sum DP beside the encode on the side
-//! stream), with the batch's events. Nothing here waits on the host; [`super::pipeline`] runs
+//! stream), with the batch's events. Nothing here waits on the host; [`super::pipeline()`] runs
 //! the loop that reads batches and calls [`queue_batch`].
 
 use cudarc::driver::{CudaEvent, CudaStream};
