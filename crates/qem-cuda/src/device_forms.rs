@@ -21,7 +21,8 @@ use crate::nvrtc::kernel;
 const KERNEL_SOURCE: &str = include_str!("kernels/device_forms.cu");
 
 /// Frames per ordered chunk of the CoM's scan mean (chunks summed serially, then the chunk sums
-/// in chunk order): the vocabulary's [`ORDERED_CHUNK`], the CPU engine's too, so the two means
+/// in chunk order): the vocabulary's
+/// [`ORDERED_CHUNK`](qem_core::reduce::ORDERED_CHUNK), the CPU engine's too, so the two means
 /// agree bit for bit (`crates/qem/tests/device_result.rs` compares them over several chunks).
 pub use qem_core::reduce::ORDERED_CHUNK as COM_CHUNK;
 

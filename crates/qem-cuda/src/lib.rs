@@ -17,7 +17,7 @@
 //!   device ([`device_result`]), and the steps that finish a device result on the card
 //!   ([`device_forms`]: the mean DP, the centre of mass);
 //! * [`transform`]: region/bin/dtype and mask kernels; [`mem`]: raw device and pinned buffers;
-//!   [`engine`]: the process-wide context with its compiled kernels.
+//!   [`mod@engine`]: the process-wide context with its compiled kernels.
 //!
 //! Kernel names, launch shapes and `unsafe` launches live only in the kernel wrapper modules
 //! (here [`bslz4`] and [`transform`]). On a machine without CUDA everything builds (cudarc's dynamic loading) and
