@@ -57,10 +57,7 @@ impl DeviceInfo {
     /// One line for logs and provenance, e.g.
     /// `NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB), CUDA driver 13.0, NVRTC 13.0`.
     pub fn summary(&self) -> String {
-        let nvrtc = match self.nvrtc_version {
-            Some((major, minor)) => format!("NVRTC {major}.{minor}"),
-            None => "NVRTC not loaded (shipped kernels)".to_string(),
-        };
+        let nvrtc = self.nvrtc();
         format!(
             "{} ({}, {} SMs, {:.1} GiB), CUDA driver {}.{}, {nvrtc}",
             self.name,
@@ -70,6 +67,14 @@ impl DeviceInfo {
             self.driver_version / 1000,
             (self.driver_version % 1000) / 10,
         )
+    }
+
+    /// `"NVRTC 13.0"`, or `"NVRTC not loaded (shipped kernels)"`.
+    pub fn nvrtc(&self) -> String {
+        match self.nvrtc_version {
+            Some((major, minor)) => format!("NVRTC {major}.{minor}"),
+            None => "NVRTC not loaded (shipped kernels)".to_string(),
+        }
     }
 }
 

@@ -48,8 +48,8 @@ impl Engine {
     pub fn startup_stages(&self) -> Vec<StageTiming> {
         let i = self.gpu.info();
         let nvrtc = match i.nvrtc_version {
-            Some((major, minor)) => format!("NVRTC {major}.{minor} loaded"),
-            None => "NVRTC not loaded (shipped kernels)".to_string(),
+            Some(_) => format!("{} loaded", i.nvrtc()),
+            None => i.nvrtc(),
         };
         [
             ("driver library found".to_string(), i.libraries_ms),
