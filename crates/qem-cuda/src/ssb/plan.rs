@@ -184,6 +184,15 @@ pub(super) struct EncodedPasses {
 }
 
 impl EncodedPasses {
+    /// Not staged: each FFT batch of `batch` pixels decodes every frame through `scratch`.
+    pub(super) fn direct(batch: usize, scratch: u64) -> EncodedPasses {
+        EncodedPasses {
+            stage: 0,
+            batch,
+            scratch,
+        }
+    }
+
     /// Decode passes over every frame.
     pub(super) fn passes(&self, b: usize) -> usize {
         b.div_ceil(if self.stage > 0 {
@@ -213,11 +222,7 @@ pub(super) fn encoded_passes(
     budget: u64,
     work: impl Fn(usize) -> Result<u64>,
 ) -> Result<EncodedPasses> {
-    let direct = EncodedPasses {
-        stage: 0,
-        batch,
-        scratch: sz.scratch,
-    };
+    let direct = EncodedPasses::direct(batch, sz.scratch);
     let b = sz.b as usize;
     if b.div_ceil(batch) <= DIRECT_PASSES {
         return Ok(direct);

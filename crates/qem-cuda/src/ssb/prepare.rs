@@ -89,11 +89,7 @@ impl GpuSsb {
             Source::Encoded(_) => encoded_passes(&sz, storage, batch, budget, |k| {
                 plan_work_bytes(scan, cufft_sys::cufftType::CUFFT_R2C, k)
             })?,
-            Source::Dense(_) | Source::Host { .. } => EncodedPasses {
-                stage: 0,
-                batch,
-                scratch,
-            },
+            Source::Dense(_) | Source::Host { .. } => EncodedPasses::direct(batch, scratch),
         };
         let batch = passes.batch;
         let counter = Arc::new(MemCounter::default());
