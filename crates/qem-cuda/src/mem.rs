@@ -270,6 +270,22 @@ impl DevBuf {
         unsafe { result::stream::synchronize(std::ptr::null_mut()) }
             .map_err(|e| driver_error("wait for an upload to the GPU", e))
     }
+
+    /// Set every byte to zero (synchronous, like [`DevBuf::write`]: the memset runs on the
+    /// legacy stream, which this crate's non-blocking streams do not wait for, so it is waited
+    /// for here). No host buffer of zeros and no copy: a `write` of zeros staged `bytes` of
+    /// host memory first.
+    pub fn zero(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_error("bind CUDA context", e))?;
+        // SAFETY: the range is this whole allocation; the context is current.
+        unsafe { result::memset_d8_sync(self.ptr, 0, self.bytes) }
+            .map_err(|e| driver_error("zero a device buffer", e))?;
+        // SAFETY: the null stream is the context's legacy stream; the context is current.
+        unsafe { result::stream::synchronize(std::ptr::null_mut()) }
+            .map_err(|e| driver_error("wait for a device memset", e))
+    }
 }
 
 impl Drop for DevBuf {

@@ -440,7 +440,7 @@ fn upload_kept<T: bytemuck::Pod>(
 
 fn zeroed(gpu: &Gpu, bytes: usize, what: &str) -> Result<DevBuf> {
     let b = DevBuf::alloc(gpu.ctx(), bytes, None, what)?;
-    b.write(0, &vec![0u8; b.bytes()])?;
+    b.zero()?;
     Ok(b)
 }
 

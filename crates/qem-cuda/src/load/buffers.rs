@@ -88,10 +88,10 @@ pub(super) fn allocate<'m>(
                 "stream index",
             )?;
             // Entries of frames never encoded (a failed load) read as empty streams.
-            index.write(0, &vec![0u8; index.bytes()])?;
+            index.zero()?;
             let err = EncoderRecords::new(&ctx, c)?;
             let sums = DevBuf::alloc(&ctx, z.out_frame_elems * 8, c, "sum DP")?;
-            sums.write(0, &vec![0u8; sums.bytes()])?;
+            sums.zero()?;
             Some(EncodeState {
                 model,
                 kernels: k,

@@ -40,7 +40,7 @@ pub(super) struct RecordsRead {
 impl ErrorRecords {
     pub(super) fn new(ctx: &Arc<CudaContext>, counter: Option<&Arc<MemCounter>>) -> Result<Self> {
         let buf = DevBuf::alloc(ctx, 256, counter, "error records")?;
-        buf.write(0, &[0u8; 256])?;
+        buf.zero()?;
         Ok(ErrorRecords { buf })
     }
     /// Device address of the decode fault record.
@@ -114,7 +114,7 @@ impl EncoderRecords {
 
     pub(super) fn new(ctx: &Arc<CudaContext>, counter: Option<&Arc<MemCounter>>) -> Result<Self> {
         let buf = DevBuf::alloc(ctx, 64, counter, "encoder records")?;
-        buf.write(0, &[0u8; 64])?;
+        buf.zero()?;
         Ok(EncoderRecords { buf })
     }
     /// Device address of the fault record.

@@ -30,7 +30,7 @@ pub fn fit_on_device(
     let n = frame_len as u32;
     // Pass 1: per-pixel sums -> context map and split.
     let sums = DevBuf::alloc(ctx, frame_len * 8, None, "pixel sums")?;
-    sums.write(0, &vec![0u8; frame_len * 8])?;
+    sums.zero()?;
     {
         let cfg = LaunchConfig {
             grid_dim: (n.div_ceil(256), n_frames.min(64) as u32, 1),
@@ -86,7 +86,7 @@ pub fn fit_on_device(
     let d_sets = DevBuf::alloc(ctx, sets.len(), None, "frame table sets")?;
     d_sets.write(0, &sets)?;
     let hist = DevBuf::alloc(ctx, entries * 8, None, "histogram")?;
-    hist.write(0, &vec![0u8; entries * 8])?;
+    hist.zero()?;
     let smem = (entries * 4) as u32;
     if smem > k.max_smem_optin {
         return Err(Error::invalid(op, "histogram does not fit shared memory"));

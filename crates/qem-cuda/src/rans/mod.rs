@@ -423,7 +423,7 @@ pub(crate) fn new_err_record(
     counter: Option<&Arc<MemCounter>>,
 ) -> Result<DevBuf> {
     let b = DevBuf::alloc(ctx, ERR_WORDS * 4, counter, "rANS error record")?;
-    b.write(0, &[0u8; ERR_WORDS * 4])?;
+    b.zero()?;
     Ok(b)
 }
 
