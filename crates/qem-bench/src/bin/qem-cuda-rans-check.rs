@@ -122,23 +122,32 @@ fn upload_u16(gpu: &Gpu, v: &[u16], what: &str) -> Result<DevBuf> {
     Ok(b)
 }
 
-/// Encode `n` frames at `frames` on the GPU into a fresh arena; (encoded, encode seconds).
-fn gpu_encode(
+/// What one encoder launch left: the arena, the index, the fault record, the arena cursor
+/// (bytes allocated, overflowing streams included) and the launch's milliseconds.
+struct Launched {
+    arena: DevBuf,
+    index: DevBuf,
+    fault: Option<qem_cuda::rans::RansFaultRecord>,
+    used: u64,
+    ms: f32,
+}
+
+/// Encode `n` frames at `frames` on the GPU with `dm` into a fresh arena of `capacity` bytes
+/// (0: no stream is written, every one only counted, as the encoded load sizes its arena).
+fn launch_into(
     k: &RansKernels,
-    model: CountsModel,
+    dm: &DeviceModel,
     frames: &DevBuf,
     n: u64,
     shape: Shape2,
-) -> Result<(DeviceEncoded, f64)> {
+    capacity: u64,
+) -> Result<Launched> {
     let e = engine()?;
     let ctx = e.gpu.ctx();
-    let len = shape.len() as u64;
-    let dm = DeviceModel::upload(ctx, model, None)?;
-    let worst = (rans::STREAM_HEADER_BYTES as u64 + 4 * len).next_multiple_of(16);
-    let arena = DevBuf::alloc(ctx, (worst * n) as usize, None, "arena")?;
+    let arena = DevBuf::alloc(ctx, capacity.max(16) as usize, None, "arena")?;
     let index = DevBuf::alloc(ctx, (n * 16) as usize, None, "index")?;
     let err = DevBuf::alloc(ctx, 64, None, "err")?;
-    err.write(0, &[0u8; 64])?;
+    err.zero()?;
     let scratch = EncoderScratch::new(ctx, k, shape.len(), None)?;
     let (sw, warps) = scratch.parts();
     let a = EncodeArgs {
@@ -148,7 +157,7 @@ fn gpu_encode(
         dst_base: 0,
         bad: 0,
         arena: arena.ptr(),
-        capacity: worst * n,
+        capacity,
         cursor: err.ptr() + 32,
         index: index.ptr(),
         scratch_words: sw,
@@ -156,18 +165,40 @@ fn gpu_encode(
         err: err.ptr(),
     };
     let ms = e.gpu.time_ms(|| {
-        // SAFETY: frames holds n frames of `len` u16; the arena has the worst-case size of n
-        // streams; index n entries; all alive until time_ms has synchronized.
-        unsafe { launch_encode(k, e.gpu.stream(), &dm, &a) }
+        // SAFETY: frames holds n frames of `len` u16; the arena holds `capacity` bytes (the
+        // kernel checks every write against it); index n entries; all alive until time_ms has
+        // synchronized.
+        unsafe { launch_encode(k, e.gpu.stream(), dm, &a) }
     })?;
     let mut w = [0u8; 40];
     err.read(0, &mut w)?;
-    if let Some(f) = qem_cuda::rans::fault_from_words(bytemuck::cast_slice(&w[..32])) {
+    Ok(Launched {
+        arena,
+        index,
+        fault: qem_cuda::rans::fault_from_words(bytemuck::cast_slice(&w[..32])),
+        used: u64::from_le_bytes(w[32..40].try_into().unwrap_or([0; 8])),
+        ms,
+    })
+}
+
+/// Encode `n` frames at `frames` on the GPU into a fresh arena; (encoded, encode seconds).
+fn gpu_encode(
+    k: &RansKernels,
+    model: CountsModel,
+    frames: &DevBuf,
+    n: u64,
+    shape: Shape2,
+) -> Result<(DeviceEncoded, f64)> {
+    let e = engine()?;
+    let dm = DeviceModel::upload(e.gpu.ctx(), model, None)?;
+    let worst = (rans::STREAM_HEADER_BYTES as u64 + 4 * shape.len() as u64).next_multiple_of(16);
+    let l = launch_into(k, &dm, frames, n, shape, worst * n)?;
+    if let Some(f) = l.fault {
         return Err(qem_cuda::rans::fault_error(&f, f.frame));
     }
-    let used = u64::from_le_bytes(w[32..40].try_into().unwrap_or([0; 8]));
-    let enc = DeviceEncoded::from_parts(dm, arena, used, index, n, shape, e.gpu.info().ordinal);
-    Ok((enc, f64::from(ms) / 1e3))
+    let enc =
+        DeviceEncoded::from_parts(dm, l.arena, l.used, l.index, n, shape, e.gpu.info().ordinal);
+    Ok((enc, f64::from(l.ms) / 1e3))
 }
 
 struct Case {
@@ -223,6 +254,21 @@ fn run_case(k: &RansKernels, c: &Case, n: u64) -> Result<(Value, bool)> {
             stream_mismatch += 1;
         }
     }
+    // Count-only encode (capacity 0, how an encoded load sizes its arena from its sample):
+    // every stream overflows and the cursor must equal the CPU streams' 16-byte-rounded sizes.
+    let counted = {
+        let dm = DeviceModel::upload(e.gpu.ctx(), cpu_model.clone(), None)?;
+        let l = launch_into(k, &dm, &d_frames, n, c.detector, 0)?;
+        let overflowed = l
+            .fault
+            .map_or(0, |f| if f.code == 0 { f.overflowed } else { 0 });
+        (overflowed as u64, l.used)
+    };
+    let cpu_rounded: u64 = cpu_streams
+        .iter()
+        .map(|s| (s.len() as u64).next_multiple_of(qem_cuda::rans::STREAM_ALIGN))
+        .sum();
+    let count_equal = counted == (n, cpu_rounded);
     // GPU decode: dense frames, fused sums and hashes.
     let t = Instant::now();
     let decoded = enc.download_frames(&e.gpu, k, 0, n)?;
@@ -239,13 +285,19 @@ fn run_case(k: &RansKernels, c: &Case, n: u64) -> Result<(Value, bool)> {
     let sums_equal = sums == cpu_sums;
     let hashes_equal = hashes == cpu_hashes;
     let raw = n * len as u64 * 2;
-    let pass = model_equal && stream_mismatch == 0 && decode_equal && sums_equal && hashes_equal;
+    let pass = model_equal
+        && stream_mismatch == 0
+        && count_equal
+        && decode_equal
+        && sums_equal
+        && hashes_equal;
     println!(
-        "{:<22} n={n:<5} model {} | streams {} ({} differ) | decode {} | sums {} | hashes {} | ratio vs bslz4 {:.3} | enc {:.1} GB/s dec {:.1} GB/s (u16) -> {}",
+        "{:<22} n={n:<5} model {} | streams {} ({} differ, count-only {}) | decode {} | sums {} | hashes {} | ratio vs bslz4 {:.3} | enc {:.1} GB/s dec {:.1} GB/s (u16) -> {}",
         c.name,
         if model_equal { "=" } else { "DIFF" },
         cpu_streams.len(),
         stream_mismatch,
+        if count_equal { "=" } else { "DIFF" },
         if decode_equal { "exact" } else { "DIFF" },
         if sums_equal { "=" } else { "DIFF" },
         if hashes_equal { "=" } else { "DIFF" },
@@ -261,6 +313,7 @@ fn run_case(k: &RansKernels, c: &Case, n: u64) -> Result<(Value, bool)> {
             "params": {"contexts": c.params.contexts, "literals": c.params.literals,
                        "table_sets": c.params.table_sets, "floor": format!("{:?}", c.params.floor)},
             "model_gpu_equals_cpu": model_equal, "streams_differing": stream_mismatch,
+            "count_only_bytes": counted.1, "count_only_overflowed": counted.0, "count_only_equal": count_equal,
             "decode_equal": decode_equal, "frame_sums_equal": sums_equal, "frame_hashes_equal": hashes_equal,
             "stream_bytes": stream_bytes, "model_bytes": cpu_model.to_bytes().len(),
             "bslz4_bytes": bslz4_bytes, "ratio_vs_bslz4": stream_bytes as f64 / bslz4_bytes.max(1) as f64,

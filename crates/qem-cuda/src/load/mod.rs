@@ -309,6 +309,7 @@ pub fn load_source_encoded(
         &counter,
     )?;
     let (dmodel, per_frame, mut capacity) = (fitted.model, fitted.per_frame, fitted.capacity);
+    let mut fit_stages = fitted.stages;
     let t_fit = t.elapsed().as_secs_f64();
     // 3. Main pass (again with more room in the rare case the sample under-predicted).
     let mut retries = 0u32;
@@ -365,6 +366,7 @@ pub fn load_source_encoded(
                 seconds: t_main_plan.as_secs_f64(),
             },
         ];
+        timings.append(&mut fit_stages);
         timings.append(&mut sample_stages);
         timings.extend(out.timings);
         timings.push(StageTiming {
