@@ -7,7 +7,7 @@ use std::fs::File;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 use qem_core::{DType, Error, MemoryReport, Result, Shape2, StageTiming};
 use qem_io::{ChunkCodec, Source};
 
@@ -20,7 +20,7 @@ use super::timings::{event, record, stage_timings, BatchEvents, HostSeconds, Sta
 use super::GpuLoadParams;
 use crate::bslz4::{fault_from_record, fault_to_error, BlockTable, LaunchShape};
 use crate::device::driver_error;
-use crate::engine::engine;
+use crate::engine::{engine, Engine};
 use crate::mem::{DevBuf, MemCounter};
 use crate::rans::{self, DeviceModel, EncoderScratch, RansKernels};
 use crate::transform::launch_zero_pixels;
@@ -92,11 +92,42 @@ pub(super) struct EncodedOut {
     pub(super) sums: DevBuf,
 }
 
+/// What a pipeline settles before it allocates anything: the checks of its arguments, the
+/// plan, the sizes of its buffers and their admission against the card's free memory.
+struct Setup<'m> {
+    e: &'static Engine,
+    /// The encoder's model, kernels and arena capacity (an encoding sink).
+    encode: Option<(&'m DeviceModel, &'m RansKernels, u64)>,
+    /// Frames reach the result (or the encoder) unchanged.
+    identity: bool,
+    frame_bytes: u64,
+    out_frame_elems: usize,
+    out_es: usize,
+    plan: LoadPlan,
+    /// Decoding straight into the result.
+    direct: bool,
+    slots: usize,
+    bad_idx: Vec<u32>,
+    table_cap_words: usize,
+    n_result: u64,
+    enc_in_bytes: u64,
+    dest_bytes: u64,
+    mem: MemoryPlan,
+    budget: u64,
+    free0: u64,
+    card_total: u64,
+}
+
 /// The overlapped pipeline over source frames `frames` (result order). Result frames are
 /// `params.result_dtype`; their values must fit `value_dtype` (the same dtype, or `u8` for `u8`
 /// counts written as `u16`, how the encoder takes them). `planned`: the plan of `frames` made
 /// beforehand by [`plan_source`] (an encoding sink's plan, made while the sample pass ran), else
 /// it is made here.
+///
+/// Stages: [`setup`] (checks, plan, sizes, admission), then the buffers and streams, then
+/// [`run_batches`] (read and queue every batch), then [`finish`] (the final synchronize, the
+/// records, the timings). The declarations here fix the order of release: the streams drain
+/// before any buffer is freed, also on an early error return.
 pub(super) fn pipeline(
     src: &Source,
     params: &GpuLoadParams<'_>,
@@ -106,6 +137,91 @@ pub(super) fn pipeline(
     value_dtype: DType,
 ) -> Result<PipelineOut> {
     let t_total = Instant::now();
+    let z = setup(src, params, frames, planned, sink, value_dtype)?;
+    let t_plan = t_total.elapsed().as_secs_f64();
+
+    // ---- allocate
+    let t = Instant::now();
+    let e = z.e;
+    let ctx = e.gpu.ctx().clone();
+    let counter = Arc::new(MemCounter::default());
+    let mut bufs = allocate(
+        e,
+        &ctx,
+        &counter,
+        &Sizing {
+            encode: z.encode,
+            dest_bytes: z.dest_bytes,
+            n_result: z.n_result,
+            out_frame_elems: z.out_frame_elems,
+            enc_in_bytes: z.enc_in_bytes,
+            identity: z.identity,
+            direct: z.direct,
+            slots: z.slots,
+            table_cap_words: z.table_cap_words,
+            plan: &z.plan,
+            status_bytes: z.mem.status,
+        },
+        &z.bad_idx,
+        params.bad_mask,
+    )?;
+    let t_buffers = t.elapsed().as_secs_f64();
+    let (free_peak, _) = e.gpu.mem_info()?;
+    let streams = Streams::new(&ctx, bufs.enc.is_some())?;
+    // Declared after every buffer, so dropped before them: on an early error return, queued
+    // copies and kernels finish before their buffers are freed.
+    let _drain = Drain(streams.all());
+    let files: Vec<File> = src
+        .files
+        .iter()
+        .map(|f| qem_io::open_regular("open", &f.path, "data file"))
+        .collect::<Result<_>>()?;
+    let pool = e.reader_pool(params.options.reader_threads)?;
+    let t_alloc = t.elapsed().as_secs_f64();
+
+    // ---- pipeline
+    let lp = run_batches(
+        &LoopInput {
+            src,
+            params,
+            z: &z,
+            streams: &streams,
+            files: &files,
+            pool: &pool,
+            counter: &counter,
+            value_dtype,
+        },
+        &mut bufs,
+    )?;
+    // Waited for here, while the buffers are still declared before the drain: an error of
+    // the wait or of the records returns with every stream drained before any free.
+    let waited = wait_all(src, params, &z, &bufs, &streams, value_dtype)?;
+    finish(
+        params,
+        z,
+        bufs,
+        lp,
+        waited,
+        Finish {
+            t_total,
+            t_plan,
+            t_alloc,
+            t_buffers,
+            free_peak,
+            peak: &counter,
+        },
+    )
+}
+
+/// Check a pipeline's arguments, plan it (unless `planned`), size its buffers and admit them.
+fn setup<'m>(
+    src: &Source,
+    params: &GpuLoadParams<'_>,
+    frames: &[u64],
+    planned: Option<(LoadPlan, bool)>,
+    sink: Sink<'m>,
+    value_dtype: DType,
+) -> Result<Setup<'m>> {
     let op = "load (cuda)";
     if src.codec != ChunkCodec::Bslz4 && src.codec != ChunkCodec::Raw {
         return Err(Error::invalid(op, "unsupported chunk codec for the GPU"));
@@ -148,7 +264,6 @@ pub(super) fn pipeline(
             Some((model, kernels, capacity))
         }
     };
-    let es = src.dtype.size();
     let frame_bytes = src.frame_bytes() as u64;
     let out_frame_elems = rplan.output.len();
     let out_es = params.result_dtype.size();
@@ -158,7 +273,6 @@ pub(super) fn pipeline(
         Some(_) => return Err(Error::internal(op, "a plan made for other frames or sink")),
         None => plan_source(src, frames, identity && encode.is_none(), &opts)?,
     };
-    let frames = &plan.frames;
     // Slots in flight, never more than the batches: a one-batch pass (the encoded load's
     // sample) page-locks one slot, not three it would never fill (first load: ~30 ms).
     let slots = opts.slots.clamp(2, 4).min(plan.batches.len()).max(1);
@@ -171,27 +285,17 @@ pub(super) fn pipeline(
                 .collect()
         })
         .unwrap_or_default();
-    // Blocks per chunk, from the first chunk's header (tables grow if a later chunk has more).
-    let mut probe = Vec::new();
-    let blocks_per_chunk = match plan.chunks.first() {
-        Some(pc) if src.codec == ChunkCodec::Bslz4 && pc.rec.filter_mask & 1 == 0 => {
-            src.read_chunk(&pc.rec, &mut probe)?;
-            let mut t = BlockTable::default();
-            let out_len = pc.rec.frames_in_chunk as usize * frame_bytes as usize;
-            t.push_chunk(&probe, es, 0, pc.rec.first_frame, 0, 0, 0, out_len)
-                .map_err(|err| err.with_file(&src.files[pc.rec.file as usize].path))?;
-            t.n_blocks() + 1
-        }
-        _ => 1,
-    };
     let max_batch_frames = plan.max_decoded_bytes / frame_bytes.max(1);
-    let table_cap_words = table_words(plan.max_chunks, blocks_per_chunk, max_batch_frames)
-        + if encode.is_some() {
-            max_batch_frames as usize
-        } else {
-            0
-        };
-    let n_result = frames.len() as u64;
+    let table_cap_words = table_words(
+        plan.max_chunks,
+        blocks_per_chunk(src, &plan)?,
+        max_batch_frames,
+    ) + if encode.is_some() {
+        max_batch_frames as usize
+    } else {
+        0
+    };
+    let n_result = plan.frames.len() as u64;
     // Encoding: an arena, the index, the encoder's scratch and (when frames change on the
     // way) a batch of transformed frames; the dense result does not exist.
     let enc_in_bytes = match encode {
@@ -226,227 +330,320 @@ pub(super) fn pipeline(
         .map_err(|err| driver_error("bind CUDA context", err))?;
     let (free0, card_total) = e.gpu.mem_info()?;
     let budget = admit(mem.total(), params.memory_budget, free0, opts.reserve_bytes)?;
-    let t_plan = t_total.elapsed().as_secs_f64();
-
-    // ---- allocate
-    let t = Instant::now();
-    let ctx = e.gpu.ctx().clone();
-    let counter = Arc::new(MemCounter::default());
-    let c = Some(&counter);
-    let Buffers {
-        dst,
-        enc,
-        d_in,
-        mut d_tab,
-        mut h_in,
-        mut h_tab,
-        scratch,
-        mut status,
-        errs,
-        bad_buf,
-        pinned_s,
-    } = allocate(
+    Ok(Setup {
         e,
-        &ctx,
-        &counter,
-        &Sizing {
-            encode,
-            dest_bytes,
-            n_result,
-            out_frame_elems,
-            enc_in_bytes,
-            identity,
-            direct,
-            slots,
-            table_cap_words,
-            plan: &plan,
-            status_bytes: mem.status,
-        },
-        &bad_idx,
-        params.bad_mask,
-    )?;
-    let t_buffers = t.elapsed().as_secs_f64();
-    let (free_peak, _) = e.gpu.mem_info()?;
-    let copy_stream = ctx
-        .new_stream()
-        .map_err(|err| driver_error("create copy stream", err))?;
-    let compute = ctx
-        .new_stream()
-        .map_err(|err| driver_error("create compute stream", err))?;
-    // The sum DP of an encoding pass runs here beside the encode: a memory-bound read of the
-    // batch next to a compute-bound kernel (on one stream it added 7–8 ms to a load).
-    let side = match enc {
-        Some(_) => Some(
-            ctx.new_stream()
-                .map_err(|err| driver_error("create side stream", err))?,
-        ),
-        None => None,
-    };
-    // Declared after every buffer, so dropped before them: on an early error return, queued
-    // copies and kernels finish before their buffers are freed.
-    let _drain = Drain(
-        [Some(&*copy_stream), Some(&*compute), side.as_deref()]
-            .into_iter()
-            .flatten()
-            .collect(),
-    );
-    let files: Vec<File> = src
-        .files
-        .iter()
-        .map(|f| qem_io::open_regular("open", &f.path, "data file"))
-        .collect::<Result<_>>()?;
-    let pool = e.reader_pool(opts.reader_threads)?;
-    let t_alloc = t.elapsed().as_secs_f64();
+        encode,
+        identity,
+        frame_bytes,
+        out_frame_elems,
+        out_es,
+        plan,
+        direct,
+        slots,
+        bad_idx,
+        table_cap_words,
+        n_result,
+        enc_in_bytes,
+        dest_bytes,
+        mem,
+        budget,
+        free0,
+        card_total,
+    })
+}
 
-    // ---- pipeline
+/// Blocks per chunk, from the first chunk's header (the tables grow if a later chunk has
+/// more); 1 for raw or unfiltered chunks.
+fn blocks_per_chunk(src: &Source, plan: &LoadPlan) -> Result<usize> {
+    match plan.chunks.first() {
+        Some(pc) if src.codec == ChunkCodec::Bslz4 && pc.rec.filter_mask & 1 == 0 => {
+            let mut probe = Vec::new();
+            src.read_chunk(&pc.rec, &mut probe)?;
+            let mut t = BlockTable::default();
+            let out_len = pc.rec.frames_in_chunk as usize * src.frame_bytes();
+            t.push_chunk(
+                &probe,
+                src.dtype.size(),
+                0,
+                pc.rec.first_frame,
+                0,
+                0,
+                0,
+                out_len,
+            )
+            .map_err(|err| err.with_file(&src.files[pc.rec.file as usize].path))?;
+            Ok(t.n_blocks() + 1)
+        }
+        _ => Ok(1),
+    }
+}
+
+/// A pipeline's streams: H2D copies, the decode/transform/encode chain, and (encoding) the
+/// side stream of the sum DP.
+struct Streams {
+    copy: Arc<CudaStream>,
+    compute: Arc<CudaStream>,
+    side: Option<Arc<CudaStream>>,
+}
+
+impl Streams {
+    fn new(ctx: &Arc<CudaContext>, encoding: bool) -> Result<Streams> {
+        let copy = ctx
+            .new_stream()
+            .map_err(|err| driver_error("create copy stream", err))?;
+        let compute = ctx
+            .new_stream()
+            .map_err(|err| driver_error("create compute stream", err))?;
+        // The sum DP of an encoding pass runs beside the encode: a memory-bound read of the
+        // batch next to a compute-bound kernel (on one stream it added 7–8 ms to a load).
+        let side = if encoding {
+            Some(
+                ctx.new_stream()
+                    .map_err(|err| driver_error("create side stream", err))?,
+            )
+        } else {
+            None
+        };
+        Ok(Streams {
+            copy,
+            compute,
+            side,
+        })
+    }
+
+    fn all(&self) -> Vec<&CudaStream> {
+        [
+            Some(&*self.copy),
+            Some(&*self.compute),
+            self.side.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+}
+
+/// What [`run_batches`] reads.
+struct LoopInput<'a, 'm> {
+    src: &'a Source,
+    params: &'a GpuLoadParams<'a>,
+    z: &'a Setup<'m>,
+    streams: &'a Streams,
+    files: &'a [File],
+    pool: &'a rayon::ThreadPool,
+    counter: &'a Arc<MemCounter>,
+    value_dtype: DType,
+}
+
+/// The batch loop's events and host totals.
+struct LoopTotals {
+    evs: Vec<BatchEvents>,
+    read_thread_s: f64,
+    table_thread_s: f64,
+    read_wall_s: f64,
+    wait_s: f64,
+    bytes_read: u64,
+}
+
+/// Read every batch into a pinned slot (waiting until the slot's last H2D is done) and queue
+/// it on the device; a slot's tables and the decode status grow when a batch needs more.
+/// Nothing waits for the queued work at the end: [`finish`] does.
+fn run_batches(li: &LoopInput<'_, '_>, b: &mut Buffers<'_>) -> Result<LoopTotals> {
+    let (z, src, params, streams) = (li.z, li.src, li.params, li.streams);
+    let (e, plan, slots) = (z.e, &z.plan, z.slots);
+    let ctx = e.gpu.ctx();
+    let c = Some(li.counter);
     let progress = params.progress;
     if let Some(p) = progress {
-        p.begin("load (cuda)", n_result);
+        p.begin("load (cuda)", z.n_result);
     }
     let shape = LaunchShape {
-        warps_per_cta: opts.warps_per_cta.max(1),
+        warps_per_cta: params.options.warps_per_cta.max(1),
         max_ctas: 0,
     };
-    let mut evs: Vec<BatchEvents> = Vec::with_capacity(plan.batches.len());
+    let mut t = LoopTotals {
+        evs: Vec::with_capacity(plan.batches.len()),
+        read_thread_s: 0.0,
+        table_thread_s: 0.0,
+        read_wall_s: 0.0,
+        wait_s: 0.0,
+        bytes_read: 0,
+    };
     let mut h2d_done: Vec<Option<usize>> = vec![None; slots];
     let mut dec_done: Vec<Option<usize>> = vec![None; slots];
-    let (mut read_thread_s, mut table_thread_s, mut read_wall_s, mut wait_s) =
-        (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-    let mut bytes_read = 0u64;
-    let mut status_words = status.bytes() / 4;
-    let mut tab_words_cap = vec![table_cap_words; slots];
+    let mut status_words = b.status.bytes() / 4;
+    let mut tab_words_cap = vec![z.table_cap_words; slots];
     for (bi, batch) in plan.batches.iter().enumerate() {
         if progress.is_some_and(|p| p.cancelled()) {
-            let _ = compute.synchronize();
-            let _ = copy_stream.synchronize();
+            let _ = streams.compute.synchronize();
+            let _ = streams.copy.synchronize();
             return Err(cancelled_error());
         }
         let s = bi % slots;
-        let t = Instant::now();
+        let t0 = Instant::now();
         if let Some(i) = h2d_done[s] {
-            evs[i]
+            t.evs[i]
                 .h2d_end
                 .synchronize()
                 .map_err(|err| driver_error("wait for a free slot", err))?;
         }
-        wait_s += t.elapsed().as_secs_f64();
+        t.wait_s += t0.elapsed().as_secs_f64();
 
         // Read the chunks into the pinned slot and build the tables, in parallel.
-        let t = Instant::now();
+        let t0 = Instant::now();
         let (table, rs, ts) = read_batch(
             &BatchInput {
                 src,
-                files: &files,
-                plan: &plan,
+                files: li.files,
+                plan,
                 batch,
-                direct,
-                frame_bytes,
-                out_frame_bytes: (out_frame_elems * out_es) as u64,
-                threads: opts.reader_threads,
+                direct: z.direct,
+                frame_bytes: z.frame_bytes,
+                out_frame_bytes: (z.out_frame_elems * z.out_es) as u64,
+                threads: params.options.reader_threads,
             },
-            h_in[s].as_mut_slice(),
-            &pool,
+            b.h_in[s].as_mut_slice(),
+            li.pool,
         )?;
-        read_thread_s += rs;
-        table_thread_s += ts;
-        let pcs = &plan.chunks[batch.chunks.clone()];
-        bytes_read += batch.in_bytes;
-        let n_blocks = table.n_blocks();
-        let n_copies = table.n_copies();
-        let (dst_map, local_map) = batch_maps(&plan, batch, direct, enc.is_some() && !identity);
+        t.read_thread_s += rs;
+        t.table_thread_s += ts;
+        t.bytes_read += batch.in_bytes;
+        let (dst_map, local_map) =
+            batch_maps(plan, batch, z.direct, b.enc.is_some() && !z.identity);
         let words = table.blocks.len() + table.copies.len() + dst_map.len() + local_map.len();
         if words > tab_words_cap[s] {
             // A chunk with more blocks than the first one: grow this slot's tables (its last
             // decode must be over first).
             if let Some(i) = dec_done[s] {
-                evs[i]
+                t.evs[i]
                     .last()
                     .synchronize()
                     .map_err(|err| driver_error("wait for a slot", err))?;
             }
-            d_tab[s] = DevBuf::alloc(&ctx, words * 4, c, "block table")?;
-            h_tab[s] = e.take_pinned(words * 4, "table slot")?;
+            b.d_tab[s] = DevBuf::alloc(ctx, words * 4, c, "block table")?;
+            b.h_tab[s] = e.take_pinned(words * 4, "table slot")?;
             tab_words_cap[s] = words;
         }
-        if 2 * (n_blocks + n_copies) > status_words {
-            compute
+        if 2 * (table.n_blocks() + table.n_copies()) > status_words {
+            streams
+                .compute
                 .synchronize()
                 .map_err(|err| driver_error("synchronize", err))?;
-            status = DevBuf::alloc(&ctx, 8 * (n_blocks + n_copies), c, "decode status")?;
-            status_words = status.bytes() / 4;
+            let n = table.n_blocks() + table.n_copies();
+            b.status = DevBuf::alloc(ctx, 8 * n, c, "decode status")?;
+            status_words = b.status.bytes() / 4;
         }
-        pack_tables(h_tab[s].as_mut_slice(), &table, dst_map, &local_map);
-        read_wall_s += t.elapsed().as_secs_f64();
+        pack_tables(b.h_tab[s].as_mut_slice(), &table, dst_map, &local_map);
+        t.read_wall_s += t0.elapsed().as_secs_f64();
 
         // H2D on the copy stream, then decode, region/bin and encode on the compute stream.
         let be = queue_batch(&QueueBatch {
             e,
-            copy_stream: &copy_stream,
-            compute: &compute,
-            side: side.as_deref(),
-            slot_free: dec_done[s].map(|i| evs[i].last()),
-            h_in: &h_in[s],
-            d_in: &d_in[s],
-            h_tab: &h_tab[s],
-            d_tab: &d_tab[s],
+            copy_stream: &streams.copy,
+            compute: &streams.compute,
+            side: streams.side.as_deref(),
+            slot_free: dec_done[s].map(|i| t.evs[i].last()),
+            h_in: &b.h_in[s],
+            d_in: &b.d_in[s],
+            h_tab: &b.h_tab[s],
+            d_tab: &b.d_tab[s],
             words,
             batch,
             table: &table,
             dst_map_len: dst_map.len(),
-            scratch: scratch.as_ref(),
-            dst: dst.as_ref(),
-            dest_bytes,
-            enc: enc.as_ref(),
-            identity,
-            direct,
-            status: &status,
-            errs: &errs,
+            scratch: b.scratch.as_ref(),
+            dst: b.dst.as_ref(),
+            dest_bytes: z.dest_bytes,
+            enc: b.enc.as_ref(),
+            identity: z.identity,
+            direct: z.direct,
+            status: &b.status,
+            errs: &b.errs,
             shape,
-            elem_size: es,
-            rplan: &rplan,
+            elem_size: src.dtype.size(),
+            rplan: &params.detector,
             src_dtype: src.dtype,
             result_dtype: params.result_dtype,
-            value_dtype,
+            value_dtype: li.value_dtype,
             saturate: params.saturate,
-            bad_buf: bad_buf.as_ref(),
-            out_frame_elems,
-            n_bad: bad_idx.len(),
+            bad_buf: b.bad_buf.as_ref(),
+            out_frame_elems: z.out_frame_elems,
+            n_bad: z.bad_idx.len(),
         })?;
-        evs.push(be);
+        t.evs.push(be);
         h2d_done[s] = Some(bi);
         dec_done[s] = Some(bi);
         if let Some(p) = progress {
-            p.advance(
-                plan.dst_frames[pcs.first().map_or(0, |p| p.dst_start)
-                    ..pcs
-                        .last()
-                        .map_or(0, |p| p.dst_start + p.rec.frames_in_chunk as usize)]
-                    .iter()
-                    .filter(|&&f| f != u32::MAX)
-                    .count() as u64,
-            );
+            p.advance(wanted_frames(plan, batch));
         }
     }
-    let mask_events = match (&bad_buf, direct, &dst) {
-        (Some(b), true, Some(dst)) => {
-            let (a, z) = (event(e)?, event(e)?);
-            record(&a, &compute)?;
+    Ok(t)
+}
+
+/// The result frames a batch fills (its chunks' frames that the plan wants).
+fn wanted_frames(plan: &LoadPlan, batch: &BatchPlan) -> u64 {
+    let pcs = &plan.chunks[batch.chunks.clone()];
+    let a = pcs.first().map_or(0, |p| p.dst_start);
+    let b = pcs
+        .last()
+        .map_or(0, |p| p.dst_start + p.rec.frames_in_chunk as usize);
+    plan.dst_frames[a..b]
+        .iter()
+        .filter(|&&f| f != u32::MAX)
+        .count() as u64
+}
+
+/// The host times and memory figures [`finish`] reports.
+struct Finish<'a> {
+    t_total: Instant,
+    t_plan: f64,
+    t_alloc: f64,
+    t_buffers: f64,
+    free_peak: u64,
+    peak: &'a Arc<MemCounter>,
+}
+
+/// What [`wait_all`] found.
+struct Waited {
+    mask_events: Option<(CudaEvent, CudaEvent)>,
+    saturated: u64,
+    enc_used: u64,
+    enc_overflowed: u32,
+    t_sync: f64,
+}
+
+/// After the last batch: zero the bad pixels of a direct result, wait for every stream and
+/// read the records (a fault is the load's error).
+fn wait_all(
+    src: &Source,
+    params: &GpuLoadParams<'_>,
+    z: &Setup<'_>,
+    b: &Buffers<'_>,
+    streams: &Streams,
+    value_dtype: DType,
+) -> Result<Waited> {
+    let e = z.e;
+    let compute = &streams.compute;
+    let mask_events = match (&b.bad_buf, z.direct, &b.dst) {
+        (Some(bad), true, Some(dst)) => {
+            let (a, zz) = (event(e)?, event(e)?);
+            record(&a, compute)?;
             // SAFETY: the result holds n_result frames of `out_frame_elems` elements; the list
             // holds `bad_idx.len()` source (= result) pixel offsets < out_frame_elems.
             unsafe {
                 launch_zero_pixels(
                     &e.transform,
-                    &compute,
+                    compute,
                     params.result_dtype,
                     dst.ptr(),
-                    n_result,
-                    out_frame_elems as u64,
-                    b.ptr(),
-                    bad_idx.len() as u32,
+                    z.n_result,
+                    z.out_frame_elems as u64,
+                    bad.ptr(),
+                    z.bad_idx.len() as u32,
                 )
             }?;
-            record(&z, &compute)?;
-            Some((a, z))
+            record(&zz, compute)?;
+            Some((a, zz))
         }
         _ => None,
     };
@@ -454,51 +651,84 @@ pub(super) fn pipeline(
     compute
         .synchronize()
         .map_err(|err| driver_error("synchronize compute stream", err))?;
-    copy_stream
+    streams
+        .copy
         .synchronize()
         .map_err(|err| driver_error("synchronize copy stream", err))?;
     let (saturated, enc_used, enc_overflowed) =
-        check_records(src, &plan, value_dtype, &errs, enc.as_ref())?;
-    let t_sync = t.elapsed().as_secs_f64();
-    if let Some(p) = progress {
+        check_records(src, &z.plan, value_dtype, &b.errs, b.enc.as_ref())?;
+    Ok(Waited {
+        mask_events,
+        saturated,
+        enc_used,
+        enc_overflowed,
+        t_sync: t.elapsed().as_secs_f64(),
+    })
+}
+
+/// After [`wait_all`]: the timings and the memory report, and the release of everything but
+/// the result (the pinned slots go back to the engine's pool).
+fn finish(
+    params: &GpuLoadParams<'_>,
+    z: Setup<'_>,
+    b: Buffers<'_>,
+    lp: LoopTotals,
+    w: Waited,
+    f: Finish<'_>,
+) -> Result<PipelineOut> {
+    let e = z.e;
+    let (enc_used, enc_overflowed, t_sync) = (w.enc_used, w.enc_overflowed, w.t_sync);
+    if let Some(p) = params.progress {
         p.end();
     }
-
     let timings = stage_timings(&StageInputs {
-        plan: &plan,
-        evs: &evs,
-        direct,
-        encoding: enc.is_some(),
-        raw_bytes: n_result * out_frame_elems as u64 * 2,
+        plan: &z.plan,
+        evs: &lp.evs,
+        direct: z.direct,
+        encoding: b.enc.is_some(),
+        raw_bytes: z.n_result * z.out_frame_elems as u64 * 2,
         enc_used,
-        mask_events: mask_events.as_ref(),
-        reader_threads: opts.reader_threads,
-        bytes_read,
+        mask_events: w.mask_events.as_ref(),
+        reader_threads: params.options.reader_threads,
+        bytes_read: lp.bytes_read,
         host: HostSeconds {
-            plan: t_plan,
-            allocate: t_alloc,
-            alloc_pinned: pinned_s,
-            alloc_device: t_buffers - pinned_s,
-            read_threads: read_thread_s,
-            table_threads: table_thread_s,
-            read_wall: read_wall_s,
-            wait: wait_s,
+            plan: f.t_plan,
+            allocate: f.t_alloc,
+            alloc_pinned: b.pinned_s,
+            alloc_device: f.t_buffers - b.pinned_s,
+            read_threads: lp.read_thread_s,
+            table_threads: lp.table_thread_s,
+            read_wall: lp.read_wall_s,
+            wait: lp.wait_s,
             sync: t_sync,
         },
-        total_s: t_total.elapsed().as_secs_f64(),
+        total_s: f.t_total.elapsed().as_secs_f64(),
     });
     let memory = MemoryReport {
-        planned_device_bytes: mem.total(),
-        budget_bytes: budget,
-        process_peak_device_bytes: counter.peak(),
-        card_used_before_bytes: card_total.saturating_sub(free0),
-        card_used_peak_bytes: card_total.saturating_sub(free_peak),
-        card_total_bytes: card_total,
+        planned_device_bytes: z.mem.total(),
+        budget_bytes: z.budget,
+        process_peak_device_bytes: f.peak.peak(),
+        card_used_before_bytes: z.card_total.saturating_sub(z.free0),
+        card_used_peak_bytes: z.card_total.saturating_sub(f.free_peak),
+        card_total_bytes: z.card_total,
     };
     // Release everything but the result (after the synchronize above); keep the pinned slots.
+    let Buffers {
+        dst,
+        enc,
+        d_in,
+        d_tab,
+        h_in,
+        h_tab,
+        scratch,
+        status,
+        errs,
+        bad_buf,
+        pinned_s: _,
+    } = b;
     drop((d_in, d_tab, scratch, status, errs, bad_buf));
-    for b in h_in.into_iter().chain(h_tab) {
-        e.give_pinned(b);
+    for pb in h_in.into_iter().chain(h_tab) {
+        e.give_pinned(pb);
     }
     let encoded = enc.map(|es| EncodedOut {
         arena: es.arena,
@@ -510,12 +740,12 @@ pub(super) fn pipeline(
     Ok(PipelineOut {
         dense: dst,
         encoded,
-        output: rplan.output,
-        saturated,
-        frames: n_result,
-        bytes_read,
-        batches: plan.batches.len(),
-        direct,
+        output: params.detector.output,
+        saturated: w.saturated,
+        frames: z.n_result,
+        bytes_read: lp.bytes_read,
+        batches: z.plan.batches.len(),
+        direct: z.direct,
         timings,
         memory,
     })
