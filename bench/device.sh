@@ -12,8 +12,10 @@
 #             pytest files (PYTEST_FILES, or "all")
 #   load      the 512² × 192² reference acquisition: qem-cuda-load-check (dense, every frame =
 #             CPU), qem-cuda-rans-check (ENCODED load, every frame hash = CPU, .qem round trip),
-#             `qem-bench load --backend cuda --cpu-check` (the façade); CUPY=1 adds a
-#             run with --cupy (h5py + hdf5plugin + cupy.asarray, ~2 min)
+#             `qem-bench load --backend cuda --cpu-check` (the façade), read_probe (the host's
+#             routes to the card: pread into pinned slots, the H2D floor, registered read-only
+#             file mappings, O_DIRECT); CUPY=1 adds a run with --cupy (h5py + hdf5plugin +
+#             cupy.asarray, ~2 min)
 #   products  qem-cuda-products-check on the reference (ENCODED and dense, GPU = CPU), the
 #             façade bench (cuda_products_bench: products, dpc.run), CuPy on the same dense array
 #             (bench/cupy_products.py)
@@ -121,6 +123,11 @@ mode_load() {
     step "facade bench load + h5py/CuPy" load_cupy.log timeout 300 "$D/qem-bench" load --backend cuda --source "$REF" --repeats 5 --warmup 1 --cpu-check --cupy --out "$R/load_cupy"
   fi
   grep -hE "p50|PASS|FAIL|mismatch" "$R"/load_*.log | head -20
+  # Issue 23 item 3: the host's routes to the card (pread into pinned slots by 8/16/32 threads,
+  # the H2D floor, read-only file mappings registered and copied from the page cache, O_DIRECT).
+  step "read routes probe" read_probe.log timeout 200 "$D/read_probe" "$R/read_probe.json" /tmp/ref/scan_data_*.h5 --threads 8,16,32 --repeats 3
+  record "$R/read_probe.json" read_probe.json
+  cat "$R/read_probe.log"
 }
 
 mode_products() {

@@ -553,3 +553,81 @@ impl Drop for PinnedBuf {
         }
     }
 }
+
+/// A host range this crate does not own, registered with the driver for DMA
+/// (`cuMemHostRegister`) and unregistered on drop: e.g. a read-only mapping of a file, whose
+/// pages are then copied to the card straight from the page cache (`read_probe` measures the
+/// route against reads into [`PinnedBuf`] slots; the loader does not use it).
+#[derive(Debug)]
+pub struct HostRegistration {
+    ctx: Arc<CudaContext>,
+    ptr: *const u8,
+    bytes: usize,
+}
+
+impl HostRegistration {
+    /// Register `bytes` bytes at `ptr` (`read_only`: `CU_MEMHOSTREGISTER_READ_ONLY`, which a
+    /// read-only mapping needs). The driver's refusal is the error.
+    ///
+    /// # Safety
+    /// `ptr .. ptr + bytes` must be mapped (and readable) until this value is dropped, and
+    /// page-aligned as the driver requires.
+    pub unsafe fn new(
+        ctx: &Arc<CudaContext>,
+        ptr: *const u8,
+        bytes: usize,
+        read_only: bool,
+    ) -> Result<HostRegistration> {
+        ctx.bind_to_thread()
+            .map_err(|e| driver_error("bind CUDA context", e))?;
+        let flags = if read_only {
+            sys::CU_MEMHOSTREGISTER_READ_ONLY
+        } else {
+            0
+        };
+        // SAFETY: the caller keeps the range mapped until Drop unregisters it.
+        unsafe { sys::cuMemHostRegister_v2(ptr as *mut std::ffi::c_void, bytes, flags) }
+            .result()
+            .map_err(|e| driver_error(&format!("register {bytes} host bytes"), e))?;
+        Ok(HostRegistration {
+            ctx: ctx.clone(),
+            ptr,
+            bytes,
+        })
+    }
+
+    /// Queue a copy of `bytes` bytes from byte `offset` of the range to byte `dst_offset` of
+    /// `dst` on `stream`.
+    pub fn copy_to_device_async(
+        &self,
+        offset: usize,
+        dst: &DevBuf,
+        dst_offset: usize,
+        bytes: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        if !range_fits(offset, bytes, self.bytes) || !range_fits(dst_offset, bytes, dst.bytes) {
+            return Err(Error::internal("H2D copy", "copy out of bounds"));
+        }
+        // SAFETY: both ranges are inside their allocations (checked above); the source is
+        // registered and stays mapped while `self` lives (the contract of `new`).
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                dst.ptr + dst_offset as u64,
+                self.ptr.add(offset) as *const std::ffi::c_void,
+                bytes,
+                stream.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(|e| driver_error("H2D copy", e))
+    }
+}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: registered once in `new`, unregistered once here.
+        let _ = unsafe { sys::cuMemHostUnregister(self.ptr as *mut std::ffi::c_void) };
+    }
+}
