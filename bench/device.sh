@@ -18,7 +18,7 @@
 #             cupy.asarray, ~2 min)
 #   products  qem-cuda-products-check on the reference (ENCODED and dense, GPU = CPU), the
 #             façade bench (cuda_products_bench: products, dpc.run), CuPy on the same dense array
-#             (bench/cupy_products.py)
+#             (bench/cupy_products.py), pair_probe (a two-pixel-symbol decode, study)
 #   ssb       ssb_cuda_bench on the reference (r = 30 px, with a 6 GiB card budget and a CPU check
 #             of a 64² region), on r = 53 px (resident ENCODED, then host-held data under 6 GiB),
 #             and `quantem-gpu ssb --fit`
@@ -139,6 +139,10 @@ mode_products() {
   record "$R/facade_products.json" products_facade.json
   step "cupy products" cupy_products.log timeout 120 python3 bench/cupy_products.py "$REF" "$R/cupy_products.json" 10
   record "$R/cupy_products.json" products_cupy.json
+  # Issue 23 item 2: a two-pixel-symbol decode measured before any format version (study).
+  step "pair symbol probe" pair_probe.log timeout 240 "$D/pair_probe" "$R/pair_probe.json" --frames 32768 --d 10,12,14,16 --repeats 10
+  record "$R/pair_probe.json" pair_probe.json
+  cat "$R/pair_probe.log"
 }
 
 mode_ssb() {

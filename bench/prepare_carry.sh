@@ -19,11 +19,11 @@ GEN="$ANCHOR_TOOLS/make_reference_acquisition.py"
 D=device_carry
 rm -rf "$D" && mkdir -p "$D/site" "$D/h5p"
 cargo build --release -q -p qem-bench --bins
-cargo build --release -q -p qem-bench --example cuda_products_bench --example ssb_cuda_bench --example read_probe
+cargo build --release -q -p qem-bench --example cuda_products_bench --example ssb_cuda_bench --example read_probe --example pair_probe
 for b in qem-bench qem-cuda-check qem-cuda-load-check qem-cuda-products-check qem-cuda-rans-check serve-latency; do
   cp "target/release/$b" "$D/"
 done
-cp target/release/examples/cuda_products_bench target/release/examples/ssb_cuda_bench target/release/examples/read_probe "$D/"
+cp target/release/examples/cuda_products_bench target/release/examples/ssb_cuda_bench target/release/examples/read_probe target/release/examples/pair_probe "$D/"
 test_binary() { # NAME: the path of crates/qem's integration-test binary NAME
   cargo test --release -q -p qem --test "$1" --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys
@@ -35,7 +35,7 @@ for l in sys.stdin:
 cp "$(test_binary ssb)" "$D/ssb_tests"
 cp "$(test_binary every_engine)" "$D/every_engine_tests"
 cp "$(test_binary device_result)" "$D/device_result_tests"
-strip "$D"/qem-bench "$D"/qem-cuda-* "$D"/serve-latency "$D"/cuda_products_bench "$D"/ssb_cuda_bench "$D"/read_probe "$D"/ssb_tests "$D"/every_engine_tests "$D"/device_result_tests
+strip "$D"/qem-bench "$D"/qem-cuda-* "$D"/serve-latency "$D"/cuda_products_bench "$D"/ssb_cuda_bench "$D"/read_probe "$D"/pair_probe "$D"/ssb_tests "$D"/every_engine_tests "$D"/device_result_tests
 # The wheel ships compiled kernels (crates/qem-cuda/build.rs; NVRTC from PyPI, no GPU needed).
 QEM_NVRTC=${QEM_NVRTC:-$(scripts/fetch_nvrtc.sh)}
 ./scripts/stage_cli.sh

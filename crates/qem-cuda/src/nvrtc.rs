@@ -76,6 +76,15 @@ pub struct LoadedModule {
     pub info: ModuleInfo,
 }
 
+impl LoadedModule {
+    /// Kernel `name` of the module (for studies that launch kernels of their own).
+    pub fn function(&self, name: &str) -> Result<CudaFunction> {
+        self.module
+            .load_function(name)
+            .map_err(|e| driver_error(&format!("load kernel {name}"), e))
+    }
+}
+
 /// The disk cache directory (see the module docs), if one can be named.
 pub fn cache_dir() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("QUANTEM_GPU_KERNEL_CACHE").filter(|p| !p.is_empty()) {
@@ -312,10 +321,7 @@ pub(crate) fn kernel(gpu: &Gpu, file: &str, src: &str, name: &str) -> Result<Cud
     gpu.ctx()
         .bind_to_thread()
         .map_err(|e| driver_error("bind CUDA context", e))?;
-    load_module(gpu, file, src, &[])?
-        .module
-        .load_function(name)
-        .map_err(|e| driver_error(&format!("load kernel {name}"), e))
+    load_module(gpu, file, src, &[])?.function(name)
 }
 
 /// Load kernel source `name`/`src` for `gpu`'s device, from the shipped kernels, the memory

@@ -68,10 +68,11 @@ const ENCODE_CTAS_PER_SM: u64 = 8;
 /// Bit-staging words per encoder warp (rans.cu).
 const ENCODE_WINDOW_WORDS: u32 = 20;
 
-/// The model argument of every kernel (`RansModel` in rans.cu: 5 pointers then 10 u32).
+/// The model argument of every kernel (`RansModel` in rans.cu: 5 pointers then 10 u32); public
+/// for studies that launch kernels of their own on a model's tables (`pair_probe`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct ModelArg {
+pub struct ModelArg {
     ctx: u64,
     tab: u64,
     lut: u64,
@@ -285,7 +286,7 @@ impl DeviceModel {
 
     /// Shared memory every CTA stages the tables into: the lookup starts at the next 4 KB
     /// boundary of the shared window after the table (rans.cu `stage_model`).
-    pub(crate) fn smem_tables(&self) -> u32 {
+    pub fn smem_tables(&self) -> u32 {
         self.tab_bytes + LUT_ALIGN + self.lut_bytes
     }
 
@@ -298,7 +299,8 @@ impl DeviceModel {
         self.tab_bytes + ENCODE_WARPS * ENCODE_WINDOW_WORDS * 4 + ENCODE_WARPS * map_words * 4
     }
 
-    pub(crate) fn arg(&self) -> ModelArg {
+    /// The kernel argument of this model (valid while it lives).
+    pub fn arg(&self) -> ModelArg {
         let m = &self.model;
         ModelArg {
             ctx: self.ctx.ptr(),
