@@ -483,15 +483,13 @@ impl PinnedBuf {
         // SAFETY: both ranges are inside their allocations (checked above); the source is
         // page-locked and the caller keeps it untouched until the copy has completed.
         unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
+            h2d_async(
                 dst.ptr + dst_offset as u64,
-                self.ptr.add(src_offset) as *const std::ffi::c_void,
+                self.ptr.add(src_offset),
                 bytes,
-                stream.cu_stream(),
+                stream,
             )
         }
-        .result()
-        .map_err(|e| driver_error("H2D copy", e))
     }
 
     /// Queue a copy of `bytes` bytes from byte `src_offset` of `src` to byte `dst_offset` of
@@ -554,6 +552,25 @@ impl Drop for PinnedBuf {
     }
 }
 
+/// Queue `bytes` bytes from host `src` to device address `dst` on `stream`.
+///
+/// # Safety
+/// Both ranges must be valid for `bytes` bytes, the host one page-locked or registered and
+/// untouched until the stream has passed the copy.
+unsafe fn h2d_async(dst: u64, src: *const u8, bytes: usize, stream: &CudaStream) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        sys::cuMemcpyHtoDAsync_v2(
+            dst,
+            src as *const std::ffi::c_void,
+            bytes,
+            stream.cu_stream(),
+        )
+    }
+    .result()
+    .map_err(|e| driver_error("H2D copy", e))
+}
+
 /// A host range this crate does not own, registered with the driver for DMA
 /// (`cuMemHostRegister`) and unregistered on drop: e.g. a read-only mapping of a file, whose
 /// pages are then copied to the card straight from the page cache (`read_probe` measures the
@@ -612,15 +629,13 @@ impl HostRegistration {
         // SAFETY: both ranges are inside their allocations (checked above); the source is
         // registered and stays mapped while `self` lives (the contract of `new`).
         unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
+            h2d_async(
                 dst.ptr + dst_offset as u64,
-                self.ptr.add(offset) as *const std::ffi::c_void,
+                self.ptr.add(offset),
                 bytes,
-                stream.cu_stream(),
+                stream,
             )
         }
-        .result()
-        .map_err(|e| driver_error("H2D copy", e))
     }
 }
 

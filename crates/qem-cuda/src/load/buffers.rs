@@ -63,6 +63,18 @@ pub(super) struct Buffers<'m> {
     pub(super) pinned_s: f64,
 }
 
+impl<'m> Buffers<'m> {
+    /// Keep the result (the dense array or the encoder's buffers), give the pinned slots back
+    /// to the engine's pool and free the rest. Only after every stream that used them has
+    /// been synchronized.
+    pub(super) fn release(mut self, e: &Engine) -> (Option<DevBuf>, Option<EncodeState<'m>>) {
+        for pb in self.h_in.drain(..).chain(self.h_tab.drain(..)) {
+            e.give_pinned(pb);
+        }
+        (self.dst.take(), self.enc.take())
+    }
+}
+
 /// Allocate a pipeline's buffers (after admission), each counted in `counter`.
 pub(super) fn allocate<'m>(
     e: &Engine,

@@ -125,8 +125,8 @@ struct Setup<'m> {
 /// it is made here.
 ///
 /// Stages: [`setup`] (checks, plan, sizes, admission), then the buffers and streams, then
-/// [`run_batches`] (read and queue every batch), then [`finish`] (the final synchronize, the
-/// records, the timings). The declarations here fix the order of release: the streams drain
+/// [`run_batches`] (read and queue every batch), [`wait_all`] (the final synchronize and the
+/// records) and [`finish`] (the timings, the memory report, the release). The declarations here fix the order of release: the streams drain
 /// before any buffer is freed, also on an early error return.
 pub(super) fn pipeline(
     src: &Source,
@@ -712,24 +712,8 @@ fn finish(
         card_used_peak_bytes: z.card_total.saturating_sub(f.free_peak),
         card_total_bytes: z.card_total,
     };
-    // Release everything but the result (after the synchronize above); keep the pinned slots.
-    let Buffers {
-        dst,
-        enc,
-        d_in,
-        d_tab,
-        h_in,
-        h_tab,
-        scratch,
-        status,
-        errs,
-        bad_buf,
-        pinned_s: _,
-    } = b;
-    drop((d_in, d_tab, scratch, status, errs, bad_buf));
-    for pb in h_in.into_iter().chain(h_tab) {
-        e.give_pinned(pb);
-    }
+    // Release everything but the result (after wait_all's synchronize).
+    let (dst, enc) = b.release(e);
     let encoded = enc.map(|es| EncodedOut {
         arena: es.arena,
         index: es.index,
