@@ -59,70 +59,85 @@ extern "C" __global__ void __launch_bounds__(512, 3) qem_pair_frame_sums(
     extern __shared__ __align__(16) u32 smem_p[];
     m = stage_model(m, smem_p);
     if (use_pairs) mp = stage_model(mp, (u32*)(m.lut + m.T * LUT_PER_ROW * CPAD));
-    QEM_RANS_WARP_LOOP({
-        RansStream s;
-        code = rans_open(st, len, m, lane, s, a, b);
+    // The engine's warp loop written out (QEM_RANS_WARP_LOOP's body may hold no top-level comma).
+    const u32 lane = threadIdx.x & 31u;
+    const u64 warps = (u64)gridDim.x * (blockDim.x >> 5);
+    for (u64 k = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); k < count; k += warps) {
+        const u64 i = first + k;
+        const u8* st;
+        u64 len;
+        u32 a = 0u;
+        u32 b = 0u;
+        u32 code = R_INDEX;
         u64 acc = 0ull;
-        if (code == R_OK) {
-            StreamCtx kp = s.k;
-            if (use_pairs) {
-                kp.tb = (u32)__cvta_generic_to_shared(mp.tab) + s.set * mp.C * mp.sp4;
-                kp.lb = (u32)__cvta_generic_to_shared(mp.lut) + s.set * LUT_PER_ROW * CPAD;
-                kp.sp4 = mp.sp4;
-            }
-            const u32 n = m.n;
-            const u32 units = n >> 6;
-            u32 part = 0u;
-            for (u32 u = 0; u < units; ++u) {
-                const u32 pa = (u << 6) + lane, pb = pa + 32u;
-                const u32 ca = __ldg(m.ctx + pa), cb = __ldg(m.ctx + pb);
-                u32 va, vb;
-                if (use_pairs && ((__ldg(pairs + (u >> 5)) >> (u & 31u)) & 1u)) {
-                    const u32 sj = rans_decode_symbol<false>(s.d, kp, pa, ca, lane);
-                    const bool esc = sj >= 64u;
-                    va = sj >> 3;
-                    vb = sj & 7u;
-                    if (__any_sync(FULL_MASK, esc)) {
-                        u32 sa = rans_decode_symbol<true>(s.d, s.k, esc ? pa : n, ca, lane);
-                        u32 sb = rans_decode_symbol<true>(s.d, s.k, esc ? pb : n, cb, lane);
-                        sa = rans_bucket_value(s.d, s.k, sa, esc, lane);
-                        sb = rans_bucket_value(s.d, s.k, sb, esc, lane);
-                        if (esc) {
-                            va = sa;
-                            vb = sb;
+        if (stream_at(arena, arena_len, index, i, st, len)) {
+            RansStream s;
+            code = rans_open(st, len, m, lane, s, a, b);
+            if (code == R_OK) {
+                StreamCtx kp = s.k;
+                if (use_pairs) {
+                    kp.tb = (u32)__cvta_generic_to_shared(mp.tab) + s.set * mp.C * mp.sp4;
+                    kp.lb = (u32)__cvta_generic_to_shared(mp.lut) + s.set * LUT_PER_ROW * CPAD;
+                    kp.sp4 = mp.sp4;
+                }
+                const u32 n = m.n;
+                const u32 units = n >> 6;
+                u32 part = 0u;
+                for (u32 u = 0; u < units; ++u) {
+                    const u32 pa = (u << 6) + lane;
+                    const u32 pb = pa + 32u;
+                    const u32 ca = __ldg(m.ctx + pa);
+                    const u32 cb = __ldg(m.ctx + pb);
+                    u32 va;
+                    u32 vb;
+                    if (use_pairs && ((__ldg(pairs + (u >> 5)) >> (u & 31u)) & 1u)) {
+                        const u32 sj = rans_decode_symbol<false>(s.d, kp, pa, ca, lane);
+                        const bool esc = sj >= 64u;
+                        va = sj >> 3;
+                        vb = sj & 7u;
+                        if (__any_sync(FULL_MASK, esc)) {
+                            u32 sa = rans_decode_symbol<true>(s.d, s.k, esc ? pa : n, ca, lane);
+                            u32 sb = rans_decode_symbol<true>(s.d, s.k, esc ? pb : n, cb, lane);
+                            sa = rans_bucket_value(s.d, s.k, sa, esc, lane);
+                            sb = rans_bucket_value(s.d, s.k, sb, esc, lane);
+                            if (esc) {
+                                va = sa;
+                                vb = sb;
+                            }
                         }
+                    } else {
+                        u32 sa = rans_decode_symbol<false>(s.d, s.k, pa, ca, lane);
+                        u32 sb = rans_decode_symbol<false>(s.d, s.k, pb, cb, lane);
+                        if (__any_sync(FULL_MASK, max(sa, sb) >= s.k.K)) {
+                            sa = rans_bucket_value(s.d, s.k, sa, true, lane);
+                            sb = rans_bucket_value(s.d, s.k, sb, true, lane);
+                        }
+                        va = sa;
+                        vb = sb;
                     }
-                } else {
-                    u32 sa = rans_decode_symbol<false>(s.d, s.k, pa, ca, lane);
-                    u32 sb = rans_decode_symbol<false>(s.d, s.k, pb, cb, lane);
-                    if (__any_sync(FULL_MASK, max(sa, sb) >= s.k.K)) {
-                        sa = rans_bucket_value(s.d, s.k, sa, true, lane);
-                        sb = rans_bucket_value(s.d, s.k, sb, true, lane);
+                    if (ca < m.split) s.d.stat += va;
+                    if (cb < m.split) s.d.stat += vb;
+                    part += va + vb;
+                    if ((u & 15u) == 15u) {
+                        acc += part;
+                        part = 0u;
+                        s.flush_stat();
                     }
-                    va = sa;
-                    vb = sb;
                 }
-                if (ca < m.split) s.d.stat += va;
-                if (cb < m.split) s.d.stat += vb;
-                part += va + vb;
-                if ((u & 15u) == 15u) {
-                    acc += part;
-                    part = 0u;
-                    s.flush_stat();
+                acc += part;
+                for (u32 t = units << 1; t < ((n + 31u) >> 5); ++t) {
+                    const u32 p = (t << 5) + lane;
+                    const u32 c = p < n ? __ldg(m.ctx + p) : 0u;
+                    acc += rans_symbol<true>(s.d, s.k, p, c, lane);
                 }
+                s.flush_stat();
+                code = rans_close(s, m, a, b);
             }
-            acc += part;
-            for (u32 t = units << 1; t < ((n + 31u) >> 5); ++t) {
-                const u32 p = (t << 5) + lane;
-                const u32 c = p < n ? __ldg(m.ctx + p) : 0u;
-                acc += rans_symbol<true>(s.d, s.k, p, c, lane);
-            }
-            s.flush_stat();
-            code = rans_close(s, m, a, b);
         }
         const u64 t = warp_sum_u64(acc);
         if (lane == 0u) out[k] = code == R_OK ? t : ~0ull;
-    })
+        if (code != R_OK && lane == 0u) rans_report(err, i, code, a, b);
+    }
 }
 "#;
 
