@@ -124,9 +124,9 @@ mode_load() {
   fi
   grep -hE "p50|PASS|FAIL|mismatch" "$R"/load_*.log | head -20
   # Issue 23 item 3: the host's routes to the card (pread into pinned slots by 8/16/32 threads,
-  # the H2D floor, read-only file mappings registered and copied from the page cache, O_DIRECT).
+  # the H2D floor, read-only file mappings registered and copied from the page cache, O_DIRECT);
+  # a study, not a README figure: its JSON stays in $R (docs/history.md quotes it).
   step "read routes probe" read_probe.log timeout 200 "$D/read_probe" "$R/read_probe.json" /tmp/ref/scan_data_*.h5 --threads 8,16,32 --repeats 3
-  record "$R/read_probe.json" read_probe.json
   cat "$R/read_probe.log"
 }
 
@@ -139,9 +139,9 @@ mode_products() {
   record "$R/facade_products.json" products_facade.json
   step "cupy products" cupy_products.log timeout 120 python3 bench/cupy_products.py "$REF" "$R/cupy_products.json" 10
   record "$R/cupy_products.json" products_cupy.json
-  # Issue 23 item 2: a two-pixel-symbol decode measured before any format version (study).
+  # Issue 23 item 2: a two-pixel-symbol decode measured before any format version (a study: its
+  # JSON stays in $R; docs/history.md quotes it).
   step "pair symbol probe" pair_probe.log timeout 240 "$D/pair_probe" "$R/pair_probe.json" --frames 32768 --d 10,12,14,16 --repeats 10
-  record "$R/pair_probe.json" pair_probe.json
   cat "$R/pair_probe.log"
 }
 
