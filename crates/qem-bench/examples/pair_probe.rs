@@ -190,6 +190,23 @@ impl Rows {
     }
 }
 
+/// The lanes' pixels of pair step u: the first pixels (v2 step 2u) and the second (2u + 1).
+fn pair_lanes(u: usize) -> [Vec<Option<usize>>; 2] {
+    [0, 32].map(|o| (0..LANES).map(|j| Some(64 * u + o + j)).collect())
+}
+
+/// The lanes' pixels of v2 step t (`None` past the frame's `n` pixels).
+fn step_lanes(t: usize, n: usize) -> Vec<Option<usize>> {
+    (0..LANES)
+        .map(|j| Some(LANES * t + j).filter(|&p| p < n))
+        .collect()
+}
+
+/// `ps` with only the escaping lanes kept.
+fn escaping(ps: &[Option<usize>], esc: &[bool]) -> Vec<Option<usize>> {
+    ps.iter().zip(esc).map(|(p, &e)| p.filter(|_| e)).collect()
+}
+
 /// What the encoder needs of a model and its pair tables.
 struct Coder<'a> {
     model: &'a CountsModel,
@@ -197,7 +214,16 @@ struct Coder<'a> {
     pair: Option<(Rows, usize, Vec<bool>)>,
 }
 
-impl Coder<'_> {
+impl<'a> Coder<'a> {
+    /// The coder of `model` with its v2 rows, and the pair rows (rows, d, pair steps) if any.
+    fn new(model: &'a CountsModel, pair: Option<(Rows, usize, Vec<bool>)>) -> Coder<'a> {
+        Coder {
+            model,
+            v2: Rows::new(model.freq().to_vec(), model.symbols()),
+            pair,
+        }
+    }
+
     /// A v2 step over `pixels` (one per lane, `None` past the frame), its extra bits after.
     fn v2_step(
         &self,
@@ -231,8 +257,7 @@ impl Coder<'_> {
         let mut ev = Events::default();
         let units = n / 64;
         for u in 0..units {
-            let pa: Vec<Option<usize>> = (0..LANES).map(|j| Some(64 * u + j)).collect();
-            let pb: Vec<Option<usize>> = (0..LANES).map(|j| Some(64 * u + 32 + j)).collect();
+            let [pa, pb] = pair_lanes(u);
             match &self.pair {
                 Some((rows, d, dark)) if dark[u] => {
                     let mut step = Vec::with_capacity(LANES);
@@ -251,12 +276,8 @@ impl Coder<'_> {
                         // Both sub-steps' symbols first, then their extra bits (A's lanes, then B's).
                         let mut a = Events::default();
                         let mut b = Events::default();
-                        let ea: Vec<Option<usize>> =
-                            pa.iter().zip(&esc).map(|(p, &e)| p.filter(|_| e)).collect();
-                        let eb: Vec<Option<usize>> =
-                            pb.iter().zip(&esc).map(|(p, &e)| p.filter(|_| e)).collect();
-                        self.v2_step(&mut a, set, frame, &ea)?;
-                        self.v2_step(&mut b, set, frame, &eb)?;
+                        self.v2_step(&mut a, set, frame, &escaping(&pa, &esc))?;
+                        self.v2_step(&mut b, set, frame, &escaping(&pb, &esc))?;
                         ev.steps.append(&mut a.steps);
                         ev.steps.append(&mut b.steps);
                         ev.extras.append(&mut a.extras);
@@ -271,10 +292,7 @@ impl Coder<'_> {
             }
         }
         for t in (units * 2)..n.div_ceil(LANES) {
-            let ps: Vec<Option<usize>> = (0..LANES)
-                .map(|j| Some(LANES * t + j).filter(|&p| p < n))
-                .collect();
-            self.v2_step(&mut ev, set, frame, &ps)?;
+            self.v2_step(&mut ev, set, frame, &step_lanes(t, n))?;
         }
         Ok(ev)
     }
@@ -405,9 +423,17 @@ fn decode(c: &Coder<'_>, stream: &[u8], n: usize) -> Result<Vec<u16>> {
             .collect()
     };
     let units = n / 64;
+    // The values of a (sub)step's lanes, their extra bits read in lane order.
+    let mut values = |ps: &[Option<usize>], ss: &[u32], out: &mut Vec<u16>| -> Result<()> {
+        for (p, &s) in ps.iter().zip(ss) {
+            if let Some(p) = *p {
+                out[p] = value(s, &mut bits)? as u16;
+            }
+        }
+        Ok(())
+    };
     for u in 0..units {
-        let pa: Vec<Option<usize>> = (0..LANES).map(|j| Some(64 * u + j)).collect();
-        let pb: Vec<Option<usize>> = (0..LANES).map(|j| Some(64 * u + 32 + j)).collect();
+        let [pa, pb] = pair_lanes(u);
         match &c.pair {
             Some((rows, d, dark)) if dark[u] => {
                 let pr: Vec<Option<usize>> = pa
@@ -421,44 +447,25 @@ fn decode(c: &Coder<'_>, stream: &[u8], n: usize) -> Result<Vec<u16>> {
                     out[64 * u + 32 + j] = (sj[j] % Q) as u16;
                 }
                 if esc.iter().any(|&e| e) {
-                    let ea: Vec<Option<usize>> =
-                        pa.iter().zip(&esc).map(|(p, &e)| p.filter(|_| e)).collect();
-                    let eb: Vec<Option<usize>> =
-                        pb.iter().zip(&esc).map(|(p, &e)| p.filter(|_| e)).collect();
+                    let (ea, eb) = (escaping(&pa, &esc), escaping(&pb, &esc));
                     let sa = step(&c.v2, &v2_rows(&ea), &mut x)?;
                     let sb = step(&c.v2, &v2_rows(&eb), &mut x)?;
-                    for (ps, ss) in [(&ea, &sa), (&eb, &sb)] {
-                        for j in 0..LANES {
-                            if let Some(p) = ps[j] {
-                                out[p] = value(ss[j], &mut bits)? as u16;
-                            }
-                        }
-                    }
+                    values(&ea, &sa, &mut out)?;
+                    values(&eb, &sb, &mut out)?;
                 }
             }
             _ => {
                 let sa = step(&c.v2, &v2_rows(&pa), &mut x)?;
                 let sb = step(&c.v2, &v2_rows(&pb), &mut x)?;
-                for (ps, ss) in [(&pa, &sa), (&pb, &sb)] {
-                    for j in 0..LANES {
-                        if let Some(p) = ps[j] {
-                            out[p] = value(ss[j], &mut bits)? as u16;
-                        }
-                    }
-                }
+                values(&pa, &sa, &mut out)?;
+                values(&pb, &sb, &mut out)?;
             }
         }
     }
     for t in (units * 2)..n.div_ceil(LANES) {
-        let ps: Vec<Option<usize>> = (0..LANES)
-            .map(|j| Some(LANES * t + j).filter(|&p| p < n))
-            .collect();
+        let ps = step_lanes(t, n);
         let ss = step(&c.v2, &v2_rows(&ps), &mut x)?;
-        for j in 0..LANES {
-            if let Some(p) = ps[j] {
-                out[p] = value(ss[j], &mut bits)? as u16;
-            }
-        }
+        values(&ps, &ss, &mut out)?;
     }
     if x.iter().any(|&s| s != STATE_LOWER) || wi != n_words || bi != n_bits {
         bail!(
@@ -623,91 +630,131 @@ fn study_row(
     )
 }
 
-fn main() -> Result<()> {
+/// The command line.
+struct Args {
+    out: String,
+    frames: usize,
+    dose: f64,
+    ds: Vec<usize>,
+    repeats: usize,
+    cpu_only: bool,
+}
+
+fn parse_args() -> Result<Args> {
     let mut args = std::env::args().skip(1);
-    let out_path = args.next().ok_or_else(|| {
+    let out = args.next().ok_or_else(|| {
         anyhow!("usage: pair_probe OUT.json [--frames N] [--dose E] [--d 6,8,10] [--repeats R] [--cpu-only]")
     })?;
-    let (mut n, mut dose, mut ds, mut repeats) =
-        (32768usize, 120_000.0f64, vec![6usize, 8, 10], 5usize);
-    let mut cpu_only = false;
-    while let Some(a) = args.next() {
-        if a == "--cpu-only" {
-            cpu_only = true;
+    let mut a = Args {
+        out,
+        frames: 32768,
+        dose: 120_000.0,
+        ds: vec![6, 8, 10],
+        repeats: 5,
+        cpu_only: false,
+    };
+    while let Some(o) = args.next() {
+        if o == "--cpu-only" {
+            a.cpu_only = true;
             continue;
         }
-        let v = args.next().ok_or_else(|| anyhow!("{a} needs a value"))?;
-        match a.as_str() {
-            "--frames" => n = v.parse()?,
-            "--dose" => dose = v.parse()?,
-            "--d" => ds = v.split(',').map(str::parse).collect::<Result<_, _>>()?,
-            "--repeats" => repeats = v.parse()?,
-            _ => bail!("unknown option {a}"),
+        let v = args.next().ok_or_else(|| anyhow!("{o} needs a value"))?;
+        match o.as_str() {
+            "--frames" => a.frames = v.parse()?,
+            "--dose" => a.dose = v.parse()?,
+            "--d" => a.ds = v.split(',').map(str::parse).collect::<Result<_, _>>()?,
+            "--repeats" => a.repeats = v.parse()?,
+            _ => bail!("unknown option {o}"),
         }
     }
-    let t = Instant::now();
-    let frames = reference_frames::make_frames(n, dose).map_err(|er| anyhow!("{er}"))?;
-    let len = frames[0].len();
-    println!(
-        "{n} frames of {len} pixels at {dose} e-/frame made in {:.1} s",
-        t.elapsed().as_secs_f64()
-    );
-    let sample: Vec<&[u16]> = frames
-        .iter()
-        .step_by((n / 4096).max(1))
-        .map(Vec::as_slice)
-        .collect();
-    let model = CountsModel::fit(sample.iter().copied(), len, &ModelParams::default())?;
-    let want: Vec<u64> = frames
-        .iter()
-        .map(|f| f.iter().map(|&v| u64::from(v)).sum())
-        .collect();
-    let v2: Vec<Vec<u8>> = frames
-        .par_iter()
-        .map(|f| encode_stream(&model, f))
-        .collect::<Result<_, _>>()?;
-    let flat = Coder {
-        model: &model,
-        v2: Rows::new(model.freq().to_vec(), model.symbols()),
-        pair: None,
-    };
-    let flat_equal = frames
-        .par_iter()
-        .zip(&v2)
-        .all(|(f, s)| flat.encode(f).is_ok_and(|x| &x == s));
-    println!("study encoder in flat mode = v2 encoder on every frame: {flat_equal}");
-    if !flat_equal {
-        bail!("the study encoder does not reproduce v2: its pair streams would mean nothing");
-    }
-    let v2_bytes: usize = v2.iter().map(Vec::len).sum();
-    let checked = n.min(256);
-    let flat_decodes = frames[..checked]
-        .par_iter()
-        .zip(&v2[..checked])
-        .all(|(f, st)| decode(&flat, st, len).is_ok_and(|d| &d == f));
-    println!("study decoder on the v2 streams = frames ({checked} checked): {flat_decodes}");
-    // Every candidate encoded (and its first frames decoded) on the CPU before the card.
-    struct Candidate {
-        d: usize,
-        pfreq: Vec<u16>,
-        dark: Vec<bool>,
-        streams: Vec<Vec<u8>>,
-        decodes: bool,
-        escapes_per_pair: f64,
-    }
-    let mut cands = Vec::new();
-    for &d in &ds {
-        let (pfreq, dark) = pair_tables(&model, &frames[..n.min(4096)], d)?;
-        let pair = Some((
-            Rows::new(pfreq.clone(), (ESCAPE + 1) as usize),
-            d,
-            dark.clone(),
-        ));
-        let coder = Coder {
-            model: &model,
-            v2: Rows::new(model.freq().to_vec(), model.symbols()),
-            pair,
+    Ok(a)
+}
+
+/// The frames, their model and v2 streams, checked on the CPU: the study encoder in flat mode
+/// must give the v2 bytes and the study decoder the frames.
+struct Base {
+    frames: Vec<Vec<u16>>,
+    model: CountsModel,
+    v2: Vec<Vec<u8>>,
+    want: Vec<u64>,
+}
+
+impl Base {
+    fn make(n: usize, dose: f64) -> Result<Base> {
+        let t = Instant::now();
+        let frames = reference_frames::make_frames(n, dose).map_err(|er| anyhow!("{er}"))?;
+        let len = frames[0].len();
+        println!(
+            "{n} frames of {len} pixels at {dose} e-/frame made in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        let sample: Vec<&[u16]> = frames
+            .iter()
+            .step_by((n / 4096).max(1))
+            .map(Vec::as_slice)
+            .collect();
+        let model = CountsModel::fit(sample.iter().copied(), len, &ModelParams::default())?;
+        let want: Vec<u64> = frames
+            .iter()
+            .map(|f| f.iter().map(|&v| u64::from(v)).sum())
+            .collect();
+        let v2: Vec<Vec<u8>> = frames
+            .par_iter()
+            .map(|f| encode_stream(&model, f))
+            .collect::<Result<_, _>>()?;
+        let base = Base {
+            frames,
+            model,
+            v2,
+            want,
         };
+        let flat = Coder::new(&base.model, None);
+        let flat_equal = base
+            .frames
+            .par_iter()
+            .zip(&base.v2)
+            .all(|(f, s)| flat.encode(f).is_ok_and(|x| &x == s));
+        println!("study encoder in flat mode = v2 encoder on every frame: {flat_equal}");
+        if !flat_equal {
+            bail!("the study encoder does not reproduce v2: its pair streams would mean nothing");
+        }
+        let checked = base.checked();
+        let flat_decodes = base.frames[..checked]
+            .par_iter()
+            .zip(&base.v2[..checked])
+            .all(|(f, st)| decode(&flat, st, len).is_ok_and(|d| &d == f));
+        println!("study decoder on the v2 streams = frames ({checked} checked): {flat_decodes}");
+        if !flat_decodes {
+            bail!("the study decoder does not reproduce the v2 frames");
+        }
+        Ok(base)
+    }
+
+    /// Frames decoded on the CPU per candidate.
+    fn checked(&self) -> usize {
+        self.frames.len().min(256)
+    }
+
+    fn v2_bytes(&self) -> usize {
+        self.v2.iter().map(Vec::len).sum()
+    }
+}
+
+/// One `d`: its pair tables, pair steps and streams (encoded and partly decoded on the CPU).
+struct Candidate {
+    d: usize,
+    pfreq: Vec<u16>,
+    dark: Vec<bool>,
+    streams: Vec<Vec<u8>>,
+    escapes_per_pair: f64,
+}
+
+impl Candidate {
+    fn make(b: &Base, d: usize) -> Result<Candidate> {
+        let (frames, len, checked) = (&b.frames, b.frames[0].len(), b.checked());
+        let (pfreq, dark) = pair_tables(&b.model, &frames[..frames.len().min(4096)], d)?;
+        let rows = Rows::new(pfreq.clone(), (ESCAPE + 1) as usize);
+        let coder = Coder::new(&b.model, Some((rows, d, dark.clone())));
         let streams: Vec<Vec<u8>> = frames
             .par_iter()
             .map(|f| coder.encode(f))
@@ -716,12 +763,18 @@ fn main() -> Result<()> {
             .par_iter()
             .zip(&streams[..checked])
             .all(|(f, st)| decode(&coder, st, len).is_ok_and(|x| &x == f));
-        let n_dark = dark.iter().filter(|&&x| x).count();
+        let c = Candidate {
+            d,
+            pfreq,
+            dark,
+            streams,
+            escapes_per_pair: 0.0,
+        };
         let escapes: usize = frames[..checked]
             .iter()
             .map(|f| {
-                (0..dark.len())
-                    .filter(|&u| dark[u])
+                (0..c.dark.len())
+                    .filter(|&u| c.dark[u])
                     .map(|u| {
                         (0..LANES)
                             .filter(|&j| {
@@ -732,96 +785,110 @@ fn main() -> Result<()> {
                     .sum::<usize>()
             })
             .sum();
-        let escapes_per_pair = escapes as f64 / (checked * n_dark * LANES).max(1) as f64;
-        let bytes: usize = streams.iter().map(Vec::len).sum();
+        let escapes_per_pair = escapes as f64 / (checked * c.pair_steps() * LANES).max(1) as f64;
         println!(
-            "d={d}: {n_dark}/{} pair steps, {} steps per frame (v2 {}), size {:.4}× v2, escapes per pair {escapes_per_pair:.4}, CPU decode = frames: {decodes}",
-            dark.len(),
-            n_dark + 2 * (dark.len() - n_dark),
+            "d={d}: {}/{} pair steps, {} steps per frame (v2 {}), size {:.4}× v2, escapes per pair {escapes_per_pair:.4}, CPU decode = frames: {decodes}",
+            c.pair_steps(),
+            c.dark.len(),
+            c.steps(),
             len / LANES,
-            bytes as f64 / v2_bytes as f64
+            c.bytes() as f64 / b.v2_bytes() as f64
         );
-        cands.push(Candidate {
-            d,
-            pfreq,
-            dark,
-            streams,
-            decodes,
+        if !decodes {
+            bail!("the study decoder does not reproduce the frames at d = {d}");
+        }
+        Ok(Candidate {
             escapes_per_pair,
-        });
-    }
-    if !flat_decodes || cands.iter().any(|c| !c.decodes) {
-        bail!("the study decoder does not reproduce the frames");
-    }
-    if cpu_only {
-        return Ok(());
+            ..c
+        })
     }
 
+    fn pair_steps(&self) -> usize {
+        self.dark.iter().filter(|&&x| x).count()
+    }
+
+    /// Decode steps per frame (v2 takes two per pair step).
+    fn steps(&self) -> usize {
+        self.pair_steps() + 2 * (self.dark.len() - self.pair_steps())
+    }
+
+    fn bytes(&self) -> usize {
+        self.streams.iter().map(Vec::len).sum()
+    }
+}
+
+/// The engine's frame sums (`qem_rans_frame_sums`) on the v2 streams, as a record row.
+fn production_row(b: &Base, repeats: usize) -> Result<Value> {
     let e = engine()?;
     let ctx = e.gpu.ctx();
-    let k = e.rans()?;
-    let dm = DeviceModel::upload(ctx, model.clone(), None)?;
+    let (n, len) = (b.frames.len(), b.frames[0].len());
+    let (arena_h, index_h) = pack(&b.v2);
+    let arena = upload(ctx, &arena_h, "arena")?;
+    let index = upload(ctx, bytemuck::cast_slice(&index_h), "index")?;
+    let side = (len as f64).sqrt() as usize;
+    let enc = DeviceEncoded::from_parts(
+        DeviceModel::upload(ctx, b.model.clone(), None)?,
+        arena,
+        arena_h.len() as u64,
+        index,
+        n as u64,
+        Shape2::new(side, len / side),
+        e.gpu.info().ordinal,
+    );
+    let mut runs = Vec::new();
+    let mut got = Vec::new();
+    for r in 0..=repeats {
+        let t = Instant::now();
+        got = enc.frame_sums(&e.gpu, e.rans()?)?;
+        if r > 0 {
+            runs.push(t.elapsed().as_secs_f64());
+        }
+    }
+    let p50 = median(runs.clone());
+    println!(
+        "{:<44} p50 {:>7.2} ms  sums {}",
+        "v2 production frame sums (with download)",
+        p50 * 1e3,
+        if got == b.want { "= CPU" } else { "DIFFER" }
+    );
+    Ok(
+        json!({"row": "v2 production frame sums (qem_rans_frame_sums, host wall incl. download)", "p50_s": p50, "runs_s": runs, "sums_equal_cpu": got == b.want}),
+    )
+}
+
+/// The study kernel's rows: the v2 streams at v2's shared memory, then per candidate (the
+/// first with the v2 streams at the pairs' shared memory before it) its pair streams.
+fn study_rows(b: &Base, cands: Vec<Candidate>, repeats: usize) -> Result<Vec<Value>> {
+    let e = engine()?;
+    let ctx = e.gpu.ctx();
+    let dm = DeviceModel::upload(ctx, b.model.clone(), None)?;
     let src = format!("{}\n{}", qem_cuda::rans::KERNEL_SOURCE, STUDY_KERNEL);
     let module = qem_cuda::nvrtc::load_module(&e.gpu, "pair_probe.cu", &src, &[])?;
     let f = module.function("qem_pair_frame_sums")?;
-    let mut rows = Vec::new();
-    // The engine's frame sums on the v2 streams.
-    {
-        let (arena_h, index_h) = pack(&v2);
-        let arena = upload(ctx, &arena_h, "arena")?;
-        let index = upload(ctx, bytemuck::cast_slice(&index_h), "index")?;
-        let side = (len as f64).sqrt() as usize;
-        let enc = DeviceEncoded::from_parts(
-            DeviceModel::upload(ctx, model.clone(), None)?,
-            arena,
-            arena_h.len() as u64,
-            index,
-            n as u64,
-            Shape2::new(side, len / side),
-            e.gpu.info().ordinal,
-        );
-        let mut runs = Vec::new();
-        let mut got = Vec::new();
-        for r in 0..=repeats {
-            let t = Instant::now();
-            got = enc.frame_sums(&e.gpu, k)?;
-            if r > 0 {
-                runs.push(t.elapsed().as_secs_f64());
-            }
-        }
-        let p50 = median(runs.clone());
-        println!(
-            "{:<44} p50 {:>7.2} ms  sums {}",
-            "v2 production frame sums (with download)",
-            p50 * 1e3,
-            if got == want { "= CPU" } else { "DIFFER" }
-        );
-        rows.push(json!({"row": "v2 production frame sums (qem_rans_frame_sums, host wall incl. download)", "p50_s": p50, "runs_s": runs, "sums_equal_cpu": got == want}));
-    }
     let smem_v2 = dm.smem_tables();
-    rows.push(study_row(
+    let (want, v2) = (&b.want, &b.v2);
+    let mut rows = vec![study_row(
         "v2, study loop (3 CTAs/SM)",
         &f,
-        &v2,
+        v2,
         &dm,
         None,
         smem_v2,
-        &want,
+        want,
         repeats,
-    )?);
+    )?];
     for (ci, c) in cands.into_iter().enumerate() {
-        let d = c.d;
         // The pair rows as a model of their own (49 literals + 16 = 65 symbols, d classes), so
         // the engine builds their shared-memory table and lookup; its split and context map are
         // never read (the kernel takes both from the v2 model).
         let pmodel = CountsModel::from_parts(
             (ESCAPE + 1 - 16) as u8,
-            d as u8,
-            model.table_sets(),
+            c.d as u8,
+            b.model.table_sets(),
             0,
-            vec![0u8; len],
-            model.thresholds().to_vec(),
-            c.pfreq,
+            vec![0u8; b.frames[0].len()],
+            b.model.thresholds().to_vec(),
+            c.pfreq.clone(),
         )?;
         let pm = DeviceModel::upload(ctx, pmodel, None)?;
         let mut bits = vec![0u32; c.dark.len().div_ceil(32)];
@@ -834,16 +901,20 @@ fn main() -> Result<()> {
             rows.push(study_row(
                 "v2, study loop, pair smem (2 CTAs/SM)",
                 &f,
-                &v2,
+                v2,
                 &dm,
                 None,
                 smem,
-                &want,
+                want,
                 repeats,
             )?);
         }
-        let n_dark = c.dark.iter().filter(|&&x| x).count();
-        let name = format!("pairs d={d}: {n_dark}/{} pair steps", c.dark.len());
+        let name = format!(
+            "pairs d={}: {}/{} pair steps",
+            c.d,
+            c.pair_steps(),
+            c.dark.len()
+        );
         let mut r = study_row(
             &name,
             &f,
@@ -851,31 +922,47 @@ fn main() -> Result<()> {
             &dm,
             Some((&pm, &pairs)),
             smem,
-            &want,
+            want,
             repeats,
         )?;
-        let bytes: usize = c.streams.iter().map(Vec::len).sum();
         if let Some(o) = r.as_object_mut() {
-            o.insert("d".into(), json!(d));
-            o.insert("size_vs_v2".into(), json!(bytes as f64 / v2_bytes as f64));
+            o.insert("d".into(), json!(c.d));
             o.insert(
-                "steps_per_frame".into(),
-                json!(n_dark + 2 * (c.dark.len() - n_dark)),
+                "size_vs_v2".into(),
+                json!(c.bytes() as f64 / b.v2_bytes() as f64),
             );
-            o.insert("pair_steps".into(), json!(n_dark));
+            o.insert("steps_per_frame".into(), json!(c.steps()));
+            o.insert("pair_steps".into(), json!(c.pair_steps()));
             o.insert("escapes_per_pair".into(), json!(c.escapes_per_pair));
         }
         rows.push(r);
     }
+    Ok(rows)
+}
+
+fn main() -> Result<()> {
+    let a = parse_args()?;
+    let b = Base::make(a.frames, a.dose)?;
+    // Every candidate encoded (and its first frames decoded) on the CPU before the card.
+    let cands =
+        a.ds.iter()
+            .map(|&d| Candidate::make(&b, d))
+            .collect::<Result<Vec<_>>>()?;
+    if a.cpu_only {
+        return Ok(());
+    }
+    let mut rows = vec![production_row(&b, a.repeats)?];
+    rows.extend(study_rows(&b, cands, a.repeats)?);
+    let len = b.frames[0].len();
     let rec = json!({
         "tool": "pair_probe (crates/qem-bench/examples/pair_probe.rs)",
         "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "device": e.gpu.info().summary(),
-        "frames": n, "dose_e_per_frame": dose, "detector_pixels": len,
-        "v2_steps_per_frame": len / LANES, "v2_bytes": v2_bytes,
-        "study_encoder_flat_equals_v2": flat_equal,
+        "device": engine()?.gpu.info().summary(),
+        "frames": a.frames, "dose_e_per_frame": a.dose, "detector_pixels": len,
+        "v2_steps_per_frame": len / LANES, "v2_bytes": b.v2_bytes(),
+        "study_encoder_flat_equals_v2": true,
         "rows": rows,
     });
-    std::fs::write(&out_path, serde_json::to_string_pretty(&rec)?)?;
+    std::fs::write(&a.out, serde_json::to_string_pretty(&rec)?)?;
     Ok(())
 }
