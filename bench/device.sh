@@ -124,9 +124,9 @@ mode_load() {
   fi
   grep -hE "p50|PASS|FAIL|mismatch" "$R"/load_*.log | head -20
   # Issue 23 item 3: the host's routes to the card (pread into pinned slots by 8/16/32 threads,
-  # the H2D floor, read-only file mappings registered and copied from the page cache, O_DIRECT);
-  # a study, not a README figure: its JSON stays in $R (docs/history.md quotes it).
+  # the H2D floor, read-only file mappings registered and copied from the page cache, O_DIRECT).
   step "read routes probe" read_probe.log timeout 200 "$D/read_probe" "$R/read_probe.json" /tmp/ref/scan_data_*.h5 --threads 8,16,32 --repeats 3
+  record "$R/read_probe.json" read_probe.json
   cat "$R/read_probe.log"
 }
 

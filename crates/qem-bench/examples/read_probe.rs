@@ -305,6 +305,7 @@ fn main() -> Result<()> {
         "tool": "read_probe (crates/qem-bench/examples/read_probe.rs)",
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "device": e.gpu.info().summary(),
+        "git_revision": qem_bench::machine::git_revision(),
         "files": paths, "bytes": total, "piece_bytes": PIECE, "repeats": repeats,
         "host_cores": std::thread::available_parallelism().map_or(0, usize::from),
         "cache_state": "warm page cache: one untimed pass of each route first",
