@@ -239,18 +239,9 @@ pub fn load_dense(
         frames: total as u64,
         bytes_read,
         timings: vec![
-            StageTiming {
-                stage: "read+decode+transform (wall)".into(),
-                seconds: wall,
-            },
-            StageTiming {
-                stage: "read (thread-s)".into(),
-                seconds: read_ns as f64 * 1e-9,
-            },
-            StageTiming {
-                stage: "decode+transform (thread-s)".into(),
-                seconds: decode_ns as f64 * 1e-9,
-            },
+            StageTiming::new("read+decode+transform (wall)", wall),
+            StageTiming::new("read (thread-s)", read_ns as f64 * 1e-9),
+            StageTiming::new("decode+transform (thread-s)", decode_ns as f64 * 1e-9),
         ],
     })
 }
@@ -441,9 +432,9 @@ pub fn load_array(
         saturated: saturated.into_inner(),
         frames: frames.len() as u64,
         bytes_read: 0,
-        timings: vec![StageTiming {
-            stage: "transform (wall)".into(),
-            seconds: t0.elapsed().as_secs_f64(),
-        }],
+        timings: vec![StageTiming::new(
+            "transform (wall)",
+            t0.elapsed().as_secs_f64(),
+        )],
     })
 }

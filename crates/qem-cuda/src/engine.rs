@@ -60,10 +60,7 @@ impl Engine {
             ("decode and transform modules".to_string(), self.modules_ms),
         ]
         .into_iter()
-        .map(|(what, ms)| StageTiming {
-            stage: format!("CUDA engine start: {what}"),
-            seconds: ms * 1e-3,
-        })
+        .map(|(what, ms)| StageTiming::new(format!("CUDA engine start: {what}"), ms * 1e-3))
         .collect()
     }
 

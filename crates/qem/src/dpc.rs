@@ -272,10 +272,7 @@ fn with_reduce_stages(
     reduce_timings: &[StageTiming],
 ) -> DpcResult {
     let total = r.provenance.timings.pop();
-    let mut stages = vec![StageTiming {
-        stage: "reduce (adf + moments)".to_string(),
-        seconds: t_reduce,
-    }];
+    let mut stages = vec![StageTiming::new("reduce (adf + moments)", t_reduce)];
     stages.extend(
         reduce_timings
             .iter()

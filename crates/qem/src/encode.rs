@@ -169,18 +169,12 @@ pub(crate) fn encode_source(
         bytes_read,
         fit_frames: picks.len() as u64,
         timings: vec![
-            StageTiming {
-                stage: "fit model (wall; sample read+decode+fit)".into(),
-                seconds: t_fit,
-            },
-            StageTiming {
-                stage: "read+decode+encode in bands (wall)".into(),
-                seconds: t.elapsed().as_secs_f64(),
-            },
-            StageTiming {
-                stage: "encode (wall, within the bands)".into(),
-                seconds: encode_s,
-            },
+            StageTiming::new("fit model (wall; sample read+decode+fit)", t_fit),
+            StageTiming::new(
+                "read+decode+encode in bands (wall)",
+                t.elapsed().as_secs_f64(),
+            ),
+            StageTiming::new("encode (wall, within the bands)", encode_s),
         ],
     })
 }

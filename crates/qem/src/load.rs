@@ -127,12 +127,11 @@ pub fn load(source: SourceArg, params: &LoadParams) -> Result<Dataset> {
 /// The first stages of the load that started the CUDA engine: the wall time of the start
 /// (beside the source's open), then what it was made of.
 fn engine_start_stages(wall: f64) -> Result<Vec<StageTiming>> {
-    let mut v = vec![StageTiming {
-        stage: "CUDA engine start (first use in this process, beside the source's open; \
-                with QEM_WARM_START the wait for its thread)"
-            .into(),
-        seconds: wall,
-    }];
+    let mut v = vec![StageTiming::new(
+        "CUDA engine start (first use in this process, beside the source's open; \
+                with QEM_WARM_START the wait for its thread)",
+        wall,
+    )];
     v.extend(qem_cuda::engine()?.startup_stages());
     Ok(v)
 }
@@ -461,14 +460,14 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
         request.representation,
     )?;
     let mut timings = request.engine_start.to_vec();
-    timings.push(StageTiming {
-        stage: if src.index_from_cache {
-            "open (index from the in-process cache; files unchanged)".into()
+    timings.push(StageTiming::new(
+        if src.index_from_cache {
+            "open (index from the in-process cache; files unchanged)"
         } else {
-            "open (HDF5: index, metadata)".into()
+            "open (HDF5: index, metadata)"
         },
-        seconds: t_open,
-    });
+        t_open,
+    ));
     // The CPU engine's dense load of the planned region: the CPU result itself, or the frames
     // the CUDA engine is handed when they need host decoding.
     let load_on_host = || {
@@ -494,10 +493,10 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
             let l = load_on_host()?;
             let mut up = upload_host_frames(l.data, &planned, request, representation)?;
             let mut t = l.timings;
-            t.push(StageTiming {
-                stage: "frames decoded on the host, then uploaded".into(),
-                seconds: 0.0,
-            });
+            t.push(StageTiming::new(
+                "frames decoded on the host, then uploaded",
+                0.0,
+            ));
             t.extend(up.timings);
             up.timings = t;
             up.saturated = l.saturated;
@@ -579,10 +578,10 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
         }
     };
     timings.extend(loaded.timings);
-    timings.push(StageTiming {
-        stage: "total (wall)".into(),
-        seconds: t_total.elapsed().as_secs_f64(),
-    });
+    timings.push(StageTiming::new(
+        "total (wall)",
+        t_total.elapsed().as_secs_f64(),
+    ));
     let mut metadata = src.metadata.clone();
     if let Some(h) = src.host_decode() {
         metadata.extra.insert(
@@ -802,10 +801,10 @@ fn load_in_memory(data: DenseArray, shape: &[usize], request: Request<'_>) -> Re
                     None,
                 );
                 let mut timings = l.timings;
-                timings.push(StageTiming {
-                    stage: "fit+encode (wall)".into(),
-                    seconds: t.elapsed().as_secs_f64(),
-                });
+                timings.push(StageTiming::new(
+                    "fit+encode (wall)",
+                    t.elapsed().as_secs_f64(),
+                ));
                 Loaded {
                     storage: Storage::CpuEncoded(frames),
                     saturated: l.saturated,
@@ -828,10 +827,10 @@ fn load_in_memory(data: DenseArray, shape: &[usize], request: Request<'_>) -> Re
             cuda_loaded(g, &planned, planned.representation)?
         }
     };
-    loaded.timings.push(StageTiming {
-        stage: "total (wall)".into(),
-        seconds: t_total.elapsed().as_secs_f64(),
-    });
+    loaded.timings.push(StageTiming::new(
+        "total (wall)",
+        t_total.elapsed().as_secs_f64(),
+    ));
     let facts = SourceFacts {
         kind: "array",
         files: Vec::new(),

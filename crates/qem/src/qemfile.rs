@@ -330,17 +330,17 @@ pub fn read_qem(path: &Path, params: &QemReadParams) -> Result<QemContents> {
     let t = Instant::now();
     qem_io::check_regular_file(op, path, ".qem file")?;
     let mut f = QemFile::open_lazy(path).map_err(|e| qem_file_error(op, path, e))?;
-    let mut timings = vec![StageTiming {
-        stage: "read .qem + check header, table, small sections".into(),
-        seconds: t.elapsed().as_secs_f64(),
-    }];
+    let mut timings = vec![StageTiming::new(
+        "read .qem + check header, table, small sections",
+        t.elapsed().as_secs_f64(),
+    )];
     if params.verify_streams {
         let t = Instant::now();
         f.verify().map_err(|e| qem_file_error(op, path, e))?;
-        timings.push(StageTiming {
-            stage: "verify Streams CRC-32C".into(),
-            seconds: t.elapsed().as_secs_f64(),
-        });
+        timings.push(StageTiming::new(
+            "verify Streams CRC-32C",
+            t.elapsed().as_secs_f64(),
+        ));
     }
     let meta = f.metadata();
     let format = meta["format"].as_str().unwrap_or("");
@@ -449,10 +449,10 @@ pub fn read_qem(path: &Path, params: &QemReadParams) -> Result<QemContents> {
     let frames = EncodedFrames::from_parts(model, detector_shape, index, streams)
         .map_err(|e| e.with_file(path).with_op("open .qem (StreamIndex section)"))?
         .with_origin(path);
-    timings.push(StageTiming {
-        stage: "take streams + index".into(),
-        seconds: t.elapsed().as_secs_f64(),
-    });
+    timings.push(StageTiming::new(
+        "take streams + index",
+        t.elapsed().as_secs_f64(),
+    ));
     Ok(QemContents {
         frames,
         scan_shape,
@@ -561,10 +561,7 @@ pub(crate) fn load_qem(path: &Path, request: Request<'_>) -> Result<Dataset> {
             request.progress.advance(1);
             request.progress.end();
             let dense = narrow(counts?, q.dtype);
-            timings.push(StageTiming {
-                stage: "decode (wall)".into(),
-                seconds: t.elapsed().as_secs_f64(),
-            });
+            timings.push(StageTiming::new("decode (wall)", t.elapsed().as_secs_f64()));
             match request.backend {
                 Backend::Cpu => Storage::CpuDense(dense),
                 Backend::Cuda => {
@@ -598,10 +595,10 @@ pub(crate) fn load_qem(path: &Path, request: Request<'_>) -> Result<Dataset> {
             )
             .map_err(|e| e.with_file(path))?;
             let (free1, _) = eng.gpu.mem_info()?;
-            timings.push(StageTiming {
-                stage: "upload encoded streams to the GPU (wall)".into(),
-                seconds: t.elapsed().as_secs_f64(),
-            });
+            timings.push(StageTiming::new(
+                "upload encoded streams to the GPU (wall)",
+                t.elapsed().as_secs_f64(),
+            ));
             memory = Some(qem_core::MemoryReport {
                 planned_device_bytes: need,
                 budget_bytes: request.params.memory_budget.unwrap_or(free0),
@@ -614,10 +611,10 @@ pub(crate) fn load_qem(path: &Path, request: Request<'_>) -> Result<Dataset> {
             Storage::CudaEncoded(d)
         }
     };
-    timings.push(StageTiming {
-        stage: "total (wall)".into(),
-        seconds: t_total.elapsed().as_secs_f64(),
-    });
+    timings.push(StageTiming::new(
+        "total (wall)",
+        t_total.elapsed().as_secs_f64(),
+    ));
     let facts = SourceFacts {
         kind: "qem",
         files: vec![q.file],

@@ -41,9 +41,6 @@ impl ResultProvenance {
 
     /// Record a stage time.
     pub fn stage(&mut self, stage: &str, seconds: f64) {
-        self.timings.push(StageTiming {
-            stage: stage.to_string(),
-            seconds,
-        });
+        self.timings.push(StageTiming::new(stage, seconds));
     }
 }

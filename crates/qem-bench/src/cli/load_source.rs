@@ -756,20 +756,11 @@ mod tests {
     #[test]
     fn stage_lookup_is_case_insensitive() {
         let t = vec![
-            StageTiming {
-                stage: "H2D (events, summed)".into(),
-                seconds: 0.5,
-            },
-            StageTiming {
-                stage: "decode (events, summed)".into(),
-                seconds: 0.25,
-            },
+            StageTiming::new("H2D (events, summed)", 0.5),
+            StageTiming::new("decode (events, summed)", 0.25),
         ];
         assert_eq!(stage(&t, "h2d").map(|s| s.seconds), Some(0.5));
-        let mut t2 = vec![StageTiming {
-            stage: "decode (thread-s)".into(),
-            seconds: 9.0,
-        }];
+        let mut t2 = vec![StageTiming::new("decode (thread-s)", 9.0)];
         t2.extend(t.iter().cloned());
         assert_eq!(stage(&t2, "decode").map(|s| s.seconds), Some(0.25));
         assert_eq!(stage(&t, "decode").map(|s| s.seconds), Some(0.25));

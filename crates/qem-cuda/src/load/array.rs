@@ -198,18 +198,9 @@ pub fn load_array(
     rec.overflow(&frames, params.result_dtype)?;
     let saturated = rec.saturated;
     let timings = vec![
-        StageTiming {
-            stage: "upload (host, synchronous)".into(),
-            seconds: t_upload,
-        },
-        StageTiming {
-            stage: "region/bin (events)".into(),
-            seconds: elapsed_s(&a, &z),
-        },
-        StageTiming {
-            stage: "gpu load (wall)".into(),
-            seconds: t_total.elapsed().as_secs_f64(),
-        },
+        StageTiming::new("upload (host, synchronous)", t_upload),
+        StageTiming::new("region/bin (events)", elapsed_s(&a, &z)),
+        StageTiming::new("gpu load (wall)", t_total.elapsed().as_secs_f64()),
     ];
     let memory = MemoryReport {
         planned_device_bytes: planned,

@@ -169,14 +169,14 @@ pub fn encode_device_array(array: &DeviceArray, enc: &EncodeOptions) -> Result<G
             saturated: 0,
             timings: {
                 let mut t = std::mem::take(&mut fit_stages);
-                t.push(StageTiming {
-                    stage: format!("encode (wall; {per_frame:.0} B/frame predicted)"),
-                    seconds: enc_s,
-                });
-                t.push(StageTiming {
-                    stage: "fit + encode (wall)".into(),
-                    seconds: t0.elapsed().as_secs_f64(),
-                });
+                t.push(StageTiming::new(
+                    format!("encode (wall; {per_frame:.0} B/frame predicted)"),
+                    enc_s,
+                ));
+                t.push(StageTiming::new(
+                    "fit + encode (wall)",
+                    t0.elapsed().as_secs_f64(),
+                ));
                 t
             },
             memory,

@@ -284,10 +284,7 @@ pub fn load_source_encoded(
     let mut sample_stages: Vec<StageTiming> = s_out
         .timings
         .iter()
-        .map(|st| StageTiming {
-            stage: format!("sample pass: {}", st.stage),
-            seconds: st.seconds,
-        })
+        .map(|st| StageTiming::new(format!("sample pass: {}", st.stage), st.seconds))
         .collect();
     let out_shape = s_out.output;
     let frame_len = out_shape.len();
@@ -344,35 +341,35 @@ pub fn load_source_encoded(
             continue;
         }
         let mut timings = vec![
-            StageTiming {
-                stage: "engine and rANS kernels (module loads on first use)".into(),
-                seconds: t_engine,
-            },
-            StageTiming {
-                stage: format!(
+            StageTiming::new(
+                "engine and rANS kernels (module loads on first use)",
+                t_engine,
+            ),
+            StageTiming::new(
+                format!(
                     "sample pass (wall; {} frames decoded densely)",
                     sample.len()
                 ),
-                seconds: t_sample,
-            },
-            StageTiming {
-                stage: format!(
+                t_sample,
+            ),
+            StageTiming::new(
+                format!(
                     "fit + upload model + sample encode (wall; {per_frame:.0} B/frame predicted)"
                 ),
-                seconds: t_fit,
-            },
-            StageTiming {
-                stage: "main pass plan (host thread, beside the sample pass)".into(),
-                seconds: t_main_plan.as_secs_f64(),
-            },
+                t_fit,
+            ),
+            StageTiming::new(
+                "main pass plan (host thread, beside the sample pass)",
+                t_main_plan.as_secs_f64(),
+            ),
         ];
         timings.append(&mut fit_stages);
         timings.append(&mut sample_stages);
         timings.extend(out.timings);
-        timings.push(StageTiming {
-            stage: "encoded load (wall, all passes)".into(),
-            seconds: t0.elapsed().as_secs_f64(),
-        });
+        timings.push(StageTiming::new(
+            "encoded load (wall, all passes)",
+            t0.elapsed().as_secs_f64(),
+        ));
         let encoded = DeviceEncoded::from_parts(
             dmodel,
             eo.arena,

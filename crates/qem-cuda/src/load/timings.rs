@@ -94,55 +94,46 @@ pub(super) fn stage_timings(t: &StageInputs<'_>) -> Vec<StageTiming> {
     let gbs = |bytes: u64, s: f64| if s > 0.0 { bytes as f64 / s / 1e9 } else { 0.0 };
     let decoded_total: u64 = t.plan.batches.iter().map(|b| b.decoded_bytes).sum();
     let mut timings = vec![
-        StageTiming {
-            stage: format!(
+        StageTiming::new(
+            format!(
                 "plan (host: {} chunks, {} batches, admission)",
                 t.plan.chunks.len(),
                 t.plan.batches.len()
             ),
-            seconds: t.host.plan,
-        },
-        StageTiming {
-            stage: "allocate (device + pinned, streams, files, reader pool)".into(),
-            seconds: t.host.allocate,
-        },
-        StageTiming {
-            stage: "of which pinned host slots (the engine's pool, else allocated)".into(),
-            seconds: t.host.alloc_pinned,
-        },
-        StageTiming {
-            stage: "of which device buffers".into(),
-            seconds: t.host.alloc_device,
-        },
-        StageTiming {
-            stage: format!(
+            t.host.plan,
+        ),
+        StageTiming::new(
+            "allocate (device + pinned, streams, files, reader pool)",
+            t.host.allocate,
+        ),
+        StageTiming::new(
+            "of which pinned host slots (the engine's pool, else allocated)",
+            t.host.alloc_pinned,
+        ),
+        StageTiming::new("of which device buffers", t.host.alloc_device),
+        StageTiming::new(
+            format!(
                 "read (threads, summed; {} threads, {:.1} GB)",
                 t.reader_threads,
                 t.bytes_read as f64 / 1e9
             ),
-            seconds: t.host.read_threads,
-        },
-        StageTiming {
-            stage: "block table (threads, summed)".into(),
-            seconds: t.host.table_threads,
-        },
-        StageTiming {
-            stage: format!(
+            t.host.read_threads,
+        ),
+        StageTiming::new("block table (threads, summed)", t.host.table_threads),
+        StageTiming::new(
+            format!(
                 "read+table (wall, summed over batches; {:.1} GB/s)",
                 gbs(t.bytes_read, t.host.read_wall)
             ),
-            seconds: t.host.read_wall,
-        },
-        StageTiming {
-            stage: "wait for a free slot (host)".into(),
-            seconds: t.host.wait,
-        },
-        StageTiming {
-            stage: format!("h2d (events, summed; {:.1} GB/s)", gbs(t.bytes_read, h2d_s)),
-            seconds: h2d_s,
-        },
-        StageTiming {
-            stage: format!(
+            t.host.read_wall,
+        ),
+        StageTiming::new("wait for a free slot (host)", t.host.wait),
+        StageTiming::new(
+            format!("h2d (events, summed; {:.1} GB/s)", gbs(t.bytes_read, h2d_s)),
+            h2d_s,
+        ),
+        StageTiming::new(
+            format!(
                 "decode (events, summed; {:.1} GB/s decoded{})",
                 gbs(decoded_total, dec_s),
                 if t.direct {
@@ -151,50 +142,38 @@ pub(super) fn stage_timings(t: &StageInputs<'_>) -> Vec<StageTiming> {
                     ", into scratch"
                 }
             ),
-            seconds: dec_s,
-        },
+            dec_s,
+        ),
     ];
     if t.evs.iter().any(|b| b.rb_end.is_some()) {
-        timings.push(StageTiming {
-            stage: "region/bin (events, summed)".into(),
-            seconds: rb_s,
-        });
+        timings.push(StageTiming::new("region/bin (events, summed)", rb_s));
     }
     if t.encoding {
         let enc_s = sum(&|b| match (&b.enc_start, &b.enc_end) {
             (Some(a), Some(z)) => elapsed_s(a, z),
             _ => 0.0,
         });
-        timings.push(StageTiming {
-            stage: format!(
+        timings.push(StageTiming::new(
+            format!(
                 "encode (events, summed; {:.1} GB/s of u16 frames, {:.3} GB of streams)",
                 gbs(t.raw_bytes, enc_s),
                 t.enc_used as f64 / 1e9
             ),
-            seconds: enc_s,
-        });
-        timings.push(StageTiming {
-            stage: "sum DP on a side stream beside the encode (events, summed; overlaps it)".into(),
-            seconds: sum(&|b| b.sums.as_ref().map_or(0.0, |(a, z)| elapsed_s(a, z))),
-        });
+            enc_s,
+        ));
+        timings.push(StageTiming::new(
+            "sum DP on a side stream beside the encode (events, summed; overlaps it)",
+            sum(&|b| b.sums.as_ref().map_or(0.0, |(a, z)| elapsed_s(a, z))),
+        ));
     }
     if let Some((a, z)) = t.mask_events {
-        timings.push(StageTiming {
-            stage: "mask (events)".into(),
-            seconds: elapsed_s(a, z),
-        });
+        timings.push(StageTiming::new("mask (events)", elapsed_s(a, z)));
     }
-    timings.push(StageTiming {
-        stage: "final sync + error check (host)".into(),
-        seconds: t.host.sync,
-    });
-    timings.push(StageTiming {
-        stage: "first product (n/a)".into(),
-        seconds: 0.0,
-    });
-    timings.push(StageTiming {
-        stage: "gpu load (wall)".into(),
-        seconds: t.total_s,
-    });
+    timings.push(StageTiming::new(
+        "final sync + error check (host)",
+        t.host.sync,
+    ));
+    timings.push(StageTiming::new("first product (n/a)", 0.0));
+    timings.push(StageTiming::new("gpu load (wall)", t.total_s));
     timings
 }
