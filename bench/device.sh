@@ -28,7 +28,9 @@
 #             the encoded load's sum DP (device_result) and the SSB test of a tight budget (f12
 #             G, staged ENCODED gather)
 #   profile   Nsight Compute: the dense and ENCODED product kernels, the SSB accumulate kernel,
-#             the rANS frame sums
+#             the rANS frame sums, the rANS encode of the encoded load (with its per-line
+#             source counters); PROFILE="name ..." runs only those of products, ssb, rans,
+#             encode
 #   soak      the reliability campaign (tests/gpu/soak.py; the CPU engine is the reference): the
 #             issue-17 repro, an injected device loss, a 500-operation seeded soak over ENCODED,
 #             DENSE and CPU datasets, 200 load/close cycles, 4 threads, and the soak under
@@ -182,11 +184,25 @@ mode_profile() {
   [ -n "$ncu" ] || { echo "profile: no ncu"; rc=$((rc | 1)); return; }
   acquisition /tmp/ref
   local s="--section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats --section WarpStateStats --section InstructionStats"
-  step "ncu dense products" ncu_products_dense.txt timeout 120 "$ncu" -k regex:qem_products_dense_u16 -c 12 $s "$D/cuda_products_bench" "$REF" /tmp/ncu_products.json 1
-  record "$R/ncu_products_dense.txt" ncu_products_dense.txt
-  step "ncu encoded products" ncu_products_encoded.txt timeout 120 "$ncu" -k regex:qem_products_encoded -c 4 $s "$D/cuda_products_bench" "$REF" /tmp/ncu_products.json 1
-  step "ncu ssb accumulate" ncu_ssb.txt timeout 150 "$ncu" -k regex:qem_ssb_accumulate_quad_g32 -c 1 $s "$D/ssb_cuda_bench" "$REF" /tmp/ncu_ssb.json prof --repeats 1
-  step "ncu rans frame sums" ncu_rans.txt timeout 150 "$ncu" -k regex:qem_rans_frame_sums -c 2 $s "$D/qem-cuda-rans-check" --frames 256 --load "$REF" --repeats 1 --qem /tmp/ncu.qem --out "$R/ncu_rans"
+  local only=" ${PROFILE:-products ssb rans encode} "
+  if [[ $only == *" products "* ]]; then
+    step "ncu dense products" ncu_products_dense.txt timeout 120 "$ncu" -k regex:qem_products_dense_u16 -c 12 $s "$D/cuda_products_bench" "$REF" /tmp/ncu_products.json 1
+    record "$R/ncu_products_dense.txt" ncu_products_dense.txt
+    step "ncu encoded products" ncu_products_encoded.txt timeout 120 "$ncu" -k regex:qem_products_encoded -c 4 $s "$D/cuda_products_bench" "$REF" /tmp/ncu_products.json 1
+  fi
+  if [[ $only == *" ssb "* ]]; then
+    step "ncu ssb accumulate" ncu_ssb.txt timeout 150 "$ncu" -k regex:qem_ssb_accumulate_quad_g32 -c 1 $s "$D/ssb_cuda_bench" "$REF" /tmp/ncu_ssb.json prof --repeats 1
+  fi
+  if [[ $only == *" rans "* ]]; then
+    step "ncu rans frame sums" ncu_rans.txt timeout 150 "$ncu" -k regex:qem_rans_frame_sums -c 2 $s "$D/qem-cuda-rans-check" --frames 256 --load "$REF" --repeats 1 --qem /tmp/ncu.qem --out "$R/ncu_rans"
+  fi
+  if [[ $only == *" encode "* ]]; then
+    # The encoded load's main-pass encode (launches 2 and 3: the first is the sample's
+    # count-only encode), then its stall samples per SASS line from the saved report.
+    step "ncu rans encode" ncu_encode.txt timeout 200 "$ncu" -k regex:qem_rans_encode -s 1 -c 2 $s --section SourceCounters --section WarpStateStats -o "$R/ncu_encode" -f "$D/qem-cuda-rans-check" --frames 256 --load "$REF" --repeats 1 --qem /tmp/ncu.qem --out "$R/ncu_encode_check"
+    step "ncu rans encode, per line" ncu_encode_source.csv "$ncu" -i "$R/ncu_encode.ncu-rep" --page source --csv --print-source sass
+    "$ncu" -i "$R/ncu_encode.ncu-rep" --page details > "$R/ncu_encode_details.txt" 2>&1
+  fi
   rm -f /tmp/ncu.qem
 }
 

@@ -1,7 +1,8 @@
 """Compile kernel sources with NVRTC for sm_90 and print ptxas's resource report (registers,
 shared memory, spills) per kernel, without a GPU. Usage:
   python3 scripts/nvrtc_resources.py crates/qem-cuda/src/kernels/rans.cu [more.cu ...]
-(the files are concatenated, as products.rs does; NVRTC_DEFINES="A=1 B=2" adds defines). Needs libnvrtc (pip nvidia-cuda-nvrtc)."""
+(the files are concatenated, as products.rs does; NVRTC_DEFINES="A=1 B=2" adds defines;
+CUBIN_OUT=k.cubin also writes the CUBIN, for nvdisasm). Needs libnvrtc (pip nvidia-cuda-nvrtc)."""
 import ctypes, glob, os, sys
 
 def find_nvrtc():
@@ -27,3 +28,9 @@ log = ctypes.create_string_buffer(n.value)
 lib.nvrtcGetProgramLog(prog, log)
 print("rc", rc)
 print(log.value.decode())
+# CUBIN_OUT=path writes the CUBIN too (for nvdisasm / cuobjdump -sass: static instruction counts).
+if rc == 0 and os.environ.get("CUBIN_OUT"):
+    lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
+    cubin = ctypes.create_string_buffer(n.value)
+    lib.nvrtcGetCUBIN(prog, cubin)
+    open(os.environ["CUBIN_OUT"], "wb").write(cubin.raw)
