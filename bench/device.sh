@@ -197,9 +197,9 @@ mode_profile() {
     step "ncu rans frame sums" ncu_rans.txt timeout 150 "$ncu" -k regex:qem_rans_frame_sums -c 2 $s "$D/qem-cuda-rans-check" --frames 256 --load "$REF" --repeats 1 --qem /tmp/ncu.qem --out "$R/ncu_rans"
   fi
   if [[ $only == *" encode "* ]]; then
-    # The encoded load's main-pass encode (launches 2 and 3: the first is the sample's
-    # count-only encode), then its stall samples per SASS line from the saved report.
-    step "ncu rans encode" ncu_encode.txt timeout 200 "$ncu" -k regex:qem_rans_encode -s 1 -c 2 $s --section SourceCounters --section WarpStateStats -o "$R/ncu_encode" -f "$D/qem-cuda-rans-check" --frames 256 --load "$REF" --repeats 1 --qem /tmp/ncu.qem --out "$R/ncu_encode_check"
+    # The encoded load's main-pass encode (launches 21 and 22: the synthetic cases and the
+    # sample's count-only encode come first), then its stall samples per SASS line.
+    step "ncu rans encode" ncu_encode.txt timeout 200 "$ncu" -k regex:qem_rans_encode -s 20 -c 2 $s --section SourceCounters --section WarpStateStats -o "$R/ncu_encode" -f "$D/qem-cuda-rans-check" --frames 256 --load "$REF" --repeats 1 --qem /tmp/ncu.qem --out "$R/ncu_encode_check"
     step "ncu rans encode, per line" ncu_encode_source.csv "$ncu" -i "$R/ncu_encode.ncu-rep" --page source --csv --print-source sass
     "$ncu" -i "$R/ncu_encode.ncu-rep" --page details > "$R/ncu_encode_details.txt" 2>&1
   fi
