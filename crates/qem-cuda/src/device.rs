@@ -38,8 +38,9 @@ pub struct DeviceInfo {
     pub l2_bytes: i32,
     /// CUDA version the driver supports (`cuDriverGetVersion`), e.g. 13000.
     pub driver_version: i32,
-    /// NVRTC version `(major, minor)`; `None` when NVRTC was not loaded because the shipped
-    /// kernels cover this build (it loads with the first module outside the pack).
+    /// NVRTC version `(major, minor)` when the device opened; `None` when NVRTC was not loaded
+    /// because the shipped kernels cover this build (it loads with the first module outside
+    /// the pack; [`DeviceInfo::nvrtc`] reports it from then on).
     pub nvrtc_version: Option<(i32, i32)>,
     /// Milliseconds it took to find the driver (and NVRTC, when it is needed) libraries.
     pub libraries_ms: f64,
@@ -69,14 +70,23 @@ impl DeviceInfo {
         )
     }
 
-    /// `"NVRTC 13.0"`, or `"NVRTC not loaded (shipped kernels)"`.
+    /// `"NVRTC 13.0"` (when the device opened, or since: a module outside the shipped pack
+    /// loads it later), or `"NVRTC not loaded (shipped kernels)"`.
     pub fn nvrtc(&self) -> String {
-        match self.nvrtc_version {
-            Some((major, minor)) => format!("NVRTC {major}.{minor}"),
-            None => "NVRTC not loaded (shipped kernels)".to_string(),
-        }
+        nvrtc_label(self.nvrtc_version.or_else(|| NVRTC_LOADED.get().copied()))
     }
 }
+
+fn nvrtc_label(version: Option<(i32, i32)>) -> String {
+    match version {
+        Some((major, minor)) => format!("NVRTC {major}.{minor}"),
+        None => "NVRTC not loaded (shipped kernels)".to_string(),
+    }
+}
+
+/// NVRTC's version once this process has asked it ([`nvrtc_version`]): the [`DeviceInfo`] of a
+/// device opened with shipped kernels was made before NVRTC loaded.
+static NVRTC_LOADED: OnceLock<(i32, i32)> = OnceLock::new();
 
 /// Turn a driver error into a typed error (`op` names what was attempted). A sticky fault
 /// ([`is_sticky`]) is latched in [`LOST`] and reported as [`ErrorKind::DeviceLost`].
@@ -231,6 +241,7 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
         let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
         r.result()
             .map_err(|e| Error::backend_unavailable("cuda", format!("nvrtcVersion failed: {e}")))?;
+        let _ = NVRTC_LOADED.set((major, minor));
         Ok((major, minor))
     })
 }
@@ -421,6 +432,24 @@ mod tests {
         assert!(msg.contains("launch products (encoded)"), "{msg}");
         assert!(!msg.contains("LAUNCH_FAILED"), "{msg}");
         assert_eq!(later.kind.exit_code(), 4);
+    }
+
+    #[test]
+    fn the_nvrtc_label_names_a_version_or_the_shipped_kernels() {
+        assert_eq!(nvrtc_label(Some((13, 0))), "NVRTC 13.0");
+        assert_eq!(nvrtc_label(Some((12, 8))), "NVRTC 12.8");
+        assert_eq!(nvrtc_label(None), "NVRTC not loaded (shipped kernels)");
+    }
+
+    /// A version asked after the device opened is remembered for `DeviceInfo::nvrtc` (here
+    /// only when this machine has NVRTC; the CI machine may not).
+    #[test]
+    fn a_late_nvrtc_version_is_remembered() {
+        if let Ok(v) = nvrtc_version() {
+            assert_eq!(NVRTC_LOADED.get().copied(), Some(v));
+        } else {
+            assert!(nvrtc_present().is_err());
+        }
     }
 
     #[test]
