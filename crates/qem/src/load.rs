@@ -337,6 +337,18 @@ impl Loaded {
             sum_dp: None,
         }
     }
+
+    /// The CUDA engine's dense load as it is: device memory, no codec.
+    fn cuda_dense(g: qem_cuda::GpuLoad) -> Loaded {
+        Loaded {
+            storage: Storage::CudaDense(g.array),
+            saturated: g.saturated,
+            memory: Some(g.memory),
+            timings: g.timings,
+            codec: None,
+            sum_dp: None,
+        }
+    }
 }
 
 /// Assemble the dataset and its provenance (written once for every source kind and engine).
@@ -562,20 +574,10 @@ fn load_path(path: &Path, request: Request<'_>) -> Result<Dataset> {
                 sum_dp: g.sum_dp,
             }
         }
-        (Backend::Cuda, Representation::Dense) => {
-            let g = qem_cuda::load_source(
-                &src,
-                &gpu_params(&planned, request.params, bad.as_deref(), request.progress),
-            )?;
-            Loaded {
-                storage: Storage::CudaDense(g.array),
-                saturated: g.saturated,
-                memory: Some(g.memory),
-                timings: g.timings,
-                codec: None,
-                sum_dp: None,
-            }
-        }
+        (Backend::Cuda, Representation::Dense) => Loaded::cuda_dense(qem_cuda::load_source(
+            &src,
+            &gpu_params(&planned, request.params, bad.as_deref(), request.progress),
+        )?),
     };
     timings.extend(loaded.timings);
     timings.push(StageTiming::new(
@@ -648,14 +650,7 @@ fn cuda_loaded(
     representation: Representation,
 ) -> Result<Loaded> {
     if representation == Representation::Dense {
-        return Ok(Loaded {
-            storage: Storage::CudaDense(g.array),
-            saturated: g.saturated,
-            memory: Some(g.memory),
-            timings: g.timings,
-            codec: None,
-            sum_dp: None,
-        });
+        return Ok(Loaded::cuda_dense(g));
     }
     let frame_bytes = planned.plan.output_len() * planned.result_dtype.size();
     let opts = qem_cuda::EncodeOptions {
