@@ -17,7 +17,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..WriteParams::default()
     };
     let written = write_acquisition(&params, |f, out: &mut [u8]| out.fill(f as u8))?;
-    for _ in 0..3 {
+    let mut plans = Vec::new();
+    for _ in 0..10 {
         let t = Instant::now();
         let src = Source::open(&written.master, &OpenOptions::default())?;
         let t_open = t.elapsed().as_secs_f64();
@@ -28,6 +29,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let plan = qem_cuda::load::plan_chunks(&src.chunks, &frames, 32, locate, 128 << 20, None)?;
         let t_plan = t.elapsed().as_secs_f64();
+        plans.push(t_plan);
         let t = Instant::now();
         let contiguous = plan.chunks_map_contiguously();
         let t_contig = t.elapsed().as_secs_f64();
@@ -37,5 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             plan.batches.len()
         );
     }
+    plans.sort_by(f64::total_cmp);
+    println!("plan_chunks p50 of {}: {:.4} s", plans.len(), plans[plans.len() / 2]);
     Ok(())
 }

@@ -76,9 +76,6 @@ pub fn plan_chunks(
             "too many frames for one GPU load",
         ));
     }
-    let mut slot_of: Vec<usize> = vec![usize::MAX; chunks.len()];
-    let mut order: Vec<usize> = Vec::with_capacity(chunks.len().min(frames.len()));
-    let mut chunk_of: Vec<usize> = Vec::with_capacity(frames.len());
     // Frames in scan order mostly lie in the previous frame's chunk or the next one: checked
     // first, so the search (`locate`) runs only at jumps (a scan region's row starts).
     let holds = |ci: usize, n: u64| {
@@ -86,8 +83,7 @@ pub fn plan_chunks(
             .get(ci)
             .is_some_and(|c| c.first_frame <= n && n < c.first_frame + c.valid_frames as u64)
     };
-    let mut last = usize::MAX;
-    for &n in frames {
+    let chunk_of = |last: usize, n: u64| -> Result<usize> {
         let ci = if holds(last, n) {
             last
         } else if holds(last.wrapping_add(1), n) {
@@ -95,38 +91,15 @@ pub fn plan_chunks(
         } else {
             locate(n)?
         };
-        last = ci;
         if ci >= chunks.len() {
             return Err(Error::internal("plan GPU load", "chunk index out of range"));
         }
-        chunk_of.push(ci);
-        if slot_of[ci] == usize::MAX {
-            slot_of[ci] = order.len();
-            order.push(ci);
-        }
-    }
-    // Sort by (file, offset) for sequential reads.
-    order.sort_by_key(|&ci| (chunks[ci].file, chunks[ci].offset));
-    let mut plan_chunks = Vec::with_capacity(order.len());
-    let mut decoded = 0usize;
-    for (pi, &ci) in order.iter().enumerate() {
-        slot_of[ci] = pi;
-        let rec = chunks[ci];
-        plan_chunks.push(PlanChunk {
-            rec,
-            dst_start: decoded,
-        });
-        decoded += rec.frames_in_chunk as usize;
-    }
-    let mut dst_frames = vec![u32::MAX; decoded];
-    for (ri, (&n, &ci)) in frames.iter().zip(&chunk_of).enumerate() {
-        let pc = &plan_chunks[slot_of[ci]];
-        let k = n
-            .checked_sub(pc.rec.first_frame)
-            .filter(|&k| k < pc.rec.frames_in_chunk as u64)
-            .ok_or_else(|| Error::internal("plan GPU load", "frame outside its chunk"))?;
-        dst_frames[pc.dst_start + k as usize] = ri as u32;
-    }
+        Ok(ci)
+    };
+    let (plan_chunks, dst_frames) = match ascending_plan(chunks, frames, &chunk_of)? {
+        Some(p) => p,
+        None => general_plan(chunks, frames, &chunk_of)?,
+    };
     let mut batches = Vec::new();
     let mut start = 0usize;
     let (mut inb, mut dec, mut fr) = (0u64, 0u64, 0u64);
@@ -165,6 +138,95 @@ pub fn plan_chunks(
         frames: frames.to_vec(),
         batches,
     })
+}
+
+/// The chunks and frame map of frames in ascending order whose chunks, taken in that order,
+/// are also in `(file, offset)` order (every scan region of a written acquisition): one pass,
+/// each chunk entered when its first wanted frame comes. `None` when the frames or the chunks
+/// are not in that order ([`general_plan`] then).
+pub(super) fn ascending_plan(
+    chunks: &[ChunkRecord],
+    frames: &[u64],
+    chunk_of: &impl Fn(usize, u64) -> Result<usize>,
+) -> Result<Option<(Vec<PlanChunk>, Vec<u32>)>> {
+    if !frames.is_sorted_by(|a, b| a < b) {
+        return Ok(None);
+    }
+    // Room for the common case (a chunk per frame; untouched capacity costs no pages), so
+    // neither vector is copied while it grows.
+    let mut plan_chunks: Vec<PlanChunk> = Vec::with_capacity(frames.len().min(chunks.len()));
+    let mut dst_frames: Vec<u32> = Vec::with_capacity(frames.len());
+    let mut last = usize::MAX;
+    for (ri, &n) in frames.iter().enumerate() {
+        let ci = chunk_of(last, n)?;
+        if ci != last {
+            let rec = chunks[ci];
+            if plan_chunks
+                .last()
+                .is_some_and(|p| (p.rec.file, p.rec.offset) >= (rec.file, rec.offset))
+            {
+                return Ok(None);
+            }
+            plan_chunks.push(PlanChunk {
+                rec,
+                dst_start: dst_frames.len(),
+            });
+            dst_frames.resize(dst_frames.len() + rec.frames_in_chunk as usize, u32::MAX);
+            last = ci;
+        }
+        let pc = plan_chunks[plan_chunks.len() - 1];
+        let k = frame_in_chunk(&pc, n)?;
+        dst_frames[pc.dst_start + k] = ri as u32;
+    }
+    Ok(Some((plan_chunks, dst_frames)))
+}
+
+/// The chunks and frame map of frames in any order: each chunk once, the chunks sorted by
+/// `(file, offset)` for sequential reads.
+pub(super) fn general_plan(
+    chunks: &[ChunkRecord],
+    frames: &[u64],
+    chunk_of: &impl Fn(usize, u64) -> Result<usize>,
+) -> Result<(Vec<PlanChunk>, Vec<u32>)> {
+    let mut slot_of: Vec<usize> = vec![usize::MAX; chunks.len()];
+    let mut order: Vec<usize> = Vec::with_capacity(chunks.len().min(frames.len()));
+    let mut frame_chunk: Vec<usize> = Vec::with_capacity(frames.len());
+    let mut last = usize::MAX;
+    for &n in frames {
+        let ci = chunk_of(last, n)?;
+        last = ci;
+        frame_chunk.push(ci);
+        if slot_of[ci] == usize::MAX {
+            slot_of[ci] = order.len();
+            order.push(ci);
+        }
+    }
+    order.sort_by_key(|&ci| (chunks[ci].file, chunks[ci].offset));
+    let mut plan_chunks = Vec::with_capacity(order.len());
+    let mut decoded = 0usize;
+    for (pi, &ci) in order.iter().enumerate() {
+        slot_of[ci] = pi;
+        let rec = chunks[ci];
+        plan_chunks.push(PlanChunk {
+            rec,
+            dst_start: decoded,
+        });
+        decoded += rec.frames_in_chunk as usize;
+    }
+    let mut dst_frames = vec![u32::MAX; decoded];
+    for (ri, (&n, &ci)) in frames.iter().zip(&frame_chunk).enumerate() {
+        let pc = &plan_chunks[slot_of[ci]];
+        dst_frames[pc.dst_start + frame_in_chunk(pc, n)?] = ri as u32;
+    }
+    Ok((plan_chunks, dst_frames))
+}
+
+/// Frame `n`'s place in its plan chunk.
+fn frame_in_chunk(pc: &PlanChunk, n: u64) -> Result<usize> {
+    n.checked_sub(pc.rec.first_frame)
+        .filter(|&k| k < pc.rec.frames_in_chunk as u64)
+        .map(|k| k as usize)
+        .ok_or_else(|| Error::internal("plan GPU load", "frame outside its chunk"))
 }
 
 impl LoadPlan {

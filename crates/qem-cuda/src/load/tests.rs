@@ -105,6 +105,54 @@ fn multi_frame_chunks_with_unwanted_frames_need_scratch() {
     assert_eq!(p.batches[1].frames, 4);
 }
 
+/// The one-pass plan of ascending frames gives the general plan's chunks and frame map, for
+/// one-frame and multi-frame chunks over two files, whole scans, regions and a spread sample;
+/// and it declines frames out of order and chunks stored out of frame order.
+#[test]
+fn the_ascending_plan_equals_the_general_plan() {
+    let scan = Shape2::new(6, 8);
+    let layouts: Vec<Vec<ChunkRecord>> = vec![
+        (0..48u64)
+            .map(|i| rec((i / 20) as u32, 100 + (i % 20) * 30, 30, i, 1))
+            .collect(),
+        (0..12u64)
+            .map(|i| rec((i / 5) as u32, (i % 5) * 70, 70, 4 * i, 4))
+            .collect(),
+    ];
+    let frame_lists: Vec<Vec<u64>> = vec![
+        region_frames(scan, scan.full()),
+        region_frames(scan, Region::new(1, 5, 2, 7)),
+        vec![0, 5, 11, 17, 23, 29, 35, 47],
+    ];
+    for chunks in &layouts {
+        let chunk_of = |last: usize, n: u64| -> Result<usize> {
+            let _ = last;
+            locate(chunks)(n)
+        };
+        for frames in &frame_lists {
+            let fast = super::plan::ascending_plan(chunks, frames, &chunk_of)
+                .unwrap()
+                .expect("ascending frames over chunks in file order");
+            let general = super::plan::general_plan(chunks, frames, &chunk_of).unwrap();
+            assert_eq!(fast, general, "{frames:?}");
+            // Every wanted frame is mapped once, to its result position.
+            let mapped: Vec<u32> = fast.1.iter().copied().filter(|&f| f != u32::MAX).collect();
+            assert_eq!(mapped, (0..frames.len() as u32).collect::<Vec<_>>());
+        }
+        let shuffled = vec![5u64, 0, 11];
+        assert!(super::plan::ascending_plan(chunks, &shuffled, &chunk_of)
+            .unwrap()
+            .is_none());
+    }
+    // Stored in reverse: the general plan (sorted by file and offset) is needed.
+    let reversed: Vec<ChunkRecord> = (0..8u64).map(|i| rec(0, 800 - i * 100, 10, i, 1)).collect();
+    let chunk_of = |_: usize, n: u64| locate(&reversed)(n);
+    let frames: Vec<u64> = (0..8).collect();
+    assert!(super::plan::ascending_plan(&reversed, &frames, &chunk_of)
+        .unwrap()
+        .is_none());
+}
+
 #[test]
 fn missing_frames_fail_in_the_plan() {
     let chunks = vec![rec(0, 0, 10, 0, 1)];
