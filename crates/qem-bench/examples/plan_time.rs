@@ -40,6 +40,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     plans.sort_by(f64::total_cmp);
-    println!("plan_chunks p50 of {}: {:.4} s", plans.len(), plans[plans.len() / 2]);
+    println!(
+        "plan_chunks p50 of {}: {:.4} s",
+        plans.len(),
+        plans[plans.len() / 2]
+    );
     Ok(())
 }

@@ -42,7 +42,7 @@ pub(super) struct Sizing<'a, 'm> {
     pub(super) direct: bool,
     pub(super) slots: usize,
     pub(super) table_cap_words: usize,
-    pub(super) plan: &'a LoadPlan,
+    pub(super) plan: &'a LoadPlan<'a>,
     pub(super) status_bytes: u64,
 }
 

@@ -262,8 +262,9 @@ pub fn load_source_encoded(
         progress: None,
         ..*params
     };
-    // The main pass's plan (~15 ms of host work over 262,144 chunks) is made on another thread
-    // while the sample pass and the fit run.
+    // The main pass's plan (host work over 262,144 chunks: 11.4 ms on the H100's host before
+    // the plan held references instead of record copies, 1.6–2.9 ms after on the 2-core VM)
+    // is made on another thread while the sample pass runs.
     let (s_out, main_plan) = std::thread::scope(|sc| {
         let planner = sc.spawn(|| {
             let t = Instant::now();

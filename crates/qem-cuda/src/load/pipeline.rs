@@ -103,7 +103,7 @@ struct Setup<'m> {
     frame_bytes: u64,
     out_frame_elems: usize,
     out_es: usize,
-    plan: LoadPlan,
+    plan: LoadPlan<'m>,
     /// Decoding straight into the result.
     direct: bool,
     slots: usize,
@@ -128,12 +128,12 @@ struct Setup<'m> {
 /// [`run_batches`] (read and queue every batch), [`wait_all`] (the final synchronize and the
 /// records) and [`finish`] (the timings, the memory report, the release). The declarations here fix the order of release: the streams drain
 /// before any buffer is freed, also on an early error return.
-pub(super) fn pipeline(
-    src: &Source,
+pub(super) fn pipeline<'m>(
+    src: &'m Source,
     params: &GpuLoadParams<'_>,
     frames: &[u64],
-    planned: Option<(LoadPlan, bool)>,
-    sink: Sink<'_>,
+    planned: Option<(LoadPlan<'m>, bool)>,
+    sink: Sink<'m>,
     value_dtype: DType,
 ) -> Result<PipelineOut> {
     let t_total = Instant::now();
@@ -215,10 +215,10 @@ pub(super) fn pipeline(
 
 /// Check a pipeline's arguments, plan it (unless `planned`), size its buffers and admit them.
 fn setup<'m>(
-    src: &Source,
+    src: &'m Source,
     params: &GpuLoadParams<'_>,
     frames: &[u64],
-    planned: Option<(LoadPlan, bool)>,
+    planned: Option<(LoadPlan<'m>, bool)>,
     sink: Sink<'m>,
     value_dtype: DType,
 ) -> Result<Setup<'m>> {
@@ -358,7 +358,7 @@ fn blocks_per_chunk(src: &Source, plan: &LoadPlan) -> Result<usize> {
     match plan.chunks.first() {
         Some(pc) if src.codec == ChunkCodec::Bslz4 && pc.rec.filter_mask & 1 == 0 => {
             let mut probe = Vec::new();
-            src.read_chunk(&pc.rec, &mut probe)?;
+            src.read_chunk(pc.rec, &mut probe)?;
             let mut t = BlockTable::default();
             let out_len = pc.rec.frames_in_chunk as usize * src.frame_bytes();
             t.push_chunk(

@@ -16,7 +16,7 @@ use crate::bslz4::BlockTable;
 pub(super) struct BatchInput<'a> {
     pub(super) src: &'a Source,
     pub(super) files: &'a [File],
-    pub(super) plan: &'a LoadPlan,
+    pub(super) plan: &'a LoadPlan<'a>,
     pub(super) batch: &'a BatchPlan,
     pub(super) direct: bool,
     pub(super) frame_bytes: u64,

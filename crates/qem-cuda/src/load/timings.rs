@@ -70,7 +70,7 @@ pub(super) struct HostSeconds {
 
 /// What [`stage_timings`] reports from.
 pub(super) struct StageInputs<'a> {
-    pub(super) plan: &'a LoadPlan,
+    pub(super) plan: &'a LoadPlan<'a>,
     pub(super) evs: &'a [BatchEvents],
     pub(super) direct: bool,
     pub(super) encoding: bool,
