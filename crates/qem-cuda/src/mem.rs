@@ -448,25 +448,6 @@ impl PinnedBuf {
         unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
     }
 
-    /// Check a copy `op` of `bytes` bytes between byte `pinned_offset` of this buffer and byte
-    /// `dev_offset` of `dev`: an error when either range leaves its buffer, else whether there
-    /// is anything to copy.
-    fn copy_to_do(
-        &self,
-        op: &str,
-        pinned_offset: usize,
-        dev: &DevBuf,
-        dev_offset: usize,
-        bytes: usize,
-    ) -> Result<bool> {
-        if !range_fits(pinned_offset, bytes, self.bytes)
-            || !range_fits(dev_offset, bytes, dev.bytes)
-        {
-            return Err(Error::internal(op, "copy out of bounds"));
-        }
-        Ok(bytes > 0)
-    }
-
     /// Queue a copy of `bytes` bytes from byte `src_offset` of this buffer to byte
     /// `dst_offset` of `dst` on `stream`. The range must stay untouched until the copy is done.
     pub fn copy_range_to_device_async(
@@ -477,17 +458,11 @@ impl PinnedBuf {
         bytes: usize,
         stream: &CudaStream,
     ) -> Result<()> {
-        if !self.copy_to_do("H2D copy", src_offset, dst, dst_offset, bytes)? {
-            return Ok(());
-        }
-        // SAFETY: both ranges are inside their allocations (checked above); the source is
-        // page-locked and the caller keeps it untouched until the copy has completed.
+        // SAFETY: the buffer is page-locked and owned by `self`; the caller keeps it
+        // untouched until the copy has completed.
         unsafe {
-            h2d_async(
-                dst.ptr + dst_offset as u64,
-                self.ptr.add(src_offset),
-                bytes,
-                stream,
+            h2d_range(
+                self.ptr, self.bytes, src_offset, dst, dst_offset, bytes, stream,
             )
         }
     }
@@ -502,7 +477,7 @@ impl PinnedBuf {
         bytes: usize,
         stream: &CudaStream,
     ) -> Result<()> {
-        if !self.copy_to_do("D2H copy", dst_offset, src, src_offset, bytes)? {
+        if !copy_to_do("D2H copy", self.bytes, dst_offset, src, src_offset, bytes)? {
             return Ok(());
         }
         // SAFETY: both ranges are inside their allocations (checked above); `&mut self` keeps
@@ -552,17 +527,47 @@ impl Drop for PinnedBuf {
     }
 }
 
-/// Queue `bytes` bytes from host `src` to device address `dst` on `stream`.
+/// Check a copy `op` of `bytes` bytes between byte `host_offset` of a host buffer of
+/// `host_len` bytes and byte `dev_offset` of `dev`: an error when either range leaves its
+/// buffer, else whether there is anything to copy.
+fn copy_to_do(
+    op: &str,
+    host_len: usize,
+    host_offset: usize,
+    dev: &DevBuf,
+    dev_offset: usize,
+    bytes: usize,
+) -> Result<bool> {
+    if !range_fits(host_offset, bytes, host_len) || !range_fits(dev_offset, bytes, dev.bytes) {
+        return Err(Error::internal(op, "copy out of bounds"));
+    }
+    Ok(bytes > 0)
+}
+
+/// Queue `bytes` bytes from byte `host_offset` of the host buffer `host .. host + host_len`
+/// to byte `dst_offset` of `dst` on `stream` (both ranges checked; nothing for 0 bytes).
 ///
 /// # Safety
-/// Both ranges must be valid for `bytes` bytes, the host one page-locked or registered and
+/// `host .. host + host_len` must be one live host allocation, page-locked or registered, and
 /// untouched until the stream has passed the copy.
-unsafe fn h2d_async(dst: u64, src: *const u8, bytes: usize, stream: &CudaStream) -> Result<()> {
-    // SAFETY: the caller's contract.
+unsafe fn h2d_range(
+    host: *const u8,
+    host_len: usize,
+    host_offset: usize,
+    dst: &DevBuf,
+    dst_offset: usize,
+    bytes: usize,
+    stream: &CudaStream,
+) -> Result<()> {
+    if !copy_to_do("H2D copy", host_len, host_offset, dst, dst_offset, bytes)? {
+        return Ok(());
+    }
+    // SAFETY: both ranges lie inside their allocations (checked above); the host one is
+    // page-locked or registered and untouched until the copy is done (the caller's contract).
     unsafe {
         sys::cuMemcpyHtoDAsync_v2(
-            dst,
-            src as *const std::ffi::c_void,
+            dst.ptr + dst_offset as u64,
+            host.add(host_offset) as *const std::ffi::c_void,
             bytes,
             stream.cu_stream(),
         )
@@ -623,19 +628,9 @@ impl HostRegistration {
         bytes: usize,
         stream: &CudaStream,
     ) -> Result<()> {
-        if !range_fits(offset, bytes, self.bytes) || !range_fits(dst_offset, bytes, dst.bytes) {
-            return Err(Error::internal("H2D copy", "copy out of bounds"));
-        }
-        // SAFETY: both ranges are inside their allocations (checked above); the source is
-        // registered and stays mapped while `self` lives (the contract of `new`).
-        unsafe {
-            h2d_async(
-                dst.ptr + dst_offset as u64,
-                self.ptr.add(offset),
-                bytes,
-                stream,
-            )
-        }
+        // SAFETY: the range is registered and stays mapped while `self` lives (the contract of
+        // `new`).
+        unsafe { h2d_range(self.ptr, self.bytes, offset, dst, dst_offset, bytes, stream) }
     }
 }
 
