@@ -126,8 +126,9 @@ struct Setup<'m> {
 ///
 /// Stages: [`setup`] (checks, plan, sizes, admission), then the buffers and streams, then
 /// [`run_batches`] (read and queue every batch), [`wait_all`] (the final synchronize and the
-/// records) and [`finish`] (the timings, the memory report, the release). The declarations here fix the order of release: the streams drain
-/// before any buffer is freed, also on an early error return.
+/// records) and [`finish`] (the timings, the memory report, the release). The declarations
+/// here fix the order of release: the streams drain before any buffer is freed, also on an
+/// early error return.
 pub(super) fn pipeline<'m>(
     src: &'m Source,
     params: &GpuLoadParams<'_>,
