@@ -1,9 +1,10 @@
 //! The least squares of the edge fit: Levenberg–Marquardt on the band's pixels with the
 //! chain-rule Jacobian, the normal equations in fixed chunks (the same sums on any number of
-//! threads), and the small dense solves.
+//! threads); the small dense solves are nalgebra's.
 
 use super::profile::{inv_distortion, model, taper};
 use super::{EdgeModel, Profile, NP, TAPER_MIN_PX, TAPER_RESOLVED};
+use nalgebra::{DMatrix, DVector};
 use rayon::prelude::*;
 
 /// One pixel of the fit: position and value.
@@ -14,32 +15,20 @@ pub(super) struct Px {
     pub(super) v: f64,
 }
 
-/// Solve `A x = b` for the first `n` unknowns (symmetric positive definite, small) by
-/// Gaussian elimination with partial pivoting; `None` when singular.
-// Index loops read as the textbook elimination; iterator forms would hide the pivoting.
-#[allow(clippy::needless_range_loop)]
-pub(super) fn solve(mut a: [[f64; NP]; NP], mut b: [f64; NP], n: usize) -> Option<[f64; NP]> {
-    for col in 0..n {
-        let piv = (col..n).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
-        if a[piv][col].abs() < 1e-300 {
-            return None;
-        }
-        a.swap(col, piv);
-        b.swap(col, piv);
-        for row in col + 1..n {
-            let f = a[row][col] / a[col][col];
-            for k in col..n {
-                a[row][k] -= f * a[col][k];
-            }
-            b[row] -= f * b[col];
-        }
-    }
-    let mut x = [0.0; NP];
-    for i in (0..n).rev() {
-        let s: f64 = (i + 1..n).map(|k| a[i][k] * x[k]).sum();
-        x[i] = (b[i] - s) / a[i][i];
-    }
-    Some(x)
+/// The leading `n × n` block of `a` as a matrix.
+fn leading(a: &[[f64; NP]; NP], n: usize) -> DMatrix<f64> {
+    DMatrix::from_fn(n, n, |i, j| a[i][j])
+}
+
+/// Solve `A x = b` for the first `n` unknowns (LU with partial pivoting, nalgebra); `None`
+/// when singular or the solution is not finite.
+pub(super) fn solve(a: [[f64; NP]; NP], b: [f64; NP], n: usize) -> Option<[f64; NP]> {
+    let x = leading(&a, n)
+        .lu()
+        .solve(&DVector::from_column_slice(&b[..n]))?;
+    let mut out = [0.0; NP];
+    out[..n].copy_from_slice(x.as_slice());
+    out.iter().all(|v| v.is_finite()).then_some(out)
 }
 
 /// Steps of the central differences, per parameter (P and B, 6 and 7, are linear: exact).
@@ -293,16 +282,15 @@ pub(super) fn swallowed_taper(shape: Profile, p: &[f64; NP]) -> bool {
         && (s > 2.0 * TAPER_RESOLVED * tau || tau < 0.5 * TAPER_MIN_PX)
 }
 
-/// Inverse of the normal matrix (covariance up to the residual variance).
+/// Inverse of the normal matrix (covariance up to the residual variance); `None` when
+/// singular.
 pub(super) fn inverse(a: &[[f64; NP]; NP], n: usize) -> Option<[[f64; NP]; NP]> {
+    let m = leading(a, n).lu().try_inverse()?;
     let mut inv = [[0.0; NP]; NP];
-    for k in 0..n {
-        let mut e = [0.0; NP];
-        e[k] = 1.0;
-        let x = solve(*a, e, n)?;
-        for i in 0..n {
-            inv[i][k] = x[i];
+    for (i, row) in inv.iter_mut().enumerate().take(n) {
+        for (k, v) in row.iter_mut().enumerate().take(n) {
+            *v = m[(i, k)];
         }
     }
-    Some(inv)
+    inv.iter().flatten().all(|v| v.is_finite()).then_some(inv)
 }

@@ -8,6 +8,7 @@
 //! small fraction of the design's size; four designs, each a quarter of the one before, reach
 //! the final spread in ~40 evaluations. Every design is one batch.
 
+use nalgebra::{DMatrix, DVector};
 use qem_core::Result;
 
 /// Design size the refinement starts with (box coordinates): the fresh simplex step the
@@ -99,38 +100,15 @@ fn damped_newton(g: &[f64], hm: &[f64]) -> Option<Vec<f64>> {
     None
 }
 
-/// −(H + μI)⁻¹ g through the Cholesky factor, or `None` where H + μI is not positive definite.
-/// By hand: d ≤ 8, and the one use is this solve.
+/// −(H + μI)⁻¹ g through the Cholesky factor (nalgebra), or `None` where H + μI is not
+/// positive definite or the step is not finite.
 fn cholesky_solve(hm: &[f64], mu: f64, g: &[f64]) -> Option<Vec<f64>> {
     let d = g.len();
-    let mut l = vec![0.0; d * d];
-    for i in 0..d {
-        for j in 0..=i {
-            let mut v = hm[i * d + j] + if i == j { mu } else { 0.0 };
-            for k in 0..j {
-                v -= l[i * d + k] * l[j * d + k];
-            }
-            if i == j {
-                if !(v.is_finite() && v > 0.0) {
-                    return None;
-                }
-                l[i * d + i] = v.sqrt();
-            } else {
-                l[i * d + j] = v / l[j * d + j];
-            }
-        }
-    }
-    let mut y = vec![0.0; d];
-    for i in 0..d {
-        let v = -g[i] - (0..i).map(|k| l[i * d + k] * y[k]).sum::<f64>();
-        y[i] = v / l[i * d + i];
-    }
-    let mut s = vec![0.0; d];
-    for i in (0..d).rev() {
-        let v = y[i] - (i + 1..d).map(|k| l[k * d + i] * s[k]).sum::<f64>();
-        s[i] = v / l[i * d + i];
-    }
-    s.iter().all(|v| v.is_finite()).then_some(s)
+    let h = DMatrix::from_row_slice(d, d, hm) + DMatrix::identity(d, d) * mu;
+    let s = h.cholesky()?.solve(&-DVector::from_column_slice(g));
+    s.iter()
+        .all(|v| v.is_finite())
+        .then(|| s.as_slice().to_vec())
 }
 
 /// The model's minimum over the box [0, 1]ᵈ from `c`, each coordinate's step at most `trust`:
