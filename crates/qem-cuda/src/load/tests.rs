@@ -125,10 +125,7 @@ fn the_ascending_plan_equals_the_general_plan() {
         vec![0, 5, 11, 17, 23, 29, 35, 47],
     ];
     for chunks in &layouts {
-        let chunk_of = |last: usize, n: u64| -> Result<usize> {
-            let _ = last;
-            locate(chunks)(n)
-        };
+        let chunk_of = |_: usize, n: u64| locate(chunks)(n);
         for frames in &frame_lists {
             let fast = super::plan::ascending_plan(chunks, frames, &chunk_of)
                 .unwrap()
