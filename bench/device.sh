@@ -44,6 +44,11 @@
 #   distributed  Dask workers sharing the card (tests/gpu/distributed_check.py, 128² × 192²):
 #             device indices, distributed products and DPC = the single-process CUDA engine,
 #             1 vs 2 workers timed (Dask installed from the carried wheels) → distributed_check.json
+#   lz4       the LZ4 payload staged in shared memory (LaunchShape::stage_payload) against the
+#             parse from global memory: qem-cuda-check (every verdict case decoded both ways,
+#             the generated acquisitions timed both ways), racecheck and memcheck over its
+#             sanitize subset, then the encoded and dense loads of the reference with
+#             --lz4-stage off / on / off / on (every frame = CPU each time; p50 and stages)
 #   all       checks load products ssb sanitize soak (longer than one 10-minute call: the steps
 #             past STEP_BUDGET are skipped and say so)
 #
@@ -130,6 +135,27 @@ mode_load() {
   step "read routes probe" read_probe.log timeout 200 "$D/read_probe" "$R/read_probe.json" /tmp/ref/scan_data_*.h5 --threads 8,16,32 --repeats 3
   record "$R/read_probe.json" read_probe.json
   cat "$R/read_probe.log"
+}
+
+mode_lz4() { # the staged LZ4 parse (bslz4_decode.cu decode_block) against the global one
+  step "bslz4 check, both payload paths" bslz4_check.log timeout 150 "$D/qem-cuda-check" --vectors "$D/vectors" --out "$R/bslz4" --frames 16384 --warps 1,2 --reps 10
+  record "$R/bslz4/cuda_bslz4_check.json" bslz4_check.json
+  grep -E "FAIL|payload|w[12] " "$R/bslz4_check.log" | tail -24
+  local san; san=$(tool compute-sanitizer)
+  if [ -n "$san" ]; then
+    step "racecheck bslz4 (both paths)" racecheck_bslz4.log timeout 150 "$san" --tool racecheck --error-exitcode 9 "$D/qem-cuda-check" --vectors "$D/vectors" --sanitize-subset --out "$R/racecheck_bslz4"
+    step "memcheck bslz4 (both paths)" memcheck_bslz4.log timeout 150 "$san" --tool memcheck --leak-check no --error-exitcode 9 "$D/qem-cuda-check" --vectors "$D/vectors" --sanitize-subset --out "$R/memcheck_bslz4"
+    grep -H "ERROR SUMMARY\|RACECHECK SUMMARY" "$R"/racecheck_bslz4.log "$R"/memcheck_bslz4.log
+  fi
+  acquisition /tmp/ref
+  local v
+  for v in off on off on; do
+    step "encoded load, lz4 stage $v" "load_encoded_$v.log" timeout 120 "$D/qem-cuda-rans-check" --load "$REF" --repeats 5 --qem /tmp/ref.qem --lz4-stage $v --out "$R/load_encoded_$v"
+    grep -hE "p50|mismatch|FAIL" "$R/load_encoded_$v.log" | head -4
+    step "dense load, lz4 stage $v" "load_dense_$v.log" timeout 120 "$D/qem-cuda-load-check" --load "$REF" --repeats 5 --lz4-stage $v --out "$R/load_dense_$v"
+    grep -hE "p50|FAIL" "$R/load_dense_$v.log" | head -3
+  done
+  rm -f /tmp/ref.qem
 }
 
 mode_products() {
@@ -275,7 +301,7 @@ mode_serve() { # issue 19: the browse service's round trips on the 512² referen
 modes=("$@")
 [ "${modes[*]}" = all ] && modes=(checks load products ssb sanitize soak)
 for m in "${modes[@]}"; do
-  case $m in checks|load|products|ssb|sanitize|profile|soak|serve|startup|distributed) ;; *) echo "unknown mode: $m" >&2; usage ;; esac
+  case $m in checks|load|lz4|products|ssb|sanitize|profile|soak|serve|startup|distributed) ;; *) echo "unknown mode: $m" >&2; usage ;; esac
 done
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; cat /proc/loadavg
   echo "revision $QEM_GIT_REVISION; modes ${modes[*]}"; } > "$R/machine.txt" 2>&1

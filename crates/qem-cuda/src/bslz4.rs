@@ -551,8 +551,9 @@ impl Bslz4Kernels {
             return Ok(());
         }
         let f = self.func(d.elem_size)?;
-        let smem_per_warp = u32::try_from((d.max_block_bytes.div_ceil(16) * 16).max(16))
-            .map_err(|_| Error::invalid(op, "block too large"))?;
+        let smem_per_warp = warp_buffer_bytes(d.max_block_bytes, shape.stage_payload)
+            .ok_or_else(|| Error::invalid(op, "block too large"))?;
+        let stage = u32::from(shape.stage_payload);
         let cfg = decode_launch_config(f, smem_per_warp, self.max_smem_optin, n_items, shape)?;
         let mut b = stream.launch_builder(f);
         b.arg(&d.input)
@@ -565,7 +566,8 @@ impl Bslz4Kernels {
             .arg(&d.out_len)
             .arg(&d.errors)
             .arg(&d.status)
-            .arg(&smem_per_warp);
+            .arg(&smem_per_warp)
+            .arg(&stage);
         // SAFETY: the argument list matches the kernel signature in bslz4_decode.cu (pointers
         // passed as 64-bit addresses); the caller guarantees the buffers (see the contract);
         // the kernel validates every descriptor against `in_len`, `out_len` and
@@ -576,13 +578,21 @@ impl Bslz4Kernels {
 }
 
 /// Launch shape of the decode kernel: warps per CTA (each warp owns one block at a time and
-/// `max_block_bytes` of shared memory) and an optional cap on the grid (0: one warp per item).
+/// `max_block_bytes` of shared memory), an optional cap on the grid (0: one warp per item) and
+/// where the LZ4 parser reads a block's payload from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct LaunchShape {
     /// Warps per CTA, 1..=8.
     pub warps_per_cta: u32,
     /// Largest grid (CTAs); 0 means enough CTAs for one warp per work item.
     pub max_ctas: u32,
+    /// Copy each block's payload into the end of its warp's shared buffer in one coalesced
+    /// pass and parse it there, in place, instead of reading tokens, lengths and literals from
+    /// global memory one dependent load at a time (`bslz4_decode.cu`, `decode_block`). The
+    /// buffer grows by [`STAGE_MARGIN`] bytes; a block whose output would overtake its unread
+    /// payload is decoded again from global memory, so the bytes and verdicts are the same
+    /// either way. Not yet measured on a card, so off by default.
+    pub stage_payload: bool,
 }
 
 impl Default for LaunchShape {
@@ -590,8 +600,24 @@ impl Default for LaunchShape {
         LaunchShape {
             warps_per_cta: 2,
             max_ctas: 0,
+            stage_payload: false,
         }
     }
+}
+
+/// Bytes a staged payload may lead its block's output by, added to each warp's buffer. A block
+/// parsed in place must keep every write below its first unread payload byte; the output ends
+/// `buffer − out_len` bytes below the payload's end, and a valid block's remaining output falls
+/// behind its remaining input only by token and length bytes of a literal-only tail (a few
+/// bytes per 255 literals). 64 bytes keep the shared memory of one u16 block (8,192 + 64 bytes)
+/// within 25 CTAs per SM at one warp per CTA. `bslz4_inplace_tests` replays the rule.
+pub const STAGE_MARGIN: usize = 64;
+
+/// Shared memory per warp of a decode whose largest block decodes to `max_block_bytes`: the
+/// block rounded up to 16 bytes, plus [`STAGE_MARGIN`] when the payload is staged.
+pub fn warp_buffer_bytes(max_block_bytes: usize, stage_payload: bool) -> Option<u32> {
+    let margin = if stage_payload { STAGE_MARGIN } else { 0 };
+    u32::try_from((max_block_bytes.div_ceil(16) * 16).max(16) + margin).ok()
 }
 
 /// A batch on the device: input, descriptor tables, output, per-item status and error record.
@@ -947,6 +973,10 @@ fn raw_chunk_fits(op: &str, chunk_len: usize, out_len: usize, frame: u64) -> Res
     };
     Err(Error::decode(op, e.to_string()).with_frame(frame))
 }
+
+#[cfg(test)]
+#[path = "bslz4_inplace_tests.rs"]
+mod inplace_tests;
 
 #[cfg(test)]
 mod tests {

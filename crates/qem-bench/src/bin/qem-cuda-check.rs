@@ -18,6 +18,7 @@
 //! (4 if CUDA is unavailable, 2 on bad usage).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use qem_bench::timing::XorShift64Star;
@@ -164,7 +165,38 @@ struct GpuRun {
     dev: DeviceBatch,
 }
 
+/// Decodes run both ways (payload parsed from global memory and staged in shared memory) and
+/// the ones whose bytes, first fault or item statuses differ between the two.
+static PAIRED: AtomicUsize = AtomicUsize::new(0);
+static PATHS_DIFFER: AtomicUsize = AtomicUsize::new(0);
+
+/// Decode `batch` with `shape` and again with the other payload path
+/// (`LaunchShape::stage_payload`); a difference counts in [`PATHS_DIFFER`]. Returns the run
+/// with `shape` as given.
 fn gpu_decode(
+    gpu: &Gpu,
+    k: &Bslz4Kernels,
+    batch: &Bslz4Batch,
+    shape: LaunchShape,
+) -> Result<GpuRun> {
+    let r = gpu_decode_once(gpu, k, batch, shape)?;
+    let other = LaunchShape {
+        stage_payload: !shape.stage_payload,
+        ..shape
+    };
+    let o = gpu_decode_once(gpu, k, batch, other)?;
+    PAIRED.fetch_add(1, Ordering::Relaxed);
+    if o.out != r.out || o.fault != r.fault || o.statuses != r.statuses {
+        PATHS_DIFFER.fetch_add(1, Ordering::Relaxed);
+        eprintln!(
+            "payload paths differ (staged {}): faults {:?} / {:?}",
+            shape.stage_payload, r.fault, o.fault
+        );
+    }
+    Ok(r)
+}
+
+fn gpu_decode_once(
     gpu: &Gpu,
     k: &Bslz4Kernels,
     batch: &Bslz4Batch,
@@ -276,7 +308,7 @@ fn section_vectors(gpu: &Gpu, k: &Bslz4Kernels, dir: &Path, rep: &mut Report) ->
                 &batch,
                 LaunchShape {
                     warps_per_cta: w,
-                    max_ctas: 0,
+                    ..LaunchShape::default()
                 },
             )?;
             let pass = r.fault.is_none() && r.out == want;
@@ -298,6 +330,7 @@ fn section_vectors(gpu: &Gpu, k: &Bslz4Kernels, dir: &Path, rep: &mut Report) ->
             LaunchShape {
                 warps_per_cta: 2,
                 max_ctas: 3,
+                ..LaunchShape::default()
             },
         )?;
         rep.check(
@@ -648,6 +681,60 @@ fn combined(h: &[u64]) -> String {
     format!("{s:016x}")
 }
 
+/// One decode of the whole acquisition into a poisoned output with `shape`: every frame
+/// compared with the raw frames. Returns the record's fields (exact, bad frames, first diff).
+#[allow(clippy::too_many_arguments)]
+fn check_exact(
+    gpu: &Gpu,
+    k: &Bslz4Kernels,
+    dev: &mut DeviceBatch,
+    shape: LaunchShape,
+    acq: &Acq,
+    raw_hashes: &[u64],
+    rep: &mut Report,
+    name: &str,
+) -> Result<Value> {
+    let frames = raw_hashes.len();
+    let path = if shape.stage_payload {
+        "staged"
+    } else {
+        "global"
+    };
+    dev.poison_output(gpu, 0xA5)?;
+    dev.reset_errors(gpu)?;
+    dev.launch(gpu, k, shape)?;
+    let err = dev.check_errors(gpu);
+    let out = dev.download(gpu)?;
+    let gpu_hashes = frame_hashes(&out, acq.frame_bytes);
+    let bad: Vec<usize> = (0..frames)
+        .filter(|&i| gpu_hashes[i] != raw_hashes[i])
+        .collect();
+    let mut first_diff = Value::Null;
+    if let Some(&f) = bad.first() {
+        let o = f * acq.frame_bytes;
+        let p = (0..acq.frame_bytes)
+            .find(|&j| out[o + j] != acq.raw[o + j])
+            .unwrap_or(0);
+        first_diff = json!({"frame": f, "byte": p, "gpu": out[o + p], "want": acq.raw[o + p]});
+    }
+    let exact = err.is_ok() && bad.is_empty() && out == acq.raw;
+    rep.check(
+        format!(
+            "{name}: GPU output byte-exact, {path} payload (all {frames} frames, poisoned first)"
+        ),
+        exact,
+        format!(
+            "error={:?}, bad frames={}, first diff={first_diff}",
+            err.err().map(|e| e.to_string()),
+            bad.len()
+        ),
+    );
+    Ok(
+        json!({"exact": exact, "checksum": combined(&gpu_hashes), "bad_frames": bad.len(),
+        "first_diff": first_diff}),
+    )
+}
+
 #[allow(clippy::too_many_arguments)]
 fn bench_case(
     gpu: Option<(&Gpu, &Bslz4Kernels)>,
@@ -723,47 +810,28 @@ fn bench_case(
     gpu.synchronize()?;
     let up_s = t.elapsed().as_secs_f64();
     rec["upload_s"] = json!(up_s);
-    // Correctness: poisoned output, one launch, every frame compared.
-    dev.poison_output(gpu, 0xA5)?;
-    dev.reset_errors(gpu)?;
-    dev.launch(gpu, k, LaunchShape::default())?;
-    let err = dev.check_errors(gpu);
-    let out = dev.download(gpu)?;
-    let gpu_hashes = frame_hashes(&out, acq.frame_bytes);
-    let bad: Vec<usize> = (0..frames)
-        .filter(|&i| gpu_hashes[i] != raw_hashes[i])
-        .collect();
-    let mut first_diff = Value::Null;
-    if let Some(&f) = bad.first() {
-        let o = f * acq.frame_bytes;
-        let p = (0..acq.frame_bytes)
-            .find(|&j| out[o + j] != acq.raw[o + j])
-            .unwrap_or(0);
-        first_diff = json!({"frame": f, "byte": p, "gpu": out[o + p], "want": acq.raw[o + p]});
+    // Correctness: poisoned output, one launch, every frame compared; both payload paths.
+    let mut all_exact = true;
+    for stage in [false, true] {
+        let shape_c = LaunchShape {
+            stage_payload: stage,
+            ..LaunchShape::default()
+        };
+        let r = check_exact(gpu, k, &mut dev, shape_c, &acq, &raw_hashes, rep, name)?;
+        all_exact &= r["exact"] == json!(true);
+        rec[if stage { "gpu_staged" } else { "gpu_global" }] = r;
     }
-    let exact = err.is_ok() && bad.is_empty() && out == acq.raw;
-    drop(out);
-    rec["gpu_checksum"] = json!(combined(&gpu_hashes));
-    rec["gpu_exact"] = json!(exact);
-    rec["gpu_bad_frames"] = json!(bad.len());
-    rec["gpu_first_diff"] = first_diff.clone();
-    rep.check(
-        format!("{name}: GPU output byte-exact (all {frames} frames, poisoned first)"),
-        exact,
-        format!(
-            "error={:?}, bad frames={}, first diff={first_diff}",
-            err.err().map(|e| e.to_string()),
-            bad.len()
-        ),
-    );
+    rec["gpu_exact"] = json!(all_exact);
     // Timing per launch shape.
     let mut timings = Vec::new();
     let mut best = 0.0f64;
-    for &w in warps {
+    for (&w, stage) in warps.iter().flat_map(|w| [(w, false), (w, true)]) {
         let shape_l = LaunchShape {
             warps_per_cta: w,
             max_ctas: 0,
+            stage_payload: stage,
         };
+        let path = if stage { "staged" } else { "global" };
         for _ in 0..3 {
             dev.launch(gpu, k, shape_l)?;
         }
@@ -777,19 +845,22 @@ fn bench_case(
             &ms.iter().map(|&m| f64::from(m)).collect::<Vec<_>>(),
             50.0,
         );
-        let (min, max) = (ms[0] as f64, ms[ms.len() - 1] as f64);
+        let min = ms.iter().copied().fold(f32::INFINITY, f32::min) as f64;
+        let max = ms.iter().copied().fold(0.0f32, f32::max) as f64;
         let gbps = acq.raw.len() as f64 / (p50 * 1e-3) / 1e9;
         best = best.max(gbps);
-        println!("  warps/CTA {w}: p50 {p50:.3} ms (min {min:.3}, max {max:.3}) = {gbps:.1} GB/s decoded, {:.1} GB/s compressed in; errors after timing: {}", comp as f64 / (p50 * 1e-3) / 1e9, !ok);
-        table.push(format!("{name:<28} w{w}  {p50:>8.3} ms  {gbps:>7.1} GB/s"));
+        println!("  warps/CTA {w} {path}: p50 {p50:.3} ms (min {min:.3}, max {max:.3}) = {gbps:.1} GB/s decoded, {:.1} GB/s compressed in; errors after timing: {}", comp as f64 / (p50 * 1e-3) / 1e9, !ok);
+        table.push(format!(
+            "{name:<28} w{w} {path:<6} {p50:>8.3} ms  {gbps:>7.1} GB/s"
+        ));
         timings.push(
-            json!({"warps_per_cta": w, "p50_ms": p50, "min_ms": min, "max_ms": max,
+            json!({"warps_per_cta": w, "payload": path, "p50_ms": p50, "min_ms": min, "max_ms": max,
             "decoded_gbps_p50": gbps, "compressed_gbps_p50": comp as f64 / (p50 * 1e-3) / 1e9,
             "reps": reps, "warmups": 3, "errors_after_timing": !ok}),
         );
         if !ok {
             rep.check(
-                format!("{name}: no errors during timed launches (w{w})"),
+                format!("{name}: no errors during timed launches (w{w}, {path})"),
                 false,
                 "",
             );

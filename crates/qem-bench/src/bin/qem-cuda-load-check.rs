@@ -35,9 +35,19 @@ struct Args {
 fn usage() -> ! {
     eprintln!(
         "usage: qem-cuda-load-check --load MASTER [--region r0 r1 c0 c1] [--bin B] \
-         [--repeats N] [--threads T] [--batch-mb M] [--slots S] [--no-mask] [--out DIR]"
+         [--repeats N] [--threads T] [--batch-mb M] [--slots S] [--lz4-stage on|off] [--no-mask] \
+         [--out DIR]"
     );
     std::process::exit(2)
+}
+
+/// `on` / `off` of a switch argument.
+fn on_off(v: Option<&String>) -> bool {
+    match v.map(String::as_str) {
+        Some("on") => true,
+        Some("off") => false,
+        _ => usage(),
+    }
 }
 
 fn parse_args() -> Args {
@@ -84,6 +94,10 @@ fn parse_args() -> Args {
             }
             "--slots" => {
                 a.options.slots = num(argv.get(i + 1));
+                i += 2;
+            }
+            "--lz4-stage" => {
+                a.options.stage_payload = on_off(argv.get(i + 1));
                 i += 2;
             }
             "--no-mask" => {
@@ -362,6 +376,7 @@ fn main() {
             "batch_bytes": a.options.batch_bytes,
             "slots": a.options.slots,
             "warps_per_cta": a.options.warps_per_cta,
+            "stage_payload": a.options.stage_payload,
             "repeats": a.repeats,
             "mask": a.mask,
         },

@@ -48,11 +48,13 @@ struct Args {
     contexts: Option<u8>,
     literals: Option<u8>,
     quantiles: bool,
+    /// Part B: parse the LZ4 payloads from shared memory (`PipelineOptions::stage_payload`).
+    lz4_stage: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: qem-cuda-rans-check [--out DIR] [--frames N] [--load MASTER [--repeats R] [--qem PATH] [--contexts C] [--literals K] [--rule quantiles|logbins]]"
+        "usage: qem-cuda-rans-check [--out DIR] [--frames N] [--load MASTER [--repeats R] [--qem PATH] [--contexts C] [--literals K] [--rule quantiles|logbins] [--lz4-stage on|off]]"
     );
     std::process::exit(2)
 }
@@ -67,6 +69,7 @@ fn parse_args() -> Args {
         contexts: None,
         literals: None,
         quantiles: false,
+        lz4_stage: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -80,6 +83,13 @@ fn parse_args() -> Args {
             "--qem" => a.qem = PathBuf::from(v),
             "--contexts" => a.contexts = Some(v.parse().unwrap_or_else(|_| usage())),
             "--literals" => a.literals = Some(v.parse().unwrap_or_else(|_| usage())),
+            "--lz4-stage" => {
+                a.lz4_stage = match v.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    _ => usage(),
+                }
+            }
             "--rule" => {
                 a.quantiles = match v.as_str() {
                     "quantiles" => true,
@@ -468,7 +478,8 @@ fn run_load(k: &RansKernels, a: &Args, master: &std::path::Path) -> Result<(Valu
     let src = Source::open(master, &OpenOptions::default())?;
     let open_s = t.elapsed().as_secs_f64();
     let bad = src.bad_pixel_mask();
-    let params = qem_bench::whole_u16_load(&src, bad.as_deref())?;
+    let mut params = qem_bench::whole_u16_load(&src, bad.as_deref())?;
+    params.options.stage_payload = a.lz4_stage;
     let mut opts = EncodeOptions::default();
     if let Some(c) = a.contexts {
         opts.model.contexts = c;
@@ -654,6 +665,7 @@ fn run_load(k: &RansKernels, a: &Args, master: &std::path::Path) -> Result<(Valu
             "source": master.display().to_string(), "scan_shape": [scan.rows, scan.cols],
             "detector_shape": [src.detector_shape.rows, src.detector_shape.cols], "source_dtype": src.dtype.to_string(),
             "open_s": open_s, "cache_state": "warm page cache, warm process (one untimed warm-up load)",
+            "lz4_stage_payload": a.lz4_stage,
             "encode_options": {"sample_frames": opts.sample_frames, "headroom": opts.headroom,
                 "contexts": opts.model.contexts, "literals": opts.model.literals, "table_sets": opts.model.table_sets,
                 "floor": format!("{:?}", opts.model.floor), "context_rule": format!("{:?}", opts.model.context_rule)},

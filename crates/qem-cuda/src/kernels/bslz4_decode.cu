@@ -51,16 +51,33 @@ struct Fault {
     u32 code, pos, a, b;
 };
 
+// Where the LZ4 parser reads a block's payload from. `GlobalBytes`: the payload in global memory
+// (read through the read-only cache). `SharedBytes`: the payload staged in the warp's own
+// shared buffer, at its end, with the output growing towards it (see `stage_payload`). The
+// parser is one template over the two, so its checks, verdicts and positions are the same code.
+struct GlobalBytes {
+    const u8* __restrict__ p;
+    static constexpr bool in_place = false;
+    __device__ __forceinline__ u32 operator[](u32 i) const { return (u32)__ldg(p + i); }
+};
+
+struct SharedBytes {
+    const u8* p;
+    static constexpr bool in_place = true;
+    __device__ __forceinline__ u32 operator[](u32 i) const { return (u32)p[i]; }
+};
+
 // Read the extension bytes of a length whose 4-bit code was 15, 32 bytes per step (one per
 // lane). Mirrors qem_codec::lz4::read_length_extension: LengthOverflow (at the token) as soon
 // as the running length passes `limit`, TruncatedLength (at the missing byte) when the input
 // ends first.
-__device__ __forceinline__ bool read_ext(const u8* __restrict__ in, u32 in_len, u32& ip, u32& len,
-                                         u32 limit, u32 token_pos, u32 lane, Fault& f) {
+template <class Src>
+__device__ __forceinline__ bool read_ext(const Src in, u32 in_len, u32& ip, u32& len, u32 limit,
+                                         u32 token_pos, u32 lane, Fault& f) {
     while (true) {
         const u32 p = ip + lane;
         const bool valid = p < in_len;
-        const u32 byte = valid ? (u32)__ldg(in + p) : 0u;
+        const u32 byte = valid ? in[p] : 0u;
         const u32 stop = __ballot_sync(FULL_MASK, valid && byte != 255u);
         if (stop != 0u) {
             const u32 k = __ffs(stop) - 1u;
@@ -87,35 +104,63 @@ __device__ __forceinline__ bool read_ext(const u8* __restrict__ in, u32 in_len, 
     }
 }
 
+// What `lz4_block` ended with: the block decoded, a fault (in `f`), or, parsing in place only,
+// a write that would have reached payload bytes not yet read (the caller decodes the block
+// again from global memory; nothing is reported).
+#define LZ4_OK 0
+#define LZ4_FAULT 1
+#define LZ4_OVERTAKE 2
+
 // Decode one LZ4 block of `in_len` bytes into `dst` (shared memory), which must be filled to
 // exactly `out_len` bytes. The same checks, in the same order, as
 // qem_codec::lz4::decompress_block_exact, so verdicts and positions agree with the CPU.
-__device__ bool lz4_block(const u8* __restrict__ in, u32 in_len, u8* dst, u32 out_len, u32 lane,
-                          Fault& f) {
+//
+// In place (`Src::in_place`), the payload lies in the same buffer from byte `at` on: input
+// byte i is dst[at + i]. Output byte o may be written only once the input bytes at or below it
+// have been read, so every write must stay below `at + ip`, where ip is the first byte not yet
+// read. Literals copy [ip, ip+lit) to [op, op+lit) in rounds of 32 (all lanes read, then all
+// write); with op <= at + ip a round never writes a byte a later round reads. A match writes
+// [op, op+mlen) after its offset and length bytes are read, so it needs op + mlen <= at + ip;
+// it also keeps op <= at + ip for the next literals. A valid block whose output outruns its
+// remaining input by more than the buffer's margin fails that test and is decoded from global.
+template <class Src>
+__device__ int lz4_block(const Src in, u32 in_len, u8* dst, u32 out_len, u32 at, u32 lane,
+                         Fault& f) {
     if (in_len == 0u) {
         f = {E_EMPTY, 0u, 0u, 0u};
-        return false;
+        return LZ4_FAULT;
     }
     u32 ip = 0u, op = 0u;
-    // Invariant at the top of the loop: ip < in_len, op <= out_len.
+    // Invariant at the top of the loop: ip < in_len, op <= out_len (and op <= at + ip in place).
     while (true) {
         const u32 token_pos = ip;
-        const u32 token = __ldg(in + ip);
+        const u32 token = in[ip];
         ip += 1u;
 
         u32 lit = token >> 4;
-        if (lit == 15u && !read_ext(in, in_len, ip, lit, out_len, token_pos, lane, f)) return false;
+        if (lit == 15u && !read_ext(in, in_len, ip, lit, out_len, token_pos, lane, f))
+            return LZ4_FAULT;
         const u32 in_left = in_len - ip;
         if (lit > in_left) {
             f = {E_LIT_PAST_IN, token_pos, lit, in_left};
-            return false;
+            return LZ4_FAULT;
         }
         u32 room = out_len - op;
         if (lit > room) {
             f = {E_LIT_PAST_OUT, token_pos, lit, room};
-            return false;
+            return LZ4_FAULT;
         }
-        for (u32 i = lane; i < lit; i += 32u) dst[op + i] = __ldg(in + ip + i);
+        if (Src::in_place) {
+            if (op > at + ip) return LZ4_OVERTAKE;  // kept by the match test; checked anyway
+            for (u32 i = 0u; i < lit; i += 32u) {
+                const u32 j = i + lane;
+                const u32 v = j < lit ? in[ip + j] : 0u;
+                __syncwarp();  // the round's reads before its writes
+                if (j < lit) dst[op + j] = (u8)v;
+            }
+        } else {
+            for (u32 i = lane; i < lit; i += 32u) dst[op + i] = (u8)in[ip + i];
+        }
         ip += lit;
         op += lit;
         if (ip == in_len) break;  // the last sequence: literals only
@@ -123,26 +168,28 @@ __device__ bool lz4_block(const u8* __restrict__ in, u32 in_len, u8* dst, u32 ou
         const u32 off_pos = ip;
         if (in_len - ip < 2u) {
             f = {E_TRUNC_OFF, off_pos, 0u, 0u};
-            return false;
+            return LZ4_FAULT;
         }
-        const u32 offset = (u32)__ldg(in + ip) | ((u32)__ldg(in + ip + 1u) << 8);
+        const u32 offset = in[ip] | (in[ip + 1u] << 8);
         ip += 2u;
         if (offset == 0u) {
             f = {E_OFF_ZERO, off_pos, 0u, 0u};
-            return false;
+            return LZ4_FAULT;
         }
         if (offset > op) {
             f = {E_OFF_BEFORE, off_pos, offset, op};
-            return false;
+            return LZ4_FAULT;
         }
         u32 mlen = token & 15u;
-        if (mlen == 15u && !read_ext(in, in_len, ip, mlen, out_len, token_pos, lane, f)) return false;
+        if (mlen == 15u && !read_ext(in, in_len, ip, mlen, out_len, token_pos, lane, f))
+            return LZ4_FAULT;
         mlen += 4u;
         room = out_len - op;
         if (mlen > room) {
             f = {E_MATCH_PAST_OUT, token_pos, mlen, room};
-            return false;
+            return LZ4_FAULT;
         }
+        if (Src::in_place && op + mlen > at + ip) return LZ4_OVERTAKE;
         __syncwarp();  // literals written by other lanes are visible before the match reads
         const u32 src = op - offset;  // reads stay in [src, op): already decoded, in the buffer
         if (offset == 1u) {
@@ -170,15 +217,59 @@ __device__ bool lz4_block(const u8* __restrict__ in, u32 in_len, u8* dst, u32 ou
         if (ip == in_len) {
             // The block ended on a match: the format requires a final literal-only sequence.
             f = {E_SHORT_OUT, ip, op, out_len};
-            return false;
+            return LZ4_FAULT;
         }
     }
     if (op != out_len) {
         f = {E_SHORT_OUT, in_len, op, out_len};
-        return false;
+        return LZ4_FAULT;
     }
     __syncwarp();
-    return true;
+    return LZ4_OK;
+}
+
+// Copy a block's payload (global, any alignment) to the end of the warp's buffer in one
+// coalesced pass of 32-bit words: the payload's first byte lands at the returned offset `at`,
+// congruent to `poff` mod 4, with `at + plen <= cap`. Words that straddle the payload's ends
+// are read byte by byte, so nothing outside [poff, poff + plen) of the input is read.
+__device__ __forceinline__ u32 stage_payload(const u8* __restrict__ in, u64 poff, u32 plen,
+                                             u8* buf, u32 cap, u32 lane) {
+    const u32 shift = (u32)(poff & 3ull);
+    const u32 at0 = (cap - plen - shift) & ~3u;
+    const u8* base = in + (poff - shift);
+    u32* dw = reinterpret_cast<u32*>(buf + at0);
+    const u32 end = shift + plen;  // payload bytes lie in [shift, end) of the staged words
+    const u32 n_words = (end + 3u) >> 2;
+    for (u32 w = lane; w < n_words; w += 32u) {
+        const u32 b0 = 4u * w;
+        u32 v;
+        if (b0 >= shift && b0 + 4u <= end) {
+            v = __ldg(reinterpret_cast<const u32*>(base + b0));
+        } else {
+            v = 0u;
+#pragma unroll
+            for (u32 k = 0u; k < 4u; ++k) {
+                const u32 b = b0 + k;
+                if (b >= shift && b < end) v |= (u32)__ldg(base + b) << (8u * k);
+            }
+        }
+        dw[w] = v;
+    }
+    __syncwarp();
+    return at0 + shift;
+}
+
+// Decode one block into the warp's buffer: staged in place when `stage` is set and the payload
+// fits the buffer, from global otherwise or when the in-place parse would overtake its input.
+__device__ __forceinline__ int decode_block(const u8* __restrict__ in, u64 poff, u32 plen, u8* buf,
+                                            u32 olen, u32 cap, u32 stage, u32 lane, Fault& f) {
+    if (stage != 0u && plen > 0u && plen + 3u <= cap) {
+        const u32 at = stage_payload(in, poff, plen, buf, cap, lane);
+        const int r = lz4_block(SharedBytes{buf + at}, plen, buf, olen, at, lane, f);
+        if (r != LZ4_OVERTAKE) return r;
+        __syncwarp();
+    }
+    return lz4_block(GlobalBytes{in + poff}, plen, buf, olen, 0u, lane, f);
 }
 
 // In-register transpose of bit matrices: swap the off-diagonal s x s blocks of rows r, r+s.
@@ -295,7 +386,8 @@ template <int ES>
 __device__ __forceinline__ void run(const u8* __restrict__ in, u64 in_len,
                                     const u32* __restrict__ blocks, u32 n_blocks,
                                     const u32* __restrict__ copies, u32 n_copies, u8* out,
-                                    u64 out_len, u32* err, u32* status, u32 smem_per_warp) {
+                                    u64 out_len, u32* err, u32* status, u32 smem_per_warp,
+                                    u32 stage) {
     extern __shared__ __align__(16) u8 smem[];
     const u32 lane = threadIdx.x & 31u;
     const u32 warp = threadIdx.x >> 5;
@@ -322,7 +414,7 @@ __device__ __forceinline__ void run(const u8* __restrict__ in, u64 in_len,
                 continue;
             }
             Fault f;
-            if (!lz4_block(in + poff, plen, buf, olen, lane, f)) {
+            if (decode_block(in, poff, plen, buf, olen, smem_per_warp, stage, lane, f) != LZ4_OK) {
                 if (lane == 0u) report(err, status, item, f.code, chunk, bidx, f.pos, f.a, f.b);
                 __syncwarp();
                 continue;
@@ -371,9 +463,9 @@ __device__ __forceinline__ void run(const u8* __restrict__ in, u64 in_len,
     extern "C" __global__ void __launch_bounds__(QEM_MAX_THREADS)                              \
         name(const u8* __restrict__ in, u64 in_len, const u32* __restrict__ blocks, u32 n_blocks, \
              const u32* __restrict__ copies, u32 n_copies, u8* out, u64 out_len, u32* err,      \
-             u32* status, u32 smem_per_warp) {                                                  \
+             u32* status, u32 smem_per_warp, u32 stage) {                                       \
         run<ES>(in, in_len, blocks, n_blocks, copies, n_copies, out, out_len, err, status,      \
-                smem_per_warp);                                                                 \
+                smem_per_warp, stage);                                                          \
     }
 
 #ifndef QEM_MAX_THREADS

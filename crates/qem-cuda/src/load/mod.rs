@@ -68,6 +68,9 @@ pub struct PipelineOptions {
     pub reserve_bytes: u64,
     /// Warps per CTA of the decode kernel.
     pub warps_per_cta: u32,
+    /// Parse each LZ4 payload from the warp's shared buffer instead of global memory
+    /// ([`crate::LaunchShape::stage_payload`]; same bytes and verdicts). Off until measured.
+    pub stage_payload: bool,
 }
 
 impl Default for PipelineOptions {
@@ -82,6 +85,7 @@ impl Default for PipelineOptions {
             max_scratch_bytes: 512 << 20,
             reserve_bytes: 256 << 20,
             warps_per_cta: 1,
+            stage_payload: false,
         }
     }
 }

@@ -461,6 +461,7 @@ fn run_batches(li: &LoopInput<'_, '_>, b: &mut Buffers<'_>) -> Result<LoopTotals
     let shape = LaunchShape {
         warps_per_cta: params.options.warps_per_cta.max(1),
         max_ctas: 0,
+        stage_payload: params.options.stage_payload,
     };
     let mut t = LoopTotals {
         evs: Vec::with_capacity(plan.batches.len()),
