@@ -14,7 +14,7 @@ use qem_io::{ChunkCodec, Source};
 use super::buffers::{allocate, Buffers, EncodeState, Sizing};
 use super::plan::{admit, plan_source, table_words, BatchPlan, LoadPlan, MemoryPlan};
 use super::queue::{queue_batch, QueueBatch};
-use super::reader::{read_batch, BatchInput};
+use super::reader::{read_batch, BatchInput, BatchTables};
 use super::records::ErrorRecords;
 use super::timings::{event, record, stage_timings, BatchEvents, HostSeconds, StageInputs};
 use super::GpuLoadParams;
@@ -475,6 +475,8 @@ fn run_batches(li: &LoopInput<'_, '_>, b: &mut Buffers<'_>) -> Result<LoopTotals
     let mut dec_done: Vec<Option<usize>> = vec![None; slots];
     let mut status_words = b.status.bytes() / 4;
     let mut tab_words_cap = vec![z.table_cap_words; slots];
+    // The reader groups' descriptor tables, reused by every batch.
+    let mut tables = BatchTables::default();
     for (bi, batch) in plan.batches.iter().enumerate() {
         if progress.is_some_and(|p| p.cancelled()) {
             let _ = streams.compute.synchronize();
@@ -493,7 +495,7 @@ fn run_batches(li: &LoopInput<'_, '_>, b: &mut Buffers<'_>) -> Result<LoopTotals
 
         // Read the chunks into the pinned slot and build the tables, in parallel.
         let t0 = Instant::now();
-        let (table, rs, ts) = read_batch(
+        let (rs, ts) = read_batch(
             &BatchInput {
                 src,
                 files: li.files,
@@ -506,13 +508,14 @@ fn run_batches(li: &LoopInput<'_, '_>, b: &mut Buffers<'_>) -> Result<LoopTotals
             },
             b.h_in[s].as_mut_slice(),
             li.pool,
+            &mut tables,
         )?;
         t.read_thread_s += rs;
         t.table_thread_s += ts;
         t.bytes_read += batch.in_bytes;
         let (dst_map, local_map) =
             batch_maps(plan, batch, z.direct, b.enc.is_some() && !z.identity);
-        let words = table.blocks.len() + table.copies.len() + dst_map.len() + local_map.len();
+        let words = tables.words() + dst_map.len() + local_map.len();
         if words > tab_words_cap[s] {
             // A chunk with more blocks than the first one: grow this slot's tables (its last
             // decode must be over first).
@@ -526,16 +529,22 @@ fn run_batches(li: &LoopInput<'_, '_>, b: &mut Buffers<'_>) -> Result<LoopTotals
             b.h_tab[s] = e.take_pinned(words * 4, "table slot")?;
             tab_words_cap[s] = words;
         }
-        if 2 * (table.n_blocks() + table.n_copies()) > status_words {
+        if 2 * (tables.n_blocks() + tables.n_copies()) > status_words {
             streams
                 .compute
                 .synchronize()
                 .map_err(|err| driver_error("synchronize", err))?;
-            let n = table.n_blocks() + table.n_copies();
+            let n = tables.n_blocks() + tables.n_copies();
             b.status = DevBuf::alloc(ctx, 8 * n, c, "decode status")?;
             status_words = b.status.bytes() / 4;
         }
-        pack_tables(b.h_tab[s].as_mut_slice(), &table, dst_map, &local_map);
+        pack_tables(
+            b.h_tab[s].as_mut_slice(),
+            &tables,
+            dst_map,
+            &local_map,
+            li.pool,
+        );
         t.read_wall_s += t0.elapsed().as_secs_f64();
 
         // H2D on the copy stream, then decode, region/bin and encode on the compute stream.
@@ -551,7 +560,7 @@ fn run_batches(li: &LoopInput<'_, '_>, b: &mut Buffers<'_>) -> Result<LoopTotals
             d_tab: &b.d_tab[s],
             words,
             batch,
-            table: &table,
+            tables: &tables,
             dst_map_len: dst_map.len(),
             scratch: b.scratch.as_ref(),
             dst: b.dst.as_ref(),
@@ -807,14 +816,20 @@ fn batch_maps<'p>(
 }
 
 /// Lay a batch's tables out in its pinned slot as the kernels read them: block words, copy
-/// words, the result frame map, the local frame map.
-fn pack_tables(slot: &mut [u8], table: &BlockTable, dst_map: &[u32], local_map: &[u32]) {
-    let words = table.blocks.len() + table.copies.len() + dst_map.len() + local_map.len();
+/// words (packed by the reader pool, [`BatchTables::pack`]), the result frame map, the local
+/// frame map.
+fn pack_tables(
+    slot: &mut [u8],
+    tables: &BatchTables,
+    dst_map: &[u32],
+    local_map: &[u32],
+    pool: &rayon::ThreadPool,
+) {
+    let desc = tables.words();
+    let words = desc + dst_map.len() + local_map.len();
     let w: &mut [u32] = bytemuck::cast_slice_mut(&mut slot[..words * 4]);
-    let (a, rest) = w.split_at_mut(table.blocks.len());
-    a.copy_from_slice(&table.blocks);
-    let (b, rest) = rest.split_at_mut(table.copies.len());
-    b.copy_from_slice(&table.copies);
+    let (a, rest) = w.split_at_mut(desc);
+    tables.pack(a, pool);
     let (c, d) = rest.split_at_mut(dst_map.len());
     c.copy_from_slice(dst_map);
     d.copy_from_slice(local_map);

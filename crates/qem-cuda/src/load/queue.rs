@@ -9,9 +9,10 @@ use qem_core::{DType, DetectorPlan, Error, Result};
 
 use super::buffers::EncodeState;
 use super::plan::BatchPlan;
+use super::reader::BatchTables;
 use super::records::ErrorRecords;
 use super::timings::{event, record, BatchEvents};
-use crate::bslz4::{BlockTable, LaunchShape, RawDecode};
+use crate::bslz4::{LaunchShape, RawDecode};
 use crate::device::driver_error;
 use crate::engine::Engine;
 use crate::mem::{DevBuf, PinnedBuf};
@@ -123,7 +124,7 @@ struct DecodeBatch<'a> {
     elem_size: usize,
     input: u64,
     in_len: u64,
-    table: &'a BlockTable,
+    table: &'a BatchTables,
     /// Device address of the batch's tables: the block words, then the copy words.
     tables_at: u64,
     out: u64,
@@ -150,13 +151,13 @@ unsafe fn decode_batch(
         in_len: d.in_len,
         blocks: d.tables_at,
         n_blocks: d.table.n_blocks() as u32,
-        copies: d.tables_at + 4 * d.table.blocks.len() as u64,
+        copies: d.tables_at + 4 * d.table.block_words() as u64,
         n_copies: d.table.n_copies() as u32,
         out: d.out,
         out_len: d.out_len,
         errors: errs.decode_ptr(),
         status: d.status,
-        max_block_bytes: d.table.max_block_bytes,
+        max_block_bytes: d.table.max_block_bytes(),
     };
     // SAFETY: the caller's contract covers every address of `raw`; the error record is the
     // load's 8-word decode record.
@@ -226,7 +227,7 @@ pub(super) struct QueueBatch<'a> {
     /// Table words packed in `h_tab` (blocks, copies, frame maps).
     pub(super) words: usize,
     pub(super) batch: &'a BatchPlan,
-    pub(super) table: &'a BlockTable,
+    pub(super) tables: &'a BatchTables,
     pub(super) dst_map_len: usize,
     pub(super) scratch: Option<&'a DevBuf>,
     pub(super) dst: Option<&'a DevBuf>,
@@ -255,7 +256,7 @@ pub(super) fn queue_batch(q: &QueueBatch<'_>) -> Result<BatchEvents> {
     const OP: &str = "load (cuda)";
     let (e, copy_stream, compute, batch) = (q.e, q.copy_stream, q.compute, q.batch);
     let (es, table, status, errs, shape, rplan) =
-        (q.elem_size, q.table, q.status, q.errs, q.shape, q.rplan);
+        (q.elem_size, q.tables, q.status, q.errs, q.shape, q.rplan);
     let be = BatchEvents {
         h2d_start: event(e)?,
         h2d_end: event(e)?,
@@ -327,7 +328,7 @@ pub(super) fn queue_batch(q: &QueueBatch<'_>) -> Result<BatchEvents> {
         )
     }?;
     record(&be.dec_end, compute)?;
-    let map_at = tab + 4 * (table.blocks.len() + table.copies.len()) as u64;
+    let map_at = tab + 4 * table.words() as u64;
     if let (Some(sc), Some(rb)) = (q.scratch, &be.rb_end) {
         // Dense: result frames named by the frame map; encoding: batch-local slots.
         let (dst_frame, dst_ptr) = match (q.enc, q.dst) {

@@ -4,7 +4,7 @@ use std::fs::File;
 
 use super::pipeline::overflow_error;
 use super::plan::plan_source;
-use super::reader::{read_batch, BatchInput};
+use super::reader::{read_batch, BatchInput, BatchTables};
 use super::*;
 
 use qem_core::{DenseArray, DetectorPlan, DtypeRequest, Shape2};
@@ -322,7 +322,8 @@ fn emulate(
     let mut dest = vec![0u8; plan.frames.len() * out_frame_elems * out_es];
     for batch in &plan.batches {
         let mut slot = vec![0xA5u8; batch.in_bytes as usize + 64];
-        let (table, _, _) = read_batch(
+        let mut tables = BatchTables::default();
+        read_batch(
             &BatchInput {
                 src,
                 files: &files,
@@ -335,11 +336,18 @@ fn emulate(
             },
             &mut slot,
             &pool,
+            &mut tables,
         )?;
+        // The words as the slot holds them: block descriptors, then copy descriptors.
+        let mut words = vec![0u32; tables.words()];
+        tables.pack(&mut words, &pool);
+        let (blocks, copies) = words.split_at(tables.block_words());
+        assert_eq!(blocks.len(), 8 * tables.n_blocks());
+        assert_eq!(copies.len(), 8 * tables.n_copies());
         let mut scratch = vec![0u8; batch.decoded_bytes as usize];
         let out: &mut [u8] = if direct { &mut dest } else { &mut scratch };
         let mut tmp = Vec::new();
-        for d in table.blocks.chunks_exact(8) {
+        for d in blocks.chunks_exact(8) {
             let p = (d[0] as u64 | (d[1] as u64) << 32) as usize;
             let o = (d[4] as u64 | (d[5] as u64) << 32) as usize;
             let (plen, olen) = (d[2] as usize, d[3] as usize);
@@ -348,7 +356,7 @@ fn emulate(
             decompress_block_exact(&slot[p..p + plen], &mut tmp).unwrap();
             untranspose_block(&tmp, es, &mut out[o..o + olen]).unwrap();
         }
-        for d in table.copies.chunks_exact(8) {
+        for d in copies.chunks_exact(8) {
             let sa = (d[0] as u64 | (d[1] as u64) << 32) as usize;
             let da = (d[2] as u64 | (d[3] as u64) << 32) as usize;
             let n = d[4] as usize;
