@@ -57,17 +57,18 @@ fn float_division_is_exact_where_the_encoder_uses_it() {
     // rans.cu `div_freq`, step by step: u32 → f32 rounded to nearest, 1/f from the
     // hardware's approximate reciprocal (within one ulp: here 1/f rounded to nearest and the
     // floats one ulp below and above it), the product rounded to nearest, truncated, then one
-    // remainder correction. The encoder divides x < f·2^20 by 1 ≤ f ≤ 4096; test both ends
-    // of every quotient range near multiples of f, the largest x, and a spread of x for every
-    // f, with each of the three reciprocals.
+    // remainder correction in 32 bits. The encoder divides x < f·2^20 by 1 ≤ f ≤ 4096; test
+    // both ends of every quotient range near multiples of f, the largest x (where q·f wraps
+    // past 2^32 for f = 4096), and a spread of x for every f, with each of the reciprocals.
     fn div_freq(x: u32, f: u32, ulps: i32) -> u32 {
         let near = 1.0f32 / f as f32;
         let rcp = f32::from_bits(near.to_bits().wrapping_add_signed(ulps));
         let mut q = ((x as f32) * rcp) as u32;
-        let r = i64::from(x) - i64::from(q) * i64::from(f);
+        // 32-bit wrapping arithmetic read as signed, as the kernel computes it.
+        let r = x.wrapping_sub(q.wrapping_mul(f)) as i32;
         if r < 0 {
             q -= 1;
-        } else if r >= i64::from(f) {
+        } else if r >= f as i32 {
             q += 1;
         }
         q
