@@ -704,13 +704,13 @@ __device__ __forceinline__ u32 div_freq(u32 x, u32 f) {
 // on the way; (3) the stream's place from the arena cursor; (4) header, states and the words
 // reversed (decoder order); (5) the extra bits in raster order, packed through a small shared
 // window straight into the stream.
-extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n_frames,
-                                           const u32* __restrict__ dst, u64 dst_base,
-                                           const u8* __restrict__ bad, RansModel m,
-                                           u8* __restrict__ arena, u64 capacity, u64* cursor,
-                                           u32* __restrict__ index, u16* __restrict__ sw,
-                                           u64 scratch_warps, u32* err) {
-    extern __shared__ __align__(16) u32 smem_e[];
+template <bool FAST>
+__device__ __forceinline__ void encode_frames(const u16* __restrict__ frames, u64 n_frames,
+                                              const u32* __restrict__ dst, u64 dst_base,
+                                              const u8* __restrict__ bad, RansModel m,
+                                              u8* __restrict__ arena, u64 capacity, u64* cursor,
+                                              u32* __restrict__ index, u16* __restrict__ sw,
+                                              u64 scratch_warps, u32* err, u32* smem_e) {
     const u32 warps_per_block = blockDim.x >> 5;
     const u32 steps = (m.n + 31u) >> 5;
     const u32 map_words = (steps + 31u) >> 5;  // one bit per step: "has a bucket symbol"
@@ -762,8 +762,6 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
             }
             set = table_set_of(m, warp_sum_u64(stat));
         }
-        for (u32 i = lane; i < map_words; i += 32u) bmap[i] = 0u;
-        __syncwarp();
         const u32 row0 = set * m.C;
         const u32 sp = m.sp;
         // The staged table's 32-bit shared address (a generic pointer costs an address
@@ -778,16 +776,17 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
         u32 tt = steps - 1u;
         u32 p = (tt << 5) + lane;
         u32 v_next = 0u, c_next = 0u;
-        if (p < n) {
-            v_next = (bad && __ldg(bad + p)) ? 0u : (u32)__ldg(fr + p);
+        if (FAST || p < n) {
+            v_next = (!FAST && bad && __ldg(bad + p)) ? 0u : (u32)__ldg(fr + p);
             c_next = __ldg(m.ctx + p);
         }
+        u32 bword = 0u;  // the bucket map's bits of the steps so far
         while (true) {
-            const bool act = p < n;
+            const bool act = FAST || p < n;
             const u32 v = v_next, c = c_next;
             if (tt > 0u) {
                 const u32 pn = p - 32u;  // always < n
-                v_next = (bad && __ldg(bad + pn)) ? 0u : (u32)__ldg(fr + pn);
+                v_next = (!FAST && bad && __ldg(bad + pn)) ? 0u : (u32)__ldg(fr + pn);
                 c_next = __ldg(m.ctx + pn);
             }
             u32 f = 1u, cu = 0u;
@@ -814,7 +813,11 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
                 // x ≥ f·2^20, in 32 bits (f·2^20 is a multiple of 2^20; f = 4096 would not fit).
                 emit = (x >> 20) >= f;
             }
-            if (__any_sync(FULL_MASK, bk_any) && lane == 0u) bmap[tt >> 5] |= 1u << (tt & 31u);
+            // The step's map bit is shifted into a register (steps run from the last down, so
+            // after step tt's word is complete, step tt's bit sits at tt & 31) and the word is
+            // stored once, at its lowest step; 32 more shifts clear it for the next word.
+            bword = (bword << 1) | (__any_sync(FULL_MASK, bk_any) ? 1u : 0u);
+            if ((tt & 31u) == 0u && lane == 0u) bmap[tt >> 5] = bword;
             const u32 mk = __ballot_sync(FULL_MASK, emit);
             if (emit) {
                 my_w[cnt + __popc(mk) - 1u - __popc(mk & lt)] = (u16)(x & 0xffffu);
@@ -881,11 +884,11 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
                 if (((bmap[t >> 5] >> (t & 31u)) & 1u) == 0u) continue;  // no bucket symbol
                 const u32 q = (t << 5) + lane;
                 u32 v = 0u, s = 0u;
-                if (q < n) {
-                    v = (bad && __ldg(bad + q)) ? 0u : (u32)__ldg(fr + q);
+                if (FAST || q < n) {
+                    v = (!FAST && bad && __ldg(bad + q)) ? 0u : (u32)__ldg(fr + q);
                     s = symbol_of(v, m.K);
                 }
-                const bool bk = q < n && s >= m.K;
+                const bool bk = (FAST || q < n) && s >= m.K;
                 if (!__any_sync(FULL_MASK, bk)) continue;
                 const u32 nb = bk ? s - m.K : 0u;
                 const u32 incl = warp_inclusive_sum(nb, lane);
@@ -915,6 +918,25 @@ extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n
             ie[2] = (u32)len;
             ie[3] = 1u;
         }
+    }
+}
+
+// The kernel: frames of whole steps (n a multiple of 32) with no bad-pixel list, every frame of
+// the encoded load (it zeroes bad pixels before the encode), take `encode_frames<true>`, whose
+// step has no lane-active test and no bad-pixel load or branch; others the general form.
+extern "C" __global__ void qem_rans_encode(const u16* __restrict__ frames, u64 n_frames,
+                                           const u32* __restrict__ dst, u64 dst_base,
+                                           const u8* __restrict__ bad, RansModel m,
+                                           u8* __restrict__ arena, u64 capacity, u64* cursor,
+                                           u32* __restrict__ index, u16* __restrict__ sw,
+                                           u64 scratch_warps, u32* err) {
+    extern __shared__ __align__(16) u32 smem_e[];
+    if (bad == nullptr && (m.n & 31u) == 0u) {
+        encode_frames<true>(frames, n_frames, dst, dst_base, bad, m, arena, capacity, cursor,
+                            index, sw, scratch_warps, err, smem_e);
+    } else {
+        encode_frames<false>(frames, n_frames, dst, dst_base, bad, m, arena, capacity, cursor,
+                             index, sw, scratch_warps, err, smem_e);
     }
 }
 

@@ -218,3 +218,39 @@ fn kernels_compile_with_nvrtc_when_present() {
         Err(e) => assert_eq!(e.kind, qem_core::ErrorKind::BackendUnavailable, "{e}"),
     }
 }
+
+/// rans.cu `encode_frames`: the bucket map's bits are shifted into one register while the steps
+/// run from the last down, and a word is stored when its lowest step (tt & 31 == 0) is done.
+/// Every word must come out as the map written bit by bit: bit tt & 31 of word tt >> 5 set
+/// exactly when step tt has a bucket symbol; frames of whole and partial words.
+#[test]
+fn the_encoders_bucket_map_is_the_bit_per_step_map() {
+    let mut seed = 0x0123_4567_89ab_cdefu64;
+    for steps in [1u32, 31, 32, 33, 63, 64, 65, 1152, 1153, 4] {
+        let words = steps.div_ceil(32) as usize;
+        let flags: Vec<bool> = (0..steps)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed % 3 == 0
+            })
+            .collect();
+        let mut want = vec![0u32; words];
+        for (t, &f) in flags.iter().enumerate() {
+            if f {
+                want[t >> 5] |= 1 << (t & 31);
+            }
+        }
+        // The kernel's form; the map starts as garbage: every word must be stored.
+        let mut got = vec![0xdead_beefu32; words];
+        let mut bword = 0u32;
+        for tt in (0..steps).rev() {
+            bword = (bword << 1) | u32::from(flags[tt as usize]);
+            if tt & 31 == 0 {
+                got[(tt >> 5) as usize] = bword;
+            }
+        }
+        assert_eq!(got, want, "steps {steps}");
+    }
+}
