@@ -48,7 +48,8 @@
 #             parse from global memory: qem-cuda-check (every verdict case decoded both ways,
 #             the generated acquisitions timed both ways), racecheck and memcheck over its
 #             sanitize subset, then the encoded and dense loads of the reference with
-#             --lz4-stage off / on / off / on (every frame = CPU each time; p50 and stages)
+#             --lz4-stage off / on / off / on (every frame = CPU each time; p50 and stages),
+#             the base build's before each pair when device_carry/base/ is carried
 #   all       checks load products ssb sanitize soak (longer than one 10-minute call: the steps
 #             past STEP_BUDGET are skipped and say so)
 #
@@ -141,21 +142,25 @@ mode_lz4() { # the staged LZ4 parse (bslz4_decode.cu decode_block) against the g
   step "bslz4 check, both payload paths" bslz4_check.log timeout 150 "$D/qem-cuda-check" --vectors "$D/vectors" --out "$R/bslz4" --frames 16384 --warps 1,2 --reps 10
   record "$R/bslz4/cuda_bslz4_check.json" bslz4_check.json
   grep -E "FAIL|payload|w[12] " "$R/bslz4_check.log" | tail -24
+  acquisition /tmp/ref
+  # base: the build of device_carry/base/ (prepare_carry.sh BASE_REV=…), when carried.
+  local v n=0 variants="off on off on"
+  [ -x "$D/base/qem-cuda-rans-check" ] && variants="base off on base off on"
+  for v in $variants; do
+    local stage=(--lz4-stage "$v") dir=$D tag=${v}_$((n += 1))
+    [ "$v" = base ] && stage=() dir=$D/base
+    step "encoded load, $v" "load_encoded_$tag.log" timeout 120 "$dir/qem-cuda-rans-check" --load "$REF" --repeats 5 --qem /tmp/ref.qem "${stage[@]}" --out "$R/load_encoded_$tag"
+    grep -hE "p50|mismatch|FAIL" "$R/load_encoded_$tag.log" | head -4
+    step "dense load, $v" "load_dense_$tag.log" timeout 120 "$dir/qem-cuda-load-check" --load "$REF" --repeats 5 "${stage[@]}" --out "$R/load_dense_$tag"
+    grep -hE "p50|FAIL" "$R/load_dense_$tag.log" | head -3
+  done
+  rm -f /tmp/ref.qem
   local san; san=$(tool compute-sanitizer)
   if [ -n "$san" ]; then
     step "racecheck bslz4 (both paths)" racecheck_bslz4.log timeout 150 "$san" --tool racecheck --error-exitcode 9 "$D/qem-cuda-check" --vectors "$D/vectors" --sanitize-subset --out "$R/racecheck_bslz4"
     step "memcheck bslz4 (both paths)" memcheck_bslz4.log timeout 150 "$san" --tool memcheck --leak-check no --error-exitcode 9 "$D/qem-cuda-check" --vectors "$D/vectors" --sanitize-subset --out "$R/memcheck_bslz4"
     grep -H "ERROR SUMMARY\|RACECHECK SUMMARY" "$R"/racecheck_bslz4.log "$R"/memcheck_bslz4.log
   fi
-  acquisition /tmp/ref
-  local v
-  for v in off on off on; do
-    step "encoded load, lz4 stage $v" "load_encoded_$v.log" timeout 120 "$D/qem-cuda-rans-check" --load "$REF" --repeats 5 --qem /tmp/ref.qem --lz4-stage $v --out "$R/load_encoded_$v"
-    grep -hE "p50|mismatch|FAIL" "$R/load_encoded_$v.log" | head -4
-    step "dense load, lz4 stage $v" "load_dense_$v.log" timeout 120 "$D/qem-cuda-load-check" --load "$REF" --repeats 5 --lz4-stage $v --out "$R/load_dense_$v"
-    grep -hE "p50|FAIL" "$R/load_dense_$v.log" | head -3
-  done
-  rm -f /tmp/ref.qem
 }
 
 mode_products() {

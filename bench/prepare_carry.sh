@@ -18,6 +18,21 @@ GEN="$ANCHOR_TOOLS/make_reference_acquisition.py"
 [ -f "$GEN" ] || { echo "no $GEN: set ANCHOR_TOOLS to the folder holding it" >&2; exit 2; }
 D=device_carry
 rm -rf "$D" && mkdir -p "$D/site" "$D/h5p"
+# BASE_REV=REV: also the load checks (qem-cuda-rans-check, qem-cuda-load-check) built at REV into
+# device_carry/base/, for an A/B of two builds on one card in one call (device.sh lz4 runs them
+# beside this build's). Built from a worktree into its own target folder, target/base: cargo
+# names a workspace crate's artifacts by its path inside the workspace, so two checkouts sharing
+# one target folder take each other's crates for fresh.
+if [ -n "${BASE_REV:-}" ]; then
+  wt=$(mktemp -d /tmp/qem_base.XXXX)
+  git worktree add --detach -q "$wt" "$BASE_REV"
+  (cd "$wt" && CARGO_TARGET_DIR="$OLDPWD/target/base" cargo build --release -q -p qem-bench --bin qem-cuda-rans-check --bin qem-cuda-load-check)
+  mkdir -p "$D/base"
+  cp target/base/release/qem-cuda-rans-check target/base/release/qem-cuda-load-check "$D/base/"
+  strip "$D"/base/*
+  git rev-parse --short=12 "$BASE_REV" > "$D/base/REVISION"
+  git worktree remove --force "$wt"
+fi
 cargo build --release -q -p qem-bench --bins
 cargo build --release -q -p qem-bench --example cuda_products_bench --example ssb_cuda_bench --example read_probe --example pair_probe
 for b in qem-bench qem-cuda-check qem-cuda-load-check qem-cuda-products-check qem-cuda-rans-check serve-latency; do
