@@ -46,10 +46,11 @@
 #             1 vs 2 workers timed (Dask installed from the carried wheels) → distributed_check.json
 #   lz4       the LZ4 payload staged in shared memory (LaunchShape::stage_payload) against the
 #             parse from global memory: qem-cuda-check (every verdict case decoded both ways,
-#             the generated acquisitions timed both ways), racecheck and memcheck over its
-#             sanitize subset, then the encoded and dense loads of the reference with
-#             --lz4-stage off / on / off / on (every frame = CPU each time; p50 and stages),
-#             the base build's before each pair when device_carry/base/ is carried
+#             the generated acquisitions timed both ways); the encoded load of the reference
+#             in two rounds of: the base build (device_carry/base/, when carried), --lz4-stage
+#             off, on, and on with --overlap on (decode beside encode), every frame = CPU each
+#             time, p50 and stages; the dense load once per build and parse; then racecheck
+#             and memcheck over qem-cuda-check's sanitize subset
 #   all       checks load products ssb sanitize soak (longer than one 10-minute call: the steps
 #             past STEP_BUDGET are skipped and say so)
 #
@@ -143,16 +144,26 @@ mode_lz4() { # the staged LZ4 parse (bslz4_decode.cu decode_block) against the g
   record "$R/bslz4/cuda_bslz4_check.json" bslz4_check.json
   grep -E "FAIL|payload|w[12] " "$R/bslz4_check.log" | tail -24
   acquisition /tmp/ref
-  # base: the build of device_carry/base/ (prepare_carry.sh BASE_REV=…), when carried.
-  local v n=0 variants="off on off on"
-  [ -x "$D/base/qem-cuda-rans-check" ] && variants="base off on base off on"
-  for v in $variants; do
-    local stage=(--lz4-stage "$v") dir=$D tag=${v}_$((n += 1))
-    [ "$v" = base ] && stage=() dir=$D/base
-    step "encoded load, $v" "load_encoded_$tag.log" timeout 120 "$dir/qem-cuda-rans-check" --load "$REF" --repeats 5 --qem /tmp/ref.qem "${stage[@]}" --out "$R/load_encoded_$tag"
+  # Variants: base (the build of device_carry/base/, prepare_carry.sh BASE_REV=…, when
+  # carried), global and staged LZ4 parse, staged with decode beside encode (two compute
+  # streams); two rounds, the dense load in the first only (it does not encode).
+  local v n=0 dense_done=" " round="global staged overlap"
+  [ -x "$D/base/qem-cuda-rans-check" ] && round="base $round"
+  for v in $round $round; do
+    local args=() dir=$D tag=${v}_$((n += 1))
+    case $v in
+      base) dir=$D/base ;;
+      global) args=(--lz4-stage off) ;;
+      staged) args=(--lz4-stage on) ;;
+      overlap) args=(--lz4-stage on --overlap on) ;;
+    esac
+    step "encoded load, $v" "load_encoded_$tag.log" timeout 120 "$dir/qem-cuda-rans-check" --load "$REF" --repeats 5 --qem /tmp/ref.qem "${args[@]}" --out "$R/load_encoded_$tag"
     grep -hE "p50|mismatch|FAIL" "$R/load_encoded_$tag.log" | head -4
-    step "dense load, $v" "load_dense_$tag.log" timeout 120 "$dir/qem-cuda-load-check" --load "$REF" --repeats 5 "${stage[@]}" --out "$R/load_dense_$tag"
-    grep -hE "p50|FAIL" "$R/load_dense_$tag.log" | head -3
+    if [ "$v" != overlap ] && [[ $dense_done != *" $v "* ]]; then
+      dense_done+="$v "
+      step "dense load, $v" "load_dense_$tag.log" timeout 120 "$dir/qem-cuda-load-check" --load "$REF" --repeats 5 "${args[@]}" --out "$R/load_dense_$tag"
+      grep -hE "p50|FAIL" "$R/load_dense_$tag.log" | head -3
+    fi
   done
   rm -f /tmp/ref.qem
   local san; san=$(tool compute-sanitizer)

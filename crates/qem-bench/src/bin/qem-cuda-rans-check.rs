@@ -50,13 +50,24 @@ struct Args {
     quantiles: bool,
     /// Part B: parse the LZ4 payloads from shared memory (`PipelineOptions::stage_payload`).
     lz4_stage: bool,
+    /// Part B: decode beside encode on two compute streams (`PipelineOptions::overlap_encode`).
+    overlap: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: qem-cuda-rans-check [--out DIR] [--frames N] [--load MASTER [--repeats R] [--qem PATH] [--contexts C] [--literals K] [--rule quantiles|logbins] [--lz4-stage on|off]]"
+        "usage: qem-cuda-rans-check [--out DIR] [--frames N] [--load MASTER [--repeats R] [--qem PATH] [--contexts C] [--literals K] [--rule quantiles|logbins] [--lz4-stage on|off] [--overlap on|off]]"
     );
     std::process::exit(2)
+}
+
+/// `on` / `off` of a switch argument.
+fn on_off(v: &str) -> bool {
+    match v {
+        "on" => true,
+        "off" => false,
+        _ => usage(),
+    }
 }
 
 fn parse_args() -> Args {
@@ -70,6 +81,7 @@ fn parse_args() -> Args {
         literals: None,
         quantiles: false,
         lz4_stage: false,
+        overlap: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -83,13 +95,8 @@ fn parse_args() -> Args {
             "--qem" => a.qem = PathBuf::from(v),
             "--contexts" => a.contexts = Some(v.parse().unwrap_or_else(|_| usage())),
             "--literals" => a.literals = Some(v.parse().unwrap_or_else(|_| usage())),
-            "--lz4-stage" => {
-                a.lz4_stage = match v.as_str() {
-                    "on" => true,
-                    "off" => false,
-                    _ => usage(),
-                }
-            }
+            "--lz4-stage" => a.lz4_stage = on_off(&v),
+            "--overlap" => a.overlap = on_off(&v),
             "--rule" => {
                 a.quantiles = match v.as_str() {
                     "quantiles" => true,
@@ -480,6 +487,7 @@ fn run_load(k: &RansKernels, a: &Args, master: &std::path::Path) -> Result<(Valu
     let bad = src.bad_pixel_mask();
     let mut params = qem_bench::whole_u16_load(&src, bad.as_deref())?;
     params.options.stage_payload = a.lz4_stage;
+    params.options.overlap_encode = a.overlap;
     let mut opts = EncodeOptions::default();
     if let Some(c) = a.contexts {
         opts.model.contexts = c;
@@ -665,7 +673,7 @@ fn run_load(k: &RansKernels, a: &Args, master: &std::path::Path) -> Result<(Valu
             "source": master.display().to_string(), "scan_shape": [scan.rows, scan.cols],
             "detector_shape": [src.detector_shape.rows, src.detector_shape.cols], "source_dtype": src.dtype.to_string(),
             "open_s": open_s, "cache_state": "warm page cache, warm process (one untimed warm-up load)",
-            "lz4_stage_payload": a.lz4_stage,
+            "lz4_stage_payload": a.lz4_stage, "overlap_encode": a.overlap,
             "encode_options": {"sample_frames": opts.sample_frames, "headroom": opts.headroom,
                 "contexts": opts.model.contexts, "literals": opts.model.literals, "table_sets": opts.model.table_sets,
                 "floor": format!("{:?}", opts.model.floor), "context_rule": format!("{:?}", opts.model.context_rule)},

@@ -20,7 +20,8 @@ pub(super) struct EncodeState<'a> {
     pub(super) arena: DevBuf,
     pub(super) capacity: u64,
     pub(super) index: DevBuf,
-    pub(super) scratch: EncoderScratch,
+    /// The encoder's per-warp scratch, one per compute stream (lane) encoding.
+    pub(super) scratch: Vec<EncoderScratch>,
     pub(super) input: Option<DevBuf>,
     /// Bad-pixel offsets, zeroed in the decoded batch before an identity plan's encode.
     pub(super) bad_list: Option<DevBuf>,
@@ -44,6 +45,9 @@ pub(super) struct Sizing<'a, 'm> {
     pub(super) table_cap_words: usize,
     pub(super) plan: &'a LoadPlan<'a>,
     pub(super) status_bytes: u64,
+    /// Compute streams (1, or 2 when decode overlaps encode): decode scratch, status and
+    /// encoder scratch each.
+    pub(super) lanes: usize,
 }
 
 /// Every buffer of a pipeline: the destination (a dense result, or the encoder's), the pinned
@@ -55,8 +59,10 @@ pub(super) struct Buffers<'m> {
     pub(super) d_tab: Vec<DevBuf>,
     pub(super) h_in: Vec<PinnedBuf>,
     pub(super) h_tab: Vec<PinnedBuf>,
-    pub(super) scratch: Option<DevBuf>,
-    pub(super) status: DevBuf,
+    /// Decode scratch per lane (none when decoding straight into the result).
+    pub(super) scratch: Vec<DevBuf>,
+    /// Decode status per lane.
+    pub(super) status: Vec<DevBuf>,
     pub(super) errs: ErrorRecords,
     pub(super) bad_buf: Option<DevBuf>,
     /// Seconds spent taking the pinned slots (allocations when the engine's pool had none).
@@ -110,7 +116,9 @@ pub(super) fn allocate<'m>(
                 arena: DevBuf::alloc(&ctx, capacity as usize, c, "encoded streams")?,
                 capacity,
                 index,
-                scratch: EncoderScratch::new(&ctx, k, z.out_frame_elems, c)?,
+                scratch: (0..z.lanes)
+                    .map(|_| EncoderScratch::new(&ctx, k, z.out_frame_elems, c))
+                    .collect::<Result<_>>()?,
                 input: if z.enc_in_bytes > 0 {
                     Some(DevBuf::alloc(
                         &ctx,
@@ -155,16 +163,15 @@ pub(super) fn allocate<'m>(
         pinned_s += t.elapsed().as_secs_f64();
     }
     let scratch = if z.direct {
-        None
+        Vec::new()
     } else {
-        Some(DevBuf::alloc(
-            &ctx,
-            z.plan.max_decoded_bytes as usize,
-            c,
-            "decode scratch",
-        )?)
+        (0..z.lanes)
+            .map(|_| DevBuf::alloc(&ctx, z.plan.max_decoded_bytes as usize, c, "decode scratch"))
+            .collect::<Result<_>>()?
     };
-    let status = DevBuf::alloc(&ctx, z.status_bytes as usize, c, "decode status")?;
+    let status = (0..z.lanes)
+        .map(|_| DevBuf::alloc(&ctx, z.status_bytes as usize, c, "decode status"))
+        .collect::<Result<_>>()?;
     // [0..32) decode error record, [32..64) overflow record, [64..72) saturated counter.
     let errs = ErrorRecords::new(&ctx, c)?;
     let bad_buf = if z.direct {

@@ -71,6 +71,11 @@ pub struct PipelineOptions {
     /// Parse each LZ4 payload from the warp's shared buffer instead of global memory
     /// ([`crate::LaunchShape::stage_payload`]; same bytes and verdicts). Off until measured.
     pub stage_payload: bool,
+    /// Encoding loads of unchanged frames: decode a batch on a second compute stream while the
+    /// previous batch encodes on the first, with a second decode scratch, decode status and
+    /// encoder scratch (admitted only when they fit; otherwise one stream as before). Off
+    /// until measured on a card.
+    pub overlap_encode: bool,
 }
 
 impl Default for PipelineOptions {
@@ -86,6 +91,7 @@ impl Default for PipelineOptions {
             reserve_bytes: 256 << 20,
             warps_per_cta: 1,
             stage_payload: false,
+            overlap_encode: false,
         }
     }
 }

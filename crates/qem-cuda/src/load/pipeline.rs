@@ -116,6 +116,9 @@ struct Setup<'m> {
     budget: u64,
     free0: u64,
     card_total: u64,
+    /// Compute streams: 2 when decode overlaps encode ([`super::PipelineOptions::overlap_encode`]
+    /// asked and admitted), else 1.
+    lanes: usize,
 }
 
 /// The overlapped pipeline over source frames `frames` (result order). Result frames are
@@ -162,13 +165,14 @@ pub(super) fn pipeline<'m>(
             table_cap_words: z.table_cap_words,
             plan: &z.plan,
             status_bytes: z.mem.status,
+            lanes: z.lanes,
         },
         &z.bad_idx,
         params.bad_mask,
     )?;
     let t_buffers = t.elapsed().as_secs_f64();
     let (free_peak, _) = e.gpu.mem_info()?;
-    let streams = Streams::new(&ctx, bufs.enc.is_some())?;
+    let streams = Streams::new(&ctx, bufs.enc.is_some(), z.lanes)?;
     // Declared after every buffer, so dropped before them: on an early error return, queued
     // copies and kernels finish before their buffers are freed.
     let _drain = Drain(streams.all());
@@ -303,34 +307,62 @@ fn setup<'m>(
         Some(_) if !identity => max_batch_frames * out_frame_elems as u64 * 2,
         _ => 0,
     };
-    let dest_bytes = match encode {
-        None => n_result * out_frame_elems as u64 * out_es as u64,
-        Some((_, k, capacity)) => {
-            capacity
-                + n_result * rans::INDEX_ENTRY_BYTES as u64
-                + EncoderScratch::bytes_for(k, out_frame_elems)
-                + enc_in_bytes
-        }
-    };
-    let mem = MemoryPlan {
-        destination: dest_bytes,
-        input: slots as u64 * plan.max_in_bytes.max(256),
-        tables: slots as u64 * (table_cap_words as u64 * 4).max(256),
-        scratch: if direct { 0 } else { plan.max_decoded_bytes },
-        status: (table_cap_words as u64 / 8 * 8).max(256),
-        small: 256
-            + if direct {
-                bad_idx.len() as u64 * 4
+    // Decode beside encode: unchanged frames encoded straight from the decode scratch, more
+    // than one batch.
+    let may_overlap =
+        opts.overlap_encode && encode.is_some() && identity && !direct && plan.batches.len() > 1;
+    let status_words = (table_cap_words as u64 / 8 * 8).max(256);
+    let sizes = |lanes: u64| {
+        let dest_bytes = match encode {
+            None => n_result * out_frame_elems as u64 * out_es as u64,
+            Some((_, k, capacity)) => {
+                capacity
+                    + n_result * rans::INDEX_ENTRY_BYTES as u64
+                    + lanes * EncoderScratch::bytes_for(k, out_frame_elems)
+                    + enc_in_bytes
+            }
+        };
+        let mem = MemoryPlan {
+            destination: dest_bytes,
+            input: slots as u64 * plan.max_in_bytes.max(256),
+            tables: slots as u64 * (table_cap_words as u64 * 4).max(256),
+            scratch: if direct {
+                0
             } else {
-                rplan.source.len() as u64
+                lanes * plan.max_decoded_bytes
             },
+            status: lanes * status_words,
+            small: 256
+                + if direct {
+                    bad_idx.len() as u64 * 4
+                } else {
+                    rplan.source.len() as u64
+                },
+        };
+        (dest_bytes, mem)
     };
     e.gpu
         .ctx()
         .bind_to_thread()
         .map_err(|err| driver_error("bind CUDA context", err))?;
     let (free0, card_total) = e.gpu.mem_info()?;
-    let budget = admit(mem.total(), params.memory_budget, free0, opts.reserve_bytes)?;
+    // Two lanes when they fit the budget; else one, whose refusal is the load's error.
+    let two = may_overlap
+        .then(|| {
+            let (d, m) = sizes(2);
+            admit(m.total(), params.memory_budget, free0, opts.reserve_bytes)
+                .ok()
+                .map(|b| (d, m, b))
+        })
+        .flatten();
+    let (lanes, dest_bytes, mem, budget) = match two {
+        Some((d, m, b)) => (2, d, m, b),
+        None => {
+            let (d, m) = sizes(1);
+            let b = admit(m.total(), params.memory_budget, free0, opts.reserve_bytes)?;
+            (1, d, m, b)
+        }
+    };
     Ok(Setup {
         e,
         encode,
@@ -350,6 +382,7 @@ fn setup<'m>(
         budget,
         free0,
         card_total,
+        lanes,
     })
 }
 
@@ -379,22 +412,25 @@ fn blocks_per_chunk(src: &Source, plan: &LoadPlan) -> Result<usize> {
     }
 }
 
-/// A pipeline's streams: H2D copies, the decode/transform/encode chain, and (encoding) the
-/// side stream of the sum DP.
+/// A pipeline's streams: H2D copies, the decode/transform/encode chain (one per lane: batch
+/// i runs on lane i mod lanes), and (encoding) the side stream of the sum DP.
 struct Streams {
     copy: Arc<CudaStream>,
-    compute: Arc<CudaStream>,
+    compute: Vec<Arc<CudaStream>>,
     side: Option<Arc<CudaStream>>,
 }
 
 impl Streams {
-    fn new(ctx: &Arc<CudaContext>, encoding: bool) -> Result<Streams> {
+    fn new(ctx: &Arc<CudaContext>, encoding: bool, lanes: usize) -> Result<Streams> {
         let copy = ctx
             .new_stream()
             .map_err(|err| driver_error("create copy stream", err))?;
-        let compute = ctx
-            .new_stream()
-            .map_err(|err| driver_error("create compute stream", err))?;
+        let compute = (0..lanes.max(1))
+            .map(|_| {
+                ctx.new_stream()
+                    .map_err(|err| driver_error("create compute stream", err))
+            })
+            .collect::<Result<Vec<_>>>()?;
         // The sum DP of an encoding pass runs beside the encode: a memory-bound read of the
         // batch next to a compute-bound kernel (on one stream it added 7–8 ms to a load).
         let side = if encoding {
@@ -413,14 +449,18 @@ impl Streams {
     }
 
     fn all(&self) -> Vec<&CudaStream> {
-        [
-            Some(&*self.copy),
-            Some(&*self.compute),
-            self.side.as_deref(),
-        ]
-        .into_iter()
-        .flatten()
-        .collect()
+        std::iter::once(&*self.copy)
+            .chain(self.compute.iter().map(|s| &**s))
+            .chain(self.side.as_deref())
+            .collect()
+    }
+
+    /// Wait for every compute stream (lane).
+    fn sync_compute(&self, what: &str) -> Result<()> {
+        for s in &self.compute {
+            s.synchronize().map_err(|err| driver_error(what, err))?;
+        }
+        Ok(())
     }
 }
 
@@ -473,17 +513,21 @@ fn run_batches(li: &LoopInput<'_, '_>, b: &mut Buffers<'_>) -> Result<LoopTotals
     };
     let mut h2d_done: Vec<Option<usize>> = vec![None; slots];
     let mut dec_done: Vec<Option<usize>> = vec![None; slots];
-    let mut status_words = b.status.bytes() / 4;
+    let mut status_words = b.status[0].bytes() / 4;
     let mut tab_words_cap = vec![z.table_cap_words; slots];
     // The reader groups' descriptor tables, reused by every batch.
     let mut tables = BatchTables::default();
     for (bi, batch) in plan.batches.iter().enumerate() {
         if progress.is_some_and(|p| p.cancelled()) {
-            let _ = streams.compute.synchronize();
+            let _ = streams.sync_compute("synchronize");
             let _ = streams.copy.synchronize();
             return Err(cancelled_error());
         }
         let s = bi % slots;
+        // Lane: the compute stream, decode scratch, status and encoder scratch of this batch.
+        // With two, batch i decodes on its lane while batch i − 1 encodes on the other; batch
+        // i − 2, the last user of this lane's buffers, is ahead of it on the same stream.
+        let lane = bi % streams.compute.len();
         let t0 = Instant::now();
         if let Some(i) = h2d_done[s] {
             t.evs[i]
@@ -530,13 +574,12 @@ fn run_batches(li: &LoopInput<'_, '_>, b: &mut Buffers<'_>) -> Result<LoopTotals
             tab_words_cap[s] = words;
         }
         if 2 * (tables.n_blocks() + tables.n_copies()) > status_words {
-            streams
-                .compute
-                .synchronize()
-                .map_err(|err| driver_error("synchronize", err))?;
+            streams.sync_compute("synchronize")?;
             let n = tables.n_blocks() + tables.n_copies();
-            b.status = DevBuf::alloc(ctx, 8 * n, c, "decode status")?;
-            status_words = b.status.bytes() / 4;
+            for st in b.status.iter_mut() {
+                *st = DevBuf::alloc(ctx, 8 * n, c, "decode status")?;
+            }
+            status_words = b.status[0].bytes() / 4;
         }
         pack_tables(
             b.h_tab[s].as_mut_slice(),
@@ -551,7 +594,7 @@ fn run_batches(li: &LoopInput<'_, '_>, b: &mut Buffers<'_>) -> Result<LoopTotals
         let be = queue_batch(&QueueBatch {
             e,
             copy_stream: &streams.copy,
-            compute: &streams.compute,
+            compute: &streams.compute[lane],
             side: streams.side.as_deref(),
             slot_free: dec_done[s].map(|i| t.evs[i].last()),
             h_in: &b.h_in[s],
@@ -562,13 +605,14 @@ fn run_batches(li: &LoopInput<'_, '_>, b: &mut Buffers<'_>) -> Result<LoopTotals
             batch,
             tables: &tables,
             dst_map_len: dst_map.len(),
-            scratch: b.scratch.as_ref(),
+            scratch: b.scratch.get(lane),
             dst: b.dst.as_ref(),
             dest_bytes: z.dest_bytes,
             enc: b.enc.as_ref(),
+            lane,
             identity: z.identity,
             direct: z.direct,
-            status: &b.status,
+            status: &b.status[lane],
             errs: &b.errs,
             shape,
             elem_size: src.dtype.size(),
@@ -634,7 +678,8 @@ fn wait_all(
     value_dtype: DType,
 ) -> Result<Waited> {
     let e = z.e;
-    let compute = &streams.compute;
+    // A direct load (the only one that zeroes bad pixels here) has one lane.
+    let compute = &streams.compute[0];
     let mask_events = match (&b.bad_buf, z.direct, &b.dst) {
         (Some(bad), true, Some(dst)) => {
             let (a, zz) = (event(e)?, event(e)?);
@@ -659,9 +704,7 @@ fn wait_all(
         _ => None,
     };
     let t = Instant::now();
-    compute
-        .synchronize()
-        .map_err(|err| driver_error("synchronize compute stream", err))?;
+    streams.sync_compute("synchronize compute stream")?;
     streams
         .copy
         .synchronize()
@@ -701,6 +744,7 @@ fn finish(
         enc_used,
         mask_events: w.mask_events.as_ref(),
         reader_threads: params.options.reader_threads,
+        lanes: z.lanes,
         bytes_read: lp.bytes_read,
         host: HostSeconds {
             plan: f.t_plan,

@@ -39,13 +39,14 @@ fn encode_batch(
     st: &EncodeStreams<'_>,
     es: &EncodeState<'_>,
     scratch: &DevBuf,
+    lane: usize,
     batch_frames: u64,
     map_at: u64,
     out_frame_elems: usize,
     n_bad: usize,
 ) -> Result<()> {
     let compute = st.compute;
-    let (sw, warps) = es.scratch.parts();
+    let (sw, warps) = es.scratch[lane].parts();
     // Identity plans encode the decoded source frames (masking here); others the region/bin
     // output (masked there).
     let frames_ptr = match &es.input {
@@ -233,6 +234,9 @@ pub(super) struct QueueBatch<'a> {
     pub(super) dst: Option<&'a DevBuf>,
     pub(super) dest_bytes: u64,
     pub(super) enc: Option<&'a EncodeState<'a>>,
+    /// The compute stream (`compute`) and the scratch, status and encoder scratch are this
+    /// lane's.
+    pub(super) lane: usize,
     pub(super) identity: bool,
     pub(super) direct: bool,
     pub(super) status: &'a DevBuf,
@@ -381,6 +385,7 @@ pub(super) fn queue_batch(q: &QueueBatch<'_>) -> Result<BatchEvents> {
             },
             es,
             sc,
+            q.lane,
             batch.frames,
             map_at,
             q.out_frame_elems,

@@ -79,6 +79,8 @@ pub(super) struct StageInputs<'a> {
     pub(super) enc_used: u64,
     pub(super) mask_events: Option<&'a (CudaEvent, CudaEvent)>,
     pub(super) reader_threads: usize,
+    /// Compute streams (2: decode beside encode).
+    pub(super) lanes: usize,
     pub(super) bytes_read: u64,
     pub(super) host: HostSeconds,
     pub(super) total_s: f64,
@@ -96,9 +98,11 @@ pub(super) fn stage_timings(t: &StageInputs<'_>) -> Vec<StageTiming> {
     let mut timings = vec![
         StageTiming::new(
             format!(
-                "plan (host: {} chunks, {} batches, admission)",
+                "plan (host: {} chunks, {} batches, admission; {} compute stream{})",
                 t.plan.chunks.len(),
-                t.plan.batches.len()
+                t.plan.batches.len(),
+                t.lanes,
+                if t.lanes == 1 { "" } else { "s" }
             ),
             t.host.plan,
         ),
