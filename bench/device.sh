@@ -158,11 +158,11 @@ mode_lz4() { # the staged LZ4 parse (bslz4_decode.cu decode_block) against the g
       overlap) args=(--lz4-stage on --overlap on) ;;
     esac
     step "encoded load, $v" "load_encoded_$tag.log" timeout 120 "$dir/qem-cuda-rans-check" --load "$REF" --repeats 5 --qem /tmp/ref.qem "${args[@]}" --out "$R/load_encoded_$tag"
-    grep -hE "p50|mismatch|FAIL" "$R/load_encoded_$tag.log" | head -4
+    grep -hE "p50|mismatch|FAIL|^ +(read\+table|decode \(ev|encode \(ev|gpu load|plan \(host)" "$R/load_encoded_$tag.log" | head -10
     if [ "$v" != overlap ] && [[ $dense_done != *" $v "* ]]; then
       dense_done+="$v "
       step "dense load, $v" "load_dense_$tag.log" timeout 120 "$dir/qem-cuda-load-check" --load "$REF" --repeats 5 "${args[@]}" --out "$R/load_dense_$tag"
-      grep -hE "p50|FAIL" "$R/load_dense_$tag.log" | head -3
+      grep -hE "p50|FAIL|^ +(read\+table|decode \(ev)" "$R/load_dense_$tag.log" | head -6
     fi
   done
   rm -f /tmp/ref.qem
