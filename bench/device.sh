@@ -140,37 +140,47 @@ mode_load() {
 }
 
 mode_lz4() { # the staged LZ4 parse (bslz4_decode.cu decode_block) against the global one
-  step "bslz4 check, both payload paths" bslz4_check.log timeout 150 "$D/qem-cuda-check" --vectors "$D/vectors" --out "$R/bslz4" --frames 16384 --warps 1,2 --reps 10
+  step "bslz4 check, both payload paths" bslz4_check.log timeout 150 "$D/qem-cuda-check" --vectors "$D/vectors" --out "$R/bslz4" --frames 8192 --warps 1,2 --reps 10
   record "$R/bslz4/cuda_bslz4_check.json" bslz4_check.json
   grep -E "FAIL|payload|w[12] " "$R/bslz4_check.log" | tail -24
   acquisition /tmp/ref
   # Variants: base (the build of device_carry/base/, prepare_carry.sh BASE_REV=…, when
   # carried), global and staged LZ4 parse, staged with decode beside encode (two compute
-  # streams); two rounds, the dense load in the first only (it does not encode).
-  local v n=0 dense_done=" " round="global staged overlap"
+  # streams). Ordered so that a short STEP_BUDGET still gets one of each: round 1, the dense
+  # loads (once per build and parse: they do not encode), racecheck, round 2, memcheck.
+  local round="global staged overlap" san; san=$(tool compute-sanitizer)
   [ -x "$D/base/qem-cuda-rans-check" ] && round="base $round"
-  for v in $round $round; do
-    local args=() dir=$D tag=${v}_$((n += 1))
-    case $v in
-      base) dir=$D/base ;;
-      global) args=(--lz4-stage off) ;;
-      staged) args=(--lz4-stage on) ;;
-      overlap) args=(--lz4-stage on --overlap on) ;;
-    esac
+  lz4_encoded 1 $round
+  local v
+  for v in $round; do
+    [ "$v" = overlap ] || lz4_load "$v" dense
+  done
+  [ -n "$san" ] && step "racecheck bslz4 (both paths)" racecheck_bslz4.log timeout 150 "$san" --tool racecheck --error-exitcode 9 "$D/qem-cuda-check" --vectors "$D/vectors" --sanitize-subset --out "$R/racecheck_bslz4"
+  lz4_encoded 2 $round
+  [ -n "$san" ] && step "memcheck bslz4 (both paths)" memcheck_bslz4.log timeout 150 "$san" --tool memcheck --leak-check no --error-exitcode 9 "$D/qem-cuda-check" --vectors "$D/vectors" --sanitize-subset --out "$R/memcheck_bslz4"
+  grep -H "ERROR SUMMARY\|RACECHECK SUMMARY" "$R"/racecheck_bslz4.log "$R"/memcheck_bslz4.log 2>/dev/null
+  rm -f /tmp/ref.qem
+}
+
+lz4_encoded() { # ROUND VARIANT...: the encoded load of each variant
+  local r=$1 v; shift
+  for v in "$@"; do lz4_load "$v" encoded "$r"; done
+}
+
+lz4_load() { # VARIANT encoded|dense [ROUND]: one load check of the reference (mode lz4)
+  local v=$1 kind=$2 tag=${1}_${3:-1} args=() dir=$D
+  case $v in
+    base) dir=$D/base ;;
+    global) args=(--lz4-stage off) ;;
+    staged) args=(--lz4-stage on) ;;
+    overlap) args=(--lz4-stage on --overlap on) ;;
+  esac
+  if [ "$kind" = encoded ]; then
     step "encoded load, $v" "load_encoded_$tag.log" timeout 120 "$dir/qem-cuda-rans-check" --load "$REF" --repeats 5 --qem /tmp/ref.qem "${args[@]}" --out "$R/load_encoded_$tag"
     grep -hE "p50|mismatch|FAIL|^ +(read\+table|decode \(ev|encode \(ev|gpu load|plan \(host)" "$R/load_encoded_$tag.log" | head -10
-    if [ "$v" != overlap ] && [[ $dense_done != *" $v "* ]]; then
-      dense_done+="$v "
-      step "dense load, $v" "load_dense_$tag.log" timeout 120 "$dir/qem-cuda-load-check" --load "$REF" --repeats 5 "${args[@]}" --out "$R/load_dense_$tag"
-      grep -hE "p50|FAIL|^ +(read\+table|decode \(ev)" "$R/load_dense_$tag.log" | head -6
-    fi
-  done
-  rm -f /tmp/ref.qem
-  local san; san=$(tool compute-sanitizer)
-  if [ -n "$san" ]; then
-    step "racecheck bslz4 (both paths)" racecheck_bslz4.log timeout 150 "$san" --tool racecheck --error-exitcode 9 "$D/qem-cuda-check" --vectors "$D/vectors" --sanitize-subset --out "$R/racecheck_bslz4"
-    step "memcheck bslz4 (both paths)" memcheck_bslz4.log timeout 150 "$san" --tool memcheck --leak-check no --error-exitcode 9 "$D/qem-cuda-check" --vectors "$D/vectors" --sanitize-subset --out "$R/memcheck_bslz4"
-    grep -H "ERROR SUMMARY\|RACECHECK SUMMARY" "$R"/racecheck_bslz4.log "$R"/memcheck_bslz4.log
+  else
+    step "dense load, $v" "load_dense_$tag.log" timeout 120 "$dir/qem-cuda-load-check" --load "$REF" --repeats 5 "${args[@]}" --out "$R/load_dense_$tag"
+    grep -hE "p50|FAIL|^ +(read\+table|decode \(ev)" "$R/load_dense_$tag.log" | head -6
   fi
 }
 
