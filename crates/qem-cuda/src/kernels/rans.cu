@@ -672,8 +672,8 @@ extern "C" __global__ void __launch_bounds__(512, 3) qem_rans_frame_hashes(const
 // remainder x − q·f lies in [−f, 2f), far inside ±2^31, so the 32-bit wrapping difference read
 // as signed is exact even where q·f passes 2^32 (f = 4096): no 64-bit product and compare
 // (ptxas: 17 → 15 instructions for the division and the state update, which it folds into
-// q·(4096 − f) + x + cu). The host test `float_division_is_exact_where_the_encoder_uses_it` replays this
-// arithmetic with 1/f rounded to nearest and one ulp either side. (The correctly rounded
+// q·(4096 − f) + x + cu). The host test `float_division_is_exact_where_the_encoder_uses_it`
+// replays this arithmetic with 1/f rounded to nearest and one ulp either side. (The correctly rounded
 // reciprocal, `__frcp_rn`, costs a refinement and a special-case branch per step for nothing
 // the correction does not already cover; an earlier version read a u64 reciprocal per table
 // entry from shared memory: with C16 K64 T4 tables that was 41 KB per CTA and cut the encoder to
