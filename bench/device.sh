@@ -29,8 +29,9 @@
 #             G, staged ENCODED gather)
 #   profile   Nsight Compute: the dense and ENCODED product kernels, the SSB accumulate kernel,
 #             the rANS frame sums, the rANS encode of the encoded load (with its per-line
-#             source counters); PROFILE="name ..." runs only those of products, ssb, rans,
-#             encode
+#             source counters), the bitshuffle/LZ4 decode with the payload parsed from global
+#             and from shared memory (per-line source counters); PROFILE="name ..." runs only
+#             those of products, ssb, rans, encode, bslz4
 #   soak      the reliability campaign (tests/gpu/soak.py; the CPU engine is the reference): the
 #             issue-17 repro, an injected device loss, a 500-operation seeded soak over ENCODED,
 #             DENSE and CPU datasets, 200 load/close cycles, 4 threads, and the soak under
@@ -236,7 +237,7 @@ mode_profile() {
   [ -n "$ncu" ] || { echo "profile: no ncu"; rc=$((rc | 1)); return; }
   acquisition /tmp/ref
   local s="--section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats --section WarpStateStats --section InstructionStats"
-  local only=" ${PROFILE:-products ssb rans encode} "
+  local only=" ${PROFILE:-products ssb rans encode bslz4} "
   if [[ $only == *" products "* ]]; then
     step "ncu dense products" ncu_products_dense.txt timeout 120 "$ncu" -k regex:qem_products_dense_u16 -c 12 $s "$D/cuda_products_bench" "$REF" /tmp/ncu_products.json 1
     record "$R/ncu_products_dense.txt" ncu_products_dense.txt
@@ -254,6 +255,15 @@ mode_profile() {
     step "ncu rans encode" ncu_encode.txt timeout 200 "$ncu" -k regex:qem_rans_encode -s 20 -c 2 $s --section SourceCounters --section WarpStateStats -o "$R/ncu_encode" -f "$D/qem-cuda-rans-check" --frames 256 --load "$REF" --repeats 1 --qem /tmp/ncu.qem --out "$R/ncu_encode_check"
     step "ncu rans encode, per line" ncu_encode_source.csv "$ncu" -i "$R/ncu_encode.ncu-rep" --page source --csv --print-source sass
     "$ncu" -i "$R/ncu_encode.ncu-rep" --page details > "$R/ncu_encode_details.txt" 2>&1
+  fi
+  if [[ $only == *" bslz4 "* ]]; then
+    # The dense load's bitshuffle/LZ4 decode (the encoded load's 66 ms of decode is the same
+    # kernel), global and staged payload parse, then the staged one's stall samples per line.
+    local v
+    for v in off on; do
+      step "ncu bslz4 decode, lz4 stage $v" "ncu_bslz4_$v.txt" timeout 200 "$ncu" -k regex:qem_bslz4_decode_u16 -s 4 -c 2 $s --section SourceCounters -o "$R/ncu_bslz4_$v" -f "$D/qem-cuda-load-check" --load "$REF" --repeats 1 --lz4-stage $v --out "$R/ncu_bslz4_check_$v"
+      step "ncu bslz4 decode $v, per line" "ncu_bslz4_source_$v.csv" "$ncu" -i "$R/ncu_bslz4_$v.ncu-rep" --page source --csv --print-source sass
+    done
   fi
   rm -f /tmp/ncu.qem
 }
