@@ -94,3 +94,12 @@ pub fn whole_u16_load<'a>(
         progress: None,
     })
 }
+
+/// `on` / `off` of a check tool's switch argument (`None` for anything else).
+pub fn on_off(v: &str) -> Option<bool> {
+    match v {
+        "on" => Some(true),
+        "off" => Some(false),
+        _ => None,
+    }
+}

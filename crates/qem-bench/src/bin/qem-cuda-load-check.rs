@@ -41,15 +41,6 @@ fn usage() -> ! {
     std::process::exit(2)
 }
 
-/// `on` / `off` of a switch argument.
-fn on_off(v: Option<&String>) -> bool {
-    match v.map(String::as_str) {
-        Some("on") => true,
-        Some("off") => false,
-        _ => usage(),
-    }
-}
-
 fn parse_args() -> Args {
     let mut a = Args {
         master: PathBuf::new(),
@@ -97,7 +88,10 @@ fn parse_args() -> Args {
                 i += 2;
             }
             "--lz4-stage" => {
-                a.options.stage_payload = on_off(argv.get(i + 1));
+                a.options.stage_payload = argv
+                    .get(i + 1)
+                    .and_then(|v| qem_bench::on_off(v))
+                    .unwrap_or_else(|| usage());
                 i += 2;
             }
             "--no-mask" => {

@@ -61,15 +61,6 @@ fn usage() -> ! {
     std::process::exit(2)
 }
 
-/// `on` / `off` of a switch argument.
-fn on_off(v: &str) -> bool {
-    match v {
-        "on" => true,
-        "off" => false,
-        _ => usage(),
-    }
-}
-
 fn parse_args() -> Args {
     let mut a = Args {
         out: PathBuf::from("."),
@@ -95,8 +86,8 @@ fn parse_args() -> Args {
             "--qem" => a.qem = PathBuf::from(v),
             "--contexts" => a.contexts = Some(v.parse().unwrap_or_else(|_| usage())),
             "--literals" => a.literals = Some(v.parse().unwrap_or_else(|_| usage())),
-            "--lz4-stage" => a.lz4_stage = on_off(&v),
-            "--overlap" => a.overlap = on_off(&v),
+            "--lz4-stage" => a.lz4_stage = qem_bench::on_off(&v).unwrap_or_else(|| usage()),
+            "--overlap" => a.overlap = qem_bench::on_off(&v).unwrap_or_else(|| usage()),
             "--rule" => {
                 a.quantiles = match v.as_str() {
                     "quantiles" => true,
